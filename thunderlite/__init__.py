@@ -1,0 +1,1 @@
+"""thunderlite: a trace-based JIT for PyTorch programs."""

@@ -1,0 +1,262 @@
+"""Proxies: named stand-ins for runtime values while a program is traced.
+
+A ``TensorProxy`` carries what shape/dtype inference needs (shape, dtype,
+device, requires_grad) and nothing that changes per call. Tensor methods and
+Python operators on proxies are resolved through ``method_table``, which the
+torch language layer fills: core cannot import that layer (DESIGN.md §2).
+
+Example::
+
+    >>> with tracectx(Trace()) as trc:
+    ...     a = TensorProxy(shape=(2, 3), dtype=torch.float32)
+    ...     b = a + 1           # looked up in method_table['__add__']
+    >>> str(trc)                # prints the recorded program
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core import dtypes, devices
+from thunderlite.core.tracectx import current_trace
+
+# name -> callable(proxy, *args, **kwargs); filled by thunderlite.torch.
+method_table: dict[str, Callable] = {}
+# attribute name -> callable(proxy); properties such as .T, .mT, .real.
+property_table: dict[str, Callable] = {}
+
+
+def register_method(name: str, fn: Callable) -> None:
+    if name in method_table:
+        raise ValueError(f"tensor method {name!r} is already registered")
+    method_table[name] = fn
+
+
+def register_property(name: str, fn: Callable) -> None:
+    if name in property_table:
+        raise ValueError(f"tensor property {name!r} is already registered")
+    property_table[name] = fn
+
+
+class Proxy:
+    """A named value in a trace. Names are unique within a trace family."""
+    __slots__ = ("name",)
+
+    def __init__(self, name: str | None = None, prefix: str = "p"):
+        self.name = name if name is not None else _fresh_name(prefix)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name}>"
+
+    def type_string(self) -> str:
+        return type(self).__name__
+
+
+def _fresh_name(prefix: str) -> str:
+    trc = current_trace()
+    if trc is None:
+        raise RuntimeError("a proxy needs a name or an active trace to name it")
+    return trc.fresh_name(prefix)
+
+
+class NumberProxy(Proxy):
+    """A Python number the trace keeps symbolic (an int, float, bool or complex).
+
+    ``value`` is the value seen while tracing; it is what guards compare against
+    when the jit chooses to specialize."""
+    __slots__ = ("python_type", "value")
+
+    def __init__(self, value: Any = None, python_type: type | None = None, name: str | None = None):
+        super().__init__(name, "n" if python_type is not bool else "b")
+        self.value = value
+        self.python_type = python_type if python_type is not None else type(value)
+
+    def type_string(self) -> str:
+        return self.python_type.__name__
+
+    def __bool__(self):
+        raise TypeError(f"the truth value of the traced number {self.name} is not known while tracing")
+
+    def __index__(self):
+        raise TypeError(f"the traced number {self.name} cannot be used as a Python index while tracing")
+
+
+class TensorProxy(Proxy):
+    """A tensor while tracing. ``shape`` is a tuple of ints; ``dtype`` a torch.dtype;
+    ``device`` a torch.device. ``memory`` is where a pass wants the tensor
+    allocated (None: ordinary memory), DESIGN.md §8."""
+    __slots__ = ("shape", "dtype", "device", "requires_grad", "memory", "__weakref__")
+
+    def __init__(self, shape=(), dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 requires_grad: bool = False, name: str | None = None, memory: str | None = None):
+        super().__init__(name, "t")
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = devices.to_device(device)
+        self.requires_grad = requires_grad and (dtypes.is_inexact(dtype))
+        self.memory = memory
+
+    # --- metadata, mirroring torch.Tensor -------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    ndimension = dim
+
+    def size(self, dim: int | None = None):
+        if dim is None:
+            return torch.Size(self.shape)
+        return self.shape[dim]
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype, device="meta").element_size()
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    @property
+    def is_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    def is_floating_point(self) -> bool:
+        return dtypes.is_float(self.dtype)
+
+    def is_complex(self) -> bool:
+        return dtypes.is_complex(self.dtype)
+
+    @property
+    def layout(self):
+        return torch.strided
+
+    @property
+    def is_sparse(self) -> bool:
+        return False
+
+    @property
+    def is_quantized(self) -> bool:
+        return False
+
+    @property
+    def is_nested(self) -> bool:
+        return False
+
+    def type_string(self) -> str:
+        dims = ", ".join(str(s) for s in self.shape)
+        return f"{devices.short_name(self.device)} {dtypes.short_name(self.dtype)}[{dims}]"
+
+    def __repr__(self):
+        return f"<TensorProxy {self.name}: {self.type_string()}>"
+
+    def replace(self, **changes) -> "TensorProxy":
+        """A proxy with the same metadata except ``changes`` (a fresh name unless given)."""
+        kw = dict(shape=self.shape, dtype=self.dtype, device=self.device,
+                  requires_grad=self.requires_grad, memory=self.memory)
+        kw.update(changes)
+        return TensorProxy(**kw)
+
+    # --- everything else goes through the torch language ------------------------------
+    def __getattr__(self, name: str):
+        prop = property_table.get(name)
+        if prop is not None:
+            return prop(self)
+        method = method_table.get(name)
+        if method is not None:
+            return _BoundMethod(method, self)
+        raise AttributeError(f"'Tensor' object has no attribute or method {name!r} "
+                             f"that thunderlite can trace")
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(method_table["unbind"](self, 0))
+
+    def __bool__(self):
+        raise _data_dependent("bool(tensor)")
+
+    def __int__(self):
+        raise _data_dependent("int(tensor)")
+
+    def __float__(self):
+        raise _data_dependent("float(tensor)")
+
+    def __index__(self):
+        raise _data_dependent("using a tensor as an index")
+
+    __hash__ = object.__hash__
+
+
+def _data_dependent(what: str) -> Exception:
+    return DataDependentError(f"{what} depends on a tensor's values, which are not known while "
+                              "tracing; thunderlite cannot follow data-dependent control flow")
+
+
+class DataDependentError(RuntimeError):
+    """Control flow or a Python value depends on a tensor's data."""
+
+
+class _BoundMethod:
+    __slots__ = ("fn", "proxy")
+
+    def __init__(self, fn, proxy):
+        self.fn = fn
+        self.proxy = proxy
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(self.proxy, *args, **kwargs)
+
+    def __repr__(self):
+        return f"<traced method {getattr(self.fn, '__name__', self.fn)} of {self.proxy.name}>"
+
+
+def _install_operator(name: str) -> None:
+    def op(self, *args):
+        fn = method_table.get(name)
+        if fn is None:
+            return NotImplemented
+        return fn(self, *args)
+    op.__name__ = name
+    setattr(TensorProxy, name, op)
+
+
+_OPERATORS = [
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+    "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__",
+    "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__",
+    "__neg__", "__pos__", "__abs__", "__invert__", "__eq__", "__ne__", "__lt__", "__le__",
+    "__gt__", "__ge__", "__getitem__", "__setitem__", "__iadd__", "__isub__", "__imul__",
+    "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
+    "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+]
+for _name in _OPERATORS:
+    _install_operator(_name)
+
+
+def is_tensor_proxy(x) -> bool:
+    return type(x) is TensorProxy
+
+
+def proxy_of_tensor(t: torch.Tensor, name: str | None = None) -> TensorProxy:
+    """The proxy standing for a concrete tensor (metadata copied, data not)."""
+    return TensorProxy(shape=tuple(t.shape), dtype=t.dtype, device=t.device,
+                       requires_grad=t.requires_grad, name=name)

@@ -1,0 +1,128 @@
+"""Symbols (operations) and bound symbols (one call of an operation in a trace).
+
+A ``Symbol`` is defined once, with its meta function and, for composites, its
+decomposition, in one block next to its rules (STYLE.md 3). Calling a symbol
+while a trace is active records a ``BoundSymbol``:
+
+- a *leaf* symbol (a prim, an opaque torch op, an executor's operator) runs its
+  meta function on the proxies to produce output proxies;
+- a *composite* runs its decomposition, whose symbol calls are recorded as the
+  bound symbol's ``subsymbols``.
+
+Example::
+
+    add = Symbol("add", meta=_add_meta, module="prims", tags={Tag.PRIM})
+    with tracectx(trace):
+        c = add(a, b)        # appends BoundSymbol(add, (a, b), {}, c) to trace
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from thunderlite.core.codegen import bsym_line
+from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import current_trace
+from thunderlite.core import pytree
+from thunderlite.core.proxies import Proxy, TensorProxy
+
+
+class Symbol:
+    """An operation. ``module`` is the dotted prefix it prints under
+    (``prims``, ``ltorch``, ``torch``...). ``executor`` and ``impl`` are set on the
+    symbols executors make: the callable that runs the op on real values."""
+    __slots__ = ("name", "meta", "decomposition", "module", "tags", "executor", "impl",
+                 "torch_fn", "inplace_of", "__weakref__")
+
+    def __init__(self, name: str, *, meta: Callable | None = None, decomposition: Callable | None = None,
+                 module: str = "ltorch", tags=(), executor=None, impl: Callable | None = None,
+                 torch_fn: Callable | None = None, inplace_of: "Symbol | None" = None):
+        if meta is None and decomposition is None and impl is None:
+            raise ValueError(f"symbol {name!r} needs a meta function, a decomposition or an impl")
+        self.name = name
+        self.meta = meta
+        self.decomposition = decomposition
+        self.module = module
+        self.tags = frozenset(tags)
+        self.executor = executor
+        self.impl = impl
+        self.torch_fn = torch_fn          # the torch callable this symbol mirrors, if any
+        self.inplace_of = inplace_of      # for add_: the functional symbol (add)
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.decomposition is None
+
+    @property
+    def is_prim(self) -> bool:
+        return Tag.PRIM in self.tags
+
+    def __repr__(self):
+        return f"<Symbol {self.id}>"
+
+    def __call__(self, *args, **kwargs):
+        trc = current_trace()
+        if trc is None:
+            if self.impl is not None:
+                return self.impl(*args, **kwargs)
+            raise RuntimeError(f"{self.id} was called outside a trace; run traces through an executor")
+        return trc.record_call(self, args, kwargs)
+
+    def bind(self, *args, output=None, subsymbols=(), source=None, **kwargs) -> "BoundSymbol":
+        """A bound symbol built directly, without running meta (for passes)."""
+        return BoundSymbol(self, args, kwargs, output, tuple(subsymbols), source)
+
+
+class BoundSymbol:
+    """One call in a trace: what ran, on what, producing what.
+
+    ``source`` is the user's ``(filename, lineno, line_text)`` it came from, or None.
+    ``header`` is an optional comment printed above it."""
+    __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header")
+
+    def __init__(self, sym: Symbol, args: tuple, kwargs: dict, output: Any,
+                 subsymbols: tuple = (), source=None, header: str | None = None):
+        self.sym = sym
+        self.args = args
+        self.kwargs = kwargs
+        self.output = output
+        self.subsymbols = subsymbols
+        self.source = source
+        self.header = header
+
+    def replace(self, **changes) -> "BoundSymbol":
+        kw = dict(sym=self.sym, args=self.args, kwargs=self.kwargs, output=self.output,
+                  subsymbols=self.subsymbols, source=self.source, header=self.header)
+        kw.update(changes)
+        return BoundSymbol(**kw)
+
+    # --- dataflow views used by every pass -----------------------------------------
+    def flat_args(self) -> list:
+        out = list(pytree.leaves(self.args))
+        if self.kwargs:
+            out.extend(pytree.leaves(self.kwargs))
+        return out
+
+    def flat_outs(self) -> list:
+        return list(pytree.leaves(self.output))
+
+    def proxy_args(self) -> list[Proxy]:
+        return [a for a in self.flat_args() if isinstance(a, Proxy)]
+
+    def proxy_outs(self) -> list[Proxy]:
+        return [o for o in self.flat_outs() if isinstance(o, Proxy)]
+
+    def tensor_args(self) -> list[TensorProxy]:
+        return [a for a in self.flat_args() if type(a) is TensorProxy]
+
+    def tensor_outs(self) -> list[TensorProxy]:
+        return [o for o in self.flat_outs() if type(o) is TensorProxy]
+
+    def has_tag(self, tag: Tag) -> bool:
+        return tag in self.sym.tags
+
+    def __repr__(self):
+        return bsym_line(self, {})

@@ -1,0 +1,14 @@
+"""Tags: properties of symbols that passes ask about instead of matching names."""
+import enum
+
+
+class Tag(enum.Enum):
+    PRIM = "prim"                 # in the closed set every executor must run
+    OPAQUE = "opaque"             # torch op without decomposition: run as one torch call
+    INPLACE = "inplace"           # writes into one of its arguments (copy_ and friends)
+    RANDOM = "random"             # draws from a random generator
+    ALIAS_BARRIER = "alias_barrier"  # inserted by update_aliases
+    VIEW = "view"                 # output aliases the storage of its first tensor argument
+    DONT_DCE = "dont_dce"         # has an effect DCE cannot see (prints, collectives...)
+    RETURN = "return"
+    FUSION = "fusion"             # a region compiled by a fusion executor
