@@ -49,7 +49,8 @@ def is_inexact(dtype: torch.dtype) -> bool:
 
 _CORRESPONDING_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
                        torch.complex128: torch.float64}
-_CORRESPONDING_COMPLEX = {v: k for k, v in _CORRESPONDING_REAL.items()}
+_CORRESPONDING_COMPLEX = {torch.float16: torch.complex32, torch.bfloat16: torch.complex64,
+                          torch.float32: torch.complex64, torch.float64: torch.complex128}
 
 
 def to_real(dtype: torch.dtype) -> torch.dtype:
@@ -128,5 +129,5 @@ def _upgrade(low: torch.dtype, high: torch.dtype) -> torch.dtype:
     category; float from a 0-dim float keeps the 0-dim's dtype, complex keeps
     the float width where it can."""
     if is_complex(high) and is_float(low):
-        return torch.promote_types(to_complex(low), high) if low is not torch.bfloat16 else high
+        return to_complex(low)
     return high
