@@ -1,0 +1,73 @@
+"""Dead-code elimination, aware of writes (DESIGN.md §5).
+
+A bound symbol is dropped when nothing reads its outputs and it has no effect
+anyone can observe. Effects that keep a symbol alive:
+
+- ``Tag.DONT_DCE`` or ``Tag.RETURN`` (prints, collectives, custom ops, the return);
+- ``Tag.RANDOM`` anywhere in it: the torch executor draws from the global
+  generator, so dropping an unused draw would shift every later random number
+  away from what eager PyTorch produces;
+- a write (``Tag.INPLACE``, looking through decompositions) into an alias group
+  that the caller can see (a trace argument, anything returned, or anything
+  aliasing those) or that a kept symbol reads afterwards.
+
+A write into an intermediate that nobody reads again is dead and goes, unlike in
+Lightning Thunder, which keeps every in-place op.
+
+Example::
+
+    t0 = ltorch.exp(a)
+    t1 = prims.copy_(b, t0)        # t0 is never read again: both lines go
+    return a
+"""
+from __future__ import annotations
+
+from thunderlite.core import pytree
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.transforms.update_aliases import AliasGroups, has_tag_deep, written
+
+_ALWAYS_KEEP = (Tag.DONT_DCE, Tag.RETURN, Tag.RANDOM)
+
+
+def _visible_roots(trace: Trace, groups: AliasGroups) -> set[str]:
+    """Alias groups the caller sees: arguments and returned values."""
+    roots = set()
+    for a in pytree.leaves(trace.args):
+        if type(a) is TensorProxy:
+            roots.add(groups.find(a.name))
+    for o in pytree.leaves(trace.output):
+        if type(o) is TensorProxy:
+            roots.add(groups.find(o.name))
+    return roots
+
+
+def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, visible: set[str]) -> bool:
+    if any(has_tag_deep(bsym, t) for t in _ALWAYS_KEEP):
+        return True
+    if any(p.name in live for p in bsym.proxy_outs()):
+        return True
+    for dst in written(bsym):
+        root = groups.find(dst.name)
+        if root in visible or any(m.name in live for m in groups.members(root)):
+            return True
+    return False
+
+
+@trace_pass("dce")
+def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None) -> Trace:
+    """Drop dead symbols; returns ``trace`` itself when nothing is dead."""
+    groups = AliasGroups.of_trace(trace, input_alias_groups)
+    visible = _visible_roots(trace, groups)
+    live: set[str] = set()
+    kept: list[BoundSymbol] = []
+    for bsym in reversed(trace.bound_symbols):
+        if _keep(bsym, live, groups, visible):
+            kept.append(bsym)
+            live.update(p.name for p in bsym.proxy_args())
+    if len(kept) == len(trace.bound_symbols):
+        return trace
+    kept.reverse()
+    return trace.with_bound_symbols("dce", kept)

@@ -1,0 +1,187 @@
+"""The dataflow region former shared by every fusion executor (DESIGN.md §6).
+
+A fusion executor passes a predicate ``can_fuse(bsym) -> bool``; this module
+reorders the trace so that fusible symbols form long consecutive runs, and
+hands back those runs as regions. A consecutive run of a topological order
+never forms a cycle with the rest of the program (a path leaving the run and
+coming back would need a symbol placed between its members), so every region
+can be replaced by one fused symbol.
+
+What constrains the order:
+
+- data dependencies (after ``update_aliases`` these carry every
+  write-then-read order);
+- write-after-read edges (``update_aliases.ordering_edges``): a read of the
+  value a write overwrites stays before the write;
+- symbols with effects outside the trace (``Tag.RANDOM``, ``Tag.DONT_DCE``)
+  keep their relative order, so random numbers match eager PyTorch;
+- the return stays the last symbol (Lightning Thunder #2776).
+
+Forward and backward are separate traces, so no region can cross that
+boundary. Example::
+
+    regions = fusion_regions(trace, lambda b: b.sym.name in {"add", "mul", "sin"})
+    trace2 = fuse(trace, can_fuse, make_fusion)   # one symbol per region
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from thunderlite.core.proxies import Proxy
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.transforms.update_aliases import has_tag_deep, ordering_edges
+
+CanFuse = Callable[[BoundSymbol], bool]
+
+
+def dependencies(trace: Trace, input_alias_groups=None) -> list[set[int]]:
+    """For each symbol, the indices of the symbols that must run before it."""
+    bsyms = trace.bound_symbols
+    producer: dict[str, int] = {}
+    preds: list[set[int]] = [set() for _ in bsyms]
+    last_effect = -1
+    for i, bsym in enumerate(bsyms):
+        for p in bsym.proxy_args():
+            j = producer.get(p.name)
+            if j is not None:
+                preds[i].add(j)
+        for p in bsym.proxy_outs():
+            producer[p.name] = i
+        if has_tag_deep(bsym, Tag.RANDOM) or Tag.DONT_DCE in bsym.sym.tags:
+            if last_effect >= 0:
+                preds[i].add(last_effect)
+            last_effect = i
+    for reader, writer in ordering_edges(trace, input_alias_groups):
+        preds[writer].add(reader)
+    return preds
+
+
+def _schedule(bsyms: list[BoundSymbol], preds: list[set[int]], can_fuse: CanFuse) -> list[int]:
+    """Topological order that keeps fusible symbols together: while a fusible run
+    is open it is extended with any ready fusible symbol; otherwise ready
+    non-fusible symbols go first, so fusible ones pile up into one later run.
+    Ties keep the original order."""
+    n = len(bsyms)
+    fusible = [can_fuse(b) for b in bsyms]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    missing = [len(p) for p in preds]
+    for i, ps in enumerate(preds):
+        for j in ps:
+            succs[j].append(i)
+    ready = {True: [], False: []}
+    for i in range(n):
+        if missing[i] == 0:
+            heapq.heappush(ready[fusible[i]], i)
+    order: list[int] = []
+    in_run = False
+    while len(order) < n:
+        kind = True if (in_run and ready[True]) else (False if ready[False] else True)
+        i = heapq.heappop(ready[kind])
+        order.append(i)
+        in_run = kind
+        for s in succs[i]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                heapq.heappush(ready[fusible[s]], s)
+    return order
+
+
+@trace_pass("fusion reorder")
+def reorder(trace: Trace, can_fuse: CanFuse, input_alias_groups=None) -> Trace:
+    """The trace in an order that groups fusible symbols; the return stays last."""
+    bsyms = trace.bound_symbols
+    ret = trace.return_bsym
+    body = bsyms[:-1] if ret is not None else list(bsyms)
+    body_trace = trace.with_bound_symbols(trace.stage, body)
+    preds = dependencies(body_trace, input_alias_groups)
+    order = _schedule(body, preds, lambda b: Tag.RETURN not in b.sym.tags and can_fuse(b))
+    if order == list(range(len(body))):
+        return trace
+    new = [body[i] for i in order] + ([ret] if ret is not None else [])
+    return trace.with_bound_symbols("fusion reorder", new)
+
+
+class Region:
+    """A run of fusible bound symbols: ``inputs`` are the proxies it reads from
+    outside, ``outputs`` the proxies it defines that are read after it."""
+    __slots__ = ("bsyms", "inputs", "outputs")
+
+    def __init__(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]):
+        self.bsyms = bsyms
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def __repr__(self):
+        return f"<Region {len(self.bsyms)} symbols, in={[p.name for p in self.inputs]}, out={[p.name for p in self.outputs]}>"
+
+
+def fusion_regions(trace: Trace, can_fuse: CanFuse, min_size: int = 1) -> list[Region]:
+    """Maximal consecutive runs of fusible symbols of ``trace`` (call ``reorder``
+    first to make them long), with their inputs and outputs."""
+    bsyms = trace.bound_symbols
+    reads_after = _reads_after(bsyms)
+    regions, run = [], []
+    for i, bsym in enumerate(bsyms + [None]):
+        if bsym is not None and Tag.RETURN not in bsym.sym.tags and can_fuse(bsym):
+            run.append(i)
+            continue
+        if len(run) >= min_size and run:
+            regions.append(_region(bsyms, run, reads_after))
+        run = []
+    return regions
+
+
+def _reads_after(bsyms: list[BoundSymbol]) -> list[set[str]]:
+    """For each index i, the names read by symbols after i."""
+    out: list[set[str]] = [set() for _ in bsyms]
+    acc: set[str] = set()
+    for i in range(len(bsyms) - 1, -1, -1):
+        out[i] = set(acc)
+        acc.update(p.name for p in bsyms[i].proxy_args())
+    return out
+
+
+def _region(bsyms, run: list[int], reads_after) -> Region:
+    defined: set[str] = set()
+    inputs: dict[str, Proxy] = {}
+    outputs: list[Proxy] = []
+    later = reads_after[run[-1]]
+    for i in run:
+        for p in bsyms[i].proxy_args():
+            if p.name not in defined and p.name not in inputs:
+                inputs[p.name] = p
+        for p in bsyms[i].proxy_outs():
+            defined.add(p.name)
+            if p.name in later:
+                outputs.append(p)
+    return Region([bsyms[i] for i in run], list(inputs.values()), outputs)
+
+
+MakeFusion = Callable[[Region], BoundSymbol]
+
+
+@trace_pass("fusion")
+def fuse(trace: Trace, can_fuse: CanFuse, make_fusion: MakeFusion, *, min_size: int = 1,
+         input_alias_groups=None) -> Trace:
+    """Reorder, then replace each region by ``make_fusion(region)``: a bound
+    symbol reading ``region.inputs`` and producing ``tuple(region.outputs)``."""
+    ordered = reorder(trace, can_fuse, input_alias_groups)
+    regions = {id(r.bsyms[0]): r for r in fusion_regions(ordered, can_fuse, min_size)}
+    out: list[BoundSymbol] = []
+    skip: set[int] = set()
+    for bsym in ordered.bound_symbols:
+        if id(bsym) in skip:
+            continue
+        region = regions.get(id(bsym))
+        if region is None:
+            out.append(bsym)
+            continue
+        skip.update(id(b) for b in region.bsyms)
+        out.append(make_fusion(region))
+    if not regions:
+        return trace
+    return trace.with_bound_symbols("fusion", out)
+

@@ -1,0 +1,254 @@
+"""Alias barriers (DESIGN.md §5): after every write into an alias group, give
+each member of the group that is read later a new name, so that the order
+between a write and the reads it affects is an ordinary data dependency.
+
+Before::
+
+    t1 = ltorch.view(a, (4,))          # t1 aliases a
+    t2 = prims.copy_(x, t1)            # writes a's storage
+    t3 = ltorch.sin(a)                 # must see the write: but nothing says so
+
+After::
+
+    t1 = ltorch.view(a, (4,))
+    t2 = prims.copy_(x, t1)
+    (a1,) = prims.update_aliases((a,), (t2,))
+    t3 = ltorch.sin(a1)
+
+Properties (each tested): no write, no barrier; only members of a written group
+that are read afterwards are renamed; idempotent (a second run finds no stale
+read and returns its input); writes hidden inside composites (batch_norm's
+running stats) are found by looking through subsymbols, and the pass is re-run
+once a decomposition exposes them at top level.
+
+Order that renaming cannot express: a read of the *old* value that produces an
+unrelated result (``t0 = sin(a)`` before ``copy_(x, a)``) must stay before the
+write. ``ordering_edges`` lists these write-after-read edges for the one pass
+that reorders (transforms/fusion.py)."""
+from __future__ import annotations
+
+from thunderlite.core import pytree
+from thunderlite.core.aliasing import BARRIER, may_view, writes
+from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+
+
+class AliasGroups:
+    """Union-find over proxy names: tensors that may share storage. ``members``
+    lists, per group, the top-level tensor proxies (trace arguments and outputs
+    of top-level symbols); names inside decompositions only connect groups.
+
+    Example::
+
+        g = AliasGroups.of_trace(trace, [["a", "b"]])   # a and b share storage
+        g.same("a", "t1")                               # True if t1 views a
+    """
+    __slots__ = ("parent", "_members")
+
+    def __init__(self):
+        self.parent: dict[str, str] = {}
+        self._members: dict[str, list[TensorProxy]] = {}
+
+    @classmethod
+    def of_trace(cls, trace: Trace, input_alias_groups=None) -> "AliasGroups":
+        g = cls()
+        g.add_inputs(trace.args, input_alias_groups)
+        for bsym in trace.bound_symbols:
+            g.add_bsym(bsym)
+        return g
+
+    def find(self, name: str) -> str:
+        parent = self.parent
+        root = name
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while name != root:
+            name, parent[name] = parent[name], root
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        self.parent[rb] = ra
+        moved = self._members.pop(rb, None)
+        if moved:
+            self._members.setdefault(ra, []).extend(moved)
+
+    def same(self, a: str, b: str) -> bool:
+        return self.find(a) == self.find(b)
+
+    def members(self, name: str) -> list[TensorProxy]:
+        return self._members.get(self.find(name), [])
+
+    def add_member(self, p: TensorProxy) -> None:
+        self._members.setdefault(self.find(p.name), []).append(p)
+
+    def add_inputs(self, args, input_alias_groups=None) -> None:
+        for a in pytree.leaves(args):
+            if type(a) is TensorProxy:
+                self.add_member(a)
+        for names in input_alias_groups or ():
+            for n in names[1:]:
+                self.union(names[0], n)
+
+    def add_bsym(self, bsym: BoundSymbol) -> None:
+        """Record what ``bsym`` (and its decomposition) makes alias what."""
+        self._link(bsym)
+        for o in bsym.tensor_outs():
+            self.add_member(o)
+
+    def _link(self, bsym: BoundSymbol) -> None:
+        tags = bsym.sym.tags
+        if Tag.ALIAS_BARRIER in tags:
+            for m, n in zip(bsym.args[0], bsym.output, strict=True):
+                self.union(m.name, n.name)
+            return
+        if may_view(bsym):
+            base = bsym.tensor_args()
+            if base:
+                for o in bsym.tensor_outs():
+                    self.union(base[0].name, o.name)
+        for dst, new in writes(bsym):
+            if new is not None:
+                self.union(dst.name, new.name)
+        for sub in bsym.subsymbols:
+            self._link(sub)
+
+
+def written(bsym: BoundSymbol) -> list[TensorProxy]:
+    """Every tensor ``bsym`` writes, looking through its decomposition (a write
+    into a name internal to the decomposition is listed too: the caller decides,
+    through alias groups, whether anything outside can see it)."""
+    out = [dst for dst, _ in writes(bsym)]
+    for sub in bsym.subsymbols:
+        out.extend(written(sub))
+    return out
+
+
+def has_tag_deep(bsym: BoundSymbol, tag: Tag) -> bool:
+    """``tag`` on ``bsym`` or anywhere in its decomposition."""
+    return tag in bsym.sym.tags or any(has_tag_deep(s, tag) for s in bsym.subsymbols)
+
+
+def _substitute(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
+    """``bsym`` reading ``swap[name]`` wherever it read ``name`` (decomposition
+    included, so a later decomposition still refers to the renamed values)."""
+    def sub(x):
+        return swap.get(x.name, x) if isinstance(x, Proxy) else x
+    if not any(isinstance(a, Proxy) and a.name in swap for a in _all_reads(bsym)):
+        return bsym
+    return bsym.replace(args=pytree.tree_map(sub, bsym.args), kwargs=pytree.tree_map(sub, bsym.kwargs),
+                        subsymbols=tuple(_substitute(s, swap) for s in bsym.subsymbols))
+
+
+def _all_reads(bsym: BoundSymbol):
+    yield from bsym.flat_args()
+    for s in bsym.subsymbols:
+        yield from _all_reads(s)
+
+
+def _last_reads(trace: Trace) -> dict[str, int]:
+    """name -> index of its last reader that is not a barrier."""
+    last: dict[str, int] = {}
+    for i, bsym in enumerate(trace.bound_symbols):
+        if Tag.ALIAS_BARRIER in bsym.sym.tags:
+            continue
+        for p in bsym.proxy_args():
+            last[p.name] = i
+    return last
+
+
+@trace_pass("update_aliases")
+def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = None) -> Trace:
+    """Insert a barrier after each write whose alias group is read afterwards.
+
+    ``input_alias_groups`` lists groups of argument names that share storage at
+    call time (the jit reads it off ``untyped_storage().data_ptr()`` and keys its
+    cache on it). Returns ``trace`` itself when nothing needs renaming."""
+    groups = AliasGroups()
+    groups.add_inputs(trace.args, input_alias_groups)
+    last_read = _last_reads(trace)
+    origin: dict[str, str] = {}           # new name -> the name it replaces in ``trace``
+    swap: dict[str, Proxy] = {}           # stale name -> its newest name
+    out: list[BoundSymbol] = []
+    for i, bsym in enumerate(trace.bound_symbols):
+        if swap:
+            bsym = _substitute(bsym, swap)
+        groups.add_bsym(bsym)
+        out.append(bsym)
+        dsts = written(bsym)
+        if not dsts:
+            continue
+        own = {p.name for p in bsym.proxy_outs()}
+        stale = _stale_members(groups, dsts, own, lambda n: last_read.get(origin.get(n, n), -1) > i)
+        if stale:
+            out.append(_barrier(trace, groups, stale, bsym, swap, origin))
+    if len(out) == len(trace.bound_symbols):
+        return trace
+    return trace.with_bound_symbols("update_aliases", out)
+
+
+def _stale_members(groups: AliasGroups, dsts, own: set, read_later) -> list[TensorProxy]:
+    stale, seen_roots, seen = [], set(), set()
+    for d in dsts:
+        root = groups.find(d.name)
+        if root in seen_roots:
+            continue
+        seen_roots.add(root)
+        for m in groups.members(root):
+            if m.name not in own and m.name not in seen and read_later(m.name):
+                seen.add(m.name)
+                stale.append(m)
+    return stale
+
+
+def _barrier(trace: Trace, groups: AliasGroups, stale, writer: BoundSymbol, swap, origin) -> BoundSymbol:
+    """The barrier renaming ``stale`` after ``writer``; updates the maps."""
+    after = tuple(writer.tensor_outs())
+    new = tuple(m.replace(name=trace.fresh_name("t")) for m in stale)
+    bsym = BARRIER.bind(tuple(stale), after, output=new)
+    for m, n in zip(stale, new, strict=True):
+        swap[m.name] = n
+        origin[n.name] = origin.get(m.name, m.name)
+    # keep swap flat: anything that pointed at a now-stale name points at the newest
+    for k, v in swap.items():
+        if v.name in swap and swap[v.name] is not v:
+            swap[k] = swap[v.name]
+    groups.add_bsym(bsym)
+    _retire(groups, stale)
+    return bsym
+
+
+def _retire(groups: AliasGroups, stale) -> None:
+    """Stale names are never read again: drop them from their group's members."""
+    names = {m.name for m in stale}
+    members = groups.members(stale[0].name)
+    members[:] = [m for m in members if m.name not in names]
+
+
+def ordering_edges(trace: Trace, input_alias_groups=None) -> list[tuple[int, int]]:
+    """Write-after-read edges ``(reader, writer)`` (indices into the trace): a
+    symbol reading the value a later write overwrites must stay before it.
+    Together with data dependencies these fully order a renamed trace."""
+    groups = AliasGroups.of_trace(trace, input_alias_groups)
+    readers: dict[str, list[int]] = {}
+    defined: dict[str, int] = {}
+    for i, bsym in enumerate(trace.bound_symbols):
+        for p in bsym.proxy_args():
+            readers.setdefault(p.name, []).append(i)
+        for p in bsym.proxy_outs():
+            defined[p.name] = i
+    edges = []
+    for i, bsym in enumerate(trace.bound_symbols):
+        dsts = written(bsym)
+        if not dsts:
+            continue
+        for root in {groups.find(d.name) for d in dsts}:
+            for m in groups.members(root):
+                if defined.get(m.name, -1) >= i:
+                    continue
+                edges.extend((j, i) for j in readers.get(m.name, ()) if j < i)
+    return edges
