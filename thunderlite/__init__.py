@@ -1,1 +1,48 @@
-"""thunderlite: a trace-based JIT for PyTorch programs."""
+"""thunderlite: a trace-based JIT for PyTorch programs.
+
+The public face (DESIGN.md §7). Everything is imported lazily through the
+module ``__getattr__`` so that ``import thunderlite`` stays fast and does not
+import torch until a public name is first used.
+
+Example::
+
+    import thunderlite
+    jfn = thunderlite.jit(fn)          # or thunderlite.jit(module)
+    out = jfn(x)
+    print(thunderlite.last_traces(jfn)[-1])
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_LAZY = {
+    "jit": ("thunderlite.jit", "jit"),
+    "last_traces": ("thunderlite.jit", "last_traces"),
+    "last_backward_traces": ("thunderlite.jit", "last_backward_traces"),
+    "last_prologue_traces": ("thunderlite.jit", "last_prologue_traces"),
+    "cache_info": ("thunderlite.jit", "cache_info"),
+    "compile_stats": ("thunderlite.jit", "compile_stats"),
+    "examine": ("thunderlite.jit", "examine"),
+    "CACHE_MODES": ("thunderlite.jit", "CACHE_MODES"),
+    "ThunderliteModule": ("thunderlite.jit", "ThunderliteModule"),
+    "DataDependentError": ("thunderlite.core.proxies", "DataDependentError"),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'thunderlite' has no attribute {name!r}")
+    module_name, attr = target
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value          # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,20 @@
+"""Packaging for thunderlite. Install: ``pip install torch==2.13.0 -e '.[test]'``
+(pin torch in the same pip call so pip never pulls a CUDA wheel)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="thunderlite",
+    version="0.1.0",
+    description="A trace-based JIT compiler for PyTorch programs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["thunderlite", "thunderlite.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4", "looseversion"],
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "transformers", "nbclient", "nbformat", "ipykernel"],
+        "triton": ["triton"],
+        "nvfuser": ["nvfuser"],
+    },
+    entry_points={"console_scripts": ["thunderlite-demo=thunderlite.demo:main"]},
+)
