@@ -184,4 +184,5 @@ def _bind_leaf(globs: dict, name: str, obj: Any, path: str) -> None:
     globs[name] = obj
 
 
-RESERVED_NAMES = frozenset(keyword.kwlist) | frozenset({"torch", "ltorch", "prims", "math", "builtins"})
+RESERVED_NAMES = frozenset(keyword.kwlist) | frozenset({"torch", "ltorch", "prims", "math", "builtins",
+                                                       "torchex"})

@@ -1,0 +1,205 @@
+"""The Executor API (DESIGN.md §6).
+
+An executor turns bound symbols of a trace into something that runs. The
+execution transform (transforms/claim.py) talks to executors through two
+methods only, so it never imports a concrete executor:
+
+- ``fusion_pass(trace) -> trace``: a fusion executor replaces regions by fusion
+  symbols it compiled (operator executors return the trace unchanged);
+- ``claim(bsym) -> BoundSymbol | None``: an operator executor returns the bound
+  symbol rebound to its own executor symbol (same args, kwargs, output,
+  subsymbols and source), or None if it cannot run it.
+
+Example, a user executor that runs ``prims.sin`` ahead of torch::
+
+    myex = OperatorExecutor("myex")
+    myex.register_implementation(prims.sin, my_sin)            # prints as myex.sin(...)
+    myex.register_implementation(prims.cos, torch.cos)          # prints as torch.cos(...)
+    register_executor(myex)
+    jit(fn, executors=[myex, "torch"])
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from thunderlite.core import prims
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace
+
+
+class Executor:
+    """Something that can run bound symbols. ``name`` is unique in the registry."""
+
+    def __init__(self, name: str):
+        if not name.isidentifier():
+            raise ValueError(f"executor name {name!r} must be a Python identifier (it prefixes printed calls)")
+        self.name = name
+        self._availability: tuple[bool, str] | None = None
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def check_availability(self) -> tuple[bool, str]:
+        """Override: whether this executor can run here, and why not. Called once."""
+        return True, ""
+
+    def is_available(self) -> tuple[bool, str]:
+        """``(available, reason)``, computed once (imports and device checks are slow)."""
+        if self._availability is None:
+            try:
+                self._availability = self.check_availability()
+            except Exception as e:  # an executor's probe must never crash the import of thunderlite
+                self._availability = (False, f"availability check failed: {type(e).__name__}: {e}")
+        return self._availability
+
+    def can_run(self, bsym: BoundSymbol) -> bool:
+        return self.claim(bsym) is not None
+
+    def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
+        return None
+
+    def fusion_pass(self, trace: Trace) -> Trace:
+        return trace
+
+
+# --- how an executor symbol prints ------------------------------------------------------
+
+_TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft",
+                     "torch.Tensor")
+_torch_paths: dict[int, str] | None = None
+
+
+def _namespace(path: str):
+    obj = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def torch_path(fn: Callable) -> str | None:
+    """The public dotted name a torch callable is reachable under (``torch.add``,
+    ``torch.nn.functional.linear``, ``torch.Tensor.add_``), or None."""
+    global _torch_paths
+    if _torch_paths is None:
+        paths: dict[int, str] = {}
+        for ns_path in _TORCH_NAMESPACES:
+            ns = _namespace(ns_path)
+            for attr in dir(ns):
+                if attr.startswith("_"):
+                    continue
+                try:
+                    obj = getattr(ns, attr)
+                except Exception:   # some torch attributes raise on access (deprecated aliases)
+                    continue
+                if callable(obj) and not isinstance(obj, type):
+                    paths.setdefault(id(obj), f"{ns_path}.{attr}")
+        _torch_paths = paths
+    path = _torch_paths.get(id(fn))
+    return path if path is not None and _resolve_path(path) is fn else None
+
+
+def _resolve_path(path: str):
+    try:
+        return _namespace(path) if path.startswith("torch.") else None
+    except AttributeError:
+        return None
+
+
+class _Impl:
+    __slots__ = ("symbol", "checker")
+
+    def __init__(self, symbol: Symbol, checker: Callable | None):
+        self.symbol = symbol
+        self.checker = checker
+
+
+class OperatorExecutor(Executor):
+    """Runs single symbols with registered implementations.
+
+    ``register_implementation(sym, impl)`` creates an executor symbol that calls
+    ``impl(*bsym.args, **bsym.kwargs)`` and prints as the real torch call when
+    ``impl`` is a public torch callable (``torch.mul(a, b)``), else as
+    ``<print_module>.<symbol name>(...)`` (``print_module`` defaults to the name). A ``checker`` is called with the bound
+    symbol's proxies (same args/kwargs) and may decline (return False)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.print_module = name                      # prefix of calls that are not public torch callables
+        self._impls: dict[Symbol, _Impl] = {}
+        self._printed: dict[str, Callable] = {}      # module.name -> impl, to keep printing unambiguous
+
+    def register_implementation(self, sym: Symbol | str, impl: Callable, *, checker: Callable | None = None,
+                                print_as: str | None = None) -> Symbol:
+        sym = _lookup_symbol(sym)
+        if sym in self._impls:
+            raise ValueError(f"executor {self.name!r} already has an implementation of {sym.id}")
+        exsym = self.executor_symbol(sym, impl, print_as)
+        self._impls[sym] = _Impl(exsym, checker)
+        return exsym
+
+    def implemented_symbols(self) -> list[Symbol]:
+        return list(self._impls)
+
+    def executor_symbol(self, sym: Symbol, impl: Callable, print_as: str | None = None) -> Symbol:
+        """A leaf symbol of this executor running ``impl`` in place of ``sym``."""
+        if print_as is not None:
+            check_print_path(print_as, impl)
+            module, _, name = print_as.rpartition(".")
+        else:
+            path = torch_path(impl)
+            module, _, name = path.rpartition(".") if path else (self.print_module, "", sym.name)
+        if module == self.print_module:
+            name = self._unique_name(name, impl)
+        return Symbol(name, meta=sym.meta, module=module, tags=sym.tags - {Tag.PRIM}, executor=self,
+                      impl=impl, torch_fn=sym.torch_fn, inplace_of=sym.inplace_of)
+
+    def _unique_name(self, name: str, impl: Callable) -> str:
+        candidate, n = name, 0
+        while self._printed.get(candidate, impl) is not impl:
+            n += 1
+            candidate = f"{name}_{n}"
+        self._printed[candidate] = impl
+        return candidate
+
+    def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
+        entry = self._impls.get(bsym.sym)
+        if entry is None:
+            return None
+        if entry.checker is not None and not entry.checker(*bsym.args, **bsym.kwargs):
+            return None
+        return bsym.replace(sym=entry.symbol)
+
+
+def check_print_path(path: str, impl: Callable) -> None:
+    """A symbol printing as ``torch.X`` must really be ``torch.X`` (codegen binds it so)."""
+    if not path.startswith("torch.") and "." in path:
+        return
+    prims.check("." in path, lambda: f"print_as={path!r} needs a module prefix, e.g. 'myex.{path}'", ValueError)
+    prims.check(_resolve_path(path) is impl,
+                lambda: f"print_as={path!r} names a torch attribute that is not the implementation given", ValueError)
+
+
+def _lookup_symbol(sym: Symbol | str) -> Symbol:
+    if isinstance(sym, Symbol):
+        return sym
+    module, _, name = sym.rpartition(".")
+    found = prims.all_prims().get(name) if module == "prims" else None
+    prims.check(found is not None,
+                lambda: f"unknown symbol id {sym!r}: pass a prim id ('prims.sin') or the Symbol object", ValueError)
+    return found
+
+
+class FusionExecutor(Executor):
+    """Replaces regions of a trace by fusion symbols whose callables it compiled.
+
+    Subclasses implement ``fusion_pass``. Region forming is shared
+    (transforms/fusion.py); ``fusion_symbol`` makes the symbol for one region."""
+
+    def fusion_pass(self, trace: Trace) -> Trace:
+        raise NotImplementedError(f"fusion executor {self.name!r} does not implement fusion_pass")
+
+    def fusion_symbol(self, name: str, impl: Callable) -> Symbol:
+        return Symbol(name, impl=impl, module=self.name, tags={Tag.FUSION}, executor=self)

@@ -1,0 +1,82 @@
+"""The executor registry: names -> executors, the default list, and turning a
+user's ``executors=[...]`` into the list the execution transform gets.
+
+Availability is checked once per executor (``Executor.is_available``); an
+unavailable executor is skipped with its reason recorded (``skipped_executors``),
+never an error at import. The torch executor is always last.
+"""
+from __future__ import annotations
+
+from thunderlite.core.prims import check
+from thunderlite.executors.base import Executor
+from thunderlite.executors.torchex import torch_executor
+
+_executors: dict[str, Executor] = {}
+_default_names: list[str] = []
+
+
+def register_executor(ex: Executor, *, default: bool = False) -> Executor:
+    """Make ``ex`` known by its name (refusing a second executor of that name);
+    ``default=True`` also puts it in the default list, ahead of torch."""
+    check(isinstance(ex, Executor), lambda: f"register_executor expects an Executor, got {ex!r}", TypeError)
+    check(ex.name not in _executors, lambda: f"an executor named {ex.name!r} is already registered", ValueError)
+    _executors[ex.name] = ex
+    if default:
+        _default_names.append(ex.name)
+    return ex
+
+
+def get_executor(name: str) -> Executor:
+    ex = _executors.get(name)
+    check(ex is not None, lambda: f"unknown executor {name!r}; registered: {sorted(_executors)}", KeyError)
+    return ex
+
+
+def all_executors() -> list[Executor]:
+    return list(_executors.values())
+
+
+def available_executors() -> list[Executor]:
+    return [ex for ex in _executors.values() if ex.is_available()[0]]
+
+
+def executor_status() -> dict[str, tuple[bool, str]]:
+    """name -> (available, reason it is not): what ``examine`` reports."""
+    return {name: ex.is_available() for name, ex in _executors.items()}
+
+
+def default_executors() -> list[Executor]:
+    """The default list, unavailable executors skipped, torch last."""
+    return resolve_executors(_default_names)
+
+
+def resolve_executors(executors=None) -> list[Executor]:
+    """Names or Executor objects -> the available executors in the given order,
+    with the torch executor appended if missing (it runs every prim)."""
+    if executors is None:
+        return default_executors()
+    out: list[Executor] = []
+    for e in executors:
+        ex = get_executor(e) if isinstance(e, str) else e
+        check(isinstance(ex, Executor), lambda: f"executors=[...] takes names or Executor objects, got {e!r}", TypeError)
+        if ex.is_available()[0] and ex not in out:
+            out.append(ex)
+    if torch_executor in out:
+        out.remove(torch_executor)
+    out.append(torch_executor)
+    return out
+
+
+def skipped_executors(executors=None) -> dict[str, str]:
+    """name -> reason, for the requested (or default) executors that are unavailable."""
+    names = _default_names if executors is None else executors
+    skipped = {}
+    for e in names:
+        ex = get_executor(e) if isinstance(e, str) else e
+        ok, reason = ex.is_available()
+        if not ok:
+            skipped[ex.name] = reason
+    return skipped
+
+
+register_executor(torch_executor, default=True)

@@ -1,0 +1,162 @@
+"""The torch executor: the executable spec of the prims (STYLE.md 11), always
+last in the executor list.
+
+- Every prim has an implementation here (a test checks it). Where a torch
+  function has the prim's exact signature it is bound directly, so the final
+  trace calls torch with no wrapper frame (``t0 = torch.mul(a, b)``); the rest
+  are small functions printed as ``torchex.<prim>``.
+- Every torch-language symbol with a ``torch_fn`` (including opaque ops) runs as
+  that single torch call with the bound symbol's own args and kwargs: the
+  torch-language symbols mirror torch signatures, so this mapping is generic and
+  made at claim time; an explicit ``register_implementation`` overrides it.
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderlite.core import dtypes, prims
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.executors.base import OperatorExecutor
+
+
+class TorchExecutor(OperatorExecutor):
+    """Explicit implementations first, then the generic ``sym.torch_fn`` mapping."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.print_module = "torchex"
+        self._generic: dict[Symbol, Symbol] = {}
+
+    def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
+        claimed = super().claim(bsym)
+        if claimed is not None:
+            return claimed
+        sym = bsym.sym
+        if sym.torch_fn is None or sym.executor is not None:
+            return None
+        exsym = self._generic.get(sym)
+        if exsym is None:
+            exsym = self._generic[sym] = self.executor_symbol(sym, sym.torch_fn)
+        return bsym.replace(sym=exsym)
+
+
+torch_executor = TorchExecutor()
+ex = torch_executor
+
+# --- elementwise: torch functions with the prims' signatures -----------------------------
+
+_TORCH_NAME = {"zeta": torch.special.zeta}
+for _name in prims.UNARY + prims.BINARY + prims.TERNARY:
+    ex.register_implementation(getattr(prims, _name), _TORCH_NAME.get(_name) or getattr(torch, _name))
+
+_DIRECT = {
+    "where": torch.where, "reshape": torch.reshape, "permute": torch.permute, "squeeze": torch.squeeze,
+    "flip": torch.flip, "cat": torch.cat, "gather": torch.gather, "take_along_axis": torch.take_along_dim,
+    "index_select": torch.index_select, "scatter": torch.scatter, "scatter_add": torch.scatter_add,
+    "index_add": torch.index_add, "index_put": torch.index_put, "matmul": torch.matmul,
+    "convolution": torch.convolution, "var": torch.var, "var_mean": torch.var_mean,
+    "argmax": torch.argmax, "argmin": torch.argmin, "cumsum": torch.cumsum, "cumprod": torch.cumprod,
+    "topk": torch.topk, "sort": torch.sort, "full": torch.full, "empty": torch.empty,
+    "clone": torch.clone, "item": torch.Tensor.item,
+}
+for _name, _fn in _DIRECT.items():
+    ex.register_implementation(getattr(prims, _name), _fn)
+
+
+# --- prims whose torch spelling differs: one small function each ----------------------
+
+def convert_element_type(a, dtype):
+    if isinstance(a, torch.Tensor):
+        return a.to(dtype)
+    return dtypes.python_type_of(dtype)(a)
+
+
+def device_put(a, device):
+    return a.to(device)
+
+
+def broadcast_in_dim(a, shape, broadcast_dims):
+    if a.ndim and broadcast_dims[0] == len(shape) - a.ndim and broadcast_dims[-1] == len(shape) - 1:
+        return a.expand(shape)            # trailing-aligned: what torch broadcasting does
+    view = [1] * len(shape)
+    for d, s in zip(broadcast_dims, a.shape):
+        view[d] = s
+    return a.reshape(view).expand(shape)
+
+
+def slice_prim(a, start_indices, end_indices, strides=None):
+    strides = strides or (1,) * a.ndim
+    return a[tuple(slice(lo, hi, st) for lo, hi, st in zip(start_indices, end_indices, strides))]
+
+
+def pad(a, padding_value, padding_config):
+    if all(interior == 0 for _, _, interior in padding_config):
+        flat = [p for lo, hi, _ in reversed(padding_config) for p in (lo, hi)]
+        return torch.nn.functional.pad(a, flat, value=padding_value)
+    grown = [size + max(lo, 0) + max(hi, 0) + max(size - 1, 0) * interior
+             for size, (lo, hi, interior) in zip(a.shape, padding_config)]
+    out = torch.full(grown, padding_value, dtype=a.dtype, device=a.device)
+    place = tuple(slice(max(lo, 0), max(lo, 0) + max(size - 1, 0) * (interior + 1) + 1, interior + 1)
+                  for size, (lo, _, interior) in zip(a.shape, padding_config))
+    out[place] = a
+    crop = tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi, _) in zip(grown, padding_config))
+    return out[crop]
+
+
+def _reduce(fn, a, dims, output_dtype):
+    if not dims:                      # reduce nothing (torch would reduce everything)
+        return a.to(output_dtype) if output_dtype is not None else a.clone()
+    return fn(a, dims, output_dtype)
+
+
+def sum(a, dims, *, output_dtype=None):
+    return _reduce(lambda x, d, dt: torch.sum(x, d, dtype=dt), a, dims, output_dtype)
+
+
+def prod(a, dims, *, output_dtype=None):
+    def fn(x, ds, dt):
+        for d in sorted((d % x.ndim for d in ds), reverse=True):
+            x = torch.prod(x, d, dtype=dt)
+        return x
+    return _reduce(fn, a, dims, output_dtype)
+
+
+def amax(a, dims, *, output_dtype=None):
+    out = _reduce(lambda x, d, dt: torch.amax(x, d), a, dims, None)
+    return out if output_dtype is None else out.to(output_dtype)
+
+
+def amin(a, dims, *, output_dtype=None):
+    out = _reduce(lambda x, d, dt: torch.amin(x, d), a, dims, None)
+    return out if output_dtype is None else out.to(output_dtype)
+
+
+def iota(length, *, start, step, device, dtype):
+    if isinstance(start, int) and isinstance(step, int):
+        return torch.arange(start, start + step * length, step, device=device, dtype=dtype)
+    return torch.arange(length, device=device, dtype=dtype) * step + start
+
+
+def uniform(shape, minval, maxval, *, device, dtype, generator=None):
+    return torch.empty(shape, device=device, dtype=dtype).uniform_(minval, maxval, generator=generator)
+
+
+def normal(shape, mean, std, *, device, dtype, generator=None):
+    return torch.empty(shape, device=device, dtype=dtype).normal_(mean, std, generator=generator)
+
+
+def randint(shape, low, high, *, device, dtype, generator=None):
+    return torch.empty(shape, device=device, dtype=dtype).random_(low, high, generator=generator)
+
+
+def bernoulli(shape, p, *, device, dtype, generator=None):
+    return torch.empty(shape, device=device, dtype=dtype).bernoulli_(p, generator=generator)
+
+
+def copy_(src, dst):
+    return dst.copy_(src)
+
+
+for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
+            iota, uniform, normal, randint, bernoulli, copy_):
+    ex.register_implementation(getattr(prims, _fn.__name__), _fn)
