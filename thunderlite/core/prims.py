@@ -508,12 +508,14 @@ argmin = make_prim("argmin", _arg_reduction_meta("argmin"))
 def _scan_meta(name: str):
     def meta(a, dim, *, dtype=None):
         _canon_dim(dim, a.ndim, name)
-        out = dtype if dtype is not None else a.dtype
+        promoted = torch.int64 if a.dtype is torch.bool or dtypes.is_integer(a.dtype) else a.dtype
+        out = dtype if dtype is not None else promoted
         return a.replace(dtype=out, requires_grad=_grad(a, dtype=out))
     return meta
 
 
 cumsum = make_prim("cumsum", _scan_meta("cumsum"))
+"""``cumsum(a, dim, *, dtype=None)``: as torch.cumsum (bool/int inputs accumulate in int64)."""
 cumprod = make_prim("cumprod", _scan_meta("cumprod"))
 
 

@@ -110,13 +110,13 @@ def _reduce(fn, a, dims, output_dtype):
 
 
 def sum(a, dims, *, output_dtype=None):
-    return _reduce(lambda x, d, dt: torch.sum(x, d, dtype=dt), a, dims, output_dtype)
+    return _reduce(lambda x, d, dt: torch.sum(x, d, dtype=dt or x.dtype), a, dims, output_dtype)
 
 
 def prod(a, dims, *, output_dtype=None):
     def fn(x, ds, dt):
         for d in sorted((d % x.ndim for d in ds), reverse=True):
-            x = torch.prod(x, d, dtype=dt)
+            x = torch.prod(x, d, dtype=dt or x.dtype)
         return x
     return _reduce(fn, a, dims, output_dtype)
 
