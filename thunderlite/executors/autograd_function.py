@@ -1,0 +1,125 @@
+"""The bridge to PyTorch autograd: a compiled forward and backward behind one
+``torch.autograd.Function``.
+
+The jit calls one entry point::
+
+    program = make_differentiable(trace, requires_grad_mask, finalize,
+                                  input_alias_groups=None)
+    out = program(*flat_args)          # same output pytree as ``trace``
+    program.forward_traces             # every stage, the last the one that runs
+    program.backward_traces            # likewise ([] in eager mode)
+
+``trace`` is the computation trace after update_aliases and DCE;
+``requires_grad_mask`` has one bool per ``trace.args``; ``finalize(trace) ->
+trace`` is the jit's own "claim executors + del_last_used" (so nothing here
+knows a concrete executor). Outputs carry ``requires_grad`` as in eager
+(integer outputs and outputs that do not depend on a differentiable input are
+marked non-differentiable), ``loss.backward()`` fills ``.grad`` and accumulates
+across calls.
+
+Saved values: program arguments and outputs go through ``ctx.save_for_backward``
+(so eager's "modified by an inplace operation" check applies); intermediates
+ride in a plain list that the backward trace empties on entry, so each is freed
+after its last use in the backward instead of when the whole backward ends.
+
+Double backward is not supported: the backward is ``once_differentiable``
+(differentiating through it raises PyTorch's clear error).
+
+Programs that write into views of tensors on a gradient path run in *eager
+mode* (see transforms/autodiff.py): the finalized trace runs with autograd on
+and PyTorch records the graph, so results and errors are eager's own.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from thunderlite.core import pytree
+from thunderlite.core.trace import Trace
+from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
+
+
+class _Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, program: "DifferentiableProgram", box: list, *flat_args):
+        out, saved_tensors, saved_other = program.forward_fn(*flat_args)
+        ctx.program = program
+        ctx.save_for_backward(*saved_tensors)
+        ctx.saved_other = list(saved_other)
+        del saved_other
+        tensors = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+        unique, ctx.grad_slots, diff = program.plan_outputs(tensors)
+        nondiff = [t for t, d in zip(unique, diff, strict=True) if not d]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        box.append((out, unique))
+        return tuple(unique)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        saved_other, ctx.saved_other = ctx.saved_other, None
+        per_arg = [grads[i] if i >= 0 else None for i in ctx.grad_slots]
+        per_arg = [g if g is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                   for g, p in zip(per_arg, ctx.program.split.grad_args, strict=True)]
+        result = ctx.program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
+        return (None, None, *result)
+
+
+class DifferentiableProgram:
+    """A differentiable compiled program; see the module docstring."""
+
+    def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace]):
+        self.split = split
+        if split.mode == "eager":
+            final = finalize(trace)
+            self.forward_traces = [final]
+            self.backward_traces: list[Trace] = []
+            self._eager_fn = final.python_callable()
+            return
+        fwd_final = finalize(split.forward)
+        bwd_final = finalize(split.backward)
+        self.forward_traces = [split.forward, fwd_final]
+        self.backward_traces = [split.backward, bwd_final]
+        self.forward_fn = fwd_final.python_callable()
+        self.backward_fn = bwd_final.python_callable()
+        self._eager_fn = None
+
+    def plan_outputs(self, tensors: list[torch.Tensor]):
+        """The distinct output tensors, which of them each backward grad argument
+        takes its gradient from (-1: a second proxy naming the same tensor gets
+        zeros, the first already carries the whole gradient), and which of
+        them are differentiable."""
+        index: dict[int, int] = {}
+        unique = []
+        for t in tensors:
+            if id(t) not in index:
+                index[id(t)] = len(unique)
+                unique.append(t)
+        slots, taken = [], set()
+        for pos in self.split.grad_positions:
+            u = index[id(tensors[pos])]
+            slots.append(u if u not in taken else -1)
+            taken.add(u)
+        diff = [i in taken for i in range(len(unique))]
+        return unique, slots, diff
+
+    def __call__(self, *flat_args):
+        if self._eager_fn is not None:
+            return self._eager_fn(*flat_args)
+        if not torch.is_grad_enabled():
+            return self.forward_fn(*flat_args)[0]
+        box: list = []
+        results = _Function.apply(self, box, *flat_args)
+        out, unique = box[0]
+        wrapped = {id(t): r for t, r in zip(unique, results, strict=True)}
+        return pytree.tree_map(lambda o: wrapped.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
+
+
+def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Trace], Trace],
+                        input_alias_groups=None) -> DifferentiableProgram:
+    """Split ``trace`` into forward and backward and wrap them for autograd."""
+    split = split_forward_backward(trace, requires_grad_mask, input_alias_groups)
+    return DifferentiableProgram(trace, split, finalize)

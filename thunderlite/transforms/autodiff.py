@@ -1,0 +1,311 @@
+"""Reverse-mode autodiff over traces: a forward trace and a backward trace
+(DESIGN.md §3 step 6).
+
+``split_forward_backward(trace, requires_grad_mask)`` takes the computation
+trace (after update_aliases and DCE) and says which of its arguments require
+grad. It returns a ``GradSplit``:
+
+- ``forward``: the program, flattened where differentiation needed it, that
+  returns ``(output, saved_tensors, saved_other)``;
+- ``backward``: ``backward(*saved_tensors, saved_other, *grads)`` returning one
+  gradient (or None) per argument of the computation trace. ``grads`` are the
+  gradients of the distinct differentiable output proxies; ``grad_positions``
+  gives, for each, its first position among the output's tensor leaves
+  (``differentiable_outputs`` marks every such position).
+
+How it works: every top-level symbol on a gradient path either has a VJP rule
+(autodiff_rules.py, one table keyed by symbol id), is opaque (``Tag.OPAQUE``:
+its VJP comes from PyTorch's own autograd, see below) or is a composite that is
+replaced by its subsymbols, recursively. A leaf without a rule is an error that
+names it. The backward is recorded by calling the rules, in reverse order, into
+a new trace; every forward value a rule reads becomes a *saved* value.
+
+Saved values are split so that memory can be freed early without losing
+PyTorch's safety checks: arguments and outputs of the program go to
+``ctx.save_for_backward`` (eager's "modified by an inplace operation" check
+applies to them, and saving an output there creates no reference cycle);
+intermediates nobody else can see travel in a plain list that the backward
+empties on entry (``autodiff.unpack_saved``), so each is freed right after its
+last use in the backward. ``rematerialize.py`` then replaces saved outputs of
+cheap elementwise chains by their recomputation in the backward.
+
+Opaque ops: the forward runs the real op with autograd enabled on detached
+inputs and keeps the small autograd graph it builds (what eager would keep for
+that op, no more) as a saved handle; the backward calls ``torch.autograd.grad``
+on it and drops it. Re-running the op in the backward instead would save the
+same inputs but pay the op twice and be wrong for random ops.
+
+In-place writes into tensors that alias others (views) on a gradient path have
+no functional form in the trace: the barriers of update_aliases say *that* a
+group changed, not *how*. For those programs ``GradSplit.mode`` is ``"eager"``:
+the caller runs the program's ordinary trace with autograd on, so eager PyTorch
+records the graph and outputs, gradients and errors are exactly eager's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from thunderlite.core import dtypes, prims, pytree
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.core.tracectx import tracectx
+from thunderlite.transforms import autodiff_rules as rules
+from thunderlite.core.aliasing import writes
+from thunderlite.transforms.autodiff_ops import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.rematerialize import rematerialize
+from thunderlite.transforms.update_aliases import AliasGroups
+
+
+class MissingGradRuleError(NotImplementedError):
+    """A symbol on a gradient path has no VJP rule and no decomposition."""
+
+
+@dataclass
+class GradSplit:
+    """The result of ``split_forward_backward``; see the module docstring."""
+    mode: str                                  # "functional" or "eager"
+    forward: Trace | None = None
+    backward: Trace | None = None
+    differentiable_outputs: list[bool] = field(default_factory=list)
+    saved_tensors: list = field(default_factory=list)
+    saved_other: list = field(default_factory=list)
+    grad_args: list = field(default_factory=list)
+    grad_positions: list[int] = field(default_factory=list)   # tensor-leaf index of each grad arg
+
+
+def _is_diff_tensor(p) -> bool:
+    return type(p) is TensorProxy and dtypes.is_inexact(p.dtype) and p.requires_grad
+
+
+def _on_path(bsym: BoundSymbol, tracked: set[str]) -> bool:
+    return any(p.name in tracked for p in bsym.tensor_args())
+
+
+def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
+    """Outputs on a gradient path require grad as their proxies say; a write
+    makes its destination require grad when the written value does (eager)."""
+    writer = bsym.sym is prims.copy_ or Tag.ALIAS_BARRIER in bsym.sym.tags
+    for o in bsym.tensor_outs():
+        if _is_diff_tensor(o) or (writer and dtypes.is_inexact(o.dtype)):
+            tracked.add(o.name)
+
+
+def _flatten(bsyms, tracked: set[str], out: list) -> None:
+    """Append ``bsyms`` to ``out``, replacing composites on a gradient path that
+    have no rule by their subsymbols (recursively)."""
+    for bsym in bsyms:
+        sym = bsym.sym
+        if Tag.RETURN in sym.tags:
+            continue
+        if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
+            out.append(bsym)
+            continue
+        if rules.vjp_rule(sym) is not None or Tag.OPAQUE in sym.tags or Tag.ALIAS_BARRIER in sym.tags:
+            out.append(bsym)
+            _track_outputs(bsym, tracked)
+            continue
+        if bsym.subsymbols:
+            _flatten(bsym.subsymbols, tracked, out)
+            continue
+        raise MissingGradRuleError(
+            f"no differentiation rule for {sym.id} (a leaf symbol with no decomposition), used at "
+            f"{_where(bsym)}; register one with autodiff_rules.register_vjp")
+
+
+def _where(bsym: BoundSymbol) -> str:
+    if bsym.source is None:
+        return repr(bsym)
+    fname, lineno, text = bsym.source
+    return f"{fname}:{lineno} ({text.strip()})" if text else f"{fname}:{lineno}"
+
+
+def _shared_roots(bsyms, groups: AliasGroups, roots: set[str]) -> None:
+    """Add the alias groups that hold a view (looking through decompositions)."""
+    for bsym in bsyms:
+        if Tag.VIEW in bsym.sym.tags:
+            roots.update(groups.find(o.name) for o in bsym.tensor_outs())
+        _shared_roots(bsym.subsymbols, groups, roots)
+
+
+def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> bool:
+    """True when a write on a gradient path lands in a tensor that shares storage
+    with another tensor of the program (a view, a viewed base, an argument)."""
+    shared = {groups.find(a.name) for a in trace.args if type(a) is TensorProxy}
+    _shared_roots(trace.bound_symbols, groups, shared)
+    for bsym in flat:
+        for dst, _ in writes(bsym):
+            on_path = dst.name in tracked or _on_path(bsym, tracked)
+            if on_path and groups.find(dst.name) in shared:
+                return True
+    return False
+
+
+def _accumulate(grads: dict, p: TensorProxy, g) -> None:
+    if g.dtype != p.dtype and dtypes.is_inexact(p.dtype):
+        g = prims.convert_element_type(g, p.dtype)
+    if g.shape != p.shape:
+        g = rules.sum_to(g, p.shape) if len(g.shape) >= len(p.shape) else \
+            prims.broadcast_in_dim(g, p.shape, tuple(range(len(p.shape) - g.ndim, len(p.shape))))
+    prev = grads.get(p.name)
+    grads[p.name] = g if prev is None else prims.add(prev, g)
+
+
+def _output_grad(bsym: BoundSymbol, grads: dict):
+    """The gradient pytree of ``bsym``'s output (None where no gradient), or None."""
+    found = False
+
+    def pick(x):
+        nonlocal found
+        if type(x) is TensorProxy and x.name in grads:
+            found = True
+            return grads.pop(x.name)
+        return None
+    g = pytree.tree_map(pick, bsym.output)
+    return g if found else None
+
+
+def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict) -> list[tuple]:
+    handle, inputs = handles[id(bsym)]
+    gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
+                  if type(o) is TensorProxy)
+    in_grads = tuple(p.replace(name=bwd.fresh_name("t"), requires_grad=False) for p in inputs)
+    bwd.add_bound_symbol(OPAQUE_BACKWARD.bind(handle, gouts, output=in_grads))
+    return list(zip(inputs, in_grads, strict=True))
+
+
+def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups) -> list[tuple]:
+    """In a group without views every member is the written tensor itself, so a
+    renamed member's value is the write's result (``after``), not its old value."""
+    members, after = bsym.args
+    pairs = []
+    for m, gm in zip(members, g, strict=True):
+        if gm is None:
+            continue
+        target = next((a for a in after if groups.same(a.name, m.name)), None)
+        check(target is not None, lambda: f"alias barrier {bsym!r}: no write result for {m.name}")
+        pairs.append((target, gm))
+    return pairs
+
+
+def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups) -> GradSplit:
+    bwd = Trace("backward", names=trace.names)
+    grads: dict[str, object] = {}
+    diff_outputs, grad_args, grad_positions = [], [], []
+    with tracectx(bwd):
+        outs = [o for o in pytree.leaves(trace.output) if type(o) is TensorProxy]
+        for pos, o in enumerate(outs):
+            diff_outputs.append(o.name in tracked)
+            if o.name in tracked and o.name not in grads:
+                g = o.replace(name=bwd.fresh_name("g"), requires_grad=False)
+                grad_args.append(g)
+                grad_positions.append(pos)
+                _accumulate(grads, o, g)
+        for bsym in reversed(flat):
+            if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
+                continue
+            g = _output_grad(bsym, grads)
+            if g is None:
+                continue
+            for arg, ga in _vjp_pairs(bsym, g, bwd, handles, groups):
+                if arg.name in tracked:
+                    _accumulate(grads, arg, ga)
+        result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
+                       for a, m in zip(trace.args, mask, strict=True))
+        bwd.set_return(result)
+    return GradSplit("functional", backward=bwd, differentiable_outputs=diff_outputs, grad_args=grad_args,
+                     grad_positions=grad_positions)
+
+
+def _vjp_pairs(bsym, g, bwd: Trace, handles, groups) -> list[tuple]:
+    if Tag.ALIAS_BARRIER in bsym.sym.tags:
+        return _barrier_vjp(bsym, g, groups)
+    if Tag.OPAQUE in bsym.sym.tags:
+        return _opaque_vjp(bsym, g, bwd, handles)
+    return rules.apply_rule(bsym, g)
+
+
+def _opaque_forward(trace: Trace, flat, tracked: set[str]) -> tuple[list, dict]:
+    """Replace opaque symbols on a gradient path by ``opaque_with_graph`` calls
+    that also return the autograd graph handle their backward needs."""
+    out, handles = [], {}
+    for bsym in flat:
+        if Tag.OPAQUE not in bsym.sym.tags or not _on_path(bsym, tracked):
+            out.append(bsym)
+            continue
+        inputs = [p for p in bsym.tensor_args() if p.name in tracked]
+        handle = Proxy(name=trace.fresh_name("graph"))
+        handles[id(bsym)] = (handle, inputs)
+        mask = tuple(p.name in tracked for p in bsym.tensor_args())
+        out.append(BoundSymbol(OPAQUE_WITH_GRAPH, (bsym.sym.torch_fn, bsym.args, bsym.kwargs, mask), {},
+                               (bsym.output, handle), (), bsym.source))
+    return out, handles
+
+
+def _free_names(bwd: Trace) -> list[Proxy]:
+    """Proxies the backward reads but does not define: forward values to save."""
+    defined = {p.name for p in bwd.args if isinstance(p, Proxy)}
+    free, seen = [], set()
+    for bsym in bwd.bound_symbols:
+        for p in bsym.proxy_args():
+            if p.name not in defined and p.name not in seen:
+                seen.add(p.name)
+                free.append(p)
+        for p in bsym.proxy_outs():
+            defined.add(p.name)
+    return free
+
+
+def _visible_names(trace: Trace) -> set[str]:
+    names = {a.name for a in trace.args if isinstance(a, Proxy)}
+    names.update(o.name for o in pytree.leaves(trace.output) if isinstance(o, Proxy))
+    return names
+
+
+@trace_pass("Forward/backward split (autodiff)")
+def _forward_trace(trace: Trace, bsyms, saved_tensors, saved_other) -> Trace:
+    fwd = trace.with_bound_symbols("", bsyms)
+    fwd.name = "forward"
+    with tracectx(fwd):
+        fwd.set_return((trace.output, tuple(saved_tensors), tuple(saved_other)))
+    return fwd
+
+
+@trace_pass("Backward (autodiff)")
+def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
+    out = Trace("backward", names=bwd.names)
+    holder = Proxy(name=bwd.fresh_name("saved"))
+    out.args = [*saved_tensors, holder, *grad_args]
+    body = []
+    if saved_other:
+        body.append(BoundSymbol(UNPACK_SAVED, (holder,), {}, tuple(saved_other)))
+    out.bound_symbols = body + list(bwd.bound_symbols)
+    out._scopes = [out.bound_symbols]
+    return out
+
+
+def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None) -> GradSplit:
+    """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
+    selects; see the module docstring for what comes back."""
+    mask = list(requires_grad_mask)
+    tracked = {a.name for a, m in zip(trace.args, mask, strict=True) if m and _is_diff_tensor(a)}
+    flat: list[BoundSymbol] = []
+    _flatten(trace.bound_symbols, tracked, flat)
+    groups = AliasGroups.of_trace(trace, input_alias_groups)
+    if _needs_eager(trace, flat, tracked, groups):
+        return GradSplit("eager", differentiable_outputs=[
+            o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
+    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked)
+    split = _build_backward(trace, flat, tracked, mask, handles, groups)
+    fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
+    saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
+    bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace))
+    split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
+    visible = _visible_names(trace)
+    split.saved_tensors = [p for p in saved if type(p) is TensorProxy and p.name in visible]
+    split.saved_other = [p for p in saved if not (type(p) is TensorProxy and p.name in visible)]
+    split.forward = _forward_trace(trace, fwd_bsyms, split.saved_tensors, split.saved_other)
+    split.backward = _backward_trace(split.backward, split.saved_tensors, split.saved_other, split.grad_args)
+    return split

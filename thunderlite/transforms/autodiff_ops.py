@@ -1,0 +1,85 @@
+"""Symbols only autodiff emits, each with the implementation that runs it.
+
+They are leaf symbols with an ``impl`` (printed under ``autodiff.``): no
+executor has anything better to do with them, and they must run exactly once
+per call. Their bound symbols are built directly by autodiff.py (``bind``),
+so their meta functions only check what they are given.
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderlite.core import pytree
+from thunderlite.core.symbol import Symbol
+
+
+def _unpack_saved_impl(saved: list) -> tuple:
+    """Take the saved intermediates out of the list ``ctx`` kept them in, so the
+    backward holds the only reference and can free each after its last use."""
+    items = tuple(saved)
+    saved.clear()
+    return items
+
+
+def _no_meta(*args, **kwargs):
+    raise RuntimeError("this symbol is built by autodiff with bind(), never traced")
+
+
+UNPACK_SAVED = Symbol("unpack_saved", meta=_no_meta, impl=_unpack_saved_impl, module="autodiff")
+
+
+def _opaque_with_graph_impl(fn, args, kwargs, mask):
+    """Run an opaque op with autograd on, on detached copies of its inputs
+    (``mask`` says which tensor inputs need a gradient). Returns the detached
+    outputs and the handle ``[inputs, outputs]`` holding the op's graph."""
+    flags = iter(mask)
+    inputs = []
+
+    def prep(x):
+        if isinstance(x, torch.Tensor) and next(flags):
+            d = x.detach().requires_grad_(True)
+            inputs.append(d)
+            return d
+        return x
+    with torch.enable_grad():
+        args2, kwargs2 = pytree.tree_map(prep, (args, kwargs))
+        out = fn(*args2, **kwargs2)
+    outs = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+    detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
+    return detached, [inputs, outs]
+
+
+OPAQUE_WITH_GRAPH = Symbol("opaque_with_graph", meta=_no_meta, impl=_opaque_with_graph_impl, module="autodiff")
+
+
+def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
+    """``torch.autograd.grad`` through the graph an ``opaque_with_graph`` kept;
+    the handle is emptied so the graph is freed right away."""
+    inputs, outs = handle
+    handle.clear()
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+    if not pairs:
+        return tuple(torch.zeros_like(i) for i in inputs)
+    res = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+    return tuple(torch.zeros_like(i) if r is None else r for i, r in zip(inputs, res, strict=True))
+
+
+OPAQUE_BACKWARD = Symbol("opaque_backward", meta=_no_meta, impl=_opaque_backward_impl, module="autodiff")
+
+
+def _conv_backward_meta(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return (a.replace(requires_grad=False), weight.replace(requires_grad=False),
+            None if bias is None else bias.replace(requires_grad=False))
+
+
+def _conv_backward_impl(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    mask = [True, True, bias is not None]
+    return torch.ops.aten.convolution_backward(
+        g, a, weight, None if bias is None else list(bias.shape), stride, padding, dilation,
+        transposed, output_padding, groups, mask)
+
+
+convolution_backward = Symbol("convolution_backward", meta=_conv_backward_meta, impl=_conv_backward_impl,
+                              module="autodiff")
+"""The gradients of ``prims.convolution`` in one call (aten's own kernel):
+decomposing them into transposed convolutions would be slower and longer."""
