@@ -4,7 +4,8 @@ writes, and which proxies name them afterwards.
 One table keyed by symbol (STYLE.md 2). Symbols not in the table follow the
 default rules:
 
-- ``prims.copy_(src, dst)`` writes ``dst``; its output names ``dst`` afterwards.
+- ``prims.copy_(src, dst)`` writes ``dst``; its output names ``dst`` afterwards
+  (a registered rule, below);
 - any other leaf tagged ``Tag.INPLACE`` writes its first tensor argument; its
   first tensor output (if any) names it afterwards (the rule of torch's
   ``x.add_(y)``-style methods).
@@ -22,7 +23,7 @@ the torch executor runs with a view-returning torch function (``reshape``,
 analyses traces must know it."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
@@ -30,7 +31,10 @@ from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 
 WriteRule = Callable[[BoundSymbol], list]
-_write_rules: dict[Symbol, WriteRule] = {}
+# Keyed by symbol, and by its meta function: an executor's symbol for a prim
+# (executors/base.py ``executor_symbol``) shares the prim's meta, so it shares
+# the prim's rules without the executor registering anything.
+_write_rules: dict[Any, WriteRule] = {}
 
 
 def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
@@ -41,6 +45,8 @@ def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
     if Tag.INPLACE not in sym.tags:
         raise ValueError(f"{sym.id} has a write rule but is not tagged Tag.INPLACE")
     _write_rules[sym] = rule
+    if sym.meta is not None:
+        _write_rules.setdefault(sym.meta, rule)
 
 
 def writes(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy | None]]:
@@ -48,12 +54,9 @@ def writes(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy | None]]:
     sym = bsym.sym
     if Tag.INPLACE not in sym.tags or not sym.is_leaf:
         return []
-    rule = _write_rules.get(sym)
+    rule = _write_rules.get(sym) or _write_rules.get(sym.meta)
     if rule is not None:
         return rule(bsym)
-    if sym is prims.copy_:
-        dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
-        return [(dst, bsym.output)]
     tensors = bsym.tensor_args()
     if not tensors:
         return []
@@ -61,13 +64,21 @@ def writes(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy | None]]:
     return [(tensors[0], outs[0] if outs else None)]
 
 
-_VIEW_PRIMS = frozenset(getattr(prims, n) for n in
+def _copy_writes(bsym: BoundSymbol) -> list:
+    dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
+    return [(dst, bsym.output)]
+
+
+register_write_rule(prims.copy_, _copy_writes)
+
+_VIEW_METAS = frozenset(getattr(prims, n).meta for n in
                         ("reshape", "permute", "broadcast_in_dim", "slice_prim", "squeeze", "real", "imag"))
 
 
 def may_view(bsym: BoundSymbol) -> bool:
     """Whether ``bsym``'s tensor outputs may share storage with its first tensor argument."""
-    return Tag.VIEW in bsym.sym.tags or bsym.sym in _VIEW_PRIMS
+    sym = bsym.sym
+    return Tag.VIEW in sym.tags or (sym.is_leaf and sym.meta in _VIEW_METAS)
 
 
 def _barrier_meta(members, after):
