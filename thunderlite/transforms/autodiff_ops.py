@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core import pytree
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
 
 
@@ -83,3 +84,16 @@ convolution_backward = Symbol("convolution_backward", meta=_conv_backward_meta, 
                               module="autodiff")
 """The gradients of ``prims.convolution`` in one call (aten's own kernel):
 decomposing them into transposed convolutions would be slower and longer."""
+
+
+def _backward_error_meta(message: str, shape, dtype, device):
+    return TensorProxy(shape=shape, dtype=dtype, device=device)
+
+
+def _backward_error_impl(message: str, shape, dtype, device):
+    raise RuntimeError(message)
+
+
+BACKWARD_ERROR = Symbol("backward_error", meta=_backward_error_meta, impl=_backward_error_impl, module="autodiff")
+"""A gradient eager PyTorch does not implement: the forward runs, and the
+backward raises the same error eager raises, when (and only if) it runs."""

@@ -30,7 +30,7 @@ import torch
 from thunderlite.core import dtypes, prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
-from thunderlite.transforms.autodiff_ops import convolution_backward
+from thunderlite.transforms.autodiff_ops import BACKWARD_ERROR, convolution_backward
 
 _rules: dict[str, Callable] = {}
 _signatures: dict[str, inspect.Signature] = {}
@@ -144,16 +144,25 @@ def reshape_to(x, shape: tuple):
     return x if tuple(x.shape) == tuple(shape) else prims.reshape(x, tuple(shape))
 
 
+def backward_error(like: TensorProxy, message: str):
+    """A gradient that raises ``message`` when the backward runs (as eager does)."""
+    return BACKWARD_ERROR(message, like.shape, like.dtype, like.device)
+
+
 def _neg(x):
     return prims.neg(x)
 
 
 def _mul(a, b):
-    return prims.mul(a, b)
+    return prims.mul(a, b) if is_t(a) or is_t(b) else a * b
 
 
 def _div(a, b):
-    return prims.div(a, b)
+    return prims.div(a, b) if is_t(a) or is_t(b) else a / b
+
+
+def _plus(a, b):
+    return prims.add(a, b) if is_t(a) or is_t(b) else a + b
 
 
 def _tensor_grads(g, args, grads):
@@ -216,7 +225,7 @@ register_non_differentiable(*(getattr(prims, n) for n in (
 
 @register_vjp(prims.real, prims.imag, prims.conj)
 def _complex_parts(g, out, a):
-    raise NotImplementedError("gradients through complex tensors are not supported yet")
+    return (backward_error(a, "thunderlite does not differentiate through complex tensors yet"),)
 
 
 # --- elementwise binary --------------------------------------------------------------
@@ -245,7 +254,8 @@ def _div_rule(g, out, a, b):
 
 @register_vjp(prims.floor_divide)
 def _floor_divide(g, out, a, b):
-    return (zeros_like(a) if is_t(a) else None, zeros_like(b) if is_t(b) else None)
+    msg = "derivative for aten::floor_divide is not implemented"
+    return (backward_error(a, msg) if is_t(a) else None, backward_error(b, msg) if is_t(b) else None)
 
 
 def _mod_rule(rounding: Callable) -> Callable:
@@ -279,7 +289,7 @@ def _pow(g, out, a, b):
 
 @register_vjp(prims.atan2)
 def _atan2(g, out, a, b):
-    denom = prims.add(_mul(a, a), _mul(b, b))
+    denom = _plus(_mul(a, a), _mul(b, b))
     return (_mul(g, _div(b, denom)) if is_t(a) else None,
             _neg(_mul(g, _div(a, denom))) if is_t(b) else None)
 
@@ -319,10 +329,8 @@ def _polygamma(g, out, n, a):
 
 @register_vjp(prims.zeta)
 def _zeta(g, out, a, b):
-    if is_t(a):
-        raise NotImplementedError("the derivative of zeta with respect to x is not implemented "
-                                  "(eager PyTorch raises the same)")
-    return None, _neg(_mul(g, _mul(prims.zeta(a + 1, b), a)))
+    ga = backward_error(a, "derivative for aten::special_zeta is not implemented") if is_t(a) else None
+    return ga, (_neg(_mul(g, _mul(prims.zeta(a + 1, b), a))) if is_t(b) else None)
 
 
 @register_vjp(prims.where)
