@@ -185,4 +185,4 @@ def _bind_leaf(globs: dict, name: str, obj: Any, path: str) -> None:
 
 
 RESERVED_NAMES = frozenset(keyword.kwlist) | frozenset({"torch", "ltorch", "prims", "math", "builtins",
-                                                       "torchex"})
+                                                       "torchex", "opaque"})

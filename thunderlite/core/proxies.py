@@ -33,6 +33,18 @@ def register_method(name: str, fn: Callable) -> None:
     method_table[name] = fn
 
 
+# Called for torch functions applied to proxies outside the jit's lookaside
+# (e.g. a torch function invoked natively, or a trace built by hand):
+# ``handler(func, args, kwargs)``. Set once by thunderlite.torch.
+torch_function_handler: list = [None]
+
+
+def set_torch_function_handler(fn: Callable) -> None:
+    if torch_function_handler[0] is not None and torch_function_handler[0] is not fn:
+        raise ValueError("a torch function handler is already set")
+    torch_function_handler[0] = fn
+
+
 def register_property(name: str, fn: Callable) -> None:
     if name in property_table:
         raise ValueError(f"tensor property {name!r} is already registered")
@@ -172,6 +184,13 @@ class TensorProxy(Proxy):
         return TensorProxy(**kw)
 
     # --- everything else goes through the torch language ------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        handler = torch_function_handler[0]
+        if handler is None:
+            return NotImplemented
+        return handler(func, args, kwargs or {})
+
     def __getattr__(self, name: str):
         prop = property_table.get(name)
         if prop is not None:

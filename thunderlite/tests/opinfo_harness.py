@@ -1,0 +1,190 @@
+"""The trace-level OpInfo entry point: record one OpInfo sample as a trace of
+torch-language symbols, run it through the executors, and compare with eager.
+
+Per (op, dtype) the verdict is one of
+- ``native``: every leaf of the fully decomposed trace is a prim, and running
+  that prim-level program (not the direct torch calls) matches eager;
+- ``fallback``: the trace contains opaque torch calls and matches eager;
+- ``failing``: with the reason.
+Every trace also round-trips: ``str(trace)`` is compiled (python_callable) and
+its result compared.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import torch
+
+from thunderlite.core import pytree
+from thunderlite.core.proxies import TensorProxy, proxy_of_tensor
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+from thunderlite.core.verify import verify_trace
+from thunderlite.executors import compile_trace
+import thunderlite.torch as ltorch
+
+RANDOM_WORDS = ("rand", "dropout", "bernoulli", "multinomial", "normal", "uniform", "poisson", "exponential",
+                "geometric", "cauchy", "log_normal", "randint", "randperm")
+
+
+def op_db():
+    from torch.testing._internal.common_methods_invocations import op_db as db
+    return db
+
+
+def is_random(op) -> bool:
+    return any(w in op.name for w in RANDOM_WORDS)
+
+
+def first_sample(op, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return next(iter(op.sample_inputs("cpu", dtype, requires_grad=False)), None)
+
+
+def record(fn, args, kwargs) -> Trace:
+    """A trace calling ``fn`` on proxies for every tensor in args/kwargs."""
+    trc = Trace(name="computation", stage="OpInfo sample")
+    with tracectx(trc):
+        tensors = []
+
+        def to_proxy(x):
+            if isinstance(x, torch.Tensor):
+                p = proxy_of_tensor(x)
+                tensors.append(p)
+                return p
+            return x
+        pargs, pkwargs = pytree.tree_map(to_proxy, args), pytree.tree_map(to_proxy, kwargs)
+        trc.args = tensors
+        sym = ltorch.symbol_for(fn)
+        if sym is not None:
+            out = sym(*pargs, **pkwargs)
+        elif _is_descriptor(fn):
+            out = ltorch.opaque_symbol_for(fn)(*pargs, **pkwargs)
+        else:
+            out = fn(*pargs, **pkwargs)   # lambdas, Python wrappers: torch functions dispatch to the language
+        trc.set_return(out)
+    return trc
+
+
+def _is_descriptor(fn) -> bool:
+    return type(fn).__name__ in ("method_descriptor", "wrapper_descriptor", "getset_descriptor",
+                                 "builtin_function_or_method") and not hasattr(torch, getattr(fn, "__name__", ""))
+
+
+def flatten_to_prims(trace: Trace) -> Trace:
+    """The trace with every composite replaced by its subsymbols, recursively."""
+    out = []
+
+    def visit(bsym):
+        if bsym.sym.decomposition is not None and bsym.subsymbols:
+            for s in bsym.subsymbols:
+                visit(s)
+        else:
+            out.append(bsym)
+    for b in trace.bound_symbols:
+        visit(b)
+    return trace.with_bound_symbols("flattened to prims", out)
+
+
+def tensors_of(args, kwargs) -> list:
+    return [x for x in pytree.leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+
+
+def tolerance(op, dtype):
+    """(atol, rtol) from the OpInfo's toleranceOverride decorators, if any."""
+    from torch.testing._internal.common_device_type import toleranceOverride
+    atol = rtol = None
+    for d in getattr(op, "decorators", ()) or ():
+        for dec in getattr(d, "decorators", ()) or ():
+            if isinstance(dec, toleranceOverride) and dtype in dec.d:
+                t = dec.d[dtype]
+                atol = t.atol if atol is None else max(atol, t.atol)
+                rtol = t.rtol if rtol is None else max(rtol, t.rtol)
+    defaults = {torch.float32: (1e-5, 1.3e-6), torch.float64: (1e-7, 1e-7), torch.bfloat16: (1e-2, 1.6e-2),
+                torch.float16: (1e-3, 1e-3)}
+    da, dr = defaults.get(dtype, (0, 0))
+    return (max(atol or 0, da), max(rtol or 0, dr)) if dtype in defaults else (atol or 0, rtol or 0)
+
+
+def compare(actual, expected, atol, rtol, metadata_only: bool = False) -> None:
+    a_leaves = [x for x in pytree.leaves(_plain(actual))]
+    e_leaves = [x for x in pytree.leaves(_plain(expected))]
+    assert len(a_leaves) == len(e_leaves), f"{len(a_leaves)} outputs vs eager's {len(e_leaves)}"
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"got {type(a).__name__} where eager gave a tensor"
+            assert a.shape == e.shape and a.dtype == e.dtype, \
+                f"metadata {tuple(a.shape)} {a.dtype} vs eager {tuple(e.shape)} {e.dtype}"
+            if not metadata_only:
+                torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True, check_stride=False,
+                                           check_device=True)
+        elif not metadata_only:
+            assert a == e or (a != a and e != e), f"{a!r} vs eager {e!r}"
+
+
+def _plain(x):
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return tuple(x)
+    return x
+
+
+def _clone(x):
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+def check(op, dtype) -> tuple[str, str]:
+    """(verdict, reason) for the first sample of ``op`` at ``dtype``."""
+    sample = first_sample(op, dtype)
+    if sample is None:
+        return "failing", "no sample input"
+    args, kwargs = (sample.input, *sample.args), dict(sample.kwargs)
+    try:
+        torch.manual_seed(0)
+        expected = op.op(*_clone(args), **_clone(kwargs))
+    except Exception as e:  # noqa: BLE001 - eager's own failure means the sample is not usable
+        return "failing", f"eager fails on the sample: {type(e).__name__}"
+    try:
+        trc = record(op.op, args, kwargs)
+        verify_trace(trc)
+    except Exception as e:  # noqa: BLE001 - reported in the coverage table
+        return "failing", f"tracing: {type(e).__name__}: {_short(e)}"
+    atol, rtol = tolerance(op, dtype)
+    rnd = is_random(op)
+    inputs = tensors_of(args, kwargs)
+    try:
+        _, fn = compile_trace(trc)
+        compare(fn(*_clone(inputs)), expected, atol, rtol, rnd)
+    except Exception as e:  # noqa: BLE001
+        return "failing", f"run: {type(e).__name__}: {_short(e)}"
+    flat = flatten_to_prims(trc)
+    opaque = [b for b in flat.bound_symbols if Tag.OPAQUE in b.sym.tags]
+    if opaque:
+        return "fallback", "opaque: " + ", ".join(sorted({b.sym.name for b in opaque}))
+    try:
+        _, pfn = compile_trace(flat)
+        compare(pfn(*_clone(inputs)), expected, atol, rtol, rnd)
+    except Exception as e:  # noqa: BLE001
+        return "failing", f"decomposition: {type(e).__name__}: {_short(e)}"
+    return "native", "random: shape/dtype checked" if rnd else ""
+
+
+def _short(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else repr(e))[:160].replace("|", "/")
+
+
+def ops_for(dtype):
+    return [op for op in op_db() if dtype in op.supported_dtypes("cpu")]
+
+
+def sweep(dtypes, ops=None):
+    results = []
+    for dtype in dtypes:
+        for op in (ops or ops_for(dtype)):
+            if dtype not in op.supported_dtypes("cpu"):
+                continue
+            results.append((op.name, op.variant_test_name, dtype, *check(op, dtype)))
+    return results

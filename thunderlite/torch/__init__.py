@@ -1,0 +1,33 @@
+"""The torch language: torch-level symbols decomposed into prims, the table
+torch callable -> symbol, and the opaque fallback for everything else.
+
+- ``symbol_for(fn)``: the ltorch Symbol for a torch callable, or None (one dict lookup).
+- ``opaque_symbol_for(fn)``: the recorder for a torch callable without a symbol.
+- ``get_factory_defaults()``: the (dtype, device) factories read at trace time.
+
+Importing this package fills ``core.proxies.method_table``/``property_table``
+(Tensor methods and operators on proxies) and sets the torch-function handler,
+so torch functions applied to proxies record into the active trace.
+"""
+from __future__ import annotations
+
+from thunderlite.core.proxies import set_torch_function_handler
+from thunderlite.torch import (creation, elementwise, indexing, inplace, linalg, nn,  # noqa: F401
+                               reductions, shapes)
+from thunderlite.torch.creation import get_factory_defaults
+from thunderlite.torch.opaque import OpaqueDataDependentError, opaque_symbol_for, opaque_symbols
+from thunderlite.torch.registry import all_symbols, is_opaque, symbol_for, torchsymbol
+
+
+def record_torch_call(func, args, kwargs):
+    """Record ``func(*args, **kwargs)``: its symbol if it has one, else opaque."""
+    sym = symbol_for(func)
+    if sym is None:
+        sym = opaque_symbol_for(func)
+    return sym(*args, **kwargs)
+
+
+set_torch_function_handler(record_torch_call)
+
+__all__ = ["symbol_for", "opaque_symbol_for", "opaque_symbols", "get_factory_defaults", "all_symbols",
+           "is_opaque", "torchsymbol", "record_torch_call", "OpaqueDataDependentError"]

@@ -1,0 +1,103 @@
+"""In-place variants, generated: ``add_(a, b)`` is recorded as the functional
+``add`` followed by ``prims.copy_(result, a)`` (DESIGN.md §5), under a
+composite tagged ``Tag.INPLACE`` with ``inplace_of`` the functional symbol.
+Also ``fill_``/``zero_``/``copy_`` and ``out=``-free torch spellings
+(``torch.relu_``...)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from thunderlite.core import prims
+from thunderlite.core.prims import check
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
+from thunderlite.torch import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
+from thunderlite.torch.registry import all_symbols, torchsymbol
+from thunderlite.torch.utils import convert, expand_to, is_tensor
+
+T = torch.Tensor
+INPLACE = {Tag.INPLACE}
+
+
+def write_into(a, result):
+    """``copy_(result, a)`` after checking torch's in-place rules (same shape
+    after broadcasting, a result dtype castable to ``a``'s)."""
+    check(result.shape == a.shape or torch.broadcast_shapes(result.shape, a.shape) == a.shape,
+          lambda: f"output with shape {list(a.shape)} doesn't match the broadcast shape {list(result.shape)}")
+    check(torch.can_cast(result.dtype, a.dtype),
+          lambda: f"result type {str(result.dtype).removeprefix('torch.').capitalize()} can't be cast to the "
+                  f"desired output type {str(a.dtype).removeprefix('torch.').capitalize()}")
+    return prims.copy_(convert(expand_to(result, a.shape), a.dtype), a)
+
+
+def _make_inplace(functional: Symbol, name: str, torch_fns) -> Symbol:
+    def decomposition(a, *args, **kwargs):
+        return write_into(a, functional(a, *args, **kwargs))
+    decomposition.__name__ = name
+    return torchsymbol(*torch_fns, name=name, method_name=name, tags=INPLACE, inplace_of=functional)(decomposition)
+
+
+_NAMES = [
+    "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "atan2",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "bitwise_not",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "eq", "ne", "lt", "le", "gt", "ge",
+    "copysign", "nextafter", "hypot", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt",
+    "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "erf", "erfc", "erfinv", "lgamma", "digamma", "sigmoid", "reciprocal", "neg", "abs", "sign", "floor",
+    "ceil", "round", "trunc", "frac", "square", "clamp", "clamp_min", "clamp_max", "lerp", "addcmul",
+    "addcdiv", "masked_fill", "where", "relu", "logit", "nan_to_num", "xlogy", "deg2rad", "rad2deg",
+    "sinc", "float_power", "fmax", "fmin", "ldexp", "hardshrink", "addmm", "baddbmm", "addbmm", "addmv",
+    "addr", "index_add", "index_put", "scatter", "scatter_add", "tril", "triu", "clip", "sgn", "heaviside",
+    "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "fix",
+    "multiply", "subtract", "divide", "arctan2", "not_equal", "greater", "less", "greater_equal",
+    "less_equal", "polygamma", "mvlgamma", "cumsum", "cumprod", "t", "transpose", "squeeze", "unsqueeze",
+    "swapaxes", "swapdims", "exponent",
+]
+_SHAPE_INPLACE = {"t", "transpose", "squeeze", "unsqueeze", "swapaxes", "swapdims"}
+
+
+def _generate():
+    from thunderlite.torch.registry import symbol_for
+    made = {}
+    for name in _NAMES:
+        functional = symbol_for(getattr(T, name, None))
+        method = getattr(T, name + "_", None)
+        if functional is None or method is None or name in _SHAPE_INPLACE:
+            continue
+        fns = [method] + [f for f in (getattr(torch, name + "_", None),) if f is not None]
+        made[name + "_"] = _make_inplace(functional, name + "_", fns)
+    return made
+
+
+globals().update(_generate())
+
+
+@torchsymbol(T.fill_, torch.fill_, method_name="fill_", tags=INPLACE)
+def fill_(a, value):
+    v = convert(expand_to(value, a.shape), a.dtype) if is_tensor(value) else \
+        prims.full(a.shape, value, device=a.device, dtype=a.dtype)
+    return prims.copy_(v, a)
+
+
+@torchsymbol(T.zero_, torch.zero_, method_name="zero_", tags=INPLACE)
+def zero_(a):
+    return prims.copy_(prims.full(a.shape, False if a.dtype is torch.bool else 0, device=a.device, dtype=a.dtype), a)
+
+
+@torchsymbol(T.copy_, method_name="copy_", tags=INPLACE)
+def copy_(a, src, non_blocking: bool = False):
+    return prims.copy_(convert(expand_to(src, a.shape), a.dtype), a)
+
+
+def _nn_inplace(name: str, functional: Symbol, torch_fns):
+    def decomposition(input, *args, **kwargs):
+        return write_into(input, functional(input, *args, **kwargs))
+    decomposition.__name__ = name
+    return torchsymbol(*torch_fns, name=name, tags=INPLACE, inplace_of=functional)(decomposition)
+
+
+for _name, _fns in [("elu_", (F.elu_,)), ("leaky_relu_", (F.leaky_relu_,)), ("hardtanh_", (F.hardtanh_,)),
+                    ("celu_", (F.celu_, torch.celu_)), ("selu_", (F.selu_, torch.selu_)),
+                    ("threshold_", (F.threshold_, torch.threshold_))]:
+    globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)

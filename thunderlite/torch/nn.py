@@ -1,0 +1,507 @@
+"""torch.nn.functional: activations, softmax, norms, losses, embedding,
+dropout, attention, convolution, padding. Pooling and interpolation live in
+pooling.py."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from thunderlite.core import dtypes, prims
+from thunderlite.core.prims import check
+from thunderlite.core.tags import Tag
+from thunderlite.torch import elementwise as ew
+from thunderlite.torch import reductions as red
+from thunderlite.torch import shapes
+from thunderlite.torch.linalg import matmul
+from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
+
+T = torch.Tensor
+
+
+def _upcast(a):
+    return convert(a, torch.float32) if a.dtype in (torch.float16, torch.bfloat16) else a
+
+
+# --- activations --------------------------------------------------------------------------
+
+@torchsymbol(torch.relu, T.relu, F.relu, method_name="relu")
+def relu(input, inplace: bool = False):
+    check(not inplace, lambda: "relu(inplace=True) is recorded through relu_")
+    return ew.where(ew.le(input, 0), 0, input) if input.dtype is not torch.bool else input
+
+
+@torchsymbol(F.relu6)
+def relu6(input, inplace: bool = False):
+    return hardtanh(input, 0.0, 6.0)
+
+
+@torchsymbol(F.hardtanh)
+def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+    return ew.clamp(input, min_val, max_val)
+
+
+@torchsymbol(F.leaky_relu)
+def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
+    return ew.where(ew.gt(input, 0), input, ew.mul(input, negative_slope))
+
+
+@torchsymbol(F.elu)
+def elu(input, alpha: float = 1.0, inplace: bool = False):
+    return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha))
+
+
+@torchsymbol(F.celu, torch.celu)
+def celu(input, alpha: float = 1.0, inplace: bool = False):
+    return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(ew.div(input, alpha)), alpha))
+
+
+@torchsymbol(F.selu, torch.selu)
+def selu(input, inplace: bool = False):
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    return ew.mul(ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha)), scale)
+
+
+@torchsymbol(F.gelu)
+def gelu(input, approximate: str = "none"):
+    x = _upcast(input)
+    if approximate == "tanh":
+        inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+        out = ew.mul(ew.mul(x, 0.5), ew.add(ew.tanh(inner), 1.0))
+    else:
+        out = ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+    return convert(out, input.dtype)
+
+
+@torchsymbol(F.silu)
+def silu(input, inplace: bool = False):
+    x = _upcast(input)
+    return convert(ew.mul(x, ew.sigmoid(x)), input.dtype)
+
+
+@torchsymbol(F.mish)
+def mish(input, inplace: bool = False):
+    x = _upcast(input)
+    return convert(ew.mul(x, ew.tanh(softplus(x))), input.dtype)
+
+
+@torchsymbol(F.softplus)
+def softplus(input, beta: float = 1.0, threshold: float = 20.0):
+    scaled = ew.mul(input, beta) if beta != 1 else input
+    soft = ew.log1p(ew.exp(scaled))
+    soft = ew.div(soft, beta) if beta != 1 else soft
+    return ew.where(ew.gt(scaled, threshold), input, soft)
+
+
+@torchsymbol(F.softsign)
+def softsign(input):
+    return ew.div(input, ew.add(ew.abs(input), 1))
+
+
+@torchsymbol(F.hardsigmoid)
+def hardsigmoid(input, inplace: bool = False):
+    return ew.div(ew.clamp(ew.add(input, 3.0), 0.0, 6.0), 6.0)
+
+
+@torchsymbol(F.hardswish)
+def hardswish(input, inplace: bool = False):
+    return ew.mul(input, hardsigmoid(input))
+
+
+@torchsymbol(F.hardshrink, torch.hardshrink, T.hardshrink, method_name="hardshrink")
+def hardshrink(input, lambd: float = 0.5):
+    return ew.where(ew.gt(ew.abs(input), lambd), input, 0)
+
+
+@torchsymbol(F.softshrink)
+def softshrink(input, lambd: float = 0.5):
+    return ew.where(ew.gt(input, lambd), ew.sub(input, lambd),
+                    ew.where(ew.lt(input, -lambd), ew.add(input, lambd), 0))
+
+
+@torchsymbol(F.tanhshrink)
+def tanhshrink(input):
+    return ew.sub(input, ew.tanh(input))
+
+
+@torchsymbol(F.threshold, torch.threshold)
+def threshold(input, threshold: float, value: float, inplace: bool = False):
+    return ew.where(ew.le(input, threshold), value, input)
+
+
+@torchsymbol(F.logsigmoid)
+def logsigmoid(input):
+    return ew.neg(softplus(ew.neg(input)))
+
+
+@torchsymbol(F.glu)
+def glu(input, dim: int = -1):
+    a, b = shapes.chunk(input, 2, dim)
+    return ew.mul(a, ew.sigmoid(b))
+
+
+@torchsymbol(torch.prelu, F.prelu)
+def prelu(input, weight):
+    w = weight
+    if weight.numel() != 1 and input.ndim >= 2:
+        w = prims.reshape(weight, (weight.numel(),) + (1,) * (input.ndim - 2))
+    return ew.where(ew.gt(input, 0), input, ew.mul(w, input))
+
+
+# --- softmax family -------------------------------------------------------------------------
+
+def _softmax_in(input, dtype):
+    x = convert(input, dtype) if dtype is not None else input
+    return x, x.dtype
+
+
+@torchsymbol(torch.softmax, T.softmax, F.softmax, torch.special.softmax, method_name="softmax")
+def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
+    x, out_dtype = _softmax_in(input, dtype)
+    if dim is None:
+        dim = 0 if x.ndim in (0, 1, 3) else 1
+    x = _upcast(x)
+    if x.ndim == 0:
+        return convert(ew.div(ew.exp(ew.sub(x, x)), ew.exp(ew.sub(x, x))), out_dtype)
+    m = red.amax(x, dim, True)
+    m = ew.where(ew.isinf(m), 0, m)
+    e = ew.exp(ew.sub(x, m))
+    return convert(ew.div(e, red.sum(e, dim, True)), out_dtype)
+
+
+@torchsymbol(torch.log_softmax, T.log_softmax, F.log_softmax, torch.special.log_softmax, method_name="log_softmax")
+def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
+    x, out_dtype = _softmax_in(input, dtype)
+    if dim is None:
+        dim = 0 if x.ndim in (0, 1, 3) else 1
+    x = _upcast(x)
+    if x.ndim == 0:
+        return convert(ew.sub(x, x), out_dtype)
+    return convert(ew.sub(x, red.logsumexp(x, dim, True)), out_dtype)
+
+
+@torchsymbol(F.softmin)
+def softmin(input, dim=None, _stacklevel: int = 3, dtype=None):
+    return softmax(ew.neg(input), dim, dtype=dtype)
+
+
+# --- normalization ----------------------------------------------------------------------------
+
+def _norm_dims(a, normalized_shape):
+    n = len(tuple(normalized_shape))
+    return tuple(range(a.ndim - n, a.ndim))
+
+
+@torchsymbol(F.layer_norm, torch.layer_norm)
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    x = _upcast(input)
+    dims = _norm_dims(x, normalized_shape)
+    var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
+    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
+    if weight is not None:
+        out = ew.mul(out, weight)
+    if bias is not None:
+        out = ew.add(out, bias)
+    return convert(out, input.dtype)
+
+
+@torchsymbol(F.rms_norm, torch.rms_norm)
+def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
+    x = _upcast(input)
+    dims = _norm_dims(x, normalized_shape)
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    out = ew.mul(x, ew.rsqrt(ew.add(red.mean(ew.mul(x, x), dims, True), eps)))
+    if weight is not None:
+        out = ew.mul(out, weight)
+    return convert(out, input.dtype)
+
+
+def _channel_shape(a, v):
+    return prims.reshape(v, (1, a.shape[1]) + (1,) * (a.ndim - 2)) if a.ndim > 1 else v
+
+
+@torchsymbol(F.batch_norm)
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5):
+    x = _upcast(input)
+    dims = tuple(i for i in range(x.ndim) if i != 1)
+    if training or running_mean is None:
+        var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
+        if training and running_mean is not None:
+            n = x.numel() // x.shape[1]
+            new_mean = ew.add(ew.mul(running_mean, 1 - momentum), ew.mul(shapes.reshape(mean, (-1,)), momentum))
+            unbiased = ew.mul(shapes.reshape(var, (-1,)), n / max(n - 1, 1))
+            new_var = ew.add(ew.mul(running_var, 1 - momentum), ew.mul(unbiased, momentum))
+            prims.copy_(convert(new_mean, running_mean.dtype), running_mean)
+            prims.copy_(convert(new_var, running_var.dtype), running_var)
+    else:
+        mean, var = _channel_shape(x, running_mean), _channel_shape(x, running_var)
+    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
+    if weight is not None:
+        out = ew.mul(out, _channel_shape(x, weight))
+    if bias is not None:
+        out = ew.add(out, _channel_shape(x, bias))
+    return convert(out, input.dtype)
+
+
+@torchsymbol(F.group_norm, torch.group_norm)
+def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+    x = _upcast(input)
+    n, c = x.shape[0], x.shape[1]
+    check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
+                                       f"but got input of shape {x.shape} and num_groups={num_groups}")
+    g = prims.reshape(x, (n, num_groups, x.numel() // max(n * num_groups, 1)) if n * num_groups else (n, num_groups, 0))
+    var, mean = red.var_mean(g, (2,), keepdim=True, correction=0)
+    out = prims.reshape(ew.mul(ew.sub(g, mean), ew.rsqrt(ew.add(var, eps))), x.shape)
+    if weight is not None:
+        out = ew.mul(out, _channel_shape(x, weight))
+    if bias is not None:
+        out = ew.add(out, _channel_shape(x, bias))
+    return convert(out, input.dtype)
+
+
+@torchsymbol(F.instance_norm)
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5):
+    check(running_mean is None and use_input_stats, lambda: "instance_norm with running stats is not decomposed")
+    x = _upcast(input)
+    var, mean = red.var_mean(x, tuple(range(2, x.ndim)), keepdim=True, correction=0)
+    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
+    if weight is not None:
+        out = ew.mul(out, _channel_shape(x, weight))
+    if bias is not None:
+        out = ew.add(out, _channel_shape(x, bias))
+    return convert(out, input.dtype)
+
+
+@torchsymbol(F.normalize)
+def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None):
+    check(out is None, lambda: "normalize(out=) is not decomposed")
+    n = red.vector_norm(input, p, dim, True)
+    return ew.div(input, shapes.expand_as(ew.clamp_min(n, eps), input))
+
+
+# --- embedding, dropout, one_hot ------------------------------------------------------------------
+
+@torchsymbol(F.embedding)
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False):
+    check(max_norm is None, lambda: "embedding(max_norm=...) renormalizes the weight in place; not decomposed")
+    flat = prims.reshape(input, (input.numel(),))
+    rows = prims.index_select(weight, 0, flat)
+    return prims.reshape(rows, input.shape + (weight.shape[1],))
+
+
+@torchsymbol(F.dropout, torch.dropout, tags={Tag.RANDOM})
+def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
+    check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return ew.mul(input, 0.0)
+    keep = prims.uniform(input.shape, 0.0, 1.0, device=input.device, dtype=_upcast(input).dtype)
+    mask = ew.lt(keep, 1.0 - p)
+    return ew.mul(ew.mul(input, mask), 1.0 / (1.0 - p))
+
+
+@torchsymbol(F.one_hot)
+def one_hot(tensor, num_classes: int = -1):
+    check(num_classes >= 0, lambda: "one_hot without num_classes depends on the data; pass num_classes")
+    classes = prims.iota(num_classes, start=0, step=1, device=tensor.device, dtype=torch.int64)
+    return convert(ew.eq(shapes.unsqueeze(tensor, -1), classes), torch.int64)
+
+
+# --- losses ----------------------------------------------------------------------------------------
+
+def _reduce_loss(loss, reduction: str):
+    if reduction == "mean":
+        return red.mean(loss)
+    if reduction == "sum":
+        return red.sum(loss)
+    check(reduction == "none", lambda: f"{reduction} is not a valid value for reduction")
+    return loss
+
+
+@torchsymbol(F.mse_loss)
+def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean", weight=None):
+    check(weight is None, lambda: "mse_loss(weight=) is not decomposed")
+    d = ew.sub(input, target)
+    return _reduce_loss(ew.mul(d, d), reduction)
+
+
+@torchsymbol(F.l1_loss)
+def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean", weight=None):
+    check(weight is None, lambda: "l1_loss(weight=) is not decomposed")
+    return _reduce_loss(ew.abs(ew.sub(input, target)), reduction)
+
+
+@torchsymbol(F.smooth_l1_loss)
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0):
+    d = ew.abs(ew.sub(input, target))
+    if beta == 0:
+        return _reduce_loss(d, reduction)
+    loss = ew.where(ew.lt(d, beta), ew.div(ew.mul(ew.mul(d, d), 0.5), beta), ew.sub(d, 0.5 * beta))
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.huber_loss)
+def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None):
+    check(weight is None, lambda: "huber_loss(weight=) is not decomposed")
+    d = ew.abs(ew.sub(input, target))
+    loss = ew.where(ew.lt(d, delta), ew.mul(ew.mul(d, d), 0.5), ew.mul(ew.sub(d, 0.5 * delta), delta))
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.nll_loss)
+def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+             reduction: str = "mean"):
+    c_dim = 1 if input.ndim > 1 else 0
+    safe = ew.where(ew.eq(target, ignore_index), 0, target)
+    picked = prims.take_along_axis(input, shapes.unsqueeze(safe, c_dim), c_dim) if input.ndim > 1 else \
+        prims.reshape(prims.index_select(input, 0, prims.reshape(safe, (1,))), ())
+    picked = shapes.squeeze(picked, c_dim) if input.ndim > 1 else picked
+    valid = ew.ne(target, ignore_index)
+    w = convert(valid, input.dtype)
+    if weight is not None:
+        w = ew.mul(w, prims.reshape(prims.index_select(weight, 0, prims.reshape(safe, (safe.numel(),))), safe.shape))
+    loss = ew.neg(ew.mul(picked, w))
+    if reduction == "mean":
+        return ew.div(red.sum(loss), red.sum(w))
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.cross_entropy)
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                  reduction: str = "mean", label_smoothing: float = 0.0):
+    c_dim = 1 if input.ndim > 1 else 0
+    logp = log_softmax(input, c_dim)
+    if dtypes.is_inexact(target.dtype):
+        check(label_smoothing == 0.0, lambda: "cross_entropy with probabilities and label_smoothing is not decomposed")
+        w = logp if weight is None else ew.mul(logp, _channel_shape(logp, weight) if logp.ndim > 1 else weight)
+        loss = ew.neg(red.sum(ew.mul(w, target), c_dim))
+        if reduction == "mean":
+            return ew.div(red.sum(loss), loss.numel() if input.ndim > 1 else 1)
+        return _reduce_loss(loss, reduction)
+    check(label_smoothing == 0.0 or weight is None,
+          lambda: "cross_entropy with class weights and label_smoothing is not decomposed")
+    nll = nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if label_smoothing == 0.0:
+        return nll
+    valid = convert(ew.ne(target, ignore_index), logp.dtype)
+    smooth = ew.mul(ew.neg(red.sum(logp, c_dim)), valid)
+    smooth = ew.div(red.sum(smooth), red.sum(valid)) if reduction == "mean" else _reduce_loss(smooth, reduction)
+    n = input.shape[c_dim]
+    return ew.add(ew.mul(nll, 1 - label_smoothing), ew.mul(smooth, label_smoothing / n))
+
+
+@torchsymbol(F.binary_cross_entropy)
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction: str = "mean"):
+    logx = ew.clamp_min(ew.log(input), -100)
+    log1mx = ew.clamp_min(ew.log1p(ew.neg(input)), -100)
+    loss = ew.neg(ew.add(ew.mul(target, logx), ew.mul(ew.rsub(target, 1), log1mx)))
+    if weight is not None:
+        loss = ew.mul(loss, weight)
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.binary_cross_entropy_with_logits)
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction: str = "mean", pos_weight=None):
+    log_sig = logsigmoid(input)
+    log_one_minus = logsigmoid(ew.neg(input))
+    pos = ew.mul(target, log_sig)
+    if pos_weight is not None:
+        pos = ew.mul(pos, pos_weight)
+    loss = ew.neg(ew.add(pos, ew.mul(ew.rsub(target, 1), log_one_minus)))
+    if weight is not None:
+        loss = ew.mul(loss, weight)
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.kl_div)
+def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean", log_target: bool = False):
+    if log_target:
+        loss = ew.mul(ew.exp(target), ew.sub(target, input))
+    else:
+        loss = ew.sub(ew.xlogy(target, target), ew.mul(target, input))
+    if reduction == "batchmean":
+        return ew.div(red.sum(loss), input.shape[0] if input.ndim else 1)
+    return _reduce_loss(loss, reduction)
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+@torchsymbol(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale=None, enable_gqa: bool = False):
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        key = _repeat_heads(key, rep)
+        value = _repeat_heads(value, rep)
+    scores = ew.mul(matmul(query, shapes.transpose(key, -2, -1)), scale)
+    if is_causal:
+        keep = ew.ge(prims.broadcast_in_dim(prims.iota(L, start=0, step=1, device=query.device, dtype=torch.int64),
+                                            (L, S), (0,)),
+                     prims.broadcast_in_dim(prims.iota(S, start=0, step=1, device=query.device, dtype=torch.int64),
+                                            (L, S), (1,)))
+        scores = ew.where(keep, scores, -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype is torch.bool:
+            scores = ew.where(attn_mask, scores, -math.inf)
+        else:
+            scores = ew.add(scores, attn_mask)
+    probs = softmax(scores, -1)
+    if dropout_p > 0.0:
+        probs = dropout(probs, dropout_p)
+    return matmul(probs, value)
+
+
+def _repeat_heads(x, rep: int):
+    x = shapes.unsqueeze(x, -3)
+    shape = x.shape[:-3] + (rep,) + x.shape[-2:]
+    x = expand_to(x, shape)
+    return prims.reshape(x, x.shape[:-4] + (x.shape[-4] * rep,) + x.shape[-2:])
+
+
+# --- convolution and padding ------------------------------------------------------------------------
+
+def _conv(input, weight, bias, stride, padding, dilation, groups, nsp: int):
+    check(not isinstance(padding, str), lambda: "convolution with string padding is not decomposed")
+    batched = input.ndim == nsp + 2
+    x = input if batched else shapes.unsqueeze(input, 0)
+    out = prims.convolution(x, weight, bias, _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp), False,
+                            (0,) * nsp, groups)
+    return out if batched else shapes.squeeze(out, 0)
+
+
+def _tup(x, n):
+    return tuple(x) * (n if len(x) == 1 else 1) if isinstance(x, (tuple, list)) else (x,) * n
+
+
+@torchsymbol(F.conv1d, torch.conv1d)
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1):
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+@torchsymbol(F.conv2d, torch.conv2d)
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1):
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+@torchsymbol(F.conv3d, torch.conv3d)
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1):
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 3)
+
+
+@torchsymbol(F.pad, torch._C._nn.pad)
+def pad(input, pad, mode: str = "constant", value=None):
+    check(mode == "constant", lambda: f"pad(mode={mode!r}) is not decomposed")
+    check(len(pad) % 2 == 0 and len(pad) // 2 <= input.ndim, lambda: "Padding length must be divisible by 2")
+    config = [(0, 0, 0)] * input.ndim
+    for i in range(len(pad) // 2):
+        config[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
+    return prims.pad(input, 0 if value is None else value, config)

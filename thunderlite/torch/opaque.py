@@ -1,0 +1,215 @@
+"""The opaque fallback: a torch op with no decomposition runs as one torch call.
+
+``opaque_symbol_for(fn)`` gives a callable that records ``fn`` into the trace.
+Output metadata comes from running ``fn`` on meta tensors built from the
+proxies (so a model never fails just because one op lacks a decomposition).
+The symbols are tagged ``Tag.OPAQUE``: fusion executors skip them and
+``examine`` lists them.
+
+Mutation is never silent. The meta run reveals which tensor arguments ``fn``
+writes (their version counters move, which covers ``add_``, ``out=``,
+``inplace=True`` and custom ops alike); such a call is recorded functionally
+(a leaf that runs ``fn`` on clones of the written arguments and returns them)
+followed by ``prims.copy_`` into each written argument, under a composite
+tagged ``Tag.INPLACE``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core import prims, pytree
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
+
+_cache: dict = {}                       # fn -> OpaqueOp
+_names: set[str] = set()
+_RANDOM_NAMES = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "uniform",
+                 "dropout", "poisson", "exponential", "geometric", "cauchy", "log_normal", "random_",
+                 "rrelu", "feature_alpha_dropout", "alpha_dropout")
+
+
+class OpaqueDataDependentError(RuntimeError):
+    """The op's output shape or value depends on tensor data."""
+
+
+def _unique_name(fn) -> str:
+    base = getattr(fn, "__name__", None) or type(fn).__name__
+    base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "op"
+    name, i = base, 1
+    while name in _names:
+        name = f"{base}_{i}"
+        i += 1
+    _names.add(name)
+    return name
+
+
+def _is_random(fn) -> bool:
+    name = getattr(fn, "__name__", "") or ""
+    return any(r in name for r in _RANDOM_NAMES)
+
+
+def _to_meta(x):
+    if type(x) is TensorProxy:
+        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    return x
+
+
+def _meta_args(args, kwargs):
+    margs = pytree.tree_map(_to_meta, args)
+    mkwargs = pytree.tree_map(_to_meta, kwargs)
+    if "device" in mkwargs and mkwargs["device"] is not None:
+        mkwargs["device"] = "meta"
+    return margs, mkwargs
+
+
+def _run_meta(fn, args, kwargs):
+    """Run ``fn`` on meta tensors: (output, [(arg proxy, meta tensor)] pairs)."""
+    margs, mkwargs = _meta_args(args, kwargs)
+    pairs = [(p, m) for p, m in zip(pytree.leaves((args, kwargs)), pytree.leaves((margs, mkwargs)), strict=True)
+             if type(p) is TensorProxy]
+    versions = [m._version for _, m in pairs]
+    try:
+        with torch.no_grad():
+            out = fn(*margs, **mkwargs)
+    except (NotImplementedError, RuntimeError) as e:
+        msg = str(e)
+        if "meta" in msg.lower() or "data-dependent" in msg.lower() or "item()" in msg:
+            raise OpaqueDataDependentError(
+                f"{_fn_name(fn)} has no decomposition in thunderlite and cannot run on meta tensors "
+                f"(its output likely depends on tensor data): {msg.splitlines()[0] if msg else e!r}") from e
+        raise
+    written = [i for i, ((_, m), v) in enumerate(zip(pairs, versions, strict=True)) if m._version != v]
+    return out, pairs, written
+
+
+def _fn_name(fn) -> str:
+    mod = getattr(fn, "__module__", None) or ""
+    return f"{mod}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}".lstrip(".")
+
+
+def _out_device(args, kwargs) -> torch.device:
+    dev = kwargs.get("device")
+    if dev is not None:
+        return torch.device(dev)
+    for x in pytree.leaves((args, kwargs)):
+        if type(x) is TensorProxy:
+            return x.device
+    return torch.device("cpu")
+
+
+def _to_proxies(out, device, requires_grad: bool):
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=device,
+                               requires_grad=requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex))
+        if isinstance(x, (torch.dtype, torch.device, torch.Size, str, type(None), bool, int, float, complex)):
+            return x
+        raise OpaqueDataDependentError(f"an opaque op returned a {type(x).__name__}, which thunderlite cannot "
+                                       "represent in a trace")
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        out = tuple(out)
+    return pytree.tree_map(conv, out)
+
+
+class OpaqueOp:
+    """Records calls of one torch callable. A plain call records the leaf
+    symbol; a call that writes into its arguments records the functional leaf
+    (per set of written argument positions) and ``copy_`` back."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        name = _unique_name(fn)
+        tags = {Tag.OPAQUE} | ({Tag.RANDOM, Tag.DONT_DCE} if _is_random(fn) else set())
+        self.symbol = Symbol(name, meta=self._meta, module="opaque", tags=tags, torch_fn=fn)
+        self._functional: dict[tuple, Symbol] = {}
+        self._inplace: dict[tuple, Symbol] = {}
+
+    def __repr__(self):
+        return f"<opaque op {self.symbol.id} for {_fn_name(self.fn)}>"
+
+    def _meta(self, *args, **kwargs):
+        out, _, _ = _run_meta(self.fn, args, kwargs)
+        rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
+        return _to_proxies(out, _out_device(args, kwargs), rg)
+
+    def __call__(self, *args, **kwargs):
+        out, pairs, written = _run_meta(self.fn, args, kwargs)
+        if not written:
+            return self.symbol(*args, **kwargs)
+        key = tuple(written)
+        sym = self._inplace.get(key)
+        if sym is None:
+            sym = self._inplace[key] = self._make_inplace(key, pairs, out)
+        return sym(*args, **kwargs)
+
+    def _make_inplace(self, written: tuple, pairs, meta_out) -> Symbol:
+        """Composite: functional leaf (clones written args) then copy_ into each."""
+        functional = self._make_functional(written)
+        # Which output (if any) is a written argument itself (add_ returns self).
+        returns_arg = None
+        if isinstance(meta_out, torch.Tensor):
+            for i in written:
+                if pairs[i][1] is meta_out:
+                    returns_arg = i
+
+        def decomposition(*args, **kwargs):
+            targets = [x for x in pytree.leaves((args, kwargs)) if type(x) is TensorProxy]
+            result, new_values = functional(*args, **kwargs)
+            updated = [prims.copy_(v, targets[i]) for v, i in zip(new_values, written, strict=True)]
+            if returns_arg is not None:
+                return updated[written.index(returns_arg)]
+            return result
+        name = f"{self.symbol.name}_mutating_{'_'.join(map(str, written))}"
+        _names.add(name)
+        return Symbol(name, decomposition=decomposition, module="opaque", tags={Tag.OPAQUE, Tag.INPLACE})
+
+    def _make_functional(self, written: tuple) -> Symbol:
+        sym = self._functional.get(written)
+        if sym is not None:
+            return sym
+        fn = self.fn
+
+        def run_on_clones(*args, **kwargs):
+            leaves = [x for x in pytree.leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+            clones = {id(leaves[i]): leaves[i].clone() for i in written}
+            swap = lambda x: clones.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            out = fn(*pytree.tree_map(swap, args), **pytree.tree_map(swap, kwargs))
+            return out, tuple(clones[id(leaves[i])] for i in written)
+
+        def meta(*args, **kwargs):
+            out, pairs, _ = _run_meta(fn, args, kwargs)
+            rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
+            result = _to_proxies(out, _out_device(args, kwargs), rg)
+            return result, tuple(pairs[i][0].replace() for i in written)
+        name = f"{self.symbol.name}_functional_{'_'.join(map(str, written))}"
+        _names.add(name)
+        sym = Symbol(name, meta=meta, module="opaque", tags=self.symbol.tags, torch_fn=run_on_clones)
+        self._functional[written] = sym
+        return sym
+
+
+def opaque_symbol_for(fn: Callable) -> OpaqueOp:
+    """The (cached) opaque op recording calls of ``fn``; calling it records."""
+    try:
+        op = _cache.get(fn)
+    except TypeError:
+        op = None
+    if op is None:
+        check(callable(fn), lambda: f"opaque_symbol_for needs a callable, got {fn!r}", TypeError)
+        op = OpaqueOp(fn)
+        try:
+            _cache[fn] = op
+        except TypeError:
+            pass
+    return op
+
+
+def opaque_symbols() -> list[Symbol]:
+    """Every opaque leaf symbol made so far (for examine/reporting)."""
+    return [op.symbol for op in _cache.values()]

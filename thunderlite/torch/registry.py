@@ -1,0 +1,91 @@
+"""The torch language's tables: torch callable -> Symbol, and the Tensor
+methods/operators/properties proxies resolve through.
+
+Adding an op is one block (STYLE.md 3)::
+
+    @torchsymbol(torch.neg, torch.Tensor.neg, method_name="neg", operators=("__neg__",))
+    def neg(a):
+        return prims.neg(a)
+
+The decorator makes a composite ``Symbol`` (module ``ltorch``) whose
+decomposition is the function, whose ``torch_fn`` is the first torch callable
+(the executor may run it directly with the symbol's own args), and registers
+every listed torch callable in the table ``symbol_for`` reads. Registration
+validates: a torch callable, a symbol name or a method name registered twice
+is an error, never a silent overwrite (STYLE.md 4).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from thunderlite.core.proxies import register_method, register_property
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
+
+# torch callable -> Symbol. Keyed by the callable object itself: the jit's
+# lookaside asks for every call the user program makes, so this must be one
+# dict lookup.
+_torch_to_symbol: dict = {}
+# ltorch name -> Symbol (names are what traces print; they must be unique).
+_by_name: dict[str, Symbol] = {}
+
+
+def symbol_for(fn) -> Symbol | None:
+    """The ltorch symbol for a torch callable, or None (a plain dict lookup)."""
+    try:
+        return _torch_to_symbol.get(fn)
+    except TypeError:  # unhashable callables are never torch callables
+        return None
+
+
+def all_symbols() -> dict[str, Symbol]:
+    return dict(_by_name)
+
+
+def register_torch_callable(fn, sym: Symbol) -> None:
+    """Map one more torch callable to ``sym`` (refuses a second mapping)."""
+    if fn in _torch_to_symbol:
+        raise ValueError(f"torch callable {fn!r} is already mapped to {_torch_to_symbol[fn].id}")
+    _torch_to_symbol[fn] = sym
+
+
+def _register_symbol(sym: Symbol) -> None:
+    if sym.name in _by_name:
+        raise ValueError(f"ltorch symbol {sym.name!r} is defined twice")
+    _by_name[sym.name] = sym
+
+
+def torchsymbol(*torch_fns, name: str | None = None, method_name: str | Iterable[str] | None = None,
+                operators: Iterable[str] = (), properties: Iterable[str] = (), tags=(),
+                torch_fn: Callable | None = None, inplace_of: Symbol | None = None,
+                no_torch_fn: bool = False) -> Callable[[Callable], Symbol]:
+    """Decorator turning a decomposition into an ltorch ``Symbol`` and registering it.
+
+    ``torch_fns``: the torch callables that mean this op (``torch.add``,
+    ``torch.Tensor.add``...). ``torch_fn``: what the executor runs directly
+    (defaults to the first of ``torch_fns``); it must accept exactly the
+    symbol's args. ``no_torch_fn``: the op has no direct torch equivalent and
+    executors must decompose it. ``method_name``/``operators``/``properties``:
+    names installed on proxies."""
+    def deco(fn: Callable) -> Symbol:
+        run = None if no_torch_fn else (torch_fn if torch_fn is not None else (torch_fns[0] if torch_fns else None))
+        sym = Symbol(name or fn.__name__, decomposition=fn, module="ltorch", tags=tags,
+                     torch_fn=run, inplace_of=inplace_of)
+        _register_symbol(sym)
+        for f in dict.fromkeys(torch_fns):     # torch spells some ops twice (F.conv1d is torch.conv1d)
+            register_torch_callable(f, sym)
+        names = [method_name] if isinstance(method_name, str) else list(method_name or ())
+        for m in [*names, *operators]:
+            register_method(m, sym)
+        for p in properties:
+            register_property(p, sym)
+        return sym
+    return deco
+
+
+def is_ltorch(sym: Symbol) -> bool:
+    return sym.module == "ltorch"
+
+
+def is_opaque(sym: Symbol) -> bool:
+    return Tag.OPAQUE in sym.tags

@@ -1,0 +1,152 @@
+"""Helpers every torch-language module shares: broadcasting, type promotion,
+dimension canonicalization. The language makes promotion and broadcasting
+explicit because prims are strict (same shape, same dtype)."""
+from __future__ import annotations
+
+import enum
+import numbers
+from typing import Sequence
+
+import torch
+
+from thunderlite.core import dtypes, prims
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import NumberProxy, TensorProxy
+
+
+def is_tensor(x) -> bool:
+    return type(x) is TensorProxy
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (numbers.Number, NumberProxy)) and not isinstance(x, TensorProxy)
+
+
+def canonical_dim(dim: int, ndim: int, *, wrap_scalar: bool = True) -> int:
+    """``dim`` in ``[0, ndim)``, accepting negative dims as torch does (a 0-d
+    tensor accepts dims 0 and -1)."""
+    n = max(ndim, 1) if wrap_scalar else ndim
+    check(-n <= dim < n, lambda: f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})",
+          IndexError)
+    return dim % n
+
+
+def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = tuple(canonical_dim(d, ndim) for d in dims)
+    check(len(set(out)) == len(out), lambda: f"dim {dims} appears multiple times in the list of dims")
+    return out
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, d in enumerate(s, start=ndim - len(s)):
+            if d == out[i] or d == 1:
+                continue
+            check(out[i] == 1, lambda: f"The size of tensor a ({out[i]}) must match the size of tensor b ({d}) "
+                                       f"at non-singleton dimension {i}")
+            out[i] = d
+    return tuple(out)
+
+
+def expand_to(a, shape: Sequence[int]):
+    """``a`` broadcast to ``shape`` (a no-op when it already has it)."""
+    shape = tuple(shape)
+    if not is_tensor(a) or a.shape == shape:
+        return a
+    offset = len(shape) - a.ndim
+    check(offset >= 0, lambda: f"cannot broadcast a tensor of shape {a.shape} to {shape}")
+    return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
+
+
+def broadcast(*args):
+    """Tensor args broadcast to their common shape; numbers pass through."""
+    shape = broadcast_shapes(*(a.shape for a in args if is_tensor(a)))
+    return tuple(expand_to(a, shape) for a in args)
+
+
+def convert(a, dtype: torch.dtype):
+    if is_tensor(a):
+        return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
+    return a
+
+
+class Promotion(enum.Enum):
+    """How an elementwise op's result dtype follows from the promoted type."""
+    DEFAULT = "default"              # the promoted type
+    INT_TO_FLOAT = "int_to_float"    # ints and bools become the default float (sin, div)
+    ALWAYS_BOOL = "always_bool"      # comparisons
+    COMPLEX_TO_FLOAT = "complex_to_float"  # abs
+    BOOL_TO_LONG = "bool_to_long"    # bools become int64
+
+
+_LOW_PRECISION = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+                  torch.complex32: torch.complex64}
+
+
+def promote(args, kind: Promotion = Promotion.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) for an elementwise op on ``args``.
+    Half-precision floats compute in float32, as eager PyTorch's opmath does."""
+    dt = dtypes.result_type(*args)
+    if kind is Promotion.INT_TO_FLOAT and not dtypes.is_inexact(dt):
+        dt = torch.get_default_dtype()
+    elif kind is Promotion.BOOL_TO_LONG and dt is torch.bool:
+        dt = torch.int64
+    compute = _LOW_PRECISION.get(dt, dt)
+    if kind is Promotion.ALWAYS_BOOL:
+        return dt, torch.bool
+    if kind is Promotion.COMPLEX_TO_FLOAT:
+        return compute, dtypes.to_real(dt)
+    return compute, dt
+
+
+def elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, upcast: bool = True):
+    """Apply an elementwise prim torch-style: promote, broadcast, compute
+    (half precision in float32), and cast the result back."""
+    compute, result = promote(args, kind)
+    if not upcast and kind is not Promotion.ALWAYS_BOOL:
+        compute = result if kind is not Promotion.COMPLEX_TO_FLOAT else compute
+    args = broadcast(*args)
+    args = tuple(convert(a, compute) if is_tensor(a) else _number_as(a, compute) for a in args)
+    out = prim(*args)
+    return convert(out, result)
+
+
+def _number_as(x, dtype: torch.dtype):
+    """A Python number of the kind a tensor of ``dtype`` holds (so prims see
+    e.g. ``2.0`` for a float computation, never a complex for a real one)."""
+    if isinstance(x, NumberProxy) or x is None:
+        return x
+    if dtypes.is_complex(dtype):
+        return x
+    if dtypes.is_float(dtype) and isinstance(x, (bool, int)):
+        return float(x)
+    return x
+
+
+def full_like_scalar(value, like: TensorProxy, dtype: torch.dtype | None = None):
+    """A tensor of ``like``'s shape filled with ``value`` (prims that do not
+    take Python numbers need one)."""
+    dtype = like.dtype if dtype is None else dtype
+    return prims.full(like.shape, value, device=like.device, dtype=dtype)
+
+
+def tensor_of(x, like: TensorProxy, dtype: torch.dtype):
+    """``x`` as a tensor with ``like``'s shape and ``dtype``."""
+    if is_tensor(x):
+        return convert(expand_to(x, like.shape), dtype)
+    return full_like_scalar(x, like, dtype)
+
+
+def reduction_dtype(a: TensorProxy, dtype: torch.dtype | None, *, int_to_long: bool = True) -> torch.dtype:
+    """The dtype sum/prod accumulate and return: ints and bools become int64."""
+    if dtype is not None:
+        return dtype
+    if int_to_long and (a.dtype is torch.bool or dtypes.is_integer(a.dtype)):
+        return torch.int64
+    return a.dtype
