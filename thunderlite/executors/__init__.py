@@ -14,9 +14,10 @@ from thunderlite.executors.registry import (all_executors, available_executors, 
                                             executor_status, get_executor, register_executor,
                                             resolve_executors, skipped_executors)
 from thunderlite.executors.run import compile_trace, run_trace
+from thunderlite.executors.torchcompile import TorchCompileExecutor, torchcompile_executor
 from thunderlite.executors.torchex import torch_executor
 
 __all__ = ["Executor", "FusionExecutor", "OperatorExecutor", "torch_path", "all_executors",
            "available_executors", "default_executors", "executor_status", "get_executor",
            "register_executor", "resolve_executors", "skipped_executors", "compile_trace", "run_trace",
-           "torch_executor"]
+           "torch_executor", "TorchCompileExecutor", "torchcompile_executor"]

@@ -61,7 +61,8 @@ class Executor:
     def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
         return None
 
-    def fusion_pass(self, trace: Trace) -> Trace:
+    def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
+        """``input_alias_groups``: which inputs share storage (see transforms/fusion.py)."""
         return trace
 
 
@@ -198,7 +199,7 @@ class FusionExecutor(Executor):
     Subclasses implement ``fusion_pass``. Region forming is shared
     (transforms/fusion.py); ``fusion_symbol`` makes the symbol for one region."""
 
-    def fusion_pass(self, trace: Trace) -> Trace:
+    def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
         raise NotImplementedError(f"fusion executor {self.name!r} does not implement fusion_pass")
 
     def fusion_symbol(self, name: str, impl: Callable) -> Symbol:

@@ -10,6 +10,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors import (Executor, FusionExecutor, OperatorExecutor, compile_trace, default_executors,
+                                   torchcompile_executor,
                                    executor_status, get_executor, register_executor, resolve_executors,
                                    run_trace, skipped_executors, torch_executor, torch_path)
 from thunderlite.transforms.claim import ClaimError, claim_executors
@@ -187,7 +188,7 @@ def test_torch_path_finds_public_names():
 class _DoubleSinFusion(FusionExecutor):
     """A toy fusion executor: fuses runs of prims.sin into one callable."""
 
-    def fusion_pass(self, trace):
+    def fusion_pass(self, trace, input_alias_groups=None):
         out, changed = [], False
         for bsym in trace.bound_symbols:
             if bsym.sym is prims.sin and out and out[-1].sym.executor is self:
@@ -246,3 +247,29 @@ def test_base_executor_claims_nothing():
     ex = Executor("plain_ex")
     assert ex.is_available() == (True, "")
     assert not ex.can_run(prims.sin.bind(None, output=None))
+
+
+def test_torchcompile_executor_fuses_a_region_and_matches_eager():
+    ok, reason = torchcompile_executor.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+    trc = _trace(lambda a, b: SUM(prims.cos(SIN(ADD1(MUL(a, b))))), (8,), (8,))
+    claimed, fn = compile_trace(trc, executors=["torchcompile"])
+    verify_trace(claimed)
+    fusions = [b for b in claimed.bound_symbols if Tag.FUSION in b.sym.tags]
+    assert len(fusions) == 1 and fusions[0].sym.executor is torchcompile_executor
+    assert "torchcompile.fusion" in str(claimed)
+    region = fusions[0].sym.impl.__thunderlite_trace__
+    assert "torch.mul(a, b)" in str(region) and "torch.add(" in str(region)
+    a, b = torch.randn(8), torch.randn(8)
+    torch.testing.assert_close(fn(a, b), (a * b + 1).sin().cos().sum())
+
+
+def test_torchcompile_leaves_random_and_inplace_symbols_to_torch():
+    trc = _trace(lambda a: prims.copy_(prims.mul(prims.uniform((3,), 0.0, 1.0, device="cpu", dtype=torch.float32),
+                                                 prims.sin(a)), a), (3,))
+    fused = torchcompile_executor.fusion_pass(trc)
+    top = [b.sym for b in fused.bound_symbols]
+    assert prims.uniform in top and prims.copy_ in top and prims.mul not in top and prims.sin not in top
+    (region,) = [b for b in fused.bound_symbols if Tag.FUSION in b.sym.tags]
+    assert [b.sym for b in region.subsymbols] == [prims.sin, prims.mul]

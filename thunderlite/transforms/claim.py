@@ -1,7 +1,8 @@
 """The execution transform (DESIGN.md §3 step 7): executors claim the trace.
 
 1. Fusion executors get the whole trace first, in list order
-   (``ex.fusion_pass(trace) -> trace``), and replace regions by fusion symbols.
+   (``ex.fusion_pass(trace, input_alias_groups=...) -> trace``), and replace
+   regions by fusion symbols.
 2. Every remaining bound symbol goes to the first executor whose
    ``ex.claim(bsym)`` returns a rebound symbol.
 3. A symbol no executor claims: kept as is if its symbol carries its own
@@ -30,10 +31,11 @@ class ClaimError(NotImplementedError):
 
 
 @trace_pass(STAGE)
-def claim_executors(trace: Trace, executors: Sequence) -> Trace:
-    """The trace with every symbol claimed by one of ``executors`` (in priority order)."""
+def claim_executors(trace: Trace, executors: Sequence, *, input_alias_groups=None) -> Trace:
+    """The trace with every symbol claimed by one of ``executors`` (in priority
+    order). ``input_alias_groups`` (inputs sharing storage) goes to fusion passes."""
     for ex in executors:
-        trace = ex.fusion_pass(trace)
+        trace = ex.fusion_pass(trace, input_alias_groups=input_alias_groups)
     out: list[BoundSymbol] = []
     for bsym in trace.bound_symbols:
         _claim(bsym, executors, out)
