@@ -1,0 +1,163 @@
+"""Cache bookkeeping: key functions per signature, compiled entries, statistics.
+
+``KeyCache`` owns the generated key functions (cache_key.py), one per call
+signature. ``CacheInfo`` counts hits and misses and explains misses: it
+compares the missed key with the last key of the same signature and names the
+argument (or the guarded value) that changed; a value that keeps causing
+misses is warned about once.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable
+
+from thunderlite.frontend.cache_key import describe, make_key_fn
+
+REPEATED_MISSES_TO_WARN = 3
+
+
+class CompiledEntry:
+    """One compiled program: its entry function and the traces that made it."""
+    __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
+                 "roots", "opaque", "__weakref__")
+
+    def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
+                 stage_ms: dict, total_ms: float, guards: list):
+        self.fn = fn
+        self.traces = traces
+        self.backward_traces = backward_traces
+        self.prologue_traces = prologue_traces
+        self.stage_ms = stage_ms
+        self.total_ms = total_ms
+        self.guards = guards
+
+
+class KeyCache:
+    """signature -> generated key function."""
+
+    def __init__(self, symbolic_numbers: bool = False, names: list[str] | None = None):
+        self.symbolic_numbers = symbolic_numbers
+        self.names = names
+        self._by_sig: dict[tuple, Callable] = {}
+        self._sig_of: dict[int, tuple] = {}
+        self._fn_by_sig_id: list[Callable] = []
+
+    @staticmethod
+    def no_key(args, kwargs):
+        return None
+
+    def key_fn_for(self, args: tuple, kwargs: dict) -> Callable:
+        sig = describe(args, kwargs, self.symbolic_numbers)
+        fn = self._by_sig.get(sig)
+        if fn is None:
+            fn = make_key_fn(sig, len(self._by_sig), self.names)
+            self._by_sig[sig] = fn
+            self._fn_by_sig_id.append(fn)
+            self._sig_of[id(fn)] = sig
+        return fn
+
+    def signature_of(self, key_fn: Callable) -> tuple:
+        return self._sig_of[id(key_fn)]
+
+    def labels_of(self, key: tuple) -> list[str]:
+        return self._fn_by_sig_id[key[0]].labels
+
+
+def parameter_names(fn: Callable) -> list[str] | None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+class CacheInfo:
+    """What ``thunderlite.cache_info`` reports."""
+
+    def __init__(self):
+        self.hits = 0
+        self.misses = 0
+        self.entries = 0
+        self.last_miss_reason = ""
+        self._last_key_by_sig: dict[int, tuple] = {}
+        self._miss_counts: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    def as_dict(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "entries": self.entries,
+                "last_miss_reason": self.last_miss_reason}
+
+    def record_miss(self, keys: KeyCache, key: tuple, stale_entry, args: tuple, kwargs: dict) -> None:
+        self.misses += 1
+        if self.misses == 1:
+            self.last_miss_reason = "first call"
+            self._last_key_by_sig[key[0]] = key
+            return
+        prev = self._last_key_by_sig.get(key[0])
+        self._last_key_by_sig[key[0]] = key
+        if stale_entry is not None:
+            what, reason = _failed_guard(stale_entry, args, kwargs)
+        elif prev is None:
+            what, reason = "signature", "new argument structure or types (a new signature)"
+        else:
+            what, reason = _key_difference(keys.labels_of(key), prev, key)
+        self.last_miss_reason = reason
+        n = self._miss_counts[what] = self._miss_counts.get(what, 0) + 1
+        if n >= REPEATED_MISSES_TO_WARN and what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(f"thunderlite recompiled {n} times because {reason}; if this value changes on "
+                          "every call, pass it as a tensor, or use cache='symbolic values' for floats",
+                          stacklevel=4)
+
+
+def _key_difference(labels: list[str] | None, prev: tuple, key: tuple) -> tuple[str, str]:
+    diffs = [i for i, (a, b) in enumerate(zip(prev[1:], key[1:], strict=True)) if a != b or type(a) is not type(b)]
+    if not diffs:
+        return "unknown", "the cache key changed"
+    i = diffs[0]
+    label = labels[i] if labels is not None and i < len(labels) else f"key element {i}"
+    return label, f"{label} changed from {prev[i + 1]!r} to {key[i + 1]!r}"
+
+
+def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str, str]:
+    """Which of the entry's guards rejected the call (evaluated one by one; slow path only)."""
+    for g in entry.guards:
+        try:
+            now = _read(g.prov, args, kwargs)
+        except Exception:  # the path itself no longer exists: that is the reason
+            return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
+        same = now is g.value if g.kind == "is" else _same_value(g, now)
+        if not same:
+            shown = "a different object" if g.kind == "is" else repr(now)
+            return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
+    return "tensor metadata", "the metadata of a tensor read from a module, global or closure changed"
+
+
+def _same_value(g, now: Any) -> bool:
+    if g.kind == "len":
+        return len(now) == g.value
+    if g.kind == "keys":
+        return tuple(now) == g.value
+    return type(now) is type(g.value) and now == g.value
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) < 60 else r[:57] + "..."
+
+
+def _read(prov, args: tuple, kwargs: dict) -> Any:
+    k = prov.kind
+    if k == "arg":
+        return args[prov.key]
+    if k == "kwarg":
+        return kwargs[prov.key]
+    if k == "global":
+        return prov.root[prov.key]
+    if k == "cell":
+        return prov.root.cell_contents
+    base = _read(prov.parent, args, kwargs)
+    if k == "attr":
+        return getattr(base, prov.module_slot)[prov.key] if prov.module_slot else getattr(base, prov.key)
+    return base[prov.key]

@@ -1,0 +1,168 @@
+"""The cache key: one generated function per call signature.
+
+A call's *signature* is the structure of its arguments (containers, lengths,
+dict keys, and the kind of each leaf). For each signature we generate a small
+Python function that checks the structure with ``type(x) is T`` tests (no
+exceptions, no pytree walk) and returns a flat tuple: tensor metadata (shape,
+dtype, device, requires_grad), the storage-sharing pattern of the tensors,
+the values of Python scalars (when specializing), and the global state that
+changes traces (grad mode, autocast, default dtype). It returns None when the
+arguments do not have its signature; the slow path then describes them afresh.
+
+Leaf kinds:
+  T  a tensor (key: metadata)       V  a Python scalar keyed by value
+  S  a number kept symbolic (key: type only)
+  O  any other object (key: its identity; its attributes are guarded in the prologue)
+
+Example::
+
+    sig = describe((a, b, 3), {})
+    key_fn = make_key_fn(sig)
+    key_fn((a, b, 3), {})   # -> (sig_id, torch.Size([8]), torch.float32, ..., 3, True, False, torch.float32)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core import codegen
+
+VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, type(Ellipsis))
+SYMBOLIC_TYPES = (float,)
+_MISSING = object()
+
+
+def describe(args: tuple, kwargs: dict, symbolic_numbers: bool = False) -> tuple:
+    """The signature of a call: a hashable, nested description of its arguments."""
+    return ("call", tuple(_describe(a, symbolic_numbers) for a in args),
+            tuple((k, _describe(v, symbolic_numbers)) for k, v in sorted(kwargs.items())))
+
+
+def _describe(x: Any, symbolic: bool) -> tuple:
+    t = type(x)
+    if isinstance(x, torch.Tensor):
+        return ("T", t)
+    if t in VALUE_TYPES:
+        return ("S", t) if symbolic and t in SYMBOLIC_TYPES else ("V", t)
+    if t is tuple or t is list:
+        return (t.__name__, t, tuple(_describe(y, symbolic) for y in x))
+    if t is dict and all(type(k) is str for k in x):
+        return ("dict", t, tuple((k, _describe(v, symbolic)) for k, v in x.items()))
+    return ("O", t)
+
+
+def leaves(sig_node: tuple, value: Any, path: str):
+    """Yield ``(kind, value, path_expr)`` for each leaf of ``value`` under ``sig_node``."""
+    kind = sig_node[0]
+    if kind in ("tuple", "list"):
+        for i, (child, v) in enumerate(zip(sig_node[2], value, strict=True)):
+            yield from leaves(child, v, f"{path}[{i}]")
+    elif kind == "dict":
+        for k, child in sig_node[2]:
+            yield from leaves(child, value[k], f"{path}[{k!r}]")
+    else:
+        yield kind, value, path
+
+
+class _KeyGen:
+    """Writes the body of one key function."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.parts: list[str] = []
+        self.labels: list[str] = []
+        self.tensors: list[str] = []
+        self.consts: dict[str, Any] = {}
+        self.n = 0
+
+    def var(self) -> str:
+        self.n += 1
+        return f"v{self.n}"
+
+    def part(self, expr: str, label: str) -> None:
+        self.parts.append(expr)
+        self.labels.append(label)
+
+    def _type_name(self, t: type) -> str:
+        for name, v in self.consts.items():
+            if v is t:
+                return name
+        name = f"_T{len(self.consts)}"
+        self.consts[name] = t
+        return name
+
+    def check(self, cond: str) -> None:
+        self.lines.append(f"  if {cond}: return None")
+
+    def node(self, node: tuple, expr: str, path: str) -> None:
+        kind = node[0]
+        v = self.var()
+        self.lines.append(f"  {v} = {expr}")
+        self.check(f"type({v}) is not {self._type_name(node[1])}")
+        if kind == "T":
+            for attr in ("shape", "dtype", "device", "requires_grad"):
+                self.part(f"{v}.{attr}", f"{path}.{attr}")
+            self.tensors.append((v, path))
+        elif kind == "V":
+            self.part(v, path)
+        elif kind == "O":
+            self.part(f"id({v})", f"the object passed as {path}")
+        elif kind in ("tuple", "list"):
+            self.check(f"len({v}) != {len(node[2])}")
+            for i, child in enumerate(node[2]):
+                self.node(child, f"{v}[{i}]", f"{path}[{i}]")
+        elif kind == "dict":
+            keys = tuple(k for k, _ in node[2])
+            self.check(f"tuple({v}) != {keys!r}")
+            for k, child in node[2]:
+                self.node(child, f"{v}[{k!r}]", f"{path}[{k!r}]")
+
+
+def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None) -> Callable[[tuple, dict], tuple | None]:
+    """Generate the key function of signature ``sig`` (see module docstring).
+    ``names``: the function's parameter names, for readable miss reasons;
+    ``fn.labels[i]`` says what element ``i + 1`` of the key stands for."""
+    g = _KeyGen()
+    _, arg_nodes, kw_nodes = sig
+    g.check(f"len(args) != {len(arg_nodes)} or len(kwargs) != {len(kw_nodes)}")
+    for i, node in enumerate(arg_nodes):
+        label = names[i] if names is not None and i < len(names) else f"args[{i}]"
+        g.node(node, f"args[{i}]", label)
+    for k, node in kw_nodes:
+        g.node(node, f"kwargs.get({k!r}, _MISSING)", k)
+    if len(g.tensors) == 2:
+        (a, pa), (b, pb) = g.tensors
+        g.part(f"{a}.untyped_storage().data_ptr() == {b}.untyped_storage().data_ptr()",
+               f"whether {pa} and {pb} share storage")
+    elif len(g.tensors) > 2:
+        ptrs = ", ".join(f"{t}.untyped_storage().data_ptr()" for t, _ in g.tensors)
+        g.part(f"_alias_pattern(({ptrs},))", "which tensor arguments share storage")
+    g.part("_grad()", "grad mode")
+    g.part("_autocast()", "autocast")
+    g.part("_default_dtype()", "the default dtype")
+    body = "\n".join(g.lines)
+    src = f"def key_fn(args, kwargs):\n{body}\n  return ({sig_id}, {', '.join(g.parts)})\n"
+    globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _grad=torch.is_grad_enabled,
+                 _autocast=torch._C._is_any_autocast_enabled, _default_dtype=torch.get_default_dtype,
+                 __builtins__=__builtins__)
+    fn = codegen.compile_source(src, "key_fn", globs)
+    fn.__thunderlite_source__ = src
+    fn.labels = g.labels
+    return fn
+
+
+def alias_pattern(ptrs: tuple) -> tuple:
+    """For each tensor, the index of the first tensor sharing its storage."""
+    first: dict = {}
+    return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
+
+
+def storage_groups(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Indexes of ``tensors`` grouped by shared storage (groups of two or more)."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.numel() == 0:
+            continue
+        groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]

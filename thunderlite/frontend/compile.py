@@ -1,0 +1,181 @@
+"""A cache miss: trace the call through the interpreter, run the pipeline, and
+generate the entry function (DESIGN.md §3 steps 2-7).
+
+Stages recorded (each only when it changed the trace): the interpretation,
+update_aliases, dce, then either the execution transform (claim, alias and DCE
+re-run, del_last_used) or, when an input requires grad and grad mode is on,
+the autograd bridge's forward traces (its backward traces kept separately).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, TensorProxy
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+from thunderlite.frontend.cache import CompiledEntry
+from thunderlite.frontend.cache_key import storage_groups
+from thunderlite.frontend.entry import build_entry, prologue_trace
+from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.hooks import TracingHooks
+from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.state import Input, Mirror, TraceState
+from thunderlite.executors.autograd_function import make_differentiable
+from thunderlite.executors.registry import resolve_executors
+from thunderlite.interpreter import interpret
+from thunderlite.transforms.claim import claim_executors
+from thunderlite.transforms.dce import dce
+from thunderlite.transforms.del_last_used import del_last_used
+from thunderlite.transforms.update_aliases import update_aliases
+
+INTERPRETATION_STAGE = "interpretation"
+
+
+def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
+                 symbolic_numbers: bool = False) -> CompiledEntry:
+    """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it."""
+    start = time.perf_counter()
+    trace = Trace("computation", stage=INTERPRETATION_STAGE)
+    state = TraceState(trace)
+    hooks = TracingHooks(state)
+    with tracectx(trace):
+        pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
+        result = _interpret(fn, hooks, pargs, pkwargs)
+        writes = collect_writes(state)
+        extras: list[Proxy] = []
+        for w in writes:
+            proxies_in(w.value, extras, set())
+        mode, ret, rebuild = _output_plan(result, extras, state)
+        trace.args = [inp.proxy for inp in state.inputs]
+        trace.set_return(ret)
+    trace.pass_time_ms = (time.perf_counter() - start) * 1e3
+    groups = _input_alias_groups(state.inputs)
+    traces = [trace]
+    comp, backward = run_pipeline(trace, traces, groups, executors)
+    entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras])
+    stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
+    total = (time.perf_counter() - start) * 1e3
+    prologue = prologue_trace(state.inputs, state.guards, trace)
+    return CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
+
+
+def _param_names(fn: Callable) -> list[str]:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    return list(code.co_varnames[:code.co_argcount])
+
+
+def proxy_arguments(state: TraceState, args: tuple, kwargs: dict, sig: tuple, names: list[str]):
+    """The arguments the interpreted program sees: tensors as proxies, lists and
+    dicts as copies (mutations are written back by the epilogue)."""
+    _, arg_nodes, kw_nodes = sig
+    pargs = tuple(_arg_value(state, node, a, Prov.arg(i), names[i] if i < len(names) else None)
+                  for i, (node, a) in enumerate(zip(arg_nodes, args, strict=True)))
+    pkwargs = {k: _arg_value(state, node, kwargs[k], Prov.kwarg(k), k) for k, node in kw_nodes}
+    return pargs, pkwargs
+
+
+def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str | None) -> Any:
+    kind = node[0]
+    if kind == "T":
+        return state.tensor_input(value, prov, guard_meta=False, name=name)
+    if kind == "V":
+        return value
+    if kind == "S":
+        proxy = NumberProxy(value, type(value), name=state.trace.claim_name(name or "n"))
+        state.inputs.append(Input(proxy, prov, value, guard_meta=False))
+        return proxy
+    if kind == "tuple":
+        return tuple(_arg_value(state, c, v, prov.item(i), None) for i, (c, v) in enumerate(zip(node[2], value)))
+    if kind == "list":
+        copy = [_arg_value(state, c, v, prov.item(i), None) for i, (c, v) in enumerate(zip(node[2], value))]
+        return _register_mirror(state, value, copy, prov)
+    if kind == "dict":
+        copy = {k: _arg_value(state, c, value[k], prov.item(k), None) for k, c in node[2]}
+        return _register_mirror(state, value, copy, prov)
+    if isinstance(value, torch.nn.Module):
+        state.register_module_tree(value, prov)
+    else:
+        state.note(value, prov)
+    return value
+
+
+def _register_mirror(state: TraceState, original, copy, prov: Prov):
+    m = Mirror(original, copy, prov)
+    state.mirror_of[id(original)] = m
+    state.mirrors_by_copy[id(copy)] = m
+    state._alive += [original, copy]
+    return copy
+
+
+def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -> Any:
+    grad = torch.is_grad_enabled()
+    try:
+        return interpret(fn, hooks)(*pargs, **pkwargs)
+    except DataDependentError as e:
+        if " (at " in str(e):
+            raise
+        loc = hooks.last_location
+        where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
+        raise DataDependentError(f"{e}{where}") from None
+    finally:
+        torch._C._set_grad_enabled(grad)
+
+
+def _output_plan(result: Any, extras: list[Proxy], state: TraceState):
+    """How the computation returns the user's value: 'direct', 'extras', or 'rebuild'."""
+    if is_simple(result):
+        if not extras:
+            return "direct", result, None
+        return "extras", (result, tuple(extras)), None
+    flat: list[Proxy] = []
+    proxies_in(result, flat, set())
+    template = Template(result, state)
+    names = [p.name for p in flat]
+
+    def rebuild(values):
+        return template.build(dict(zip(names, values, strict=True)))
+    return "rebuild", (tuple(flat), tuple(extras)), rebuild
+
+
+def _input_alias_groups(inputs: list[Input]) -> list[list[str]] | None:
+    tensors = [inp for inp in inputs if isinstance(inp.value, torch.Tensor)]
+    groups = storage_groups([inp.value for inp in tensors])
+    return [[tensors[i].proxy.name for i in g] for g in groups] or None
+
+
+def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None):
+    """update_aliases, dce, autodiff or not, the execution transform. Returns the
+    callable running the computation and the backward traces."""
+    t = _record(traces, update_aliases(trace, groups))
+    t = _record(traces, dce(t, groups))
+    exs = resolve_executors(executors)
+    mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
+    if torch.is_grad_enabled() and any(mask):
+        program = make_differentiable(t, mask, lambda tr: finalize(tr, exs, groups), groups)
+        traces += program.forward_traces
+        return program, list(program.backward_traces)
+    steps: list[Trace] = []
+    final = finalize(t, exs, groups, steps)
+    traces += steps
+    return final.python_callable(), []
+
+
+def finalize(trace: Trace, executors: list, groups, steps: list | None = None) -> Trace:
+    """The execution transform, the alias/DCE re-run it may need, del_last_used."""
+    steps = [] if steps is None else steps
+    t = _record(steps, claim_executors(trace, executors), force=True)
+    t = _record(steps, update_aliases(t, groups))
+    t = _record(steps, dce(t, groups))
+    return _record(steps, del_last_used(t), force=True)
+
+
+def _record(traces: list[Trace], t: Trace, force: bool = False) -> Trace:
+    """Append ``t`` unless the pass returned its input unchanged (already recorded)."""
+    if force or not traces or traces[-1] is not t:
+        traces.append(t)
+    return t

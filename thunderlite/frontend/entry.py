@@ -1,0 +1,172 @@
+"""The entry function of one cache entry: prologue, computation, epilogue in one
+generated Python function, so a cache hit costs one call.
+
+    def entry(args, kwargs):
+        try:                                   # prologue: re-read every input path
+            v1 = args[0]._modules['fc']
+            if v1 is not _C0: return _MISS     # guards the key cannot see
+            v2 = v1._parameters['weight']
+            if v2.shape != _C1 or ...: return _MISS
+        except (AttributeError, KeyError, IndexError, TypeError):
+            return _MISS
+        out = _comp(args[1], v2)               # the computation
+        ...                                    # epilogue: write-backs, output rebuild
+        return out
+
+A guard that fails returns the ``MISS`` sentinel (no exception on the hot path).
+The same guards are also printed as the prologue trace (``last_prologue_traces``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core import codegen
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.trace import Trace
+from thunderlite.frontend.epilogue import Write, write_source
+from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.state import Guard, Input
+
+MISS = object()
+_LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, TypeError)
+
+
+class _Paths:
+    """Assigns a local variable to each provenance path read (shared prefixes once)."""
+
+    def __init__(self, lines: list[str], roots: dict):
+        self.lines = lines
+        self.roots = roots
+        self.var: dict[Prov, str] = {}
+
+    def read(self, prov: Prov) -> str:
+        v = self.var.get(prov)
+        if v is not None:
+            return v
+        if prov.parent is None:
+            expr = prov.expr(self.roots)
+            if prov.kind in ("arg", "kwarg"):
+                return expr
+        else:
+            base = self.read(prov.parent)
+            expr = _child_expr(base, prov)
+        v = f"v{len(self.var)}"
+        self.var[prov] = v
+        self.lines.append(f"    {v} = {expr}")
+        return v
+
+
+def _child_expr(base: str, prov: Prov) -> str:
+    if prov.kind == "attr":
+        if prov.module_slot is not None:
+            return f"{base}.{prov.module_slot}[{prov.key!r}]"
+        if prov.key.isidentifier() and not prov.key.startswith("__"):
+            return f"{base}.{prov.key}"
+        return f"getattr({base}, {prov.key!r})"
+    return f"{base}[{prov.key!r}]"
+
+
+def _const(consts: dict, value: Any) -> str:
+    name = f"_C{len(consts)}"
+    consts[name] = value
+    return name
+
+
+def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
+    v = paths.read(g.prov)
+    if g.kind == "is":
+        return f"{v} is not {_const(consts, g.value)}"
+    if g.kind == "len":
+        return f"type({v}) is not list or len({v}) != {g.value}"
+    if g.kind == "keys":
+        return f"type({v}) is not dict or tuple({v}) != {_const(consts, g.value)}"
+    return f"type({v}) is not {_const(consts, type(g.value))} or {v} != {_const(consts, g.value)}"
+
+
+def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
+    t = inp.value
+    return (f"not isinstance({v}, _Tensor) or {v}.shape != {_const(consts, t.shape)} or "
+            f"{v}.dtype is not {_const(consts, t.dtype)} or {v}.device != {_const(consts, t.device)} or "
+            f"{v}.requires_grad is not {t.requires_grad}")
+
+
+def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
+                output: str, rebuild: Callable | None, extra_names: list[str]) -> Callable:
+    """Generate the entry function. ``output``: 'direct' (the computation returns
+    the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
+    (``(flat_values, extras)``, turned into the user value by ``rebuild``)."""
+    consts: dict = {}
+    roots: dict = {}
+    pro: list[str] = []
+    paths = _Paths(pro, roots)
+    for g in guards:
+        pro.append(f"    if {guard_source(g, paths, consts)}: return _MISS")
+    call_args = []
+    for inp in inputs:
+        if inp.prov is None:
+            call_args.append(_const(consts, inp.value))
+            continue
+        v = paths.read(inp.prov)
+        call_args.append(v)
+        if inp.guard_meta:
+            pro.append(f"    if {tensor_guard_source(inp, v, consts)}: return _MISS")
+    lines = ["def entry(args, kwargs):"]
+    if pro:
+        lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
+    lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
+    src = "\n".join(lines) + "\n"
+    globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
+                 _rebuild=rebuild, __builtins__=__builtins__)
+    globs.update({name: obj for name, obj in roots.values()})
+    fn = codegen.compile_source(src, "entry", globs)
+    fn.__thunderlite_source__ = src
+    return fn
+
+
+def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra_names: list[str],
+                   consts: dict, roots: dict) -> list[str]:
+    call = f"_comp({', '.join(call_args)})"
+    if output == "direct" and not writes:
+        return [f"  return {call}"]
+    lines = [f"  out, extras = {call}" if output != "direct" else f"  out = {call}"]
+    env_names = {name: f"extras[{i}]" for i, name in enumerate(extra_names)}
+    for w in writes:
+        lines += ["  " + s for s in write_source(w, env_names, consts, roots)]
+    lines.append("  return _rebuild(out)" if output == "rebuild" else "  return out")
+    return lines
+
+
+# --- the prologue as a printable trace ---------------------------------------------------------
+
+def _print_only(*args, **kwargs):
+    raise RuntimeError("prologue trace symbols are for reading; the prologue runs as generated code")
+
+
+_UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
+_CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
+_CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue") for kind in ("eq", "is", "len", "keys")}
+
+
+def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace) -> Trace:
+    """The prologue as a trace: which paths are read, which values are checked."""
+    trc = Trace("prologue", stage="prologue", names=computation.names)
+    trc.args = []
+    for g in guards:
+        trc.bound_symbols.append(_CHECK[g.kind].bind(g.prov.describe(), _printable(g.value), output=None))
+    for inp in inputs:
+        where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"
+        trc.bound_symbols.append(_UNPACK.bind(where, output=inp.proxy))
+        if inp.guard_meta:
+            t = inp.value
+            trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, tuple(t.shape), t.dtype, t.device,
+                                                        t.requires_grad, output=None))
+    trc.set_return(tuple(inp.proxy for inp in inputs))
+    return trc
+
+
+def _printable(v: Any) -> Any:
+    if type(v) in (int, float, bool, str, type(None), tuple):
+        return v
+    return f"<{type(v).__name__} object>"

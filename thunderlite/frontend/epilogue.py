@@ -1,0 +1,181 @@
+"""The epilogue: what the program did to the world outside it, applied after the run.
+
+After tracing, ``collect_writes`` lists every write the program made to objects
+that outlive the call (module attributes and buffers, globals, lists/dicts
+passed in or read from globals/attributes). Tensor values in those writes are
+proxies; the computation returns them as extra outputs, and the generated
+entry function writes the real tensors where eager would have.
+
+``Template`` rebuilds the user's return value from the computation's flat
+outputs when it holds objects a trace cannot print (an HF ``ModelOutput``, a
+``DynamicCache``): objects created during tracing are copied afresh per call,
+objects that came from outside are returned as they are.
+"""
+from __future__ import annotations
+
+import copy
+import types
+from typing import Any
+
+import torch
+
+from thunderlite.core.proxies import Proxy
+from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.state import TraceState
+
+_ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, bytes, type(Ellipsis))
+
+
+class Write:
+    """One write-back: ``kind`` is attr, item, global, or replace (a mirrored container)."""
+    __slots__ = ("kind", "target", "key", "value")
+
+    def __init__(self, kind: str, target: Any, key: Any, value: Any):
+        self.kind = kind
+        self.target = target       # a Prov (attr/item/replace) or a globals dict
+        self.key = key
+        self.value = value
+
+
+def collect_writes(state: TraceState) -> list[Write]:
+    writes = []
+    for (_, name), (obj, value) in state.attr_writes.items():
+        prov = state.prov_of[id(obj)]
+        if type(name) is tuple:
+            writes.append(Write("item", prov, name[1], value))
+        else:
+            writes.append(Write("attr", prov, name, value))
+    for (_, name), (g, value) in state.global_writes.items():
+        writes.append(Write("global", g, name, value))
+    for m in state.mirror_of.values():
+        if m.prov is not None and m.changed():
+            value = dict(m.copy) if type(m.copy) is dict else list(m.copy)
+            writes.append(Write("replace", m.prov, None, value))
+    return writes
+
+
+def proxies_in(x: Any, out: list, seen: set) -> None:
+    """Append every proxy reachable from ``x`` (containers and object attributes)."""
+    if isinstance(x, Proxy):
+        if x.name not in seen:
+            seen.add(x.name)
+            out.append(x)
+        return
+    if type(x) in _ATOMS or id(x) in seen:
+        return
+    seen.add(id(x))
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            proxies_in(y, out, seen)
+    elif isinstance(x, dict):
+        for y in x.values():
+            proxies_in(y, out, seen)
+    if _is_plain_object(x):
+        for y in vars(x).values():
+            proxies_in(y, out, seen)
+
+
+def _is_plain_object(x: Any) -> bool:
+    return (hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, types.FunctionType,
+                                                           types.MethodType, torch.nn.Module)))
+
+
+def is_simple(x: Any) -> bool:
+    """True when a trace can return ``x`` directly (proxies, atoms, plain containers)."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS:
+        return True
+    if t is tuple or t is list:
+        return all(is_simple(y) for y in x)
+    if t is dict:
+        return all(type(k) is str and is_simple(v) for k, v in x.items())
+    return False
+
+
+class Template:
+    """Rebuilds a traced value with proxies replaced by runtime values."""
+
+    def __init__(self, value: Any, state: TraceState):
+        self.value = value
+        self.external = set(state.prov_of)        # objects from outside: returned as they are
+        self._alive = list(state._alive)
+
+    def build(self, env: dict) -> Any:
+        return self._build(self.value, env, {})
+
+    def _build(self, x: Any, env: dict, memo: dict) -> Any:
+        if isinstance(x, Proxy):
+            return env[x.name]
+        t = type(x)
+        if t in _ATOMS or id(x) in self.external:
+            return x
+        if id(x) in memo:
+            return memo[id(x)]
+        if t is tuple:
+            return tuple(self._build(y, env, memo) for y in x)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return t(*(self._build(y, env, memo) for y in x))
+        if t is list:
+            new = memo[id(x)] = []
+            new.extend(self._build(y, env, memo) for y in x)
+            return new
+        if t is dict:
+            new = memo[id(x)] = {}
+            new.update((k, self._build(v, env, memo)) for k, v in x.items())
+            return new
+        if isinstance(x, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                          types.BuiltinFunctionType, torch.nn.Module)):
+            return x
+        return self._build_object(x, env, memo)
+
+    def _build_object(self, x: Any, env: dict, memo: dict) -> Any:
+        new = memo[id(x)] = copy.copy(x)
+        if isinstance(x, dict):
+            for k, v in x.items():
+                dict.__setitem__(new, k, self._build(v, env, memo))
+        elif isinstance(x, list):
+            new[:] = [self._build(y, env, memo) for y in x]
+        if hasattr(x, "__dict__"):
+            for k, v in vars(x).items():
+                object.__setattr__(new, k, self._build(v, env, memo))
+        return new
+
+
+def value_expr(x: Any, env_names: dict, consts: dict) -> str:
+    """Python source for a write-back value: proxies by their output variable."""
+    if isinstance(x, Proxy):
+        return env_names[x.name]
+    t = type(x)
+    if t is tuple:
+        inner = ", ".join(value_expr(y, env_names, consts) for y in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if t is list:
+        return "[" + ", ".join(value_expr(y, env_names, consts) for y in x) + "]"
+    if t is dict:
+        return "{" + ", ".join(f"{value_expr(k, env_names, consts)}: {value_expr(v, env_names, consts)}"
+                               for k, v in x.items()) + "}"
+    if t in (int, bool, str, type(None)):
+        return repr(x)
+    name = f"_W{len(consts)}"
+    consts[name] = x
+    return name
+
+
+def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[str]:
+    """Source lines applying one write-back."""
+    v = value_expr(w.value, env_names, consts)
+    if w.kind == "global":
+        g = roots.setdefault(id(w.target), (f"_G{len(roots)}", w.target))[0]
+        return [f"{g}[{w.key!r}] = {v}"]
+    target = w.target.expr(roots)
+    if w.kind == "attr":
+        return [f"setattr({target}, {w.key!r}, {v})"]
+    if w.kind == "item":
+        return [f"{target}[{w.key!r}] = {v}"]
+    if isinstance(w.value, dict):
+        return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
+    return [f"{target}[:] = {v}"]
+
+
+def write_targets(writes: list[Write]) -> list[Prov]:
+    return [w.target for w in writes if isinstance(w.target, Prov)]

@@ -1,0 +1,217 @@
+"""The interpreter hooks that turn a Python program into a trace.
+
+``TracingHooks`` plugs into ``thunderlite.interpreter.interpret``:
+
+- ``lookaside``: torch callables become torch-language symbols (or opaque
+  symbols), builtins that must understand proxies (``isinstance``, ``type``,
+  ``torch.is_tensor``) get proxy-aware versions, thunderlite's own callables
+  (symbols, proxy methods) run natively; everything else is interpreted.
+- ``load_*``: values entering the program from globals, attributes, closure
+  cells and containers get provenance (``TraceState.enter``): tensors become
+  trace inputs, Python values become guards.
+- ``store_*``: writes to objects that exist outside the call are kept in an
+  overlay (later reads see it) and applied by the epilogue after the run.
+"""
+from __future__ import annotations
+
+import builtins
+import linecache
+import types
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
+from thunderlite.core.symbol import Symbol
+from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
+from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.state import TraceState
+from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location
+from thunderlite.torch import opaque_symbol_for, symbol_for
+
+_MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+_DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "nonzero_static", "numpy"})
+
+
+class TracingHooks(InterpreterHooks):
+    """Hooks for one traced call (see module docstring)."""
+
+    def __init__(self, state: TraceState):
+        self.state = state
+        self.trace = state.trace
+        self.grad_enabled = torch.is_grad_enabled()
+        self.last_location: tuple | None = None
+        self._builtins = proxy_aware_builtins(self)
+
+    # --- source lines ----------------------------------------------------------------------
+    def locate(self) -> tuple | None:
+        loc = current_source_location()
+        if loc is None:
+            return self.last_location
+        fname, lineno = loc
+        src = (fname, lineno, linecache.getline(fname, lineno).strip())
+        self.last_location = src
+        return src
+
+    # --- calls --------------------------------------------------------------------------------
+    def lookaside(self, fn: Callable) -> Callable | None:
+        special = self._builtins.get(_key(fn))
+        if special is not None:
+            return special
+        if isinstance(fn, (Symbol, _BoundMethod)):
+            return self._recording(fn)
+        sym = symbol_for(fn)
+        if sym is not None:
+            return self._recording(sym)
+        if _is_thunderlite_internal(fn):
+            return fn
+        if _is_torch_builtin(fn):
+            return self._torch_builtin(fn)
+        return None
+
+    def _recording(self, fn: Callable) -> Callable:
+        """Call ``fn`` natively, stamping the user's line on the symbols it records."""
+        def call(*args, **kwargs):
+            if isinstance(fn, _BoundMethod) and getattr(fn.fn, "name", None) in _DATA_DEPENDENT_METHODS:
+                raise self.data_dependent(f".{fn.fn.name}()")
+            trc = self.trace
+            trc.source = self.locate()
+            n = len(trc.bound_symbols)
+            out = fn(*args, **kwargs)
+            if not self.grad_enabled:
+                self._drop_requires_grad(n)
+            return out
+        return call
+
+    def _torch_builtin(self, fn: Callable) -> Callable:
+        """A torch C function with no symbol: opaque when it touches proxies or
+        creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
+        def call(*args, **kwargs):
+            if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
+                return self._recording(opaque_symbol_for(fn))(*args, **kwargs)
+            return fn(*args, **kwargs)
+        return call
+
+    def _drop_requires_grad(self, start: int) -> None:
+        for bsym in self.trace.bound_symbols[start:]:
+            for p in bsym.tensor_outs():
+                p.requires_grad = False
+
+    def set_grad_enabled(self, mode: bool) -> None:
+        torch._C._set_grad_enabled(mode)
+        self.grad_enabled = mode
+
+    def data_dependent(self, what: str) -> DataDependentError:
+        loc = self.locate()
+        where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+        return DataDependentError(
+            f"{what} reads a tensor's values, which are not known while tracing (at {where}). "
+            "thunderlite cannot follow data-dependent control flow: compute the branch with "
+            "torch.where, or move the data-dependent part out of the jitted function.")
+
+    # --- loads ------------------------------------------------------------------------------------
+    def load_global(self, globals_dict: dict, name: str, value: Any) -> Any:
+        w = self.state.global_writes.get((id(globals_dict), name))
+        if w is not None:
+            return w[1]
+        if value is MISSING or globals_dict is vars(builtins):
+            return value
+        return self.state.enter(Prov.global_(globals_dict, name), value)
+
+    def load_attr(self, obj: Any, name: str, value: Any) -> Any:
+        st = self.state
+        w = st.attr_writes.get((id(obj), name))
+        if w is not None:
+            return w[1]
+        if type(obj) is TensorProxy:
+            if name in _DATA_DEPENDENT_METHODS:
+                raise self.data_dependent(f".{name}()")
+            return value
+        if value is MISSING:
+            return value
+        parent = st.prov_of.get(id(obj))
+        if parent is None:
+            return st.enter(None, value) if isinstance(value, torch.Tensor) else value
+        return st.enter(parent.attr(name, _module_slot(obj, name)), value)
+
+    def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
+        st = self.state
+        w = st.attr_writes.get((id(container), ("item", key))) if _is_atom(key) else None
+        if w is not None:
+            return w[1]
+        parent = st.prov_of.get(id(container))
+        if parent is None or not _is_atom(key):
+            return st.enter(None, value) if isinstance(value, torch.Tensor) else value
+        return st.enter(parent.item(key), value)
+
+    def load_deref(self, cell, value: Any) -> Any:
+        if value is MISSING:
+            return value
+        return self.state.enter(Prov.cell(cell), value)
+
+    # --- stores ------------------------------------------------------------------------------------
+    def store_global(self, globals_dict: dict, name: str, value: Any) -> bool:
+        self.state.global_writes[(id(globals_dict), name)] = (globals_dict, value)
+        return True
+
+    def store_attr(self, obj: Any, name: str, value: Any) -> bool:
+        if id(obj) not in self.state.prov_of:
+            return False
+        self.state.attr_writes[(id(obj), name)] = (obj, value)
+        return True
+
+    def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
+        if id(container) not in self.state.prov_of or not _is_atom(key):
+            return False
+        self.state.attr_writes[(id(container), ("item", key))] = (container, value)
+        return True
+
+
+def _key(fn):
+    try:
+        hash(fn)
+        return fn
+    except TypeError:
+        return None
+
+
+def _is_atom(key) -> bool:
+    return type(key) in (int, str)
+
+
+def _module_slot(obj: Any, name: str) -> str | None:
+    if isinstance(obj, torch.nn.Module):
+        d = obj.__dict__
+        for slot in _MODULE_SLOTS:
+            if name in d.get(slot, ()):
+                return slot
+    return None
+
+
+def _has_proxy(values) -> bool:
+    for v in values:
+        if type(v) is TensorProxy:
+            return True
+        if type(v) in (list, tuple) and _has_proxy(v):
+            return True
+    return False
+
+
+def _is_thunderlite_internal(fn) -> bool:
+    mod = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, types.MethodType):
+        mod = getattr(fn.__func__, "__module__", "") or ""
+    return mod.startswith("thunderlite.") and not mod.startswith("thunderlite.tests")
+
+
+def _is_torch_builtin(fn) -> bool:
+    """A C-implemented torch callable (``torch.sin``, ``torch._C._nn.linear``,
+    a ``torch.Tensor`` method): these cannot be interpreted."""
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        self_ = getattr(fn, "__self__", None)
+        if isinstance(self_, (torch.Tensor, TensorProxy)):
+            return True
+        mod = getattr(fn, "__module__", None) or getattr(type(self_), "__module__", "") or ""
+        return mod.startswith("torch")
+    objclass = getattr(fn, "__objclass__", None)
+    return objclass is not None and issubclass(objclass, torch._C.TensorBase)

@@ -1,0 +1,68 @@
+"""Proxy-aware replacements for the builtins and torch helpers a program may call
+on proxies. A ``TensorProxy`` stands for a ``torch.Tensor`` (or an
+``nn.Parameter`` when it is one), so ``isinstance``/``type``/``torch.is_tensor``
+must answer as they would for the real tensor."""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core.proxies import TensorProxy
+
+_CREATION_NAMES = frozenset({
+    "zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "rand", "randn",
+    "randint", "randperm", "tensor", "as_tensor", "zeros_like", "ones_like", "empty_like",
+    "full_like", "rand_like", "randn_like", "randint_like", "normal", "scalar_tensor",
+    "empty_strided", "tril_indices", "triu_indices", "bernoulli", "multinomial",
+})
+
+
+def is_creation_fn(fn: Callable) -> bool:
+    """Creation functions make tensors without tensor inputs; recorded, never run natively."""
+    return getattr(fn, "__name__", None) in _CREATION_NAMES
+
+
+def proxy_type(p: TensorProxy, parameters: set) -> type:
+    return torch.nn.Parameter if p.name in parameters else torch.Tensor
+
+
+def _matches(t: type, cls) -> bool:
+    if isinstance(cls, tuple):
+        return any(_matches(t, c) for c in cls)
+    return isinstance(cls, type) and issubclass(t, cls)
+
+
+def proxy_aware_builtins(hooks) -> dict:
+    """fn -> replacement, for one traced call (``hooks`` gives the state)."""
+    params = hooks.state.parameters
+
+    def isinstance_(obj: Any, cls) -> bool:
+        if type(obj) is TensorProxy:
+            return _matches(proxy_type(obj, params), cls) or _matches(TensorProxy, cls)
+        return isinstance(obj, cls)
+
+    def type_(*args):
+        if len(args) == 1 and type(args[0]) is TensorProxy:
+            return proxy_type(args[0], params)
+        return type(*args)
+
+    def is_tensor(obj: Any) -> bool:
+        return type(obj) is TensorProxy or torch.is_tensor(obj)
+
+    def set_grad_enabled(mode: bool) -> None:
+        hooks.set_grad_enabled(bool(mode))
+
+    def autocast_unsupported(*args, **kwargs):
+        raise NotImplementedError("torch.autocast inside a jitted function is not supported by "
+                                  "thunderlite yet; cast explicitly with .to(dtype)")
+
+    table = {
+        builtins.isinstance: isinstance_,
+        builtins.type: type_,
+        torch.is_tensor: is_tensor,
+        torch._C._set_grad_enabled: set_grad_enabled,
+        torch.set_autocast_enabled: autocast_unsupported,
+    }
+    return table

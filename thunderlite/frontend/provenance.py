@@ -1,0 +1,117 @@
+"""Provenance: where a value that entered the traced program came from.
+
+Every value the trace depends on but did not compute (an argument, a module
+parameter, a global, a closure cell, an item of a list passed in) gets a
+``Prov`` naming its path from the call's arguments or from a fixed root object
+(a globals dict, a cell). The prologue re-reads each path on every call (to
+unpack tensors and check guards); the epilogue writes through paths.
+
+Example::
+
+    self_ = Prov.arg(0)                      # args[0]
+    w = self_.attr("fc").attr("weight")      # args[0].fc.weight
+    w.expr(roots)  ->  "args[0].fc._parameters['weight']"
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class Prov:
+    """A path: ``kind`` is one of arg, kwarg, attr, item, global, cell, root.
+
+    ``root`` objects (globals dicts, cells) are bound by name in the generated
+    prologue; ``module_slot`` names the ``nn.Module`` dict (``_parameters``,
+    ``_buffers``, ``_modules``) an attribute lives in, for a faster read."""
+    __slots__ = ("kind", "parent", "key", "root", "module_slot", "_hash")
+
+    def __init__(self, kind: str, parent: "Prov | None", key: Any, root: Any = None, module_slot: str | None = None):
+        self.kind = kind
+        self.parent = parent
+        self.key = key
+        self.root = root
+        self.module_slot = module_slot
+        self._hash = hash((kind, parent, _hashable(key), id(root)))
+
+    @staticmethod
+    def arg(i: int) -> "Prov":
+        return Prov("arg", None, i)
+
+    @staticmethod
+    def kwarg(name: str) -> "Prov":
+        return Prov("kwarg", None, name)
+
+    @staticmethod
+    def global_(globals_dict: dict, name: str) -> "Prov":
+        return Prov("global", None, name, root=globals_dict)
+
+    @staticmethod
+    def cell(cell) -> "Prov":
+        return Prov("cell", None, None, root=cell)
+
+    def attr(self, name: str, module_slot: str | None = None) -> "Prov":
+        return Prov("attr", self, name, module_slot=module_slot)
+
+    def item(self, key: Any) -> "Prov":
+        return Prov("item", self, key)
+
+    def __eq__(self, other):
+        return (type(other) is Prov and self.kind == other.kind and self.parent == other.parent
+                and _hashable(self.key) == _hashable(other.key) and self.root is other.root)
+
+    def __hash__(self):
+        return self._hash
+
+    def expr(self, roots: dict) -> str:
+        """Python source reading this path, given ``args``/``kwargs`` in scope and
+        root objects bound by the names recorded in ``roots`` (id -> name)."""
+        k = self.kind
+        if k == "arg":
+            return f"args[{self.key}]"
+        if k == "kwarg":
+            return f"kwargs[{self.key!r}]"
+        if k == "global":
+            return f"{_root_name(self.root, roots, 'G')}[{self.key!r}]"
+        if k == "cell":
+            return f"{_root_name(self.root, roots, 'C')}.cell_contents"
+        base = self.parent.expr(roots)
+        if k == "attr":
+            if self.module_slot is not None:
+                return f"{base}.{self.module_slot}[{self.key!r}]"
+            if self.key.isidentifier() and not self.key.startswith("__"):
+                return f"{base}.{self.key}"
+            return f"getattr({base}, {self.key!r})"
+        return f"{base}[{self.key!r}]"
+
+    def describe(self) -> str:
+        """A readable name for messages: ``args[0].fc.weight``, ``global SCALE``."""
+        k = self.kind
+        if k == "arg":
+            return f"argument {self.key}"
+        if k == "kwarg":
+            return f"keyword argument {self.key!r}"
+        if k == "global":
+            mod = self.root.get("__name__", "?") if isinstance(self.root, dict) else "?"
+            return f"global {mod}.{self.key}"
+        if k == "cell":
+            return "a closure variable"
+        base = self.parent.describe()
+        return f"{base}.{self.key}" if k == "attr" else f"{base}[{self.key!r}]"
+
+    def __repr__(self):
+        return f"<Prov {self.describe()}>"
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+        return key
+    except TypeError:
+        return repr(key)
+
+
+def _root_name(obj: Any, roots: dict, prefix: str) -> str:
+    entry = roots.get(id(obj))
+    if entry is None:
+        entry = roots[id(obj)] = (f"_{prefix}{len(roots)}", obj)
+    return entry[0]

@@ -1,0 +1,202 @@
+"""What one interpretation learns about the values that entered the program.
+
+``TraceState`` is the bookkeeping the hooks fill while a call is traced and
+the prologue/epilogue builders read afterwards:
+
+- ``inputs``: tensors that became trace inputs, each with its provenance;
+- ``guards``: Python values the trace depended on (checked on every call);
+- ``mirrors``: lists/dicts the program sees as copies (arguments, containers
+  read from globals/attributes), compared with the originals after tracing to
+  write mutations back;
+- ``attr_writes`` / ``global_writes``: the overlay of attribute and global
+  assignments, applied by the epilogue after the run.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from thunderlite.core.proxies import TensorProxy, proxy_of_tensor
+from thunderlite.frontend.cache_key import VALUE_TYPES
+from thunderlite.frontend.provenance import Prov
+
+MIRROR_MAX_ITEMS = 64
+
+
+class Input:
+    """A tensor that entered the trace: its proxy, where it came from, the value seen."""
+    __slots__ = ("proxy", "prov", "value", "guard_meta")
+
+    def __init__(self, proxy: TensorProxy, prov: Prov | None, value: torch.Tensor, guard_meta: bool):
+        self.proxy = proxy
+        self.prov = prov            # None: a constant captured by reference
+        self.value = value
+        self.guard_meta = guard_meta  # arguments are covered by the key already
+
+
+class Guard:
+    """``kind`` is 'eq' (value equality), 'is' (identity) or 'len'."""
+    __slots__ = ("prov", "kind", "value")
+
+    def __init__(self, prov: Prov, kind: str, value: Any):
+        self.prov = prov
+        self.kind = kind
+        self.value = value
+
+
+class Mirror:
+    """A copy of a list/dict the program sees instead of the original."""
+    __slots__ = ("original", "copy", "snapshot", "prov")
+
+    def __init__(self, original, copy, prov: Prov | None):
+        self.original = original
+        self.copy = copy
+        self.snapshot = list(copy.items()) if isinstance(copy, dict) else list(copy)
+        self.prov = prov
+
+    def changed(self) -> bool:
+        now = list(self.copy.items()) if isinstance(self.copy, dict) else list(self.copy)
+        if len(now) != len(self.snapshot):
+            return True
+        if isinstance(self.copy, dict):
+            return any(k1 != k2 or v1 is not v2 for (k1, v1), (k2, v2) in zip(now, self.snapshot, strict=True))
+        return any(a is not b for a, b in zip(now, self.snapshot, strict=True))
+
+
+class TraceState:
+    """Bookkeeping of one interpretation (see module docstring)."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.inputs: list[Input] = []
+        self.guards: list[Guard] = []
+        self._guarded: set = set()
+        self.prov_of: dict[int, Prov] = {}       # id(object) -> where it came from
+        self.proxy_of: dict[int, TensorProxy] = {}  # id(tensor) -> its proxy
+        self.mirror_of: dict[int, Mirror] = {}    # id(original container) -> mirror
+        self.mirrors_by_copy: dict[int, Mirror] = {}
+        self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
+        self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
+        self.parameters: set[str] = set()          # names of proxies standing for nn.Parameters
+        self._alive: list = []                     # keeps ids above valid while tracing
+
+    # --- registering where things come from ---------------------------------------------
+    def note(self, obj: Any, prov: Prov) -> None:
+        if id(obj) not in self.prov_of:
+            self.prov_of[id(obj)] = prov
+            self._alive.append(obj)
+
+    def register_module_tree(self, module: torch.nn.Module, prov: Prov) -> None:
+        """Give every submodule, parameter and buffer of ``module`` its path, so
+        values reached by iteration (``for layer in self.layers``) keep provenance."""
+        self.note(module, prov)
+        for name, p in module._parameters.items():
+            if p is not None:
+                self.note(p, prov.attr(name, "_parameters"))
+        for name, b in module._buffers.items():
+            if b is not None:
+                self.note(b, prov.attr(name, "_buffers"))
+        for name, sub in module._modules.items():
+            if sub is not None and id(sub) not in self.prov_of:
+                self.register_module_tree(sub, prov.attr(name, "_modules"))
+
+    def add_guard(self, prov: Prov, kind: str, value: Any) -> None:
+        if prov in self._guarded:
+            return
+        self._guarded.add(prov)
+        self.guards.append(Guard(prov, kind, value))
+        self._alive.append(value)
+
+    # --- values entering the program -------------------------------------------------------
+    def tensor_input(self, t: torch.Tensor, prov: Prov | None, guard_meta: bool = True,
+                     name: str | None = None) -> TensorProxy:
+        proxy = self.proxy_of.get(id(t))
+        if proxy is not None:
+            return proxy
+        known = self.prov_of.get(id(t))
+        if known is not None:
+            prov = known
+        name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
+        proxy = proxy_of_tensor(t, name=name)
+        self.proxy_of[id(t)] = proxy
+        self._alive.append(t)
+        self.inputs.append(Input(proxy, prov, t, guard_meta))
+        if isinstance(t, torch.nn.Parameter):
+            self.parameters.add(proxy.name)
+        return proxy
+
+    def enter(self, prov: Prov | None, value: Any) -> Any:
+        """The value the program sees for ``value`` read through ``prov``."""
+        if isinstance(value, torch.Tensor):
+            return self.tensor_input(value, prov)
+        if prov is None:
+            return value
+        t = type(value)
+        if t in VALUE_TYPES:
+            self.add_guard(prov, "eq", value)
+            return value
+        if t is tuple and all(type(v) in VALUE_TYPES for v in value):
+            self.add_guard(prov, "eq", value)
+            return value
+        if isinstance(value, types.ModuleType):
+            return value
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+            self.add_guard(prov, "is", value)
+            return value
+        if isinstance(value, types.MethodType):
+            return value
+        if isinstance(value, torch.nn.Module):
+            if id(value) not in self.prov_of:
+                self.register_module_tree(value, prov)
+            self.add_guard(self.prov_of[id(value)], "is", value)
+            return value
+        if (t is list or t is dict) and len(value) <= MIRROR_MAX_ITEMS:
+            return self.mirror(value, prov)
+        self.note(value, prov)
+        return value
+
+    def mirror(self, container, prov: Prov | None, guard: bool = True):
+        """The copy the program sees of ``container`` (made once per container)."""
+        m = self.mirror_of.get(id(container))
+        if m is not None:
+            return m.copy
+        if prov is not None:
+            prov = self.prov_of.get(id(container), prov)
+        if guard and prov is not None:
+            keys = tuple(container) if type(container) is dict else len(container)
+            self.add_guard(prov, "keys" if type(container) is dict else "len", keys)
+        if type(container) is dict:
+            copy = {k: self.enter(_item_prov(prov, k), v) for k, v in container.items()}
+        else:
+            copy = [self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)]
+        m = Mirror(container, copy, prov)
+        self.mirror_of[id(container)] = m
+        self.mirrors_by_copy[id(copy)] = m
+        self._alive += [container, copy]
+        return copy
+
+
+def _item_prov(prov: Prov | None, key) -> Prov | None:
+    if prov is None or type(key) not in (int, str):
+        return None
+    return prov.item(key)
+
+
+def _proxy_name(trace, prov: Prov | None) -> str:
+    """A readable proxy name from the path: ``fc_weight``, ``x``..."""
+    if prov is None:
+        return trace.fresh_name("const")
+    parts = []
+    p = prov
+    while p is not None and p.kind in ("attr", "item"):
+        parts.append(str(p.key))
+        p = p.parent
+    if p is not None and p.kind == "global":
+        parts.append(str(p.key))
+    elif p is not None and p.kind == "kwarg":
+        parts.append(str(p.key))
+    if not parts:
+        return trace.fresh_name("t")
+    return trace.claim_name("_".join(reversed(parts)))

@@ -1,0 +1,198 @@
+"""One call's life (DESIGN.md §3): key -> cache entry, or interpret -> passes -> entry.
+
+``jit(fn)`` returns a ``ThunderliteFunction``; ``jit(module)`` a
+``ThunderliteModule`` that behaves like the module (parameters, buffers,
+``state_dict``, ``train()``/``eval()``, hooks). A call computes one key with
+the generated key function of the arguments' signature, looks it up in a dict,
+and runs the entry found (prologue guards, computation, epilogue write-backs,
+all one generated function). A miss traces the function through the
+interpreter and runs the pipeline: update_aliases, DCE, autodiff when an input
+requires grad, executor claiming, del_last_used.
+
+Example::
+
+    jfn = thunderlite.jit(lambda a, b: (a * b + 1).sin().sum())
+    jfn(a, b)
+    print(thunderlite.last_traces(jfn)[-1])     # the trace that ran
+    thunderlite.cache_info(jfn)                 # hits, misses, last miss reason
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from thunderlite.core.trace import Trace
+from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names
+from thunderlite.frontend.compile import compile_call
+from thunderlite.frontend.entry import MISS
+
+CACHE_MODES = ("constant values", "symbolic values", "no caching")
+
+
+class ThunderliteFunction:
+    """A jitted callable. Attribute access is kept minimal on the hit path."""
+
+    def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values"):
+        if cache not in CACHE_MODES:
+            raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
+        self.fn = fn
+        self.executors = executors
+        self.cache_mode = cache
+        self._keys = KeyCache(symbolic_numbers=cache == "symbolic values", names=parameter_names(fn))
+        self._key_fn = self._keys.no_key
+        self._entries: dict = {}
+        self.info = CacheInfo()
+        self.last: CompiledEntry | None = None
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        entry = self._entries.get(self._key_fn(args, kwargs))
+        if entry is not None:
+            out = entry.fn(args, kwargs)
+            if out is not MISS:
+                self.info.hits += 1
+                self.last = entry
+                return out
+        return self._slow_call(args, kwargs)
+
+    def _slow_call(self, args: tuple, kwargs: dict) -> Any:
+        key_fn = self._keys.key_fn_for(args, kwargs)
+        self._key_fn = key_fn
+        key = key_fn(args, kwargs)
+        if self.cache_mode != "no caching":
+            for entry in self._entries.get(("alternates", key), ()):
+                out = entry.fn(args, kwargs)
+                if out is not MISS:
+                    self._entries[key] = entry
+                    self.info.hits += 1
+                    self.last = entry
+                    return out
+        self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
+        entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
+                             executors=self.executors, symbolic_numbers=self.cache_mode == "symbolic values")
+        if self.cache_mode != "no caching":
+            old = self._entries.get(key)
+            alts = self._entries.setdefault(("alternates", key), [])
+            if old is not None and old not in alts:
+                alts.append(old)
+            alts.append(entry)
+            self._entries[key] = entry
+            self.info.entries += 1
+        self.last = entry
+        out = entry.fn(args, kwargs)
+        if out is MISS:
+            raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
+                               "for (a guard reads a value that changes on every read)")
+        return out
+
+
+def _call_module(module: torch.nn.Module, *args, **kwargs):
+    return module(*args, **kwargs)
+
+
+class ThunderliteModule(torch.nn.Module):
+    """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
+    modes as the original (which it holds as ``_model``); ``forward`` runs the
+    compiled program, which calls the module's ``__call__`` (so hooks run)."""
+
+    def __init__(self, model: torch.nn.Module, **jit_options):
+        super().__init__()
+        self._model = model
+        self._jitted = ThunderliteFunction(_call_module, **jit_options)
+
+    def forward(self, *args, **kwargs):
+        return self._jitted(self._model, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_modules"]["_model"], name)
+
+    def state_dict(self, *args, **kwargs):
+        return self._model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._model.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args, **kwargs):
+        return self._model.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        return self._model.named_buffers(*args, **kwargs)
+
+    def __repr__(self):
+        return f"ThunderliteModule({self._model!r})"
+
+
+def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values"):
+    """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
+
+    ``executors``: names or Executor objects in priority order (default list
+    when None; torch always last). ``cache``: 'constant values' (specialize on
+    Python scalars, the default), 'symbolic values' (floats become trace inputs
+    instead of key values), or 'no caching' (retrace every call)."""
+    if isinstance(fn, torch.nn.Module):
+        return ThunderliteModule(fn, executors=executors, cache=cache)
+    return ThunderliteFunction(fn, executors=executors, cache=cache)
+
+
+def _jitted(jfn) -> ThunderliteFunction:
+    if isinstance(jfn, ThunderliteModule):
+        return jfn._jitted
+    if isinstance(jfn, ThunderliteFunction):
+        return jfn
+    raise TypeError(f"expected a function or module returned by thunderlite.jit, got {type(jfn).__name__}")
+
+
+def _last(jfn) -> CompiledEntry:
+    entry = _jitted(jfn).last
+    if entry is None:
+        raise RuntimeError("the jitted function has not been called yet")
+    return entry
+
+
+def last_traces(jfn) -> list[Trace]:
+    """Every stage's computation trace of the last call; the last one is what ran."""
+    return list(_last(jfn).traces)
+
+
+def last_backward_traces(jfn) -> list[Trace]:
+    """The backward traces of the last call ([] when it was not differentiable)."""
+    return list(_last(jfn).backward_traces)
+
+
+def last_prologue_traces(jfn) -> list[Trace]:
+    """The prologue of the last call: the guards checked and inputs unpacked."""
+    return list(_last(jfn).prologue_traces)
+
+
+def cache_info(jfn) -> dict:
+    """hits, misses, entries, the reason of the last miss, the cache mode."""
+    j = _jitted(jfn)
+    return {**j.info.as_dict(), "cache_mode": j.cache_mode}
+
+
+def compile_stats(jfn) -> dict:
+    """Compile time per stage of the last compiled entry (ms), and cache counts."""
+    entry = _last(jfn)
+    return {"stage_ms": dict(entry.stage_ms), "total_ms": entry.total_ms, **cache_info(jfn)}
+
+
+def examine(fn: Callable | torch.nn.Module, *args, executors=None, **kwargs):
+    """Trace and run ``fn`` once and report what thunderlite did with it: ops
+    recorded as opaque torch calls, which executor claimed what, executors
+    skipped and why, and the error if it could not be compiled."""
+    from thunderlite.frontend.examine import examine_call
+    jfn = jit(fn, executors=executors)
+    start = time.perf_counter()
+    try:
+        jfn(*args, **kwargs)
+        error = None
+    except Exception as e:  # examine reports failures instead of raising them
+        error = e
+    return examine_call(_jitted(jfn), error, (time.perf_counter() - start) * 1e3, executors)
