@@ -39,6 +39,17 @@ def register_method(name: str, fn: Callable) -> None:
 torch_function_handler: list = [None]
 
 
+# ``fallback(proxy, name) -> value | None``: Tensor attributes the tables lack
+# (the torch language answers with an opaque op for real torch.Tensor methods).
+attribute_fallback: list = [None]
+
+
+def set_attribute_fallback(fn: Callable) -> None:
+    if attribute_fallback[0] is not None and attribute_fallback[0] is not fn:
+        raise ValueError("a tensor attribute fallback is already set")
+    attribute_fallback[0] = fn
+
+
 def set_torch_function_handler(fn: Callable) -> None:
     if torch_function_handler[0] is not None and torch_function_handler[0] is not fn:
         raise ValueError("a torch function handler is already set")
@@ -198,6 +209,11 @@ class TensorProxy(Proxy):
         method = method_table.get(name)
         if method is not None:
             return _BoundMethod(method, self)
+        fallback = attribute_fallback[0]
+        if fallback is not None and not name.startswith("__"):
+            value = fallback(self, name)
+            if value is not None:
+                return value
         raise AttributeError(f"'Tensor' object has no attribute or method {name!r} "
                              f"that thunderlite can trace")
 

@@ -26,7 +26,7 @@ from thunderlite.executors import compile_trace
 import thunderlite.torch as ltorch
 
 RANDOM_WORDS = ("rand", "dropout", "bernoulli", "multinomial", "normal", "uniform", "poisson", "exponential",
-                "geometric", "cauchy", "log_normal", "randint", "randperm")
+                "geometric", "cauchy", "log_normal", "randint", "randperm", "rrelu")
 
 
 def op_db():

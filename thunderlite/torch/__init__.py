@@ -11,7 +11,9 @@ so torch functions applied to proxies record into the active trace.
 """
 from __future__ import annotations
 
-from thunderlite.core.proxies import set_torch_function_handler
+import torch
+
+from thunderlite.core.proxies import set_attribute_fallback, set_torch_function_handler
 from thunderlite.torch import (creation, elementwise, indexing, inplace, linalg, nn,  # noqa: F401
                                reductions, shapes)
 from thunderlite.torch.creation import get_factory_defaults
@@ -31,3 +33,31 @@ set_torch_function_handler(record_torch_call)
 
 __all__ = ["symbol_for", "opaque_symbol_for", "opaque_symbols", "get_factory_defaults", "all_symbols",
            "is_opaque", "torchsymbol", "record_torch_call", "OpaqueDataDependentError"]
+
+
+def _getter(name: str):
+    def get(a):
+        return getattr(a, name)
+    get.__name__ = name
+    return get
+
+
+_getters: dict = {}
+
+
+def tensor_attribute_fallback(proxy, name: str):
+    """A torch.Tensor method or property with no ltorch symbol: an opaque op
+    (a bound method for methods, the recorded value for properties)."""
+    attr = getattr(torch.Tensor, name, None)
+    if attr is None:
+        return None
+    if callable(attr):
+        op = opaque_symbol_for(attr)
+        return lambda *args, **kwargs: op(proxy, *args, **kwargs)
+    getter = _getters.get(name)
+    if getter is None:
+        getter = _getters[name] = _getter(name)
+    return opaque_symbol_for(getter)(proxy)
+
+
+set_attribute_fallback(tensor_attribute_fallback)

@@ -10,7 +10,7 @@ from thunderlite.core import devices, dtypes, prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
-from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.shapes import _shape_arg
 from thunderlite.torch.utils import convert, expand_to, is_tensor
 
@@ -161,7 +161,7 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=False, re
 
 
 @torchsymbol(torch.scalar_tensor)
-def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=False):
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False):
     return prims.full((), s, device=_device(device), dtype=dtype if dtype is not None else torch.get_default_dtype())
 
 
@@ -201,6 +201,6 @@ def bernoulli(input, p=None, *, generator=None):
 
 @torchsymbol(torch.tensor)
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    check(isinstance(data, (int, float, bool, complex)),
+    decomposable(isinstance(data, (int, float, bool, complex)),
           lambda: "torch.tensor of a nested sequence is traced as a constant by the jit, not decomposed")
     return prims.full((), data, device=_device(device), dtype=_dtype(dtype, data))

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 from torch._library.custom_ops import CustomOpDef
 from torch._ops import OpOverload, OpOverloadPacket
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
 from thunderlite.core import pytree
 from thunderlite.core.aliasing import register_write_rule
@@ -127,7 +127,7 @@ def _make(overload: OpOverload) -> Callable:
         return tuple(vals[i] for i in hidden), call_op(*vals)
 
     def meta(*vals):
-        results = _fake_run(call_op, vals)
+        results = _fake_run(overload, call_op, vals)
         outs = tuple(results) if schema.n_returns > 1 else ((results,) if schema.n_returns == 1 else ())
         new = []
         for out, alias in zip(outs, schema.return_alias, strict=True):
@@ -139,7 +139,7 @@ def _make(overload: OpOverload) -> Callable:
     tags = {Tag.INPLACE, Tag.DONT_DCE} if schema.written else {Tag.OPAQUE}
     if schema.n_returns == 0:
         tags.add(Tag.DONT_DCE)           # returns nothing: called for an effect
-    sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags, torch_fn=overload)
+    sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags)
     if schema.written:
         register_write_rule(sym, lambda bsym: _writes(bsym, schema, hidden))
 
@@ -160,11 +160,14 @@ def _writes(bsym, schema: _Schema, hidden: list[int]) -> list:
     return pairs
 
 
-def _fake_run(call_op: Callable, vals: tuple):
-    mode = FakeTensorMode()
-    with mode:
-        fakes = pytree.tree_map(_fake, vals)
-        return call_op(*fakes)
+def _fake_run(overload: OpOverload, call_op: Callable, vals: tuple):
+    try:
+        with FakeTensorMode():
+            return call_op(*pytree.tree_map(_fake, vals))
+    except (UnsupportedOperatorException, NotImplementedError) as err:
+        raise NotImplementedError(
+            f"thunderlite needs the shapes of {overload}'s outputs: give it a fake kernel "
+            f"(@op.register_fake, or torch.library.register_fake) or a Meta kernel ({err})") from err
 
 
 def _fake(v):

@@ -448,13 +448,7 @@ def clamp_max(input, max):
 
 @torchsymbol(torch.lerp, T.lerp, method_name="lerp")
 def lerp(input, end, weight):
-    diff = sub(end, input)
-    low = add(input, mul(weight, diff))
-    high = sub(end, mul(diff, rsub(weight, 1)))
-    small = lt(abs(weight), 0.5) if is_tensor(weight) else (weight < 0.5 and weight > -0.5)
-    if is_tensor(weight):
-        return where(small, low, high)
-    return low if small else high
+    return elementwise(prims.lerp, input, end, weight)
 
 
 @torchsymbol(torch.addcmul, T.addcmul, method_name="addcmul")
@@ -486,10 +480,41 @@ def _cast_method(name, dtype):
 for _n, _dt in [("float", torch.float32), ("double", torch.float64), ("half", torch.float16),
                 ("bfloat16", torch.bfloat16), ("int", torch.int32), ("long", torch.int64),
                 ("short", torch.int16), ("char", torch.int8), ("byte", torch.uint8), ("bool", torch.bool),
-                ("cfloat", torch.complex64), ("cdouble", torch.complex128)]:
+                ("cfloat", torch.complex64), ("cdouble", torch.complex128), ("chalf", torch.complex32)]:
     _g["to_" + _n] = _cast_method(_n, _dt)
 
 
 @torchsymbol(T.type_as, method_name="type_as")
 def type_as(a, other):
     return convert(a, other.dtype)
+
+
+def _to_args(a, args, kwargs):
+    """(dtype, device) from any of Tensor.to's spellings."""
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    for x in args:
+        if isinstance(x, torch.dtype):
+            dtype = x
+        elif isinstance(x, (str, torch.device, int)) and not isinstance(x, bool):
+            device = torch.device(x)
+        elif is_tensor(x):
+            dtype, device = x.dtype, x.device
+    return dtype, device
+
+
+@torchsymbol(T.to, method_name="to")
+def to(a, *args, **kwargs):
+    dtype, device = _to_args(a, args, kwargs)
+    out = a
+    if device is not None and torch.device(device) != a.device:
+        out = prims.device_put(out, torch.device(device))
+    if dtype is not None:
+        out = convert(out, dtype)
+    if kwargs.get("copy") and out is a:
+        out = prims.clone(a)
+    return out
+
+
+@torchsymbol(T.item, method_name="item")
+def item(a):
+    return prims.item(a)

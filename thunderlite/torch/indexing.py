@@ -12,7 +12,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import shapes
-from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -162,19 +162,11 @@ def _scatter_back(a, key, v, mask):
 def setitem(a, key, value):
     key_t = _normalize_key(key)
     if any(is_tensor(k) or isinstance(k, (list, tuple)) for k in key_t):
-        check(all(is_tensor(k) or (isinstance(k, slice) and k == slice(None)) for k in key_t),
-              lambda: "setitem mixing tensor indices with other indices is not decomposed", IndexError)
-        lead = 0
-        while lead < len(key_t) and not is_tensor(key_t[lead]):
-            lead += 1
-        idx = [k for k in key_t if is_tensor(k)]
-        target = shapes.movedim(a, list(range(lead)), list(range(a.ndim - lead, a.ndim))) if lead else a
+        decomposable(all(is_tensor(k) for k in key_t),
+                     lambda: "setitem mixing tensor indices with other indices is not decomposed")
         values = convert(value, a.dtype) if is_tensor(value) else prims.full((), value, device=a.device,
                                                                                dtype=a.dtype)
-        new = prims.index_put(target, idx, values, False) if not lead else None
-        check(new is not None, lambda: "setitem with leading full slices before tensor indices is not decomposed",
-              IndexError)
-        return prims.copy_(new, a)
+        return prims.copy_(prims.index_put(a, list(key_t), values, False), a)
     return prims.copy_(_setitem_value(a, key, value), a)
 
 
@@ -203,7 +195,7 @@ def take_along_dim(input, indices, dim=None):
 
 @torchsymbol(torch.scatter, T.scatter, method_name="scatter")
 def scatter(input, dim: int, index, src=None, *, value=None, reduce=None):
-    check(reduce is None, lambda: "scatter(reduce=) is not decomposed")
+    decomposable(reduce is None, lambda: "scatter(reduce=) is not decomposed")
     src = value if src is None else src
     return prims.scatter(input, dim, index, convert(src, input.dtype) if is_tensor(src) else src)
 

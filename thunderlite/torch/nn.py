@@ -15,7 +15,7 @@ from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.torch.linalg import matmul
-from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -27,39 +27,51 @@ def _upcast(a):
 
 # --- activations --------------------------------------------------------------------------
 
+def _not_inplace(inplace: bool) -> None:
+    """``inplace=True`` goes through the opaque fallback, which records the
+    write functionally followed by copy_ (never a silent mutation)."""
+    decomposable(not inplace, lambda: "inplace=True is recorded through the opaque fallback")
+
+
 @torchsymbol(torch.relu, T.relu, F.relu, method_name="relu")
 def relu(input, inplace: bool = False):
-    check(not inplace, lambda: "relu(inplace=True) is recorded through relu_")
+    _not_inplace(inplace)
     return ew.where(ew.le(input, 0), 0, input) if input.dtype is not torch.bool else input
 
 
 @torchsymbol(F.relu6)
 def relu6(input, inplace: bool = False):
+    _not_inplace(inplace)
     return hardtanh(input, 0.0, 6.0)
 
 
 @torchsymbol(F.hardtanh)
 def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.clamp(input, min_val, max_val)
 
 
 @torchsymbol(F.leaky_relu)
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(input, negative_slope))
 
 
 @torchsymbol(F.elu)
 def elu(input, alpha: float = 1.0, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha))
 
 
 @torchsymbol(F.celu, torch.celu)
 def celu(input, alpha: float = 1.0, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(ew.div(input, alpha)), alpha))
 
 
 @torchsymbol(F.selu, torch.selu)
 def selu(input, inplace: bool = False):
+    _not_inplace(inplace)
     alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
     return ew.mul(ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha)), scale)
 
@@ -77,12 +89,14 @@ def gelu(input, approximate: str = "none"):
 
 @torchsymbol(F.silu)
 def silu(input, inplace: bool = False):
+    _not_inplace(inplace)
     x = _upcast(input)
     return convert(ew.mul(x, ew.sigmoid(x)), input.dtype)
 
 
 @torchsymbol(F.mish)
 def mish(input, inplace: bool = False):
+    _not_inplace(inplace)
     x = _upcast(input)
     return convert(ew.mul(x, ew.tanh(softplus(x))), input.dtype)
 
@@ -102,11 +116,13 @@ def softsign(input):
 
 @torchsymbol(F.hardsigmoid)
 def hardsigmoid(input, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.div(ew.clamp(ew.add(input, 3.0), 0.0, 6.0), 6.0)
 
 
 @torchsymbol(F.hardswish)
 def hardswish(input, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.mul(input, hardsigmoid(input))
 
 
@@ -128,6 +144,7 @@ def tanhshrink(input):
 
 @torchsymbol(F.threshold, torch.threshold)
 def threshold(input, threshold: float, value: float, inplace: bool = False):
+    _not_inplace(inplace)
     return ew.where(ew.le(input, threshold), value, input)
 
 
@@ -152,14 +169,16 @@ def prelu(input, weight):
 
 # --- softmax family -------------------------------------------------------------------------
 
-def _softmax_in(input, dtype):
+def _softmax_in(input, dtype, stacklevel=None):
+    if isinstance(stacklevel, torch.dtype):      # torch.softmax(x, dim, dtype) spells dtype third
+        dtype = stacklevel
     x = convert(input, dtype) if dtype is not None else input
     return x, x.dtype
 
 
-@torchsymbol(torch.softmax, T.softmax, F.softmax, torch.special.softmax, method_name="softmax")
+@torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax, method_name="softmax")
 def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
-    x, out_dtype = _softmax_in(input, dtype)
+    x, out_dtype = _softmax_in(input, dtype, _stacklevel)
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
     x = _upcast(x)
@@ -171,9 +190,10 @@ def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
     return convert(ew.div(e, red.sum(e, dim, True)), out_dtype)
 
 
-@torchsymbol(torch.log_softmax, T.log_softmax, F.log_softmax, torch.special.log_softmax, method_name="log_softmax")
+@torchsymbol(F.log_softmax, torch.log_softmax, T.log_softmax, torch.special.log_softmax,
+             method_name="log_softmax")
 def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
-    x, out_dtype = _softmax_in(input, dtype)
+    x, out_dtype = _softmax_in(input, dtype, _stacklevel)
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
     x = _upcast(x)
@@ -265,7 +285,7 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
 @torchsymbol(F.instance_norm)
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5):
-    check(running_mean is None and use_input_stats, lambda: "instance_norm with running stats is not decomposed")
+    decomposable(running_mean is None and use_input_stats, lambda: "instance_norm with running stats is not decomposed")
     x = _upcast(input)
     var, mean = red.var_mean(x, tuple(range(2, x.ndim)), keepdim=True, correction=0)
     out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
@@ -278,7 +298,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
 
 @torchsymbol(F.normalize)
 def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None):
-    check(out is None, lambda: "normalize(out=) is not decomposed")
+    decomposable(out is None, lambda: "normalize(out=) is not decomposed")
     n = red.vector_norm(input, p, dim, True)
     return ew.div(input, shapes.expand_as(ew.clamp_min(n, eps), input))
 
@@ -288,7 +308,7 @@ def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out=None)
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0,
               scale_grad_by_freq: bool = False, sparse: bool = False):
-    check(max_norm is None, lambda: "embedding(max_norm=...) renormalizes the weight in place; not decomposed")
+    decomposable(max_norm is None, lambda: "embedding(max_norm=...) renormalizes the weight in place; not decomposed")
     flat = prims.reshape(input, (input.numel(),))
     rows = prims.index_select(weight, 0, flat)
     return prims.reshape(rows, input.shape + (weight.shape[1],))
@@ -296,6 +316,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
 
 @torchsymbol(F.dropout, torch.dropout, tags={Tag.RANDOM})
 def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
+    _not_inplace(inplace)
     check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
@@ -326,14 +347,14 @@ def _reduce_loss(loss, reduction: str):
 
 @torchsymbol(F.mse_loss)
 def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean", weight=None):
-    check(weight is None, lambda: "mse_loss(weight=) is not decomposed")
+    decomposable(weight is None, lambda: "mse_loss(weight=) is not decomposed")
     d = ew.sub(input, target)
     return _reduce_loss(ew.mul(d, d), reduction)
 
 
 @torchsymbol(F.l1_loss)
 def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean", weight=None):
-    check(weight is None, lambda: "l1_loss(weight=) is not decomposed")
+    decomposable(weight is None, lambda: "l1_loss(weight=) is not decomposed")
     return _reduce_loss(ew.abs(ew.sub(input, target)), reduction)
 
 
@@ -348,7 +369,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
 
 @torchsymbol(F.huber_loss)
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None):
-    check(weight is None, lambda: "huber_loss(weight=) is not decomposed")
+    decomposable(weight is None, lambda: "huber_loss(weight=) is not decomposed")
     d = ew.abs(ew.sub(input, target))
     loss = ew.where(ew.lt(d, delta), ew.mul(ew.mul(d, d), 0.5), ew.mul(ew.sub(d, 0.5 * delta), delta))
     return _reduce_loss(loss, reduction)
@@ -378,13 +399,13 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index: i
     c_dim = 1 if input.ndim > 1 else 0
     logp = log_softmax(input, c_dim)
     if dtypes.is_inexact(target.dtype):
-        check(label_smoothing == 0.0, lambda: "cross_entropy with probabilities and label_smoothing is not decomposed")
+        decomposable(label_smoothing == 0.0, lambda: "cross_entropy with probabilities and label_smoothing is not decomposed")
         w = logp if weight is None else ew.mul(logp, _channel_shape(logp, weight) if logp.ndim > 1 else weight)
         loss = ew.neg(red.sum(ew.mul(w, target), c_dim))
         if reduction == "mean":
             return ew.div(red.sum(loss), loss.numel() if input.ndim > 1 else 1)
         return _reduce_loss(loss, reduction)
-    check(label_smoothing == 0.0 or weight is None,
+    decomposable(label_smoothing == 0.0 or weight is None,
           lambda: "cross_entropy with class weights and label_smoothing is not decomposed")
     nll = nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
     if label_smoothing == 0.0:
@@ -470,12 +491,27 @@ def _repeat_heads(x, rep: int):
 # --- convolution and padding ------------------------------------------------------------------------
 
 def _conv(input, weight, bias, stride, padding, dilation, groups, nsp: int):
-    check(not isinstance(padding, str), lambda: "convolution with string padding is not decomposed")
     batched = input.ndim == nsp + 2
     x = input if batched else shapes.unsqueeze(input, 0)
+    if isinstance(padding, str):
+        x, padding = _string_padding(x, weight, padding, _tup(stride, nsp), _tup(dilation, nsp), nsp)
     out = prims.convolution(x, weight, bias, _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp), False,
                             (0,) * nsp, groups)
     return out if batched else shapes.squeeze(out, 0)
+
+
+def _string_padding(x, weight, padding: str, stride, dilation, nsp: int):
+    """'valid' is no padding; 'same' pads (k-1)*d in total per dim, the extra
+    element on the high side, as torch does (stride must be 1)."""
+    if padding == "valid":
+        return x, (0,) * nsp
+    check(padding == "same", lambda: f"Invalid padding string '{padding}'")
+    decomposable(all(s == 1 for s in stride), lambda: "padding='same' with stride > 1 is not decomposed")
+    config = [(0, 0, 0), (0, 0, 0)]
+    for k, d in zip(weight.shape[2:], dilation, strict=True):
+        total = d * (k - 1)
+        config.append((total // 2, total - total // 2, 0))
+    return prims.pad(x, 0, config), (0,) * nsp
 
 
 def _tup(x, n):
@@ -499,9 +535,45 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
 
 @torchsymbol(F.pad, torch._C._nn.pad)
 def pad(input, pad, mode: str = "constant", value=None):
-    check(mode == "constant", lambda: f"pad(mode={mode!r}) is not decomposed")
     check(len(pad) % 2 == 0 and len(pad) // 2 <= input.ndim, lambda: "Padding length must be divisible by 2")
-    config = [(0, 0, 0)] * input.ndim
-    for i in range(len(pad) // 2):
-        config[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
-    return prims.pad(input, 0 if value is None else value, config)
+    pairs = [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+    if mode == "constant":
+        config = [(0, 0, 0)] * input.ndim
+        for i, (lo, hi) in enumerate(pairs):
+            config[input.ndim - 1 - i] = (lo, hi, 0)
+        return prims.pad(input, 0 if value is None else value, config)
+    decomposable(mode in ("reflect", "replicate", "circular"), lambda: f"pad(mode={mode!r}) is not decomposed")
+    out = input
+    for i, (lo, hi) in enumerate(pairs):
+        out = _pad_dim(out, input.ndim - 1 - i, lo, hi, mode)
+    return out
+
+
+def _pad_dim(x, d: int, lo: int, hi: int, mode: str):
+    """Pad (or crop, for negative amounts) one dim by slicing and concatenating."""
+    n = x.shape[d]
+    if lo < 0:
+        x, n, lo = shapes.slice_dim(x, d, -lo, n), n + lo, 0
+    if hi < 0:
+        x, n, hi = shapes.slice_dim(x, d, 0, n + hi), n + hi, 0
+    parts = []
+    if lo:
+        parts.append(_edge(x, d, n, lo, mode, low=True))
+    parts.append(x)
+    if hi:
+        parts.append(_edge(x, d, n, hi, mode, low=False))
+    return prims.cat(parts, d) if len(parts) > 1 else x
+
+
+def _edge(x, d: int, n: int, k: int, mode: str, low: bool):
+    if mode == "replicate":
+        edge = shapes.slice_dim(x, d, 0, 1) if low else shapes.slice_dim(x, d, n - 1, n)
+        shape = list(x.shape)
+        shape[d] = k
+        return prims.broadcast_in_dim(edge, tuple(shape), tuple(range(x.ndim)))
+    if mode == "circular":
+        return shapes.slice_dim(x, d, n - k, n) if low else shapes.slice_dim(x, d, 0, k)
+    check(k < n, lambda: f"Padding size should be less than the corresponding input dimension, but got: padding "
+                         f"{k} at dimension {d} of input {list(x.shape)}")
+    part = shapes.slice_dim(x, d, 1, k + 1) if low else shapes.slice_dim(x, d, n - k - 1, n - 1)
+    return prims.flip(part, (d,))

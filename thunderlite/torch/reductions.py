@@ -11,7 +11,7 @@ import torch
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
 from thunderlite.torch import elementwise as ew
-from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import canonical_dim, canonical_dims, convert, is_tensor, reduction_dtype
 
 T = torch.Tensor
@@ -221,7 +221,7 @@ def vector_norm(x, ord=2, dim=None, keepdim: bool = False, *, dtype=None):
 
 @torchsymbol(torch.norm, T.norm, method_name="norm")
 def norm(input, p="fro", dim=None, keepdim: bool = False, dtype=None):
-    check(p == "fro" or not isinstance(p, str), lambda: f"norm: p={p!r} is not supported by the decomposition")
+    decomposable(p == "fro" or not isinstance(p, str), lambda: f"norm: p={p!r} is not supported by the decomposition")
     return vector_norm(input, 2 if p == "fro" else p, dim, keepdim, dtype=dtype)
 
 
@@ -253,7 +253,9 @@ def topk(input, k, dim=-1, largest: bool = True, sorted: bool = True):
 def sort(input, dim=-1, descending: bool = False, *, stable: bool = False):
     if isinstance(dim, bool):
         dim, descending = -1, dim
-    return prims.sort(input, dim, descending, stable=stable)
+    if stable:
+        return prims.sort(input, dim, descending, stable=True)
+    return prims.sort(input, dim, descending)
 
 
 @torchsymbol(torch.argsort, T.argsort, method_name="argsort")

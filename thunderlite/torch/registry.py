@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 from thunderlite.core.proxies import register_method, register_property
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.torch.opaque import opaque_symbol_for
 
 # torch callable -> Symbol. Keyed by the callable object itself: the jit's
 # lookaside asks for every call the user program makes, so this must be one
@@ -40,6 +41,32 @@ def symbol_for(fn) -> Symbol | None:
 
 def all_symbols() -> dict[str, Symbol]:
     return dict(_by_name)
+
+
+class NotDecomposed(NotImplementedError):
+    """A decomposition does not cover these arguments; the call is recorded
+    through the opaque fallback (one torch call) instead of failing."""
+
+
+def decomposable(cond: bool, msg: Callable[[], str]) -> None:
+    """Like ``check``, but the way out is the opaque fallback, not an error."""
+    if not cond:
+        raise NotDecomposed(msg())
+
+
+def _with_fallback(fn: Callable, run: Callable | None) -> Callable:
+    if run is None:
+        return fn
+
+    def decomposition(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NotDecomposed:
+            return opaque_symbol_for(run)(*args, **kwargs)
+    decomposition.__name__ = fn.__name__
+    decomposition.__doc__ = fn.__doc__
+    decomposition.__wrapped__ = fn
+    return decomposition
 
 
 def register_torch_callable(fn, sym: Symbol) -> None:
@@ -69,7 +96,7 @@ def torchsymbol(*torch_fns, name: str | None = None, method_name: str | Iterable
     names installed on proxies."""
     def deco(fn: Callable) -> Symbol:
         run = None if no_torch_fn else (torch_fn if torch_fn is not None else (torch_fns[0] if torch_fns else None))
-        sym = Symbol(name or fn.__name__, decomposition=fn, module="ltorch", tags=tags,
+        sym = Symbol(name or fn.__name__, decomposition=_with_fallback(fn, run), module="ltorch", tags=tags,
                      torch_fn=run, inplace_of=inplace_of)
         _register_symbol(sym)
         for f in dict.fromkeys(torch_fns):     # torch spells some ops twice (F.conv1d is torch.conv1d)

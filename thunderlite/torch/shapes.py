@@ -14,7 +14,7 @@ from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
-from thunderlite.torch.registry import torchsymbol
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import broadcast_shapes, canonical_dim, canonical_dims, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -53,7 +53,7 @@ def _reshape(a, shape):
 @torchsymbol(T.view, method_name="view", tags=VIEW)
 def view(a, *shape):
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
-        check(shape[0] == a.dtype, lambda: "view(dtype) that reinterprets bits is not supported by the decomposition")
+        decomposable(shape[0] == a.dtype, lambda: "view(dtype) that reinterprets bits is not supported by the decomposition")
         return a
     return _reshape(a, _shape_arg(shape))
 
@@ -136,6 +136,17 @@ def _mT(a):
     return transpose(a, -2, -1)
 
 
+def _mH(a):
+    return adjoint(a)
+
+
+def _H(a):
+    check(a.ndim <= 2, lambda: "tensor.H is only supported on matrices (2-D tensors).")
+    return adjoint(a) if a.ndim == 2 else a
+
+
+matrix_H = torchsymbol(name="H_property", properties=("H",), tags=VIEW, no_torch_fn=True)(_H)
+matrix_mH = torchsymbol(name="mH_property", properties=("mH",), tags=VIEW, no_torch_fn=True)(_mH)
 matrix_T = torchsymbol(name="T_property", properties=("T",), tags=VIEW, no_torch_fn=True)(_T)
 matrix_mT = torchsymbol(name="mT_property", properties=("mT",), tags=VIEW, no_torch_fn=True)(_mT)
 
