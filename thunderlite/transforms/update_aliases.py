@@ -207,7 +207,7 @@ def _stale_members(groups: AliasGroups, dsts, own: set, read_later) -> list[Tens
 
 def _barrier(trace: Trace, groups: AliasGroups, stale, writer: BoundSymbol, swap, origin) -> BoundSymbol:
     """The barrier renaming ``stale`` after ``writer``; updates the maps."""
-    after = tuple(writer.tensor_outs())
+    after = _write_results(writer)
     new = tuple(m.replace(name=trace.fresh_name("t")) for m in stale)
     bsym = BARRIER.bind(tuple(stale), after, output=new)
     for m, n in zip(stale, new, strict=True):
@@ -222,6 +222,23 @@ def _barrier(trace: Trace, groups: AliasGroups, stale, writer: BoundSymbol, swap
     return bsym
 
 
+def _write_results(writer: BoundSymbol) -> tuple:
+    """The writer's outputs that name written tensors (``t2`` of
+    ``t2 = copy_(x, a)``), else all its tensor outputs: what the barrier reads so
+    that it comes after the write without keeping unrelated results alive."""
+    outs = writer.tensor_outs()
+    names = {new.name for new in _written_pairs(writer) if new is not None}
+    named = tuple(o for o in outs if o.name in names)
+    return named if named else tuple(outs)
+
+
+def _written_pairs(bsym: BoundSymbol):
+    for _, new in writes(bsym):
+        yield new
+    for sub in bsym.subsymbols:
+        yield from _written_pairs(sub)
+
+
 def _retire(groups: AliasGroups, stale) -> None:
     """Stale names are never read again: drop them from their group's members."""
     names = {m.name for m in stale}
@@ -231,8 +248,9 @@ def _retire(groups: AliasGroups, stale) -> None:
 
 def ordering_edges(trace: Trace, input_alias_groups=None) -> list[tuple[int, int]]:
     """Write-after-read edges ``(reader, writer)`` (indices into the trace): a
-    symbol reading the value a later write overwrites must stay before it.
-    Together with data dependencies these fully order a renamed trace."""
+    symbol reading the value a later write overwrites must stay before it; and
+    ``(writer, barrier)`` for each barrier. Together with data dependencies
+    these fully order a renamed trace."""
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     readers: dict[str, list[int]] = {}
     defined: dict[str, int] = {}
@@ -242,10 +260,17 @@ def ordering_edges(trace: Trace, input_alias_groups=None) -> list[tuple[int, int
         for p in bsym.proxy_outs():
             defined[p.name] = i
     edges = []
+    last_writer: dict[str, int] = {}
     for i, bsym in enumerate(trace.bound_symbols):
+        if Tag.ALIAS_BARRIER in bsym.sym.tags and bsym.args[0]:
+            j = last_writer.get(groups.find(bsym.args[0][0].name))
+            if j is not None:
+                edges.append((j, i))        # also carried by data unless the writer has no outputs
         dsts = written(bsym)
         if not dsts:
             continue
+        for d in dsts:
+            last_writer[groups.find(d.name)] = i
         for root in {groups.find(d.name) for d in dsts}:
             for m in groups.members(root):
                 if defined.get(m.name, -1) >= i:

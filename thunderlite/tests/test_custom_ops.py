@@ -1,0 +1,211 @@
+"""Custom ops from ``torch.library`` (DESIGN.md §5): recorded from their schema
+with no registration, shapes from their fake/Meta kernel, writes and aliases
+as the schema says; checked against eager PyTorch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+from thunderlite.core.verify import verify_trace
+from thunderlite.executors.run import compile_trace
+from thunderlite.torch.custom_ops import custom_op_callable, is_custom_op
+from thunderlite.transforms.dce import dce
+from thunderlite.transforms.del_last_used import del_last_used, is_del
+from thunderlite.transforms.fusion import fuse
+from thunderlite.transforms.update_aliases import update_aliases
+
+from thunderlite.tests.test_fuzz_inplace import ToyFusion
+
+
+@torch.library.custom_op("tl_aliasing::scale_", mutates_args={"x"})
+def scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+@torch.library.custom_op("tl_aliasing::split_update", mutates_args={"x"})
+def split_update(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x.add_(y)
+    return y * 2, y + 1
+
+
+@split_update.register_fake
+def _(x, y):
+    return torch.empty_like(y), torch.empty_like(y)
+
+
+@torch.library.custom_op("tl_aliasing::pure", mutates_args=())
+def pure(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + 1
+
+
+@pure.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_lib = torch.library.Library("tl_aliasing_def", "DEF")
+_lib.define("inc_(Tensor(a!) x, float step=1.0) -> Tensor(a!)")
+_lib.define("rows(Tensor x, int n) -> Tensor")
+
+
+def _inc(x, step=1.0):
+    return x.add_(step)
+
+
+_lib.impl("inc_", _inc, "CompositeExplicitAutograd")
+_lib.impl("inc_", lambda x, step=1.0: x, "Meta")
+_lib.impl("rows", lambda x, n: x[:n].clone(), "CompositeExplicitAutograd")
+_lib.impl("rows", lambda x, n: x.new_empty((n,) + tuple(x.shape[1:])), "Meta")
+
+inc_ = torch.ops.tl_aliasing_def.inc_.default
+
+
+def _record(build, *shapes):
+    trc = Trace()
+    with tracectx(trc):
+        args = [TensorProxy(s, name=n) for s, n in zip(shapes, "xyz")]
+        trc.args = args
+        trc.set_return(build(*args))
+    return trc
+
+
+def _run(trc, inputs):
+    return compile_trace(trc, ["torch"])[1](*inputs)
+
+
+def _check(build, eager, *shapes, passes=lambda t: del_last_used(dce(update_aliases(t)))):
+    trc = _record(build, *shapes)
+    final = passes(trc)
+    verify_trace(final)
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(s, generator=g) for s in shapes]
+    ref_in = [t.clone() for t in inputs]
+    expected = eager(*ref_in)
+    got = _run(final, inputs)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(inputs, ref_in)
+    return trc, final
+
+
+def test_recognises_every_spelling():
+    for fn in (scale_, torch.ops.tl_aliasing.scale_, torch.ops.tl_aliasing.scale_.default, inc_):
+        assert is_custom_op(fn)
+        assert custom_op_callable(fn) is not None
+    assert custom_op_callable(scale_) is custom_op_callable(torch.ops.tl_aliasing.scale_.default)
+    assert custom_op_callable(torch.sin) is None
+
+
+def test_mutating_op_returning_nothing_orders_later_reads():
+    op = custom_op_callable(scale_)
+
+    def build(x):
+        before = prims.sin(x)
+        assert op(x, 3.0) is None                     # what the program sees: the op's own result
+        return before, prims.cos(x)
+
+    def eager(x):
+        before = x.sin()
+        scale_(x, 3.0)
+        return before, x.cos()
+    trc, final = _check(build, eager, (4,))
+    (bsym,) = [b for b in trc.bound_symbols if b.sym.module == "custom"]
+    assert bsym.has_tag(Tag.INPLACE) and bsym.has_tag(Tag.DONT_DCE)
+    assert any(b.has_tag(Tag.ALIAS_BARRIER) for b in update_aliases(trc).bound_symbols)
+
+
+def test_mutating_op_is_never_dropped_even_if_unobserved():
+    op = custom_op_callable(scale_)
+
+    def build(x):
+        t = prims.exp(x)
+        op(t, 2.0)                                    # writes an intermediate nobody reads
+        return prims.sin(x)
+    trc = update_aliases(_record(build, (3,)))
+    assert any(b.sym.module == "custom" for b in dce(trc).bound_symbols)
+
+
+def test_mutate_and_return_alias_with_default_argument():
+    op = custom_op_callable(inc_)
+
+    def build(x):
+        y = op(x)                                     # Tensor(a!) -> Tensor(a!): y aliases x
+        z = op(y, step=2.0)
+        return prims.mul(z, 2.0), prims.sin(x)
+
+    def eager(x):
+        y = inc_(x)
+        z = inc_(y, step=2.0)
+        return z * 2.0, x.sin()
+    trc, final = _check(build, eager, (5,))
+    assert "custom.tl_aliasing_def_inc__default(x, 1.0)" in str(trc)
+
+
+def test_several_fresh_outputs_freed_as_soon_as_unpacked():
+    op = custom_op_callable(split_update)
+
+    def build(x, y):
+        a, b = op(x, y)
+        return prims.add(a, x)
+
+    def eager(x, y):
+        a, b = split_update(x, y)
+        return a + x
+    trc, final = _check(build, eager, (3,), (3,))
+    bsyms = final.bound_symbols
+    i = next(i for i, b in enumerate(bsyms) if b.sym.module == "custom")
+    (written,), (a, b) = bsyms[i].output
+    nxt = bsyms[i + 1]
+    assert is_del(nxt)
+    assert {b.name, "y"} <= {p.name for p in nxt.args}       # freed on the next line
+    assert a.name not in {p.name for p in nxt.args}
+    barrier, nxt = bsyms[i + 2], bsyms[i + 3]
+    assert barrier.has_tag(Tag.ALIAS_BARRIER) and [p.name for p in barrier.args[1]] == [written.name]
+    assert is_del(nxt) and written.name in {p.name for p in nxt.args}
+
+
+def test_pure_op_is_functional_and_fusion_can_move_around_it():
+    op = custom_op_callable(pure)
+    rows = custom_op_callable(torch.ops.tl_aliasing_def.rows)
+
+    def build(x):
+        return prims.add(op(x), 1.0), rows(x, 2)
+
+    def eager(x):
+        return pure(x) + 1.0, torch.ops.tl_aliasing_def.rows(x, 2)
+    trc, _ = _check(build, eager, (4, 3),
+                    passes=lambda t: fuse(update_aliases(t), lambda b: b.sym is prims.add, ToyFusion()))
+    assert update_aliases(trc) is trc                 # no write: no barrier
+    assert not any(b.has_tag(Tag.INPLACE) for b in trc.bound_symbols)
+
+
+def test_custom_op_write_survives_reordering_and_fusion():
+    op = custom_op_callable(scale_)
+
+    def build(x, y):
+        s = prims.sin(y)
+        old = prims.cos(x)
+        op(x, 0.5)
+        return prims.add(prims.mul(x, s), old)
+
+    def eager(x, y):
+        s = y.sin()
+        old = x.cos()
+        scale_(x, 0.5)
+        return x * s + old
+    fusible = {prims.sin, prims.cos, prims.add, prims.mul}
+    _check(build, eager, (4,), (4,),
+           passes=lambda t: del_last_used(fuse(dce(update_aliases(t)), lambda b: b.sym in fusible, ToyFusion())))
+
+
+def test_op_without_fake_kernel_names_the_op():
+    lib = torch.library.Library("tl_aliasing_nofake", "DEF")
+    lib.define("f(Tensor x) -> Tensor")
+    lib.impl("f", lambda x: x + 1, "CPU")
+    op = custom_op_callable(torch.ops.tl_aliasing_nofake.f)
+    with pytest.raises(NotImplementedError, match="tl_aliasing_nofake.f.default.*fake kernel"):
+        _record(lambda x: op(x), (3,))
