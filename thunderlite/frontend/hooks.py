@@ -197,11 +197,17 @@ def _has_proxy(values) -> bool:
     return False
 
 
+_INTERNAL = ("thunderlite.core.", "thunderlite.torch.", "thunderlite.frontend.", "thunderlite.executors.",
+             "thunderlite.transforms.", "thunderlite.interpreter.")
+
+
 def _is_thunderlite_internal(fn) -> bool:
-    mod = getattr(fn, "__module__", None) or ""
+    """thunderlite's own machinery runs natively (user code in thunderlite.demo or
+    the tests is interpreted like any other)."""
     if isinstance(fn, types.MethodType):
-        mod = getattr(fn.__func__, "__module__", "") or ""
-    return mod.startswith("thunderlite.") and not mod.startswith("thunderlite.tests")
+        fn = fn.__func__
+    mod = getattr(fn, "__module__", None) or ""
+    return (mod + ".").startswith(_INTERNAL)
 
 
 def _is_torch_builtin(fn) -> bool:

@@ -1,0 +1,66 @@
+"""``thunderlite.examine``: what thunderlite did with a function, in words.
+
+Reports the torch calls recorded as opaque (no symbol: they run as one torch
+call and block fusion), which executor claimed how many symbols, executors that
+were skipped and why, the cache state, and the error if compiling failed.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from thunderlite.core.tags import Tag
+from thunderlite.executors.registry import skipped_executors
+
+
+class Examination:
+    """The report; ``str()`` prints it, the attributes hold the data."""
+
+    def __init__(self, opaque: list[str], claimed: dict[str, int], skipped: dict[str, str],
+                 error: BaseException | None, first_call_ms: float, n_symbols: int):
+        self.opaque = opaque
+        self.claimed = claimed
+        self.skipped = skipped
+        self.error = error
+        self.first_call_ms = first_call_ms
+        self.n_symbols = n_symbols
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def __str__(self):
+        lines = [f"thunderlite.examine: {'compiled and ran' if self.ok else 'FAILED'} "
+                 f"(first call {self.first_call_ms:.1f} ms, {self.n_symbols} symbols recorded)"]
+        if self.error is not None:
+            lines.append(f"  error: {type(self.error).__name__}: {self.error}")
+        if self.opaque:
+            lines.append("  opaque torch calls (run as-is, not decomposed or fused):")
+            lines += [f"    {name} x{n}" for name, n in Counter(self.opaque).most_common()]
+        else:
+            lines.append("  every torch call has a thunderlite symbol")
+        for ex, n in self.claimed.items():
+            lines.append(f"  executor {ex!r} claimed {n} symbols")
+        for ex, why in self.skipped.items():
+            lines.append(f"  executor {ex!r} skipped: {why}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors) -> Examination:
+    entry = jfn.last
+    opaque: list[str] = []
+    claimed: dict[str, int] = {}
+    n = 0
+    if entry is not None:
+        first, final = entry.traces[0], entry.traces[-1]
+        n = len(first.bound_symbols)
+        for bsym in first.bound_symbols:
+            if Tag.OPAQUE in bsym.sym.tags:
+                opaque.append(bsym.sym.name)
+        for bsym in final.bound_symbols:
+            ex = bsym.sym.executor
+            if ex is not None:
+                name = getattr(ex, "name", str(ex))
+                claimed[name] = claimed.get(name, 0) + 1
+    return Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n)
