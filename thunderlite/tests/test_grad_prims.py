@@ -34,40 +34,53 @@ def _int_index(shape, high, seed=1):
     return torch.randint(0, high, shape, generator=g)
 
 
-def check_grad(fn, *args):
-    """Trace ``fn(*proxies)`` over prims, differentiate, compare with eager."""
+def trace_of(fn, args, kwargs=None):
+    """Record ``fn`` on proxies standing for the tensors among ``args``."""
     trc = Trace()
     with tracectx(trc):
         proxies = [proxy_of_tensor(a, name=f"a{i}") if isinstance(a, torch.Tensor) else a
                    for i, a in enumerate(args)]
         trc.args = [p for p in proxies if isinstance(p, TensorProxy)]
-        out = fn(*proxies)
-        trc.set_return(out)
+        trc.set_return(fn(*proxies, **(kwargs or {})))
+    return trc
+
+
+def check_grad(fn, *args, kwargs=None, ref_fn=None):
+    """Trace ``fn`` (prims or torch-language symbols), differentiate it with
+    ``make_differentiable`` and compare outputs, ``requires_grad`` and input
+    gradients with eager autograd (``ref_fn``, default: the trace run as eager
+    torch calls). Returns the differentiable program for trace checks."""
+    trc = trace_of(fn, args, kwargs)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     mask = [t.requires_grad for t in tensors]
     program = make_differentiable(trc, mask, _finalize)
     for t in program.forward_traces + program.backward_traces:
         verify_trace(t)
     leaves_ref = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
-    ref = _finalize(trc).python_callable()(*leaves_ref)
+    if ref_fn is None:
+        ref = _finalize(trc).python_callable()(*leaves_ref)
+    else:
+        it = iter(leaves_ref)
+        ref = ref_fn(*[next(it) if isinstance(a, torch.Tensor) else a for a in args], **(kwargs or {}))
     got = program(*tensors)
     refs = ref if isinstance(ref, tuple) else (ref,)
     gots = got if isinstance(got, tuple) else (got,)
-    diff_refs = [(r, g) for r, g in zip(refs, gots) if isinstance(r, torch.Tensor) and r.requires_grad]
-    for r, g in zip(refs, gots):
+    diff = [(r, g) for r, g in zip(refs, gots, strict=True) if isinstance(r, torch.Tensor) and r.requires_grad]
+    for r, g in zip(refs, gots, strict=True):
         torch.testing.assert_close(g.detach(), r.detach(), equal_nan=True)
         assert g.requires_grad == r.requires_grad
-    assert diff_refs, "the sample must produce a differentiable output"
-    gouts = [torch.randn_like(r, generator=torch.Generator().manual_seed(3)) for r, _ in diff_refs]
-    want = torch.autograd.grad([r for r, _ in diff_refs], [t for t in leaves_ref if t.requires_grad], gouts,
+    assert diff, "the sample must produce a differentiable output"
+    gouts = [torch.randn(r.shape, dtype=r.dtype, generator=torch.Generator().manual_seed(3)) for r, _ in diff]
+    want = torch.autograd.grad([r for r, _ in diff], [t for t in leaves_ref if t.requires_grad], gouts,
                                allow_unused=True)
-    have = torch.autograd.grad([g for _, g in diff_refs], [t for t in tensors if t.requires_grad], gouts,
+    have = torch.autograd.grad([g for _, g in diff], [t for t in tensors if t.requires_grad], gouts,
                                allow_unused=True)
     for w, h in zip(want, have, strict=True):
         if w is None:
             assert h is None or not h.any()
         else:
             torch.testing.assert_close(h, w, equal_nan=True)
+    return program
 
 
 _UNARY_DOMAIN = {"log": (0.1, 3), "log1p": (-0.5, 3), "log2": (0.1, 3), "log10": (0.1, 3),

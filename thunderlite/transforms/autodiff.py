@@ -53,6 +53,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms import autodiff_rules as rules
+from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
 from thunderlite.core.aliasing import writes
 from thunderlite.transforms.autodiff_ops import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.rematerialize import rematerialize
@@ -103,7 +104,7 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
             continue
-        if rules.vjp_rule(sym) is not None or Tag.OPAQUE in sym.tags or Tag.ALIAS_BARRIER in sym.tags:
+        if rules.has_rule_for(bsym) or Tag.OPAQUE in sym.tags or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
             continue

@@ -34,6 +34,7 @@ from thunderlite.transforms.autodiff_ops import BACKWARD_ERROR, convolution_back
 
 _rules: dict[str, Callable] = {}
 _signatures: dict[str, inspect.Signature] = {}
+_when: dict[str, Callable] = {}
 _non_differentiable: set[str] = set()
 
 
@@ -41,8 +42,10 @@ def _sym_id(sym: Symbol | str) -> str:
     return sym if isinstance(sym, str) else sym.id
 
 
-def register_vjp(*syms: Symbol | str) -> Callable[[Callable], Callable]:
-    """Register ``fn(g, out, *args, **kwargs)`` as the VJP of each symbol."""
+def register_vjp(*syms: Symbol | str, when: Callable | None = None) -> Callable[[Callable], Callable]:
+    """Register ``fn(g, out, *args, **kwargs)`` as the VJP of each symbol.
+    ``when(bsym) -> bool`` limits the rule to the calls it covers; other calls
+    of a composite are differentiated through its decomposition."""
     def deco(fn: Callable) -> Callable:
         for sym in syms:
             key = _sym_id(sym)
@@ -50,6 +53,8 @@ def register_vjp(*syms: Symbol | str) -> Callable[[Callable], Callable]:
                 raise ValueError(f"a VJP rule for {key} is already registered")
             _rules[key] = fn
             _signatures[key] = inspect.signature(fn)
+            if when is not None:
+                _when[key] = when
         return fn
     return deco
 
@@ -65,6 +70,15 @@ def register_non_differentiable(*syms: Symbol | str) -> None:
 
 def vjp_rule(sym: Symbol) -> Callable | None:
     return _rules.get(sym.id)
+
+
+def has_rule_for(bsym) -> bool:
+    """Whether ``bsym`` is differentiated by its own rule (not its decomposition)."""
+    key = bsym.sym.id
+    if key not in _rules:
+        return False
+    when = _when.get(key)
+    return when is None or bool(when(bsym))
 
 
 def is_non_differentiable(sym: Symbol) -> bool:
@@ -549,6 +563,11 @@ def _mT(x):
 
 @register_vjp(prims.matmul)
 def _matmul(g, out, a, b):
+    return matmul_vjp(g, a, b)
+
+
+def matmul_vjp(g, a, b) -> tuple:
+    """Gradients of ``torch.matmul(a, b)`` (1-d promotion, batch broadcasting)."""
     a2 = reshape_to(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape_to(b, b.shape + (1,)) if b.ndim == 1 else b
     g2 = g

@@ -1,0 +1,226 @@
+"""Direct VJP rules for torch-level symbols where differentiating the
+decomposition would be wasteful: the forward keeps the one torch call (a fused
+kernel), the backward is the short textbook formula, and the saved values are
+the op's inputs (which the program usually keeps anyway) instead of every
+intermediate of the decomposition.
+
+Each rule has a ``when`` predicate; a call it does not cover (an unusual
+dtype, dropout inside attention, ``max_norm`` on an embedding...) is
+differentiated through its decomposition instead, which is always correct.
+Registered into the one table of autodiff_rules.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.torch import elementwise as ew
+from thunderlite.torch import linalg
+from thunderlite.torch import nn as lnn
+from thunderlite.torch import reductions as red
+from thunderlite.torch import shapes
+from thunderlite.torch.utils import convert, expand_to
+from thunderlite.transforms.autodiff_rules import (is_t, register_vjp, reshape_to, sum_to, zeros_like,
+                                                   matmul_vjp)
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _wants(x) -> bool:
+    return isinstance(x, TensorProxy) and x.requires_grad
+
+
+def _float_input(bsym) -> bool:
+    first = bsym.tensor_args()
+    return bool(first) and first[0].dtype in _FLOATS
+
+
+def _arg(bsym, index: int, name: str, default=None):
+    if len(bsym.args) > index:
+        return bsym.args[index]
+    return bsym.kwargs.get(name, default)
+
+
+# --- matmul and linear -----------------------------------------------------------------------
+
+register_vjp(linalg.matmul)(lambda g, out, input, other: matmul_vjp(g, input, other))
+
+
+def _linear_when(bsym) -> bool:
+    w = _arg(bsym, 1, "weight")
+    return isinstance(w, TensorProxy) and w.ndim == 2 and _float_input(bsym)
+
+
+@register_vjp(linalg.linear, when=_linear_when)
+def _linear(g, out, input, weight, bias=None):
+    n_out, n_in = weight.shape
+    rows = max(input.numel() // max(n_in, 1), 1) if n_in else input.numel()
+    g2 = reshape_to(g, (rows, n_out))
+    gi = linalg.matmul(g, weight) if _wants(input) else None
+    gw = linalg.matmul(shapes.transpose(g2, 0, 1), reshape_to(input, (rows, n_in))) if _wants(weight) else None
+    gb = red.sum(g2, 0) if _wants(bias) else None
+    return gi, gw, gb
+
+
+# --- softmax family ----------------------------------------------------------------------------
+
+def _softmax_dim(input, dim):
+    return dim if dim is not None else (0 if input.ndim in (0, 1, 3) else 1)
+
+
+def _softmax_when(bsym) -> bool:
+    return _float_input(bsym) and _arg(bsym, 3, "dtype") is None and bsym.tensor_args()[0].ndim > 0
+
+
+@register_vjp(lnn.softmax, when=_softmax_when)
+def _softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    d = _softmax_dim(input, dim)
+    return (ew.mul(out, ew.sub(g, red.sum(ew.mul(g, out), d, True))),)
+
+
+@register_vjp(lnn.log_softmax, when=_softmax_when)
+def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    d = _softmax_dim(input, dim)
+    return (ew.sub(g, ew.mul(ew.exp(out), red.sum(g, d, True))),)
+
+
+# --- normalization -----------------------------------------------------------------------------
+
+def _norm_dims(input, normalized_shape) -> tuple:
+    n = len(tuple(normalized_shape))
+    return tuple(range(input.ndim - n, input.ndim))
+
+
+def _batch_sum(x, n_norm: int):
+    lead = tuple(range(x.ndim - n_norm))
+    return red.sum(x, lead) if lead else x
+
+
+def _norm_input_grad(gxhat, xhat, rstd, dims, centered: bool):
+    inner = ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))
+    if centered:
+        inner = ew.add(inner, red.mean(gxhat, dims, True))
+    return ew.mul(rstd, ew.sub(gxhat, inner))
+
+
+@register_vjp(lnn.layer_norm, when=_float_input)
+def _layer_norm(g, out, input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    dims = _norm_dims(input, normalized_shape)
+    var, mean = red.var_mean(input, dims, keepdim=True, correction=0)
+    rstd = ew.rsqrt(ew.add(var, eps))
+    xhat = ew.mul(ew.sub(input, mean), rstd)
+    gxhat = ew.mul(g, weight) if is_t(weight) else g
+    gi = _norm_input_grad(gxhat, xhat, rstd, dims, True) if _wants(input) else None
+    gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
+    gb = _batch_sum(g, len(dims)) if _wants(bias) else None
+    return gi, None, gw, gb, None
+
+
+@register_vjp(lnn.rms_norm, when=_float_input)
+def _rms_norm(g, out, input, normalized_shape, weight=None, eps=None):
+    dims = _norm_dims(input, normalized_shape)
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    rstd = ew.rsqrt(ew.add(red.mean(ew.mul(input, input), dims, True), eps))
+    xhat = ew.mul(input, rstd)
+    gxhat = ew.mul(g, weight) if is_t(weight) else g
+    gi = _norm_input_grad(gxhat, xhat, rstd, dims, False) if _wants(input) else None
+    gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
+    return gi, None, gw, None
+
+
+# --- cross entropy -------------------------------------------------------------------------------
+
+def _ce_when(bsym) -> bool:
+    target = _arg(bsym, 1, "target")
+    plain = (_arg(bsym, 2, "weight") is None and _arg(bsym, 3, "size_average") is None
+             and _arg(bsym, 5, "reduce") is None and _arg(bsym, 7, "label_smoothing", 0.0) == 0.0)
+    return (plain and _float_input(bsym) and isinstance(target, TensorProxy)
+            and not target.dtype.is_floating_point and _arg(bsym, 6, "reduction", "mean") in ("mean", "sum", "none"))
+
+
+@register_vjp(lnn.cross_entropy, when=_ce_when)
+def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    c_dim = 1 if input.ndim > 1 else 0
+    probs = lnn.softmax(input, c_dim)
+    valid = ew.ne(target, ignore_index)
+    safe = ew.where(valid, target, 0)
+    classes = prims.iota(input.shape[c_dim], start=0, step=1, device=input.device, dtype=target.dtype)
+    classes = prims.broadcast_in_dim(classes, input.shape, (c_dim,))
+    onehot = convert(ew.eq(classes, expand_to(shapes.unsqueeze(safe, c_dim), input.shape)), input.dtype)
+    per = ew.mul(ew.sub(probs, onehot), shapes.unsqueeze(convert(valid, input.dtype), c_dim))
+    if reduction == "mean":
+        scale = ew.div(g, red.sum(convert(valid, input.dtype)))
+    elif reduction == "sum":
+        scale = g
+    else:
+        scale = shapes.unsqueeze(g, c_dim)
+    return ew.mul(per, scale), None, None, None, None, None, None, None
+
+
+# --- attention ---------------------------------------------------------------------------------------
+
+def _sdpa_when(bsym) -> bool:
+    q, k = _arg(bsym, 0, "query"), _arg(bsym, 1, "key")
+    mask = _arg(bsym, 3, "attn_mask")
+    gqa = _arg(bsym, 7, "enable_gqa", False) and k.shape[-3] != q.shape[-3]
+    mask_ok = mask is None or (isinstance(mask, TensorProxy) and not _arg(bsym, 5, "is_causal", False))
+    return (_float_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not gqa and mask_ok
+            and q.ndim >= 2 and q.dtype == k.dtype == _arg(bsym, 2, "value").dtype)
+
+
+def _attention_probs(q, k, mask, is_causal, scale):
+    scores = ew.mul(linalg.matmul(q, shapes.transpose(k, -2, -1)), scale)
+    L, S = q.shape[-2], k.shape[-2]
+    if is_causal:
+        rows = prims.broadcast_in_dim(prims.iota(L, start=0, step=1, device=q.device, dtype=torch.int64), (L, S), (0,))
+        cols = prims.broadcast_in_dim(prims.iota(S, start=0, step=1, device=q.device, dtype=torch.int64), (L, S), (1,))
+        scores = ew.where(ew.ge(rows, cols), scores, -math.inf)
+    if mask is not None:
+        scores = ew.where(mask, scores, -math.inf) if mask.dtype is torch.bool else ew.add(scores, mask)
+    return lnn.softmax(scores, -1)
+
+
+@register_vjp(lnn.scaled_dot_product_attention, when=_sdpa_when)
+def _sdpa(g, out, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Recomputes the attention probabilities from q and k instead of saving them."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    probs = _attention_probs(query, key, attn_mask, is_causal, scale)
+    gv = sum_to(linalg.matmul(shapes.transpose(probs, -2, -1), g), value.shape) if _wants(value) else None
+    gp = linalg.matmul(g, shapes.transpose(value, -2, -1))
+    gs = ew.mul(probs, ew.sub(gp, red.sum(ew.mul(gp, probs), -1, True)))
+    gq = sum_to(ew.mul(linalg.matmul(gs, key), scale), query.shape) if _wants(query) else None
+    gk = sum_to(ew.mul(linalg.matmul(shapes.transpose(gs, -2, -1), query), scale), key.shape) if _wants(key) else None
+    gm = sum_to(gs, attn_mask.shape) if _wants(attn_mask) else None
+    return gq, gk, gv, gm, None, None, None, None
+
+
+# --- embedding -------------------------------------------------------------------------------------------
+
+def _embedding_when(bsym) -> bool:
+    w = _arg(bsym, 1, "weight")
+    return (_arg(bsym, 3, "max_norm") is None and not _arg(bsym, 6, "sparse", False)
+            and isinstance(w, TensorProxy) and w.ndim == 2)
+
+
+@register_vjp(lnn.embedding, when=_embedding_when)
+def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    n = input.numel()
+    num, dim = weight.shape
+    idx = reshape_to(input, (n,))
+    gflat = reshape_to(g, (n, dim))
+    keep = None
+    if padding_idx is not None:
+        pad = padding_idx if padding_idx >= 0 else padding_idx + num
+        keep = ew.ne(idx, pad)
+    if scale_grad_by_freq:
+        ones = prims.full((n,), 1, device=weight.device, dtype=weight.dtype)
+        counts = prims.index_add(prims.full((num,), 0, device=weight.device, dtype=weight.dtype), 0, idx, ones)
+        gflat = ew.div(gflat, shapes.unsqueeze(prims.index_select(counts, 0, idx), 1))
+    if keep is not None:
+        gflat = ew.where(shapes.unsqueeze(keep, 1), gflat, 0)
+    return None, prims.index_add(zeros_like(weight), 0, idx, gflat), None, None, None, None, None
