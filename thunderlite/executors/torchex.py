@@ -56,7 +56,7 @@ _DIRECT = {
     "index_add": torch.index_add, "index_put": torch.index_put, "matmul": torch.matmul,
     "convolution": torch.convolution, "var": torch.var, "var_mean": torch.var_mean,
     "argmax": torch.argmax, "argmin": torch.argmin, "cumsum": torch.cumsum, "cumprod": torch.cumprod,
-    "topk": torch.topk, "sort": torch.sort, "full": torch.full, "empty": torch.empty,
+    "topk": torch.topk, "full": torch.full, "empty": torch.empty,
     "clone": torch.clone, "item": torch.Tensor.item,
 }
 for _name, _fn in _DIRECT.items():
@@ -103,31 +103,32 @@ def pad(a, padding_value, padding_config):
     return out[crop]
 
 
-def _reduce(fn, a, dims, output_dtype):
-    if not dims:                      # reduce nothing (torch would reduce everything)
-        return a.to(output_dtype) if output_dtype is not None else a.clone()
-    return fn(a, dims, output_dtype)
+def _no_reduction(a, output_dtype):
+    """``dims=()`` reduces nothing (torch would reduce every dim)."""
+    return a.to(output_dtype) if output_dtype is not None else a.clone()
 
 
 def sum(a, dims, *, output_dtype=None):
-    return _reduce(lambda x, d, dt: torch.sum(x, d, dtype=dt or x.dtype), a, dims, output_dtype)
+    if not dims:
+        return _no_reduction(a, output_dtype)
+    return torch.sum(a, dims, dtype=output_dtype or a.dtype)    # torch would widen integers to int64
 
 
 def prod(a, dims, *, output_dtype=None):
-    def fn(x, ds, dt):
-        for d in sorted((d % x.ndim for d in ds), reverse=True):
-            x = torch.prod(x, d, dtype=dt or x.dtype)
-        return x
-    return _reduce(fn, a, dims, output_dtype)
+    if not dims:
+        return _no_reduction(a, output_dtype)
+    for d in sorted((d % a.ndim for d in dims), reverse=True):  # torch.prod takes one dim at a time
+        a = torch.prod(a, d, dtype=output_dtype or a.dtype)
+    return a
 
 
 def amax(a, dims, *, output_dtype=None):
-    out = _reduce(lambda x, d, dt: torch.amax(x, d), a, dims, None)
+    out = torch.amax(a, dims) if dims else a.clone()
     return out if output_dtype is None else out.to(output_dtype)
 
 
 def amin(a, dims, *, output_dtype=None):
-    out = _reduce(lambda x, d, dt: torch.amin(x, d), a, dims, None)
+    out = torch.amin(a, dims) if dims else a.clone()
     return out if output_dtype is None else out.to(output_dtype)
 
 
@@ -153,10 +154,14 @@ def bernoulli(shape, p, *, device, dtype, generator=None):
     return torch.empty(shape, device=device, dtype=dtype).bernoulli_(p, generator=generator)
 
 
+def sort(a, dim, descending, *, stable=False):
+    return torch.sort(a, dim=dim, descending=descending, stable=stable)   # stable= makes dim keyword-only
+
+
 def copy_(src, dst):
     return dst.copy_(src)
 
 
 for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
-            iota, uniform, normal, randint, bernoulli, copy_):
+            iota, uniform, normal, randint, bernoulli, sort, copy_):
     ex.register_implementation(getattr(prims, _fn.__name__), _fn)

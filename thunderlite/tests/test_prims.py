@@ -192,6 +192,11 @@ def test_prim_meta_and_torch_executor_match_eager(name, case):
     check_prim(getattr(prims, name), args, ref=ref)
 
 
+def test_stable_sort_keeps_the_order_of_ties():
+    a = torch.tensor([2.0, 1.0, 2.0, 1.0, 1.0])
+    check_prim(prims.sort, (a, -1, False), dict(stable=True), ref=lambda a, d, desc, stable: torch.sort(a, stable=True))
+
+
 def test_creation_prims():
     cpu = torch.device("cpu")
     check_prim(prims.full, ((2, 3), 1.5), dict(device=cpu, dtype=torch.float64),
