@@ -133,18 +133,20 @@ class OperatorExecutor(Executor):
         self._printed: dict[str, Callable] = {}      # module.name -> impl, to keep printing unambiguous
 
     def register_implementation(self, sym: Symbol | str, impl: Callable, *, checker: Callable | None = None,
-                                print_as: str | None = None) -> Symbol:
+                                print_as: str | None = None, extra_tags=()) -> Symbol:
+        """``extra_tags``: facts about ``impl`` the symbol lacks, e.g. ``Tag.VIEW``
+        when it returns a view of its input."""
         sym = _lookup_symbol(sym)
         if sym in self._impls:
             raise ValueError(f"executor {self.name!r} already has an implementation of {sym.id}")
-        exsym = self.executor_symbol(sym, impl, print_as)
+        exsym = self.executor_symbol(sym, impl, print_as, extra_tags)
         self._impls[sym] = _Impl(exsym, checker)
         return exsym
 
     def implemented_symbols(self) -> list[Symbol]:
         return list(self._impls)
 
-    def executor_symbol(self, sym: Symbol, impl: Callable, print_as: str | None = None) -> Symbol:
+    def executor_symbol(self, sym: Symbol, impl: Callable, print_as: str | None = None, extra_tags=()) -> Symbol:
         """A leaf symbol of this executor running ``impl`` in place of ``sym``."""
         if print_as is not None:
             check_print_path(print_as, impl)
@@ -154,7 +156,8 @@ class OperatorExecutor(Executor):
             module, _, name = path.rpartition(".") if path else (self.print_module, "", sym.name)
         if module == self.print_module:
             name = self._unique_name(name, impl)
-        return Symbol(name, meta=sym.meta, module=module, tags=sym.tags - {Tag.PRIM}, executor=self,
+        tags = (sym.tags - {Tag.PRIM}) | frozenset(extra_tags)
+        return Symbol(name, meta=sym.meta, module=module, tags=tags, executor=self,
                       impl=impl, torch_fn=sym.torch_fn, inplace_of=sym.inplace_of)
 
     def _unique_name(self, name: str, impl: Callable) -> str:

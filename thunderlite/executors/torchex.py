@@ -16,6 +16,7 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.tags import Tag
 from thunderlite.executors.base import OperatorExecutor
 
 
@@ -45,9 +46,17 @@ ex = torch_executor
 
 # --- elementwise: torch functions with the prims' signatures -----------------------------
 
+# Prims whose implementation here returns a view of the first argument where torch would.
+VIEW_PRIMS = frozenset({"reshape", "permute", "broadcast_in_dim", "slice_prim", "squeeze", "real", "imag"})
+
+
+def _register(name: str, impl) -> None:
+    ex.register_implementation(getattr(prims, name), impl, extra_tags={Tag.VIEW} if name in VIEW_PRIMS else ())
+
+
 _TORCH_NAME = {"zeta": torch.special.zeta}
 for _name in prims.UNARY + prims.BINARY + prims.TERNARY:
-    ex.register_implementation(getattr(prims, _name), _TORCH_NAME.get(_name) or getattr(torch, _name))
+    _register(_name, _TORCH_NAME.get(_name) or getattr(torch, _name))
 
 _DIRECT = {
     "where": torch.where, "reshape": torch.reshape, "permute": torch.permute, "squeeze": torch.squeeze,
@@ -60,7 +69,7 @@ _DIRECT = {
     "clone": torch.clone, "item": torch.Tensor.item,
 }
 for _name, _fn in _DIRECT.items():
-    ex.register_implementation(getattr(prims, _name), _fn)
+    _register(_name, _fn)
 
 
 # --- prims whose torch spelling differs: one small function each ----------------------
@@ -164,4 +173,4 @@ def copy_(src, dst):
 
 for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
             iota, uniform, normal, randint, bernoulli, sort, copy_):
-    ex.register_implementation(getattr(prims, _fn.__name__), _fn)
+    _register(_fn.__name__, _fn)

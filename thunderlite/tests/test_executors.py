@@ -243,6 +243,18 @@ def test_executor_symbols_keep_the_tags_passes_need():
     assert {Tag.RANDOM, Tag.DONT_DCE} <= uniform.tags
 
 
+def test_view_prims_run_as_views_and_say_so():
+    for name in ("reshape", "permute", "broadcast_in_dim", "slice_prim", "squeeze"):
+        exsym = torch_executor.claim(getattr(prims, name).bind(None, output=None)).sym
+        assert Tag.VIEW in exsym.tags, name
+    assert Tag.VIEW not in torch_executor.claim(prims.sin.bind(None, output=None)).sym.tags
+    trc = _trace(lambda a: prims.slice_prim(prims.permute(a, (1, 0)), (0, 1), (3, 2), (2, 1)), (2, 3))
+    a = torch.randn(2, 3)
+    out = run_trace(trc, [a])
+    assert out.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, a.t()[0:3:2, 1:2])
+
+
 def test_base_executor_claims_nothing():
     ex = Executor("plain_ex")
     assert ex.is_available() == (True, "")
