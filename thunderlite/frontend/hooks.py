@@ -59,17 +59,17 @@ class TracingHooks(InterpreterHooks):
         if special is not None:
             return special
         if isinstance(fn, (Symbol, _BoundMethod)):
-            return self._recording(fn)
+            return self.recording(fn)
         sym = symbol_for(fn)
         if sym is not None:
-            return self._recording(sym)
+            return self.recording(sym)
         if _is_thunderlite_internal(fn):
             return fn
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
         return None
 
-    def _recording(self, fn: Callable) -> Callable:
+    def recording(self, fn: Callable) -> Callable:
         """Call ``fn`` natively, stamping the user's line on the symbols it records."""
         def call(*args, **kwargs):
             if isinstance(fn, _BoundMethod) and getattr(fn.fn, "name", None) in _DATA_DEPENDENT_METHODS:
@@ -88,7 +88,7 @@ class TracingHooks(InterpreterHooks):
         creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
         def call(*args, **kwargs):
             if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
-                return self._recording(opaque_symbol_for(fn))(*args, **kwargs)
+                return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             return fn(*args, **kwargs)
         return call
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.torch import opaque_symbol_for
 
 _CREATION_NAMES = frozenset({
     "zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "rand", "randn",
@@ -58,7 +59,15 @@ def proxy_aware_builtins(hooks) -> dict:
         raise NotImplementedError("torch.autocast inside a jitted function is not supported by "
                                   "thunderlite yet; cast explicitly with .to(dtype)")
 
+    def vmap(func, *vmap_args, **vmap_kwargs):
+        # vmap's machinery is not traceable: the vmapped function is one opaque
+        # call whose output metadata comes from a meta-tensor run.
+        mapped = torch.vmap(func, *vmap_args, **vmap_kwargs)
+        return hooks.recording(opaque_symbol_for(mapped))
+
     table = {
+        torch.vmap: vmap,
+        torch.func.vmap: vmap,
         builtins.isinstance: isinstance_,
         builtins.type: type_,
         torch.is_tensor: is_tensor,

@@ -1,0 +1,46 @@
+"""A tiny HF transformers LlamaForCausalLM (random weights, built from a
+LlamaConfig, no download) through thunderlite.jit matches eager, with and
+without use_cache (issue 4)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunderlite
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+
+
+def _tiny_llama():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _cache_tensors(cache):
+    out = []
+    for layer in getattr(cache, "layers", []):
+        out += [layer.keys, layer.values]
+    return out
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_llama_matches_eager(use_cache):
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    jm = thunderlite.jit(model)
+    with torch.no_grad():
+        expected = model(ids, use_cache=use_cache)
+        got = jm(ids, use_cache=use_cache)
+        torch.testing.assert_close(got.logits, expected.logits)
+        if use_cache:
+            exp_t, got_t = _cache_tensors(expected.past_key_values), _cache_tensors(got.past_key_values)
+            assert len(exp_t) == len(got_t) > 0
+            for e, g in zip(exp_t, got_t):
+                torch.testing.assert_close(g, e)
+        else:
+            assert got.past_key_values is None
+        again = jm(ids, use_cache=use_cache)
+        torch.testing.assert_close(again.logits, expected.logits)
+    assert thunderlite.cache_info(jm)["hits"] >= 1
