@@ -27,7 +27,10 @@ write. ``ordering_edges`` lists these write-after-read edges for the one pass
 that reorders (transforms/fusion.py)."""
 from __future__ import annotations
 
-from thunderlite.core import pytree
+from typing import Collection
+
+from thunderlite.core import prims, pytree
+from thunderlite.core.prims import check
 from thunderlite.core.aliasing import BARRIER, may_view, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
@@ -162,12 +165,17 @@ def _last_reads(trace: Trace) -> dict[str, int]:
 
 
 @trace_pass("update_aliases")
-def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = None) -> Trace:
+def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = None, *,
+                   leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = ()) -> Trace:
     """Insert a barrier after each write whose alias group is read afterwards.
 
     ``input_alias_groups`` lists groups of argument names that share storage at
     call time (the jit reads it off ``untyped_storage().data_ptr()`` and keys its
-    cache on it). Returns ``trace`` itself when nothing needs renaming."""
+    cache on it). ``leaf_inputs`` / ``inference_inputs`` name the arguments that
+    are leaves requiring grad / inference tensors: writes into them raise
+    eager's errors (``check_writes``). Returns ``trace`` itself when nothing
+    needs renaming."""
+    check_writes(trace, leaf_inputs=leaf_inputs, inference_inputs=inference_inputs)
     groups = AliasGroups()
     groups.add_inputs(trace.args, input_alias_groups)
     last_read = _last_reads(trace)
@@ -277,3 +285,75 @@ def ordering_edges(trace: Trace, input_alias_groups=None) -> list[tuple[int, int
                     continue
                 edges.extend((j, i) for j in readers.get(m.name, ()) if j < i)
     return edges
+
+
+# --- eager's errors for writes it refuses -------------------------------------------------------
+
+_LEAF = "a leaf Variable that requires grad is being used in an in-place operation."
+_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation.")
+_INFERENCE = ("Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+              "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+              "for more details.")
+
+
+def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = ()) -> None:
+    """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
+    requires grad (while grad mode was on: the write's result requires grad),
+    into a view of one, into an inference tensor (or a view of one), or through
+    an expanded view. The message names the user's line."""
+    base_of: dict[str, tuple[str, BoundSymbol]] = {}
+    fills: set[str] = set()
+    for bsym in trace.bound_symbols:
+        _note_views(bsym, base_of, fills)
+        for w, (dst, new) in _all_writes(bsym):
+            root, hops = _view_root(dst.name, base_of)
+            grad_mode = new is not None and new.requires_grad
+            check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
+            check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
+            link = base_of.get(dst.name)
+            filled = w.args and isinstance(w.args[0], Proxy) and w.args[0].name in fills
+            check(link is None or filled or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
+
+
+def _all_writes(bsym: BoundSymbol):
+    for pair in writes(bsym):
+        yield bsym, pair
+    for sub in bsym.subsymbols:
+        yield from _all_writes(sub)
+
+
+def _note_views(bsym: BoundSymbol, base_of: dict, fills: set) -> None:
+    """Record view links, and the values made by ``prims.full``: eager allows
+    filling an expanded view (``fill_``, ``zero_``, ``x[i] = 0.0``)."""
+    if may_view(bsym):
+        base = bsym.tensor_args()
+        if base:
+            for o in bsym.tensor_outs():
+                base_of[o.name] = (base[0].name, bsym)
+    if bsym.sym.meta is prims.full.meta:
+        fills.add(bsym.output.name)
+    for sub in bsym.subsymbols:
+        _note_views(sub, base_of, fills)
+
+
+def _view_root(name: str, base_of: dict) -> tuple[str, int]:
+    hops = 0
+    while name in base_of:
+        name = base_of[name][0]
+        hops += 1
+    return name, hops
+
+
+def _expands(view: BoundSymbol) -> bool:
+    """A view whose output has more elements than its input (expand, broadcast)."""
+    outs, ins = view.tensor_outs(), view.tensor_args()
+    return bool(outs and ins) and outs[0].numel() > ins[0].numel()
+
+
+def _at(bsym: BoundSymbol, msg: str) -> str:
+    if bsym.source is None:
+        return msg
+    fname, lineno, text = bsym.source
+    return f"{msg}\n  at {fname}:{lineno}: {text}" if text else f"{msg}\n  at {fname}:{lineno}"
