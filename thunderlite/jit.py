@@ -102,10 +102,12 @@ class ThunderliteModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, **jit_options):
         super().__init__()
         self._model = model
-        self._jitted = ThunderliteFunction(_call_module, **jit_options)
+        # plain references (not registered submodules) keep forward's lookups cheap
+        self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
+        self.__dict__["_model_ref"] = model
 
     def forward(self, *args, **kwargs):
-        return self._jitted(self._model, *args, **kwargs)
+        return self._jitted(self._model_ref, *args, **kwargs)
 
     def __getattr__(self, name: str):
         try:

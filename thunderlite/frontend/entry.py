@@ -81,8 +81,9 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
     if g.kind == "keys":
-        return f"type({v}) is not dict or tuple({v}) != {_const(consts, g.value)}"
+        return f"not isinstance({v}, dict) or tuple({v}) != {_const(consts, g.value)}"
     return f"type({v}) is not {_const(consts, type(g.value))} or {v} != {_const(consts, g.value)}"
+
 
 
 def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:

@@ -49,7 +49,7 @@ def collect_writes(state: TraceState) -> list[Write]:
         writes.append(Write("global", g, name, value))
     for m in state.mirror_of.values():
         if m.prov is not None and m.changed():
-            value = dict(m.copy) if type(m.copy) is dict else list(m.copy)
+            value = dict(m.copy) if isinstance(m.copy, dict) else list(m.copy)
             writes.append(Write("replace", m.prov, None, value))
     return writes
 

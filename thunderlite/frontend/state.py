@@ -14,6 +14,7 @@ the prologue/epilogue builders read afterwards:
 from __future__ import annotations
 
 import types
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -137,7 +138,7 @@ class TraceState:
         if t in VALUE_TYPES:
             self.add_guard(prov, "eq", value)
             return value
-        if t is tuple and all(type(v) in VALUE_TYPES for v in value):
+        if isinstance(value, tuple) and all(type(v) in VALUE_TYPES for v in value):
             self.add_guard(prov, "eq", value)
             return value
         if isinstance(value, types.ModuleType):
@@ -152,7 +153,7 @@ class TraceState:
                 self.register_module_tree(value, prov)
             self.add_guard(self.prov_of[id(value)], "is", value)
             return value
-        if (t is list or t is dict) and len(value) <= MIRROR_MAX_ITEMS:
+        if (t is list or t is dict or t is OrderedDict) and len(value) <= MIRROR_MAX_ITEMS:
             return self.mirror(value, prov)
         self.note(value, prov)
         return value
@@ -164,11 +165,11 @@ class TraceState:
             return m.copy
         if prov is not None:
             prov = self.prov_of.get(id(container), prov)
+        is_dict = isinstance(container, dict)
         if guard and prov is not None:
-            keys = tuple(container) if type(container) is dict else len(container)
-            self.add_guard(prov, "keys" if type(container) is dict else "len", keys)
-        if type(container) is dict:
-            copy = {k: self.enter(_item_prov(prov, k), v) for k, v in container.items()}
+            self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
+        if is_dict:
+            copy = type(container)((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items())
         else:
             copy = [self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)]
         m = Mirror(container, copy, prov)
