@@ -41,6 +41,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
     hooks = TracingHooks(state)
+    state.note_closure(fn)
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
         result = _interpret(fn, hooks, pargs, pkwargs)

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import builtins
 import linecache
 import types
 from typing import Any, Callable
@@ -114,8 +113,8 @@ class TracingHooks(InterpreterHooks):
         w = self.state.global_writes.get((id(globals_dict), name))
         if w is not None:
             return w[1]
-        if value is MISSING or globals_dict is vars(builtins):
-            return value
+        if value is MISSING or name not in globals_dict:
+            return value                 # a builtin: not guarded
         return self.state.enter(Prov.global_(globals_dict, name), value)
 
     def load_attr(self, obj: Any, name: str, value: Any) -> Any:
@@ -147,6 +146,8 @@ class TracingHooks(InterpreterHooks):
     def load_deref(self, cell, value: Any) -> Any:
         if value is MISSING:
             return value
+        if id(cell) not in self.state.external_cells:
+            return self.state.enter(None, value) if isinstance(value, torch.Tensor) else value
         return self.state.enter(Prov.cell(cell), value)
 
     # --- stores ------------------------------------------------------------------------------------

@@ -81,9 +81,18 @@ class TraceState:
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
         self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
         self.parameters: set[str] = set()          # names of proxies standing for nn.Parameters
+        self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing
 
     # --- registering where things come from ---------------------------------------------
+    def note_closure(self, fn: Any) -> None:
+        """Cells of a function that exists outside the call: reads from them are
+        guarded (cells made during the call are the program's own state)."""
+        for cell in getattr(fn, "__closure__", None) or ():
+            if id(cell) not in self.external_cells:
+                self.external_cells.add(id(cell))
+                self._alive.append(cell)
+
     def note(self, obj: Any, prov: Prov) -> None:
         if id(obj) not in self.prov_of:
             self.prov_of[id(obj)] = prov
@@ -145,6 +154,8 @@ class TraceState:
             return value
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
             self.add_guard(prov, "is", value)
+            if isinstance(value, types.FunctionType):
+                self.note_closure(value)
             return value
         if isinstance(value, types.MethodType):
             return value
