@@ -209,3 +209,22 @@ def test_op_without_fake_kernel_names_the_op():
     op = custom_op_callable(torch.ops.tl_aliasing_nofake.f)
     with pytest.raises(NotImplementedError, match="tl_aliasing_nofake.f.default.*fake kernel"):
         _record(lambda x: op(x), (3,))
+
+
+def test_aten_view_and_inplace_overloads_follow_their_schema():
+    view = custom_op_callable(torch.ops.aten.view.default)
+    add_ = custom_op_callable(torch.ops.aten.add_.Tensor)
+
+    def build(x, y):
+        v = view(x, [2, 3])
+        add_(v, prims.reshape(y, (2, 3)))                    # writes x through the view
+        return prims.sin(x)
+
+    def eager(x, y):
+        v = torch.ops.aten.view.default(x, [2, 3])
+        torch.ops.aten.add_.Tensor(v, y.reshape(2, 3))
+        return x.sin()
+    trc, _ = _check(build, eager, (6,), (6,))
+    assert trc.bound_symbols[0].has_tag(Tag.VIEW)
+    (barrier,) = [b for b in update_aliases(trc).bound_symbols if b.has_tag(Tag.ALIAS_BARRIER)]
+    assert [p.name for p in barrier.args[0]] == ["x"]

@@ -13,7 +13,8 @@ made on first use:
   proxy naming ``x`` after the call, which ``update_aliases`` treats like a
   ``copy_`` result. A return annotated ``Tensor(a!)`` is that new proxy itself
   (the op mutates and returns an alias: torch.compile refuses these). A return
-  without annotation is fresh memory.
+  annotated ``Tensor(a)`` (no ``!``) is a view of the first argument (``Tag.VIEW``).
+  A return without annotation is fresh memory.
 
 In the trace a call prints as ``((x1,), t5) = custom.mylib_op_default(x, y)``:
 the first element names the written arguments that the op does not return,
@@ -79,7 +80,7 @@ def _overload_of(fn) -> OpOverload:
 class _Schema:
     """What the trace needs from an op's schema: argument names, which are
     written, and for each return the argument it aliases (or None)."""
-    __slots__ = ("names", "kwarg_only", "defaults", "written", "return_alias", "n_returns")
+    __slots__ = ("names", "kwarg_only", "defaults", "written", "return_alias", "is_view", "n_returns")
 
     def __init__(self, overload: OpOverload):
         schema = overload._schema
@@ -98,12 +99,16 @@ class _Schema:
                 sets[s] = i
             if info.is_write:
                 self.written.append(i)
-        self.return_alias: list[int | None] = []
+        self.return_alias: list[int | None] = []      # written argument a return names
+        self.is_view = False                          # some return is a view of the first argument
         for r in schema.returns:
             info = r.alias_info
-            self.return_alias.append(None if info is None else sets[next(iter(info.before_set))])
-            check(info is None or info.is_write, lambda: f"{overload}: returns that are views of an "
-                                                         f"input are not supported", NotImplementedError)
+            src = None if info is None else sets[next(iter(info.before_set))]
+            if info is not None and not info.is_write:
+                check(src == 0, lambda: f"{overload}: a return that views an argument other than the "
+                                        f"first is not supported", NotImplementedError)
+                self.is_view, src = True, None
+            self.return_alias.append(src)
         self.n_returns = len(schema.returns)
 
     def bind(self, args: tuple, kwargs: dict) -> list:
@@ -137,6 +142,8 @@ def _make(overload: OpOverload) -> Callable:
 
     name = str(overload).replace("::", "_").replace(".", "_")
     tags = {Tag.INPLACE, Tag.DONT_DCE} if schema.written else {Tag.OPAQUE}
+    if schema.is_view:
+        tags.add(Tag.VIEW)
     if schema.n_returns == 0:
         tags.add(Tag.DONT_DCE)           # returns nothing: called for an effect
     sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags)

@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 from thunderlite.core.proxies import register_method, register_property
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.torch.custom_ops import custom_op_callable, is_custom_op
 from thunderlite.torch.opaque import opaque_symbol_for
 
 # torch callable -> Symbol. Keyed by the callable object itself: the jit's
@@ -32,11 +33,16 @@ _by_name: dict[str, Symbol] = {}
 
 
 def symbol_for(fn) -> Symbol | None:
-    """The ltorch symbol for a torch callable, or None (a plain dict lookup)."""
+    """The ltorch symbol for a torch callable, or None (a plain dict lookup).
+    A ``torch.library`` op (custom or ``torch.ops.*``) gets its schema-driven
+    recorder from torch/custom_ops.py, a callable standing in for a symbol."""
     try:
-        return _torch_to_symbol.get(fn)
+        sym = _torch_to_symbol.get(fn)
     except TypeError:  # unhashable callables are never torch callables
         return None
+    if sym is None and is_custom_op(fn):
+        return custom_op_callable(fn)
+    return sym
 
 
 def all_symbols() -> dict[str, Symbol]:
