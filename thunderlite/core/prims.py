@@ -604,7 +604,9 @@ def _bernoulli_meta(shape, p, *, device, dtype, generator=None):
     shape = _shape_of(shape)
     if isinstance(p, TensorProxy):
         check(p.shape == shape, lambda: f"bernoulli: probabilities of shape {p.shape} for shape {shape}")
-    return TensorProxy(shape=shape, dtype=dtype, device=devices.to_device(device))
+    # eager's bernoulli(p) output requires grad when p does (its gradient is zero)
+    rg = isinstance(p, TensorProxy) and p.requires_grad and dtypes.is_inexact(dtype)
+    return TensorProxy(shape=shape, dtype=dtype, device=devices.to_device(device), requires_grad=rg)
 
 
 bernoulli = make_prim("bernoulli", _bernoulli_meta, tags=_RANDOM)

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
@@ -94,6 +96,36 @@ def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
             tracked.add(o.name)
 
 
+def _meta_tensor(p, tracked: set[str]):
+    if type(p) is not TensorProxy:
+        return p
+    t = torch.empty(p.shape, dtype=p.dtype, device="meta")
+    return t.requires_grad_(p.name in tracked)
+
+
+def _track_opaque_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
+    """Which outputs of an opaque op require grad is PyTorch's call (detach,
+    integer outputs, the saved statistics of native_layer_norm...): ask it,
+    by running the op on meta tensors with autograd on."""
+    try:
+        with torch.enable_grad():
+            margs = pytree.tree_map(lambda x: _meta_tensor(x, tracked), (bsym.args, bsym.kwargs))
+            if "device" in margs[1] and margs[1]["device"] is not None:
+                margs[1]["device"] = "meta"
+            mout = bsym.sym.torch_fn(*margs[0], **margs[1])
+        flags = [o.requires_grad for o in pytree.leaves(mout) if isinstance(o, torch.Tensor)]
+    except Exception:  # noqa: BLE001 - an op meta tensors cannot run: trust the proxies' flags
+        _track_outputs(bsym, tracked)
+        return
+    outs = bsym.tensor_outs()
+    if len(flags) != len(outs):
+        _track_outputs(bsym, tracked)
+        return
+    for o, f in zip(outs, flags, strict=True):
+        if f and dtypes.is_inexact(o.dtype):
+            tracked.add(o.name)
+
+
 def _flatten(bsyms, tracked: set[str], out: list) -> None:
     """Append ``bsyms`` to ``out``, replacing composites on a gradient path that
     have no rule by their subsymbols (recursively)."""
@@ -104,7 +136,11 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
             continue
-        if rules.has_rule_for(bsym) or Tag.OPAQUE in sym.tags or Tag.ALIAS_BARRIER in sym.tags:
+        if Tag.OPAQUE in sym.tags and sym.torch_fn is not None:
+            out.append(bsym)
+            _track_opaque_outputs(bsym, tracked)
+            continue
+        if rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
             continue

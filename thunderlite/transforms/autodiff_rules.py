@@ -234,7 +234,7 @@ _install_unary()
 register_non_differentiable(*(getattr(prims, n) for n in (
     "signbit", "bitwise_not", "logical_not", "isfinite", "isnan", "isinf", "eq", "ne", "lt", "le",
     "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
-    "bitwise_right_shift", "logical_and", "logical_or", "logical_xor", "nextafter")))
+    "bitwise_right_shift", "logical_and", "logical_or", "logical_xor")))
 
 
 @register_vjp(prims.real, prims.imag, prims.conj)
@@ -268,8 +268,14 @@ def _div_rule(g, out, a, b):
 
 @register_vjp(prims.floor_divide)
 def _floor_divide(g, out, a, b):
-    msg = "derivative for aten::floor_divide is not implemented"
-    return (backward_error(a, msg) if is_t(a) else None, backward_error(b, msg) if is_t(b) else None)
+    """Zero, as for ``torch.div(rounding_mode="floor")``; ``torch.floor_divide``
+    itself has no derivative in eager (its ltorch symbol's rule raises)."""
+    return (zeros_like(a) if is_t(a) else None, zeros_like(b) if is_t(b) else None)
+
+
+@register_vjp(prims.nextafter)
+def _nextafter(g, out, a, b):
+    return (g if is_t(a) else None, zeros_like(b) if is_t(b) else None)
 
 
 def _mod_rule(rounding: Callable) -> Callable:
@@ -411,9 +417,9 @@ def _copy(g, out, src, dst):
 
 @register_vjp(prims.lerp)
 def _lerp(g, out, a, b, w):
-    ga = _mul(g, prims.sub(1, w)) if is_t(a) else None
+    ga = _mul(g, prims.sub(1, w) if is_t(w) else 1 - w) if is_t(a) else None
     gb = _mul(g, w) if is_t(b) else None
-    gw = _mul(g, prims.sub(b, a)) if is_t(w) else None
+    gw = _mul(g, prims.sub(b, a) if is_t(a) or is_t(b) else b - a) if is_t(w) else None
     return ga, gb, gw
 
 
@@ -663,4 +669,9 @@ def _sort(g, out, a, dim, descending, *, stable=False):
 
 
 register_non_differentiable(*(getattr(prims, n) for n in (
-    "argmax", "argmin", "full", "empty", "iota", "uniform", "normal", "randint", "bernoulli", "item")))
+    "argmax", "argmin", "full", "empty", "iota", "uniform", "normal", "randint", "item")))
+
+
+@register_vjp(prims.bernoulli)
+def _bernoulli(g, out, shape, p, *, device, dtype, generator=None):
+    return None, (zeros_like(p) if is_t(p) else None)

@@ -23,7 +23,7 @@ from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.torch.utils import convert, expand_to
-from thunderlite.transforms.autodiff_rules import (is_t, register_vjp, reshape_to, sum_to, zeros_like,
+from thunderlite.transforms.autodiff_rules import (backward_error, is_t, register_vjp, reshape_to, sum_to, zeros_like,
                                                    matmul_vjp)
 
 _FLOATS = (torch.float32, torch.float64)
@@ -224,3 +224,17 @@ def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type
     if keep is not None:
         gflat = ew.where(shapes.unsqueeze(keep, 1), gflat, 0)
     return None, prims.index_add(zeros_like(weight), 0, idx, gflat), None, None, None, None, None
+
+
+# --- rounding divisions: eager's derivatives differ between the two spellings -----------------------
+
+@register_vjp(ew.div, when=lambda bsym: _arg(bsym, 2, "rounding_mode") is not None)
+def _rounding_div(g, out, input, other, *, rounding_mode=None):
+    return (zeros_like(input) if _wants(input) else None, zeros_like(other) if _wants(other) else None)
+
+
+@register_vjp(ew.floor_divide)
+def _floor_divide(g, out, input, other):
+    msg = "derivative for aten::floor_divide is not implemented"
+    return (backward_error(input, msg) if _wants(input) else None,
+            backward_error(other, msg) if _wants(other) else None)
