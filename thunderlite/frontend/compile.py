@@ -37,6 +37,9 @@ INTERPRETATION_STAGE = "interpretation"
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it."""
+    if torch._C._is_any_autocast_enabled():
+        raise NotImplementedError("calling a thunderlite-jitted function under torch.autocast is not "
+                                  "supported yet; cast inputs and parameters explicitly instead")
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)

@@ -65,7 +65,23 @@ def proxy_aware_builtins(hooks) -> dict:
         mapped = torch.vmap(func, *vmap_args, **vmap_kwargs)
         return hooks.recording(opaque_symbol_for(mapped))
 
+    def module_getattr(module, name: str):
+        # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
+        # load_attr hook gives the value its provenance (module_slot path).
+        return hooks.load_attr(module, name, torch.nn.Module.__getattr__(module, name))
+
+    def module_setattr(module, name: str, value) -> None:
+        if not hooks.store_attr(module, name, value):
+            torch.nn.Module.__setattr__(module, name, value)
+
+    def object_setattr(obj, name: str, value) -> None:
+        if not hooks.store_attr(obj, name, value):
+            object.__setattr__(obj, name, value)
+
     table = {
+        torch.nn.Module.__getattr__: module_getattr,
+        torch.nn.Module.__setattr__: module_setattr,
+        object.__setattr__: object_setattr,
         torch.vmap: vmap,
         torch.func.vmap: vmap,
         builtins.isinstance: isinstance_,
