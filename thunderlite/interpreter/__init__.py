@@ -1,0 +1,9 @@
+"""A CPython bytecode interpreter in pure Python (3.10-3.13) with hooks for the jit.
+
+Imports neither torch nor anything else from thunderlite.
+"""
+from .api import interpret
+from .frame import current_source_location
+from .hooks import MISSING, InterpreterError, InterpreterHooks
+
+__all__ = ["interpret", "InterpreterHooks", "InterpreterError", "MISSING", "current_source_location"]

@@ -1,0 +1,35 @@
+"""The public entry point: interpret(fn, hooks)(*args, **kwargs)."""
+from __future__ import annotations
+
+import functools
+
+from . import emulate  # noqa: F401  (registers the builtin emulators)
+from .calls import call_no_lookaside
+from .frame import Runtime
+from .hooks import InterpreterHooks
+from .tables import current_table
+
+_DEFAULT_HOOKS = InterpreterHooks()
+
+
+def interpret(fn, hooks=None):
+    """A callable that runs ``fn`` in the interpreter and returns exactly what fn returns.
+
+    Python functions, methods, ``__call__`` objects and partials are interpreted
+    recursively; builtins run natively. ``hooks`` (an InterpreterHooks) sees calls,
+    globals, attributes, subscripts and cells along the way.
+
+    Example::
+
+        def f(x):
+            return [i * x for i in range(3)]
+
+        assert interpret(f)(2) == [0, 2, 4]
+    """
+    rt = Runtime(hooks if hooks is not None else _DEFAULT_HOOKS, current_table())
+
+    @functools.wraps(fn)
+    def interpreted(*args, **kwargs):
+        return call_no_lookaside(rt, fn, args, kwargs)
+
+    return interpreted

@@ -1,0 +1,207 @@
+"""Attribute and subscript protocols with hooks; Python descriptors are interpreted."""
+from __future__ import annotations
+
+from .calls import HEAPTYPE, FunctionType, call, lookup, py_dunder
+from .frame import NULL
+from .hooks import MISSING
+
+_object_getattribute = object.__getattribute__
+_type_getattribute = type.__getattribute__
+
+
+def _py_get(descr):
+    """The Python __get__ of descriptor descr (property fget included), or None."""
+    dt = type(descr)
+    if dt is property:
+        return descr.fget if type(descr.fget) is FunctionType else None
+    if dt is FunctionType or not dt.__flags__ & HEAPTYPE:
+        return None
+    g = lookup(dt, "__get__")
+    return g if type(g) is FunctionType else None
+
+
+def _is_data(descr):
+    dt = type(descr)
+    return dt is property or lookup(dt, "__set__") is not None or lookup(dt, "__delete__") is not None
+
+
+def _interpreted_descriptor(rt, obj, tp, name):
+    """(True, value) when obj.name is computed by a Python descriptor, else (False, None)."""
+    if isinstance(obj, type):
+        for klass in obj.__mro__:
+            d = klass.__dict__
+            if name in d:
+                descr = d[name]
+                g = _py_get(descr)
+                if g is None or type(descr) is property:
+                    return False, None
+                return True, call(rt, g, (descr, None, obj))
+        return False, None
+    descr = lookup(tp, name)
+    if descr is None:
+        return False, None
+    g = _py_get(descr)
+    if g is None:
+        return False, None
+    if not _is_data(descr):
+        d = getattr(obj, "__dict__", None)
+        if d is not None and name in d:
+            return False, None
+    if type(descr) is property:
+        return True, call(rt, g, (obj,))
+    return True, call(rt, g, (descr, obj, tp))
+
+
+def load_attr(rt, obj, name):
+    """obj.name as CPython computes it; hooks see natively resolved values."""
+    tp = type(obj)
+    if not tp.__flags__ & HEAPTYPE and tp is not type:
+        try:
+            value = getattr(obj, name)
+        except AttributeError as e:
+            return _missing(rt, obj, name, e)
+        h = rt.load_attr
+        return value if h is None else h(obj, name, value)
+    ga = lookup(tp, "__getattribute__")
+    if type(ga) is FunctionType:
+        try:
+            return call(rt, ga, (obj, name))
+        except AttributeError as e:
+            err = e
+        gattr = py_dunder(tp, "__getattr__")
+        if gattr is None:
+            raise err
+        return call(rt, gattr, (obj, name))
+    done, value = _interpreted_descriptor(rt, obj, tp, name)
+    if done:
+        return value
+    try:
+        value = ga(obj, name)
+    except AttributeError as e:
+        err = e
+    else:
+        h = rt.load_attr
+        return value if h is None else h(obj, name, value)
+    gattr = lookup(tp, "__getattr__")
+    if gattr is None:
+        return _missing(rt, obj, name, err)
+    return call(rt, gattr, (obj, name))
+
+
+def _missing(rt, obj, name, err):
+    h = rt.load_attr
+    if h is None:
+        raise err
+    value = h(obj, name, MISSING)
+    if value is MISSING:
+        raise err
+    return value
+
+
+def load_method(rt, obj, name):
+    """(function, self) for a plain Python method found on the class, else (NULL, obj.name)."""
+    tp = type(obj)
+    if tp.__flags__ & HEAPTYPE:
+        m = lookup(tp, name)
+        if type(m) is FunctionType and lookup(tp, "__getattribute__") is _object_getattribute:
+            d = getattr(obj, "__dict__", None)
+            if d is None or name not in d:
+                return m, obj
+    return NULL, load_attr(rt, obj, name)
+
+
+def _py_set(descr, which):
+    dt = type(descr)
+    if dt is property:
+        fn = descr.fset if which == "__set__" else descr.fdel
+        return fn if type(fn) is FunctionType else None, True
+    if not dt.__flags__ & HEAPTYPE:
+        return None, False
+    g = lookup(dt, which)
+    return (g if type(g) is FunctionType else None), False
+
+
+def store_attr(rt, obj, name, value):
+    tp = type(obj)
+    if tp.__flags__ & HEAPTYPE:
+        sa = lookup(tp, "__setattr__")
+        if type(sa) is FunctionType:
+            call(rt, sa, (obj, name, value))
+            return
+        if not isinstance(obj, type):
+            descr = lookup(tp, name)
+            if descr is not None:
+                fn, is_prop = _py_set(descr, "__set__")
+                if fn is not None:
+                    call(rt, fn, (obj, value) if is_prop else (descr, obj, value))
+                    return
+    h = rt.store_attr
+    if h is not None and h(obj, name, value):
+        return
+    setattr(obj, name, value)
+
+
+def delete_attr(rt, obj, name):
+    tp = type(obj)
+    if tp.__flags__ & HEAPTYPE:
+        da = lookup(tp, "__delattr__")
+        if type(da) is FunctionType:
+            call(rt, da, (obj, name))
+            return
+        if not isinstance(obj, type):
+            descr = lookup(tp, name)
+            if descr is not None:
+                fn, is_prop = _py_set(descr, "__delete__")
+                if fn is not None:
+                    call(rt, fn, (obj,) if is_prop else (descr, obj))
+                    return
+    h = rt.delete_attr
+    if h is not None and h(obj, name):
+        return
+    delattr(obj, name)
+
+
+def load_subscr(rt, container, key):
+    tp = type(container)
+    if tp.__flags__ & HEAPTYPE:
+        m = lookup(tp, "__getitem__")
+        if type(m) is FunctionType:
+            return call(rt, m, (container, key))
+        if m is not None and rt.lookaside is not None:
+            alt = rt.lookaside(m)
+            if alt is not None:
+                return alt(container, key)
+    value = container[key]
+    h = rt.load_subscr
+    return value if h is None else h(container, key, value)
+
+
+def store_subscr(rt, container, key, value):
+    tp = type(container)
+    if tp.__flags__ & HEAPTYPE:
+        m = lookup(tp, "__setitem__")
+        if type(m) is FunctionType:
+            call(rt, m, (container, key, value))
+            return
+        if m is not None and rt.lookaside is not None:
+            alt = rt.lookaside(m)
+            if alt is not None:
+                alt(container, key, value)
+                return
+    h = rt.store_subscr
+    if h is not None and h(container, key, value):
+        return
+    container[key] = value
+
+
+def delete_subscr(rt, container, key):
+    tp = type(container)
+    if tp.__flags__ & HEAPTYPE:
+        m = lookup(tp, "__delitem__")
+        if type(m) is FunctionType:
+            call(rt, m, (container, key))
+            return
+    h = rt.delete_subscr
+    if h is not None and h(container, key):
+        return
+    del container[key]

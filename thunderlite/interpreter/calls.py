@@ -1,0 +1,117 @@
+"""The call protocol: what gets interpreted, what runs natively, and lookasides."""
+from __future__ import annotations
+
+import functools
+import types
+
+from .loop import call_py
+
+FunctionType = types.FunctionType
+MethodType = types.MethodType
+BuiltinFunctionType = types.BuiltinFunctionType
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: only heap types can hold Python dunders
+
+# builtin function or type -> emulator(rt, args, kwargs): builtins that introspect
+# frames or take Python callbacks (see emulate.py).
+EMULATORS: dict = {}
+
+
+def lookup(tp, name):
+    """The raw attribute ``name`` of type tp along its MRO (no descriptor binding), or None."""
+    for klass in tp.__mro__:
+        d = klass.__dict__
+        if name in d:
+            return d[name]
+    return None
+
+
+def py_dunder(tp, name):
+    """The Python function implementing tp.name, or None when it is native or missing."""
+    if not tp.__flags__ & HEAPTYPE:
+        return None
+    m = lookup(tp, name)
+    return m if type(m) is FunctionType else None
+
+
+def call(rt, fn, args, kwargs=None):
+    """Call fn(*args, **kwargs) on behalf of user code: lookaside, then interpret or run."""
+    la = rt.lookaside
+    if la is not None:
+        alt = la(fn)
+        if alt is not None:
+            return alt(*args, **kwargs) if kwargs else alt(*args)
+    return call_no_lookaside(rt, fn, args, kwargs)
+
+
+def call_no_lookaside(rt, fn, args, kwargs):
+    t = type(fn)
+    if t is FunctionType:
+        return call_py(rt, fn, args, kwargs)
+    if t is MethodType:
+        inner = fn.__func__
+        if type(inner) is FunctionType:
+            return call_py(rt, inner, (fn.__self__, *args), kwargs)
+        return call_no_lookaside(rt, inner, (fn.__self__, *args), kwargs)
+    if t is BuiltinFunctionType or t is type:
+        em = EMULATORS.get(fn)
+        if em is not None:
+            return em(rt, args, kwargs)
+        if kwargs and type(kwargs.get("key")) in (FunctionType, MethodType):
+            kwargs = dict(kwargs, key=wrap_callback(rt, kwargs["key"]))
+    if t is functools.partial:
+        inner = fn.func
+        kw = {**fn.keywords, **kwargs} if kwargs else fn.keywords
+        return call_no_lookaside(rt, inner, (*fn.args, *args), kw)
+    if isinstance(fn, type):
+        return instantiate(rt, fn, args, kwargs)
+    m = py_dunder(t, "__call__")
+    if m is not None:
+        return call_py(rt, m, (fn, *args), kwargs)
+    return fn(*args, **kwargs) if kwargs else fn(*args)
+
+
+def wrap_callback(rt, cb):
+    """A native callable that interprets the Python callback cb (hooks fire inside)."""
+    if type(cb) is FunctionType or (type(cb) is MethodType and type(cb.__func__) is FunctionType):
+        def interpreted_callback(*args, **kwargs):
+            return call_no_lookaside(rt, cb, args, kwargs)
+
+        return interpreted_callback
+    return cb
+
+
+def _unwrap_static(m):
+    return m.__func__ if type(m) is staticmethod else m
+
+
+def instantiate(rt, cls, args, kwargs):
+    """type.__call__ emulated so that Python __new__/__init__ are interpreted."""
+    meta = type(cls)
+    mcall = lookup(meta, "__call__")
+    if type(mcall) is FunctionType:
+        return call_py(rt, mcall, (cls, *args), kwargs)
+    if mcall is not type.__call__ or not cls.__flags__ & HEAPTYPE:
+        return cls(*args, **kwargs) if kwargs else cls(*args)
+    new = _unwrap_static(lookup(cls, "__new__"))
+    init = lookup(cls, "__init__")
+    py_new = type(new) is FunctionType
+    if not py_new and type(init) is not FunctionType:
+        return cls(*args, **kwargs) if kwargs else cls(*args)
+    if py_new:
+        obj = call(rt, new, (cls, *args), kwargs)
+    elif new is object.__new__:
+        obj = object.__new__(cls)
+    else:
+        obj = new(cls, *args, **kwargs) if kwargs else new(cls, *args)
+    if not isinstance(obj, cls):
+        return obj
+    init = lookup(type(obj), "__init__")
+    if type(init) is FunctionType:
+        r = call(rt, init, (obj, *args), kwargs)
+        if r is not None:
+            raise TypeError(f"__init__() should return None, not '{type(r).__name__}'")
+    elif kwargs:
+        init(obj, *args, **kwargs)
+    else:
+        init(obj, *args)
+    return obj

@@ -1,0 +1,100 @@
+"""Decoding a code object once into a list of instructions with resolved jumps."""
+from __future__ import annotations
+
+import dis
+
+from .frame import limit
+
+
+class Instr:
+    """One decoded instruction; ``target`` is the index of its jump target."""
+
+    __slots__ = ("fn", "opname", "arg", "argval", "target", "line", "offset", "index")
+
+    def __repr__(self):
+        return f"<{self.index} {self.opname} {self.arg} {self.argval!r} line {self.line}>"
+
+
+class Decoded:
+    """The decoded form of a code object, shared by all its frames."""
+
+    __slots__ = ("code", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names")
+
+    def __init__(self, code):
+        self.code = code
+        self.binder = None
+
+
+_CACHE: dict = {}
+
+
+def _unsupported(name):
+    def op_unsupported(f, ins):
+        raise limit(f"opcode {name}", f)
+
+    return op_unsupported
+
+
+def _lines(code):
+    table = {}
+    for start, end, line in code.co_lines():
+        for off in range(start, end, 2):
+            table[off] = line
+    return table
+
+
+def _localsplus_names(code):
+    cells = tuple(c for c in code.co_cellvars if c not in code.co_varnames)
+    return code.co_varnames + cells + code.co_freevars
+
+
+def decode(code, table):
+    dec = _CACHE.get(code)
+    if dec is not None:
+        return dec
+    dec = Decoded(code)
+    lines = _lines(code)
+    instrs = []
+    index_of = {}
+    for d in dis.get_instructions(code):
+        if d.opname == "CACHE":
+            continue
+        ins = Instr()
+        ins.index = len(instrs)
+        ins.opname = d.opname
+        ins.arg = d.arg
+        ins.argval = d.argval
+        ins.offset = d.offset
+        ins.line = lines.get(d.offset) or code.co_firstlineno
+        ins.fn = table.handlers[d.opcode] or _unsupported(d.opname)
+        ins.target = d.argval if d.opcode in dis.hasjrel or d.opcode in dis.hasjabs else None
+        index_of[d.offset] = ins.index
+        instrs.append(ins)
+    for ins in instrs:
+        if ins.target is not None:
+            ins.target = index_of[ins.target]
+    dec.instrs = instrs
+    dec.index_of = index_of
+    dec.names = _localsplus_names(code)
+    dec.nlocalsplus = len(dec.names)
+    dec.exc_for = _exception_targets(code, instrs, index_of)
+    for ins in instrs:
+        prep = table.prepare[dis.opmap[ins.opname]]
+        if prep is not None:
+            prep(ins, dec)
+    _CACHE[code] = dec
+    return dec
+
+
+def _exception_targets(code, instrs, index_of):
+    """Per instruction index: (handler index, stack depth, push lasti) or None (3.11+)."""
+    parse = getattr(dis, "_parse_exception_table", None)
+    if parse is None:
+        return None
+    out = [None] * len(instrs)
+    for e in parse(code):
+        entry = (index_of[e.target], e.depth, e.lasti)
+        for ins in instrs:
+            if e.start <= ins.offset < e.end:
+                out[ins.index] = entry
+    return out

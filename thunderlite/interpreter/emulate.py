@@ -1,0 +1,244 @@
+"""Builtins that need the interpreted frame (super, locals, ...) or take Python callbacks."""
+from __future__ import annotations
+
+import builtins
+import functools
+import itertools
+import sys
+import types
+
+from .attrs import delete_attr, load_attr, store_attr
+from .calls import EMULATORS, call, wrap_callback
+from .frame import FRAMES, HANDLED, UNBOUND
+from .loop import run_code
+
+_NOTGIVEN = object()
+
+
+def emulates(*fns):
+    def register(em):
+        for fn in fns:
+            if fn in EMULATORS:
+                raise ValueError(f"{fn!r} is emulated twice")
+            EMULATORS[fn] = em
+        return em
+
+    return register
+
+
+def _frame():
+    return FRAMES[-1]
+
+
+def frame_locals(f):
+    """locals() of an interpreted frame: its namespace, or a snapshot of its fast locals."""
+    if f.locals is not None:
+        return f.locals
+    out = {}
+    nfree_start = len(f.fast) - len(f.code.co_freevars)
+    cells = set(f.code.co_cellvars)
+    for i, name in enumerate(f.dec.names):
+        v = f.fast[i] if i < len(f.fast) else UNBOUND
+        if v is UNBOUND:
+            continue
+        if (i >= nfree_start or name in cells) and isinstance(v, types.CellType):
+            try:
+                v = v.cell_contents
+            except ValueError:
+                continue
+        out[name] = v
+    return out
+
+
+@emulates(builtins.locals)
+def em_locals(rt, args, kwargs):
+    if args or kwargs:
+        return locals(*args, **(kwargs or {}))
+    return frame_locals(_frame())
+
+
+@emulates(builtins.globals)
+def em_globals(rt, args, kwargs):
+    if args or kwargs:
+        return globals(*args, **(kwargs or {}))
+    return _frame().globals
+
+
+@emulates(builtins.vars)
+def em_vars(rt, args, kwargs):
+    if args or kwargs:
+        return vars(*args, **(kwargs or {}))
+    return frame_locals(_frame())
+
+
+@emulates(builtins.dir)
+def em_dir(rt, args, kwargs):
+    if args or kwargs:
+        return dir(*args, **(kwargs or {}))
+    return sorted(frame_locals(_frame()))
+
+
+@emulates(builtins.super)
+def em_super(rt, args, kwargs):
+    if args or kwargs:
+        return super(*args, **(kwargs or {}))
+    f = _frame()
+    code = f.code
+    if code.co_argcount == 0 and not code.co_flags & 0x04:
+        raise RuntimeError("super(): no arguments")
+    if "__class__" not in code.co_freevars:
+        raise RuntimeError("super(): __class__ cell not found")
+    first = f.fast[0]
+    if code.co_varnames[0] in code.co_cellvars and isinstance(first, types.CellType):
+        first = first.cell_contents
+    cell = f.fast[len(f.fast) - len(code.co_freevars) + code.co_freevars.index("__class__")]
+    try:
+        cls = cell.cell_contents
+    except ValueError:
+        cls = None
+    if cls is None:
+        raise RuntimeError("super(): empty __class__ cell")
+    return super(cls, first)
+
+
+@emulates(builtins.getattr)
+def em_getattr(rt, args, kwargs):
+    if kwargs or not 2 <= len(args) <= 3 or type(args[1]) is not str:
+        return getattr(*args, **(kwargs or {}))
+    if len(args) == 2:
+        return load_attr(rt, args[0], args[1])
+    try:
+        return load_attr(rt, args[0], args[1])
+    except AttributeError:
+        return args[2]
+
+
+@emulates(builtins.hasattr)
+def em_hasattr(rt, args, kwargs):
+    if kwargs or len(args) != 2 or type(args[1]) is not str:
+        return hasattr(*args, **(kwargs or {}))
+    try:
+        load_attr(rt, args[0], args[1])
+    except AttributeError:
+        return False
+    return True
+
+
+@emulates(builtins.setattr)
+def em_setattr(rt, args, kwargs):
+    if kwargs or len(args) != 3 or type(args[1]) is not str:
+        return setattr(*args, **(kwargs or {}))
+    store_attr(rt, args[0], args[1], args[2])
+
+
+@emulates(builtins.delattr)
+def em_delattr(rt, args, kwargs):
+    if kwargs or len(args) != 2 or type(args[1]) is not str:
+        return delattr(*args, **(kwargs or {}))
+    delete_attr(rt, args[0], args[1])
+
+
+def _wrap_first(fn):
+    def em(rt, args, kwargs):
+        if args:
+            args = (wrap_callback(rt, args[0]), *args[1:])
+        return fn(*args, **(kwargs or {}))
+
+    return em
+
+
+for _fn in (map, filter, functools.reduce, itertools.starmap, itertools.filterfalse,
+            itertools.takewhile, itertools.dropwhile):
+    emulates(_fn)(_wrap_first(_fn))
+
+
+def _wrap_kw(fn, names):
+    def em(rt, args, kwargs):
+        if kwargs:
+            kwargs = {k: (wrap_callback(rt, v) if k in names else v) for k, v in kwargs.items()}
+        return fn(*args, **(kwargs or {}))
+
+    return em
+
+
+emulates(itertools.accumulate)(_wrap_kw(itertools.accumulate, ("func",)))
+emulates(itertools.groupby)(_wrap_kw(itertools.groupby, ("key",)))
+
+
+@emulates(sys.exc_info)
+def em_exc_info(rt, args, kwargs):
+    e = HANDLED[0]
+    return (None, None, None) if e is None else (type(e), e, e.__traceback__)
+
+
+if hasattr(sys, "exception"):
+
+    @emulates(sys.exception)
+    def em_exception(rt, args, kwargs):
+        return HANDLED[0]
+
+
+def _namespaces(args, kwargs, name):
+    if kwargs:
+        raise TypeError(f"{name}() takes no keyword arguments")
+    f = _frame()
+    src = args[0]
+    g = args[1] if len(args) > 1 and args[1] is not None else None
+    loc = args[2] if len(args) > 2 else None
+    if g is None:
+        g = f.globals
+        if loc is None:
+            loc = frame_locals(f)
+    elif loc is None:
+        loc = g
+    return src, g, loc
+
+
+@emulates(builtins.exec)
+def em_exec(rt, args, kwargs):
+    src, g, loc = _namespaces(args, kwargs, "exec")
+    code = compile(src, "<string>", "exec") if isinstance(src, (str, bytes)) else src
+    if not isinstance(code, types.CodeType) or code.co_freevars:
+        return exec(src, g, loc)
+    g.setdefault("__builtins__", builtins)
+    run_code(rt, code, g, loc)
+
+
+@emulates(builtins.eval)
+def em_eval(rt, args, kwargs):
+    src, g, loc = _namespaces(args, kwargs, "eval")
+    if isinstance(src, str):
+        src = src.lstrip(" \t")
+    code = compile(src, "<string>", "eval") if isinstance(src, (str, bytes)) else src
+    if not isinstance(code, types.CodeType) or code.co_freevars:
+        return eval(src, g, loc)
+    g.setdefault("__builtins__", builtins)
+    return run_code(rt, code, g, loc)
+
+
+@emulates(builtins.__build_class__)
+def em_build_class(rt, args, kwargs):
+    """__build_class__ with the class body and a Python metaclass interpreted."""
+    if len(args) < 2:
+        raise TypeError("__build_class__: not enough arguments")
+    func, name, *bases = args
+    if not isinstance(func, types.FunctionType):
+        raise TypeError("__build_class__: func must be a function")
+    if not isinstance(name, str):
+        raise TypeError("__build_class__: name is not a string")
+    kwds = dict(kwargs or {})
+    orig_bases = tuple(bases)
+    bases = types.resolve_bases(orig_bases)
+    meta, ns, kwds = types.prepare_class(name, bases, kwds)
+    if bases is not orig_bases and bases != orig_bases:
+        ns["__orig_bases__"] = orig_bases
+    cell = run_code(rt, func.__code__, func.__globals__, ns, func.__closure__, func.__builtins__)
+    cls = call(rt, meta, (name, bases, ns), kwds)
+    if isinstance(cell, types.CellType) and isinstance(cls, type):
+        try:
+            cell_cls = cell.cell_contents
+        except ValueError:
+            cell_cls = None
+        if cell_cls is not cls:
+            raise TypeError(f"__class__ set to {cell_cls!r} defining {name!r} as {cls!r}")
+    return cls

@@ -1,0 +1,95 @@
+"""Interpreted frames, the runtime (hooks) they share and the stack of active frames."""
+from __future__ import annotations
+
+from .hooks import HOOK_NAMES, InterpreterError, InterpreterHooks
+
+
+class _Null:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = _Null()  # the NULL CPython pushes below callables and for unbound slots
+
+
+class _Unbound:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+UNBOUND = _Unbound()  # an unassigned fast local
+
+# Active interpreted frames, innermost last: current_source_location() is O(1).
+FRAMES: list = []
+
+# The exception currently being handled by interpreted code (what sys.exc_info()
+# returns there). One slot: generators save and restore it around their resumption.
+HANDLED: list = [None]
+
+
+class Runtime:
+    """The hooks of one ``interpret`` call, with default (not overridden) hooks as None."""
+
+    __slots__ = ("hooks", "table") + HOOK_NAMES
+
+    def __init__(self, hooks, table):
+        self.hooks = hooks
+        self.table = table
+        for name in HOOK_NAMES:
+            mine = getattr(type(hooks), name, None)
+            base = getattr(InterpreterHooks, name)
+            setattr(self, name, getattr(hooks, name) if mine is not base else None)
+
+
+class Frame:
+    """One activation of a code object: value stack, localsplus, exception bookkeeping."""
+
+    __slots__ = (
+        "code", "dec", "instrs", "pc", "stack", "fast", "globals", "builtins", "locals",
+        "fn", "closure", "rt", "kw_names", "delegate", "saved_handled", "result",
+        "blocks", "entry_handled",
+    )
+
+    def __init__(self, rt, dec, fn, globals_, builtins_, locals_, fast, closure):
+        self.code = dec.code
+        self.dec = dec
+        self.instrs = dec.instrs
+        self.pc = 0
+        self.stack = []
+        self.fast = fast
+        self.globals = globals_
+        self.builtins = builtins_
+        self.locals = locals_
+        self.fn = fn
+        self.closure = closure
+        self.rt = rt
+        self.kw_names = ()
+        self.delegate = None
+        self.saved_handled = None
+        self.result = None
+        self.blocks = None
+        self.entry_handled = None
+
+    @property
+    def lineno(self):
+        return self.instrs[self.pc - 1].line if self.pc else self.code.co_firstlineno
+
+
+def current_source_location():
+    """(filename, lineno) of the innermost interpreted user frame, or None outside one."""
+    if not FRAMES:
+        return None
+    f = FRAMES[-1]
+    return f.code.co_filename, f.lineno
+
+
+def limit(construct, f=None):
+    """An InterpreterError naming the construct and the user's file:line."""
+    if f is None and FRAMES:
+        f = FRAMES[-1]
+    where = f"{f.code.co_filename}:{f.lineno}" if f is not None else "<unknown>"
+    return InterpreterError(f"{construct} is not supported by the interpreter at {where}")

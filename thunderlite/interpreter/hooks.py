@@ -1,0 +1,76 @@
+"""The hook protocol the jit subclasses, the MISSING sentinel and InterpreterError."""
+from __future__ import annotations
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "MISSING"
+
+    def __bool__(self):
+        return False
+
+
+MISSING = _Missing()
+
+
+class InterpreterError(RuntimeError):
+    """A limit of the interpreter (unsupported opcode or construct), never a user error.
+
+    The message names the construct and the user's ``file:line``, e.g.
+    ``InterpreterError: unsupported opcode SETUP_ANNOTATIONS at /x/prog.py:12``.
+    """
+
+
+class InterpreterHooks:
+    """Callbacks the interpreter makes on behalf of user code; the jit subclasses this.
+
+    Every method has a do-nothing default. The interpreter checks which methods a
+    subclass overrides and skips the others entirely, so a default hook costs nothing.
+
+    Example::
+
+        class Log(InterpreterHooks):
+            def load_global(self, globals_dict, name, value):
+                print("global", name)
+                return value
+
+        interpret(fn, Log())(3)
+    """
+
+    def lookaside(self, fn):
+        return None
+
+    def load_global(self, globals_dict, name, value):
+        return value
+
+    def store_global(self, globals_dict, name, value):
+        return False
+
+    def load_attr(self, obj, name, value):
+        return value
+
+    def store_attr(self, obj, name, value):
+        return False
+
+    def delete_attr(self, obj, name):
+        return False
+
+    def load_subscr(self, container, key, value):
+        return value
+
+    def store_subscr(self, container, key, value):
+        return False
+
+    def delete_subscr(self, container, key):
+        return False
+
+    def load_deref(self, cell, value):
+        return value
+
+
+HOOK_NAMES = (
+    "lookaside", "load_global", "store_global", "load_attr", "store_attr", "delete_attr",
+    "load_subscr", "store_subscr", "delete_subscr", "load_deref",
+)
