@@ -41,11 +41,16 @@ from thunderlite.core.trace import Trace
 from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
 
 
+def _zeros(p) -> torch.Tensor:
+    return torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+
+
 class _Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: "DifferentiableProgram", box: list, *flat_args):
         out, saved_tensors, saved_other = program.forward_fn(*flat_args)
         ctx.program = program
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(*saved_tensors)
         ctx.saved_other = list(saved_other)
         del saved_other
@@ -61,11 +66,13 @@ class _Function(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         saved_other, ctx.saved_other = ctx.saved_other, None
+        program = ctx.program
         per_arg = [grads[i] if i >= 0 else None for i in ctx.grad_slots]
-        per_arg = [g if g is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-                   for g, p in zip(per_arg, ctx.program.split.grad_args, strict=True)]
-        result = ctx.program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
-        return (None, None, *result)
+        reached = frozenset().union(*(r for g, r in zip(per_arg, program.split.grad_reach, strict=True)
+                                      if g is not None))
+        per_arg = [g if g is not None else _zeros(p) for g, p in zip(per_arg, program.split.grad_args, strict=True)]
+        result = program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
+        return (None, None, *program.as_eager_grads(result, reached))
 
 
 class DifferentiableProgram:
@@ -73,6 +80,7 @@ class DifferentiableProgram:
 
     def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace]):
         self.split = split
+        self.trace_args = list(trace.args)
         if split.mode == "eager":
             final = finalize(trace)
             self.forward_traces = [final]
@@ -86,6 +94,18 @@ class DifferentiableProgram:
         self.forward_fn = fwd_final.python_callable()
         self.backward_fn = bwd_final.python_callable()
         self._eager_fn = None
+
+    def as_eager_grads(self, result, reached: frozenset) -> list:
+        """None for arguments eager's graph does not connect to the outputs that
+        got a gradient; zeros for connected ones the functional trace found no
+        gradient for (eager fills ``.grad`` with zeros there)."""
+        out = []
+        for i, r in enumerate(result):
+            if i not in reached:
+                out.append(None)
+            else:
+                out.append(r if r is not None else _zeros(self.trace_args[i]))
+        return out
 
     def plan_outputs(self, tensors: list[torch.Tensor]):
         """The distinct output tensors, which of them each backward grad argument

@@ -77,6 +77,7 @@ class GradSplit:
     saved_other: list = field(default_factory=list)
     grad_args: list = field(default_factory=list)
     grad_positions: list[int] = field(default_factory=list)   # tensor-leaf index of each grad arg
+    grad_reach: list[frozenset] = field(default_factory=list)  # argument indices each grad arg reaches
 
 
 def _is_diff_tensor(p) -> bool:
@@ -295,6 +296,80 @@ def _free_names(bwd: Trace) -> list[Proxy]:
     return free
 
 
+def _first_write_after(fwd_bsyms, groups: AliasGroups) -> dict[str, int]:
+    """For each value defined in the forward (or an argument), the index of the
+    first symbol that later writes into its memory, if any."""
+    defined_at: dict[str, int] = {}
+    writers: list[tuple[int, list]] = []
+    for i, bsym in enumerate(fwd_bsyms):
+        dsts = [d for sub in _leaves_of(bsym) for d, _ in writes(sub)]
+        if dsts:
+            writers.append((i, dsts))
+        for p in bsym.proxy_outs():
+            defined_at[p.name] = i
+    first: dict[str, int] = {}
+    for name in list(defined_at) + [n for n in groups.parent if n not in defined_at]:
+        start = defined_at.get(name, -1)
+        for i, dsts in writers:
+            if i > start and any(groups.same(d.name, name) for d in dsts):
+                first[name] = i
+                break
+    return first
+
+
+def _leaves_of(bsym: BoundSymbol):
+    if not bsym.subsymbols:
+        yield bsym
+        return
+    for sub in bsym.subsymbols:
+        yield from _leaves_of(sub)
+
+
+def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace):
+    """A saved value whose memory a later forward symbol overwrites is saved as
+    a clone taken just before that write, so the backward sees the value the
+    forward used (eager raises "modified by an inplace operation" here; the
+    functional trace can give the correct gradient instead)."""
+    first = _first_write_after(fwd_bsyms, groups)
+    clones: dict[int, list] = {}
+    rename: dict[str, Proxy] = {}
+    for p in saved:
+        at = first.get(p.name)
+        if at is None or type(p) is not TensorProxy:
+            continue
+        copy = p.replace(name=names_of.fresh_name(p.name + "_saved"), requires_grad=False)
+        clones.setdefault(at, []).append(prims.clone.bind(p, output=copy))
+        rename[p.name] = copy
+    if not rename:
+        return fwd_bsyms, bwd_bsyms, saved
+    fwd = []
+    for i, bsym in enumerate(fwd_bsyms):
+        fwd.extend(clones.get(i, ()))
+        fwd.append(bsym)
+    swap = lambda x: rename.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
+    bwd = [b.replace(args=pytree.tree_map(swap, b.args), kwargs=pytree.tree_map(swap, b.kwargs))
+           for b in bwd_bsyms]
+    return fwd, bwd, [rename.get(p.name, p) for p in saved]
+
+
+def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> list[frozenset]:
+    """Which arguments each differentiable output is connected to in eager's
+    autograd graph. An in-place op keeps the overwritten tensor's history in
+    that graph (with a zero gradient), so writes connect their destination too:
+    an argument reached only that way gets a zero gradient, not None, as in eager."""
+    deps: dict[str, frozenset] = {a.name: frozenset({i}) for i, a in enumerate(trace.args)
+                                  if isinstance(a, Proxy) and a.name in tracked}
+    for bsym in flat:
+        if not _on_path(bsym, tracked):
+            continue
+        d = frozenset().union(*(deps.get(p.name, frozenset()) for p in bsym.proxy_args()))
+        for o in bsym.tensor_outs():
+            if o.name in tracked:
+                deps[o.name] = d
+    outs = [o for o in pytree.leaves(trace.output) if type(o) is TensorProxy]
+    return [deps.get(outs[pos].name, frozenset()) for pos in grad_positions]
+
+
 def _visible_names(trace: Trace) -> set[str]:
     names = {a.name for a in trace.args if isinstance(a, Proxy)}
     names.update(o.name for o in pytree.leaves(trace.output) if isinstance(o, Proxy))
@@ -336,9 +411,11 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked)
     split = _build_backward(trace, flat, tracked, mask, handles, groups)
+    split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace))
+    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups, trace)
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
     visible = _visible_names(trace)
     split.saved_tensors = [p for p in saved if type(p) is TensorProxy and p.name in visible]
