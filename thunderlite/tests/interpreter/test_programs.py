@@ -1,0 +1,29 @@
+"""Every registered program returns (or raises) the same interpreted as natively."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import interp_prog_basic  # noqa: F401  (registers programs)
+from interp_harness import PROGRAMS, check, program_ids
+
+for _name in ("interp_prog_calls", "interp_prog_classes", "interp_prog_exceptions",
+              "interp_prog_generators", "interp_prog_stdlib", "interp_prog_match"):
+    try:
+        __import__(_name)
+    except ModuleNotFoundError as e:  # a program module not written yet
+        if e.name != _name:
+            raise
+if sys.version_info >= (3, 11):
+    import interp_prog_py311  # noqa: F401  (except*, exception groups)
+
+
+@pytest.mark.parametrize("entry", PROGRAMS, ids=program_ids(PROGRAMS))
+def test_program(entry):
+    fn, args, kwargs = entry
+    check(fn, args, kwargs)
+
+
+def test_enough_programs():
+    assert len(PROGRAMS) >= 300, len(PROGRAMS)
