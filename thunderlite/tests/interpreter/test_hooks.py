@@ -1,0 +1,349 @@
+"""The hook protocol the jit relies on."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import types
+
+import pytest
+
+from thunderlite.interpreter import (
+    MISSING,
+    InterpreterError,
+    InterpreterHooks,
+    current_source_location,
+    interpret,
+)
+
+GLOBAL_VALUE = 10
+
+
+def helper(x):
+    return x + 1
+
+
+class Vec:
+    def __init__(self, v):
+        self.v = v
+
+    def __mul__(self, other):
+        return Vec(self.v * other.v)
+
+    def scaled(self, k):
+        return self.v * k
+
+    @property
+    def double(self):
+        return self.v * 2
+
+
+class Recorder(InterpreterHooks):
+    def __init__(self):
+        self.events = []
+
+    def load_global(self, globals_dict, name, value):
+        self.events.append(("load_global", name, value))
+        return value
+
+    def load_attr(self, obj, name, value):
+        self.events.append(("load_attr", name, value))
+        return value
+
+    def load_subscr(self, container, key, value):
+        self.events.append(("load_subscr", key, value))
+        return value
+
+    def load_deref(self, cell, value):
+        self.events.append(("load_deref", value))
+        return value
+
+
+def test_lookaside_replaces_python_call():
+    calls = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            calls.append(fn)
+            if fn is helper:
+                return lambda x: x * 100
+            return None
+
+    def f(a):
+        return helper(a) + len([1, 2])
+
+    assert interpret(f, H())(3) == 302
+    assert helper in calls and len in calls
+
+
+def test_lookaside_sees_builtin_and_bound_methods():
+    seen = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(fn)
+            if getattr(fn, "__name__", None) == "append":
+                return lambda v: None  # swallow appends
+            return None
+
+    def f():
+        xs = []
+        xs.append(1)
+        return xs, math.floor(2.5)
+
+    assert interpret(f, H())() == ([], 2)
+    assert math.floor in seen
+
+
+def test_lookaside_on_dunder_of_binary_op():
+    seen = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(fn)
+            if fn is Vec.__mul__:
+                return lambda a, b: "replaced"
+            return None
+
+    def f(a, b):
+        return a * b
+
+    assert interpret(f, H())(Vec(2), Vec(3)) == "replaced"
+    assert Vec.__mul__ in seen
+
+
+def test_lookaside_python_method_gets_function_and_self():
+    seen = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(fn)
+            if fn is Vec.scaled:
+                return lambda self, k: ("la", self.v, k)
+            return None
+
+    def f(v):
+        return v.scaled(3)
+
+    assert interpret(f, H())(Vec(4)) == ("la", 4, 3)
+
+
+def test_load_global_sees_and_overrides():
+    class H(Recorder):
+        def load_global(self, globals_dict, name, value):
+            super().load_global(globals_dict, name, value)
+            return 99 if name == "GLOBAL_VALUE" else value
+
+    def f():
+        return GLOBAL_VALUE + 1, len("ab")
+
+    h = H()
+    assert interpret(f, h)() == (100, 2)
+    assert ("load_global", "GLOBAL_VALUE", 10) in h.events
+    assert not any(e[1] == "len" for e in h.events if e[0] == "load_global")  # builtins are not globals
+
+
+def test_store_global_handled():
+    stored = {}
+
+    class H(InterpreterHooks):
+        def store_global(self, globals_dict, name, value):
+            stored[name] = value
+            return name == "NEW_GLOBAL_XYZ"
+
+    def f():
+        global NEW_GLOBAL_XYZ
+        NEW_GLOBAL_XYZ = 5
+
+    interpret(f, H())()
+    assert stored == {"NEW_GLOBAL_XYZ": 5}
+    assert "NEW_GLOBAL_XYZ" not in globals()
+
+
+def test_load_attr_native_values_and_override():
+    class H(Recorder):
+        def load_attr(self, obj, name, value):
+            super().load_attr(obj, name, value)
+            return 7 if name == "v" else value
+
+    def f(o):
+        return o.v, math.pi > 3, o.double
+
+    h = H()
+    assert interpret(f, h)(Vec(3)) == (7, True, 14)
+    names = [e[1] for e in h.events if e[0] == "load_attr"]
+    assert "v" in names and "pi" in names
+    assert "double" not in names  # computed by an interpreted property
+
+
+def test_load_attr_missing():
+    class H(InterpreterHooks):
+        def load_attr(self, obj, name, value):
+            if value is MISSING and name == "ghost":
+                return "boo"
+            return value
+
+    def f(o):
+        return o.ghost
+
+    assert interpret(f, H())(Vec(1)) == "boo"
+
+    def g(o):
+        return o.nothing_here
+
+    with pytest.raises(AttributeError, match="nothing_here"):
+        interpret(g, H())(Vec(1))
+
+
+def test_getattr_builtin_goes_through_hooks():
+    h = Recorder()
+
+    def f(o):
+        return getattr(o, "v"), getattr(o, "zzz", "dflt"), hasattr(o, "v")
+
+    assert interpret(f, h)(Vec(5)) == (5, "dflt", True)
+    assert ("load_attr", "v", 5) in h.events
+
+
+def test_store_and_delete_attr():
+    events = []
+
+    class H(InterpreterHooks):
+        def store_attr(self, obj, name, value):
+            events.append(("store", name, value))
+            return name == "skip"
+
+        def delete_attr(self, obj, name):
+            events.append(("del", name))
+            return False
+
+    def f(o):
+        o.a = 1
+        o.skip = 2
+        setattr(o, "b", 3)
+        del o.a
+        return sorted(vars(o))
+
+    assert interpret(f, H())(Vec(0)) == ["b", "v"]
+    assert ("store", "a", 1) in events and ("store", "skip", 2) in events
+    assert ("store", "b", 3) in events and ("del", "a") in events
+
+
+def test_subscr_hooks():
+    events = []
+
+    class H(InterpreterHooks):
+        def load_subscr(self, container, key, value):
+            events.append(("load", key, value))
+            return value * 10 if key == 1 else value
+
+        def store_subscr(self, container, key, value):
+            events.append(("store", key, value))
+            return key == "handled"
+
+        def delete_subscr(self, container, key):
+            events.append(("del", key))
+            return False
+
+    def f(d, xs):
+        d["x"] = 1
+        d["handled"] = 2
+        del d["x"]
+        return xs[1], xs[0:2], d
+
+    assert interpret(f, H())({}, [1, 2, 3]) == (20, [1, 2], {})
+    assert ("store", "x", 1) in events and ("del", "x") in events
+    assert ("load", slice(0, 2), [1, 2]) in events or ("load", slice(0, 2, None), [1, 2]) in events
+
+
+def test_load_deref_hook():
+    h = Recorder()
+
+    def f():
+        k = 41
+
+        def g():
+            return k + 1
+
+        return g()
+
+    assert interpret(f, h)() == 42
+    assert ("load_deref", 41) in h.events
+
+
+def test_current_source_location_in_hook():
+    where = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            if fn is helper:
+                where.append(current_source_location())
+            return None
+
+    def f():
+        x = 1
+        return helper(x)  # the marked line
+
+    interpret(f, H())()
+    filename, line = where[0]
+    assert filename == __file__
+    assert "the marked line" in open(filename).read().splitlines()[line - 1]
+    assert current_source_location() is None
+
+
+def test_interpreter_error_names_file_and_line():
+    code = compile("1 + 1\n", "/virtual/prog.py", "single")
+    fn = types.FunctionType(code, {})
+    with pytest.raises(InterpreterError, match=r"/virtual/prog.py:1"):
+        interpret(fn)()
+
+
+def test_user_exception_escapes_interpret():
+    def f():
+        raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        interpret(f)()
+
+
+def test_hooks_fire_inside_callbacks_and_generators():
+    h = Recorder()
+
+    def gen(n):
+        for i in range(n):
+            yield GLOBAL_VALUE + i
+
+    def f():
+        return list(map(lambda x: x + GLOBAL_VALUE, [1])), sorted([3, 1], key=lambda v: -GLOBAL_VALUE * v), list(gen(2))
+
+    assert interpret(f, h)() == ([11], [3, 1], [10, 11])
+    assert sum(1 for e in h.events if e[:2] == ("load_global", "GLOBAL_VALUE")) >= 4
+
+
+def test_import_does_not_import_torch():
+    code = (
+        "import sys; import thunderlite.interpreter as I; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert not [m for m in sys.modules if m.startswith('thunderlite.') and not m.startswith('thunderlite.interpreter')]; "
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def _repo_root():
+    import os
+
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_table_registration_validates():
+    from thunderlite.interpreter.registry import HandlerTable
+
+    t = HandlerTable("test")
+    t.register("NOP", lambda f, ins: None)
+    with pytest.raises(ValueError, match="twice"):
+        t.register("NOP", lambda f, ins: None)
+    with pytest.raises(ValueError, match="not an opcode"):
+        t.register("NOT_AN_OPCODE", lambda f, ins: None)
