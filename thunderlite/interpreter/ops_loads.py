@@ -374,3 +374,13 @@ def _import_from_fallback(mod, name):
     origin = getattr(mod, "__file__", None)
     where = f" ({origin})" if origin else " (unknown location)"
     raise ImportError(f"cannot import name '{name}' from '{pkg}'{where}", name=pkg, path=origin)
+
+
+# SETUP_ANNOTATIONS (--)
+def op_setup_annotations(f, ins):
+    loc = f.locals
+    if type(loc) is dict:
+        if "__annotations__" not in loc:
+            loc["__annotations__"] = {}
+    elif _mapping_get(loc, "__annotations__") is _NOTFOUND:
+        loc["__annotations__"] = {}

@@ -42,6 +42,7 @@ COMMON = [
     ("STORE_ATTR", L.op_store_attr), ("DELETE_ATTR", L.op_delete_attr),
     ("BINARY_SUBSCR", L.op_binary_subscr), ("STORE_SUBSCR", L.op_store_subscr), ("DELETE_SUBSCR", L.op_delete_subscr),
     ("IMPORT_NAME", L.op_import_name), ("IMPORT_FROM", L.op_import_from),
+    ("SETUP_ANNOTATIONS", L.op_setup_annotations),
     ("BUILD_TUPLE", B.op_build_tuple), ("BUILD_LIST", B.op_build_list), ("BUILD_SET", B.op_build_set),
     ("BUILD_MAP", B.op_build_map), ("BUILD_CONST_KEY_MAP", B.op_build_const_key_map),
     ("BUILD_STRING", B.op_build_string), ("BUILD_SLICE", B.op_build_slice), ("LIST_APPEND", B.op_list_append),
