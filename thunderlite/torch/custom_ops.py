@@ -1,9 +1,10 @@
 """Custom ops (``torch.library``) without extra registration (DESIGN.md §5).
 
-``torch.library.custom_op`` objects (``CustomOpDef``), ops defined with
-``torch.library.Library.define`` and anything else reached as
-``torch.ops.<ns>.<op>[.<overload>]`` run as one leaf symbol per overload,
-made on first use:
+``torch.library.custom_op`` objects (``CustomOpDef``) and ops defined with
+``torch.library.Library.define`` (reached as ``torch.ops.<ns>.<op>[.<overload>]``)
+run as one leaf symbol per overload, made on first use (``symbol_for`` in
+torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
+``torch.ops.aten`` overloads for tests and tools):
 
 - shapes come from the op's fake (``register_fake``) or Meta kernel, run under
   ``FakeTensorMode``;
@@ -50,14 +51,28 @@ _CUSTOM_TYPES = (OpOverload, OpOverloadPacket, CustomOpDef)
 _callables: dict[OpOverload, Callable] = {}
 
 
+_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim"})
+
+
 def is_custom_op(fn: Any) -> bool:
-    return isinstance(fn, _CUSTOM_TYPES)
+    """A ``torch.library`` op outside PyTorch's own namespaces (``torch.ops.aten.*``
+    goes through the torch language and its opaque fallback instead)."""
+    if isinstance(fn, CustomOpDef):
+        return True
+    if isinstance(fn, OpOverload):
+        return fn.namespace not in _BUILTIN_NAMESPACES
+    if isinstance(fn, OpOverloadPacket):
+        return fn._qualified_op_name.partition("::")[0] not in _BUILTIN_NAMESPACES
+    return False
 
 
 def custom_op_callable(fn: Any) -> Callable | None:
     """The callable that records ``fn`` into the current trace, or None if ``fn``
-    is not a ``torch.library`` op. Cached per overload."""
+    is not a ``torch.library`` op, or is a packet whose overload only the call's
+    arguments decide (the opaque fallback resolves those). Cached per overload."""
     if not isinstance(fn, _CUSTOM_TYPES):
+        return None
+    if isinstance(fn, OpOverloadPacket) and len(fn.overloads()) != 1:
         return None
     overload = _overload_of(fn)
     wrapper = _callables.get(overload)
@@ -70,10 +85,7 @@ def _overload_of(fn) -> OpOverload:
     if isinstance(fn, CustomOpDef):
         return fn._opoverload
     if isinstance(fn, OpOverloadPacket):
-        names = fn.overloads()
-        check(len(names) == 1, lambda: f"{fn} has overloads {names}; call one of them explicitly "
-                                      f"(torch.ops.<ns>.<op>.<overload>)", NotImplementedError)
-        return getattr(fn, names[0])
+        return getattr(fn, fn.overloads()[0])
     return fn
 
 

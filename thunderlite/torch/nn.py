@@ -33,7 +33,7 @@ def _not_inplace(inplace: bool) -> None:
     decomposable(not inplace, lambda: "inplace=True is recorded through the opaque fallback")
 
 
-@torchsymbol(torch.relu, T.relu, F.relu, method_name="relu")
+@torchsymbol(F.relu, torch.relu, T.relu, method_name="relu")
 def relu(input, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.le(input, 0), 0, input) if input.dtype is not torch.bool else input
@@ -182,6 +182,8 @@ def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
     x = _upcast(x)
+    if x.numel() == 0:
+        return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.div(ew.exp(ew.sub(x, x)), ew.exp(ew.sub(x, x))), out_dtype)
     m = red.amax(x, dim, True)
@@ -197,6 +199,8 @@ def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
     x = _upcast(x)
+    if x.numel() == 0:
+        return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.sub(x, x), out_dtype)
     return convert(ew.sub(x, red.logsumexp(x, dim, True)), out_dtype)

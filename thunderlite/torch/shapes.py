@@ -58,7 +58,7 @@ def view(a, *shape):
     return _reshape(a, _shape_arg(shape))
 
 
-@torchsymbol(torch.reshape, T.reshape, method_name="reshape", tags=VIEW)
+@torchsymbol(T.reshape, torch.reshape, method_name="reshape", tags=VIEW)
 def reshape(a, *shape):
     return _reshape(a, _shape_arg(shape))
 
@@ -97,7 +97,7 @@ def unflatten(a, dim: int, sizes):
     return _reshape(a, a.shape[:d] + tuple(sizes) + a.shape[d + 1:])
 
 
-@torchsymbol(torch.permute, T.permute, method_name="permute", tags=VIEW)
+@torchsymbol(T.permute, torch.permute, method_name="permute", tags=VIEW)
 def permute(a, *dims):
     dims = canonical_dims(_shape_arg(dims), a.ndim)
     check(len(dims) == a.ndim, lambda: f"permute(): number of dims don't match in permute")
@@ -377,9 +377,9 @@ def repeat(a, *repeats):
     return prims.reshape(y, tuple(r * s for r, s in zip(repeats, x.shape, strict=True)))
 
 
-@torchsymbol(torch.tile, T.tile, method_name="tile")
-def tile(a, dims):
-    dims = tuple(dims)
+@torchsymbol(T.tile, torch.tile, method_name="tile")
+def tile(a, *dims):
+    dims = _shape_arg(dims)
     dims = (1,) * (a.ndim - len(dims)) + dims
     return repeat(a, dims)
 
