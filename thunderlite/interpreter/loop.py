@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections.abc
+import types
 
 from .decode import decode
 from .frame import FRAMES, HANDLED, UNBOUND, Frame, limit
@@ -228,6 +229,13 @@ def _drive(f):
             exc = e
 
 
+# The same driver flagged CO_ITERABLE_COROUTINE, for @types.coroutine generator functions:
+# native ``await`` accepts what it returns.
+_drive_iterable_coroutine = types.FunctionType(
+    _drive.__code__.replace(co_flags=_drive.__code__.co_flags | CO_ITERABLE_COROUTINE), globals(), "_drive"
+)
+
+
 class InterpretedCoroutine:
     """A coroutine object backed by an interpreted frame (awaitable, send/throw/close)."""
 
@@ -259,7 +267,7 @@ def make_suspendable(f):
     code = f.code
     if f.rt.table.gen_prerun:
         run_frame(f)  # up to RETURN_GENERATOR (cells and free variables set up first)
-    gen = _drive(f)
+    gen = (_drive_iterable_coroutine if code.co_flags & CO_ITERABLE_COROUTINE else _drive)(f)
     gen.__name__ = code.co_name
     gen.__qualname__ = f.fn.__qualname__
     if code.co_flags & CO_COROUTINE:
