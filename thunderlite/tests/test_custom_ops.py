@@ -211,20 +211,28 @@ def test_op_without_fake_kernel_names_the_op():
         _record(lambda x: op(x), (3,))
 
 
-def test_aten_view_and_inplace_overloads_follow_their_schema():
-    view = custom_op_callable(torch.ops.aten.view.default)
+def test_view_returns_and_aten_overloads_follow_their_schema():
+    lib = torch.library.Library("tl_aliasing_view", "DEF")
+    lib.define("rows2(Tensor(a) x) -> Tensor(a)")
+    lib.impl("rows2", lambda x: x.view(2, -1), "CompositeImplicitAutograd")
+    rows2 = torch.ops.tl_aliasing_view.rows2.default
+    view = custom_op_callable(rows2)
     add_ = custom_op_callable(torch.ops.aten.add_.Tensor)
+    assert not is_custom_op(torch.ops.aten.add_.Tensor)       # aten goes through the torch language
 
     def build(x, y):
-        v = view(x, [2, 3])
+        v = view(x)
         add_(v, prims.reshape(y, (2, 3)))                    # writes x through the view
         return prims.sin(x)
 
     def eager(x, y):
-        v = torch.ops.aten.view.default(x, [2, 3])
-        torch.ops.aten.add_.Tensor(v, y.reshape(2, 3))
+        torch.ops.aten.add_.Tensor(rows2(x), y.reshape(2, 3))
         return x.sin()
     trc, _ = _check(build, eager, (6,), (6,))
     assert trc.bound_symbols[0].has_tag(Tag.VIEW)
     (barrier,) = [b for b in update_aliases(trc).bound_symbols if b.has_tag(Tag.ALIAS_BARRIER)]
     assert [p.name for p in barrier.args[0]] == ["x"]
+
+
+def test_packet_with_several_overloads_is_left_to_the_opaque_fallback():
+    assert custom_op_callable(torch.ops.aten.add) is None
