@@ -9,6 +9,7 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
+from thunderlite.core.proxies import register_method as _register_method
 from thunderlite.torch.registry import torchsymbol
 from thunderlite.torch.utils import (Promotion, broadcast, convert, elementwise, expand_to, is_number,
                                      is_tensor, promote, tensor_of)
@@ -48,6 +49,10 @@ for _n, _aliases, _special in [
 
 for _n, _aliases in [("neg", ("negative",)), ("sign", ()), ("bitwise_not", ())]:
     _g[_n] = _unary(_n, getattr(prims, _n), aliases=_aliases)
+
+# unary operators on proxies: ``-x`` and ``~mask`` (used by HF rotary embeddings and masks)
+_register_method("__neg__", neg)
+_register_method("__invert__", bitwise_not)
 
 for _n in ("isfinite", "isnan", "isinf", "signbit", "logical_not"):
     _g[_n] = _unary(_n, getattr(prims, _n), _BOOL)
