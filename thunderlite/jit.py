@@ -115,6 +115,12 @@ class ThunderliteModule(torch.nn.Module):
         except AttributeError:
             return getattr(self.__dict__["_modules"]["_model"], name)
 
+    def __getitem__(self, idx):
+        return self._model[idx]
+
+    def __len__(self):
+        return len(self._model)
+
     def state_dict(self, *args, **kwargs):
         return self._model.state_dict(*args, **kwargs)
 

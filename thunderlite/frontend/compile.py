@@ -126,6 +126,11 @@ def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -
         loc = hooks.last_location
         where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
         raise DataDependentError(f"{e}{where}") from None
+    except Exception as e:
+        loc = hooks.last_location
+        if loc is not None and hasattr(e, "add_note"):
+            e.add_note(f"thunderlite: raised while tracing {loc[0]}:{loc[1]}: {loc[2]}")
+        raise
     finally:
         torch._C._set_grad_enabled(grad)
 

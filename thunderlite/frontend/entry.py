@@ -69,7 +69,7 @@ def _child_expr(base: str, prov: Prov) -> str:
 
 
 def _const(consts: dict, value: Any) -> str:
-    name = f"_C{len(consts)}"
+    name = f"_K{len(consts)}"
     consts[name] = value
     return name
 

@@ -63,7 +63,7 @@ class TracingHooks(InterpreterHooks):
         if sym is not None:
             return self.recording(sym)
         if _is_thunderlite_internal(fn):
-            return fn
+            return self.recording(fn)     # proxy operators and methods record symbols
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
         return None

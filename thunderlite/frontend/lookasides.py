@@ -55,9 +55,13 @@ def proxy_aware_builtins(hooks) -> dict:
     def set_grad_enabled(mode: bool) -> None:
         hooks.set_grad_enabled(bool(mode))
 
-    def autocast_unsupported(*args, **kwargs):
-        raise NotImplementedError("torch.autocast inside a jitted function is not supported by "
-                                  "thunderlite yet; cast explicitly with .to(dtype)")
+    def set_autocast_enabled(*args):
+        # ``with torch.autocast(..., enabled=False)`` (HF rotary embeddings) is a no-op
+        # here because the jit refuses calls under autocast; enabling it is not supported.
+        if args and args[-1]:
+            raise NotImplementedError("torch.autocast inside a jitted function is not supported by "
+                                      "thunderlite yet; cast explicitly with .to(dtype)")
+        torch.set_autocast_enabled(*args)
 
     def vmap(func, *vmap_args, **vmap_kwargs):
         # vmap's machinery is not traceable: the vmapped function is one opaque
@@ -78,7 +82,12 @@ def proxy_aware_builtins(hooks) -> dict:
         if not hooks.store_attr(obj, name, value):
             object.__setattr__(obj, name, value)
 
+    def is_compiling() -> bool:
+        # Libraries (HF transformers) skip data-dependent Python checks when compiling.
+        return True
+
     table = {
+        torch.compiler.is_compiling: is_compiling,
         torch.nn.Module.__getattr__: module_getattr,
         torch.nn.Module.__setattr__: module_setattr,
         object.__setattr__: object_setattr,
@@ -88,6 +97,6 @@ def proxy_aware_builtins(hooks) -> dict:
         builtins.type: type_,
         torch.is_tensor: is_tensor,
         torch._C._set_grad_enabled: set_grad_enabled,
-        torch.set_autocast_enabled: autocast_unsupported,
+        torch.set_autocast_enabled: set_autocast_enabled,
     }
     return table
