@@ -13,12 +13,15 @@ anything with a side effect, and non-elementwise work (matmuls, reductions).
 
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
-only ``x`` is saved.
+only ``x`` is saved. For ``gelu(x @ w)`` the three elementwise intermediates
+its backward reads are recomputed from the one saved matmul result.
 """
 from __future__ import annotations
 
+import torch
+
 from thunderlite.core import prims
-from thunderlite.core.proxies import Proxy
+from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 
@@ -37,30 +40,71 @@ def is_cheap(bsym: BoundSymbol) -> bool:
     return bool(bsym.subsymbols) and all(is_cheap(s) for s in bsym.subsymbols)
 
 
+_MAX_CHAIN = 32
+
+
+def _nbytes(p) -> int:
+    if type(p) is not TensorProxy:
+        return 0
+    return p.numel() * torch.empty((), dtype=p.dtype, device="meta").element_size()
+
+
+def _closure(name: str, producer: dict, keep: set[str]):
+    """The cheap symbols computing ``name`` back to values in ``keep`` or to
+    outputs of non-cheap symbols: ``(symbols by output name, frontier)``, or
+    None when the chain is too long or not cheap."""
+    chain: dict[str, BoundSymbol] = {}
+    frontier: dict[str, Proxy] = {}
+    stack = [name]
+    while stack:
+        n = stack.pop()
+        bsym = producer[n]
+        chain[n] = bsym
+        if len(chain) > _MAX_CHAIN:
+            return None
+        for a in bsym.proxy_args():
+            if a.name in chain or a.name in frontier:
+                continue
+            src = producer.get(a.name)
+            if a.name in keep or src is None or not is_cheap(src) or len(src.proxy_outs()) != 1:
+                frontier[a.name] = a
+            else:
+                stack.append(a.name)
+    return chain, frontier
+
+
 def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], saved: list[Proxy],
                   visible: set[str]) -> tuple[list[BoundSymbol], list[Proxy]]:
     """Return the backward's symbols with recomputations inserted, and the new
     list of values to save. ``visible`` names the program's arguments and
-    outputs (always alive, so always fine to read)."""
+    outputs (always alive, so free to save).
+
+    Every saved intermediate made by a cheap chain is replaced by the chain's
+    inputs (its *frontier*: arguments, outputs, results of non-cheap symbols)
+    when the bytes saved that way are no more than before; the chains share
+    frontiers (``gelu`` of a matmul saves the matmul's result once instead of
+    three elementwise intermediates)."""
     producer = {p.name: b for b in fwd_bsyms for p in b.proxy_outs()}
-    available = set(visible) | {p.name for p in saved}
+    saved_names = {p.name for p in saved}
+    candidates = [p for p in saved if p.name not in visible and p.name in producer
+                  and is_cheap(producer[p.name]) and len(producer[p.name].proxy_outs()) == 1]
     recompute: dict[str, BoundSymbol] = {}
-    for p in saved:
-        bsym = producer.get(p.name)
-        if p.name in visible or bsym is None or not is_cheap(bsym) or len(bsym.proxy_outs()) != 1:
-            continue
-        if all(a.name in available for a in bsym.proxy_args()):
-            recompute[p.name] = bsym
+    frontier: dict[str, Proxy] = {}
+    for p in candidates:
+        found = _closure(p.name, producer, visible)
+        if found is not None:
+            recompute.update(found[0])
+            frontier.update(found[1])
+    frontier = {n: q for n, q in frontier.items() if n not in recompute}
     if not recompute:
         return bwd_bsyms, saved
-    new_saved = [p for p in saved if p.name not in recompute]
-    kept = {p.name for p in new_saved}
-    for bsym in recompute.values():
-        for a in bsym.proxy_args():
-            if a.name not in kept and a.name not in recompute:
-                kept.add(a.name)
-                new_saved.append(a)
-    return _place(bwd_bsyms, recompute), new_saved
+    before = sum(_nbytes(p) for p in saved if p.name not in visible)
+    kept = [p for p in saved if p.name not in recompute]
+    added = [q for n, q in frontier.items() if n not in saved_names]
+    after = sum(_nbytes(p) for p in kept + added if p.name not in visible)
+    if after > before:
+        return bwd_bsyms, saved
+    return _place(bwd_bsyms, recompute), kept + added
 
 
 def _place(bwd_bsyms: list[BoundSymbol], recompute: dict[str, BoundSymbol]) -> list[BoundSymbol]:
