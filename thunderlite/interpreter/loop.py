@@ -183,7 +183,7 @@ def resume(f, sent, exc):
             return run_frame(f)
         if d is not None:
             return _throw_delegate(f, d, exc)
-        return run_frame(f, exc)
+        return _raise_in(f, exc)
     finally:
         cur = HANDLED[0]
         f.saved_handled = cur if cur is not outer else None
@@ -199,18 +199,27 @@ def _throw_delegate(f, d, exc):
                 close()
             except BaseException as e:  # the close error replaces GeneratorExit
                 exc = e
-        return run_frame(f, exc)
+        return _raise_in(f, exc)
     throw = getattr(d, "throw", None)
     if throw is None:
-        return run_frame(f, exc)
+        return _raise_in(f, exc)
+    raised = None
     try:
         value = throw(exc)
-    except BaseException as e:
-        exc = f.rt.table.delegate_raised(f, e)
-        return run_frame(f) if exc is None else run_frame(f, exc)
+    except BaseException as e:  # handled below, outside this except block
+        raised = e
+    if raised is not None:
+        exc = f.rt.table.delegate_raised(f, raised)
+        return run_frame(f) if exc is None else _raise_in(f, exc)
     f.delegate = d
     f.result = value
     return YIELD
+
+
+def _raise_in(f, exc):
+    """Raise exc at f's suspension point; like CPython, a None is pushed first."""
+    f.stack.append(None)
+    return run_frame(f, exc)
 
 
 def _drive(f):

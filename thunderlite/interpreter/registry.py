@@ -20,8 +20,9 @@ class HandlerTable:
 
     def __init__(self, version):
         self.version = version
-        self.handlers = [None] * 256
-        self.prepare = [None] * 256
+        size = max(dis.opmap.values()) + 1  # pseudo-instructions are numbered above 255
+        self.handlers = [None] * size
+        self.prepare = [None] * size
         self.names = {}
         # Version-specific behaviour that is not an opcode, filled by the table module.
         self.unwind = None  # (frame, exc) -> bool: route exc to a handler in frame

@@ -49,7 +49,7 @@ COMMON = [
     ("SET_ADD", B.op_set_add), ("MAP_ADD", B.op_map_add), ("LIST_EXTEND", B.op_list_extend),
     ("SET_UPDATE", B.op_set_update), ("DICT_UPDATE", B.op_dict_update),
     ("UNPACK_SEQUENCE", B.op_unpack_sequence), ("UNPACK_EX", B.op_unpack_ex),
-    ("BINARY_OP", A.op_binary_op), ("COMPARE_OP", A.op_compare_op, A.prepare_compare), ("IS_OP", A.op_is_op),
+    ("BINARY_OP", A.op_binary_op), ("IS_OP", A.op_is_op),
     ("CONTAINS_OP", A.op_contains_op), ("UNARY_NOT", A.op_unary_not), ("UNARY_NEGATIVE", A.op_unary_negative),
     ("UNARY_INVERT", A.op_unary_invert),
     ("JUMP_FORWARD", J.op_jump), ("JUMP_BACKWARD", J.op_jump), ("JUMP_BACKWARD_NO_INTERRUPT", J.op_jump),
@@ -68,6 +68,7 @@ COMMON = [
 ]
 
 ONLY_311 = [
+    ("COMPARE_OP", A.op_compare_op, A.prepare_compare),
     ("LOAD_FAST", L.make_load_fast(unbound_local)), ("LOAD_CLASSDEREF", _deref[3]),
     ("LOAD_GLOBAL", L.op_load_global_null, L.prepare_load_global),
     ("LOAD_ATTR", L.op_load_attr), ("LOAD_METHOD", L.op_load_method),
