@@ -27,6 +27,7 @@ from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location
 from thunderlite.torch import opaque_symbol_for, symbol_for
+from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 _DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "nonzero_static", "numpy"})
@@ -62,6 +63,9 @@ class TracingHooks(InterpreterHooks):
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym)
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and fn.__name__ == "apply":
+            return self.recording(function_symbol(owner))   # traced forward; the user's backward is its VJP
         if _is_thunderlite_internal(fn):
             return self.recording(fn)     # proxy operators and methods record symbols
         if _is_torch_builtin(fn):

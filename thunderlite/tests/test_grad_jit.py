@@ -237,3 +237,90 @@ def test_llama_loss_and_gradients_match_eager():
     # differences of 1e-16 in a gradient become ~1e-7 in a parameter.
     for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+
+
+# --- user torch.autograd.Function subclasses ------------------------------------------------------
+
+class StraightThrough(torch.autograd.Function):
+    """round() forward, identity backward: its gradient is not round's derivative."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        ctx.save_for_backward(x)
+        return torch.round(x * scale) / scale
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        assert ctx.needs_input_grad == (True, False)
+        return g * torch.cos(x) + g, None
+
+
+class SortWithIndex(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        values, idx = torch.sort(x)
+        ctx.mark_non_differentiable(idx)
+        ctx.save_for_backward(idx)
+        return values, idx
+
+    @staticmethod
+    def backward(ctx, gv, gi):
+        (idx,) = ctx.saved_tensors
+        return torch.zeros_like(gv).scatter(0, idx, gv)
+
+
+class ScaleInPlace(torch.autograd.Function):
+    """In-place code on an intermediate inside the user's forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2
+        y.add_(1)
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        out = g.clone()
+        out.mul_(2)
+        return out
+
+
+def test_autograd_function_user_backward_is_traced():
+    def f(x):
+        return StraightThrough.apply(x.sin(), 4.0).sum()
+    ours, ref = _pair((5,))
+    jf = thunderlite.jit(f)
+    jf(*ours).backward()
+    f(*ref).backward()
+    _same_grads(ours, ref)
+    first = thunderlite.last_traces(jf)[0]
+    assert "autograd_function.StraightThrough" in str(first)
+    assert any("cos" in str(t) for t in thunderlite.last_backward_traces(jf))
+
+
+def test_autograd_function_non_differentiable_output():
+    def f(x):
+        v, i = SortWithIndex.apply(x * 3)
+        return v, i
+    ours, ref = _pair((6,))
+    (v, i), (rv, ri) = thunderlite.jit(f)(*ours), f(*ref)
+    assert v.requires_grad and not i.requires_grad and not ri.requires_grad
+    torch.testing.assert_close(i, ri)
+    (v * torch.arange(6.0, dtype=F64)).sum().backward()
+    (rv * torch.arange(6.0, dtype=F64)).sum().backward()
+    _same_grads(ours, ref)
+
+
+def test_autograd_function_with_inplace_code():
+    def f(x):
+        return ScaleInPlace.apply(x.exp()).sum()
+    ours, ref = _pair((4,))
+    out, want = thunderlite.jit(f)(*ours), f(*ref)
+    torch.testing.assert_close(out, want)
+    out.backward()
+    want.backward()
+    _same_grads(ours, ref)

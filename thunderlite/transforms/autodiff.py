@@ -57,6 +57,8 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms import autodiff_rules as rules
 from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
 from thunderlite.core.aliasing import writes
+from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
+from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups
@@ -137,6 +139,10 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
             continue
+        if is_function_symbol(sym):
+            out.append(bsym)
+            tracked.update(o.name for o in fn_differentiable_outputs(bsym))
+            continue
         if Tag.OPAQUE in sym.tags and sym.torch_fn is not None:
             out.append(bsym)
             _track_opaque_outputs(bsym, tracked)
@@ -174,7 +180,7 @@ def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> 
     shared = {groups.find(a.name) for a in trace.args if type(a) is TensorProxy}
     _shared_roots(trace.bound_symbols, groups, shared)
     for bsym in flat:
-        for dst, _ in writes(bsym):
+        for dst, _ in (w for leaf in _leaves_of(bsym) for w in writes(leaf)):
             on_path = dst.name in tracked or _on_path(bsym, tracked)
             if on_path and groups.find(dst.name) in shared:
                 return True
@@ -258,6 +264,8 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
 
 
 def _vjp_pairs(bsym, g, bwd: Trace, handles, groups) -> list[tuple]:
+    if is_function_symbol(bsym.sym):
+        return function_vjp(bsym, g)
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
         return _barrier_vjp(bsym, g, groups)
     if Tag.OPAQUE in bsym.sym.tags:
@@ -270,6 +278,9 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str]) -> tuple[list, dict]:
     that also return the autograd graph handle their backward needs."""
     out, handles = [], {}
     for bsym in flat:
+        if is_function_symbol(bsym.sym):
+            out.extend(bsym.subsymbols)      # the values the user's backward reads must exist
+            continue
         if Tag.OPAQUE not in bsym.sym.tags or not _on_path(bsym, tracked):
             out.append(bsym)
             continue

@@ -1,0 +1,140 @@
+"""User ``torch.autograd.Function`` subclasses, traced: their ``forward`` becomes
+the decomposition of a symbol, their own ``backward`` its VJP rule.
+
+``function_symbol(cls)`` gives (and caches) the symbol for ``cls.apply``; the
+jit's lookaside records calls of ``SomeFunction.apply`` through it. Calling it
+runs ``cls.forward(ctx, *args)`` on proxies with a tracing ``ctx`` that records
+what PyTorch's ctx records (``save_for_backward``, ``mark_non_differentiable``,
+``mark_dirty``, ``set_materialize_grads``, plain attributes) and answers
+``needs_input_grad`` from the proxies. The rule runs ``cls.backward(ctx, *grads)``
+into the backward trace, so the saved tensors are ordinary forward values
+(saved, rematerialized or freed like any other) and in-place code inside either
+method is recorded as functional op + ``copy_`` like everywhere else.
+
+The symbol has no ``torch_fn``: executors run its decomposition, so the values
+the backward reads exist in the forward trace. The forward and backward run
+natively on proxies (torch calls dispatch to the torch language through
+``__torch_function__``); data-dependent Python inside them is refused as
+anywhere in tracing.
+
+Example::
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * g * x
+
+    thunderlite.jit(lambda x: Square.apply(x).sum())   # traced, not opaque
+"""
+from __future__ import annotations
+
+import weakref
+
+from thunderlite.core import pytree
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.transforms.autodiff_rules import zeros_like
+
+_symbols: dict[type, Symbol] = {}
+_by_id: dict[str, type] = {}
+# id(output proxy) -> (weak reference to it, ctx). Keyed by id: proxies define
+# ``__eq__`` as a traced op, so they cannot be dictionary keys themselves.
+_contexts: dict[int, tuple] = {}
+
+
+def _remember(proxy: TensorProxy, ctx: "TracingCtx") -> None:
+    key = id(proxy)
+    _contexts[key] = (weakref.ref(proxy, lambda _r, k=key, table=_contexts: table.pop(k, None)), ctx)
+
+
+class TracingCtx:
+    """The ``ctx`` a traced ``forward``/``backward`` sees."""
+
+    def __init__(self, args: tuple):
+        object.__setattr__(self, "_saved", ())
+        object.__setattr__(self, "non_differentiable", set())
+        object.__setattr__(self, "dirty", set())
+        object.__setattr__(self, "materialize_grads", True)
+        object.__setattr__(self, "needs_input_grad",
+                           tuple(isinstance(a, TensorProxy) and a.requires_grad for a in args))
+
+    def save_for_backward(self, *tensors) -> None:
+        object.__setattr__(self, "_saved", tuple(tensors))
+
+    save_for_forward = save_for_backward
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return self._saved
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self.non_differentiable.update(t.name for t in tensors if isinstance(t, TensorProxy))
+
+    def mark_dirty(self, *tensors) -> None:
+        self.dirty.update(t.name for t in tensors if isinstance(t, TensorProxy))
+
+    def set_materialize_grads(self, value: bool) -> None:
+        object.__setattr__(self, "materialize_grads", bool(value))
+
+
+def function_symbol(cls: type) -> Symbol:
+    """The symbol recording ``cls.apply`` (one per Function subclass)."""
+    sym = _symbols.get(cls)
+    if sym is not None:
+        return sym
+
+    def decomposition(*args):
+        ctx = TracingCtx(args)
+        out = cls.forward(ctx, *args)
+        for o in pytree.leaves(out):
+            if isinstance(o, TensorProxy):
+                _remember(o, ctx)
+                if o.name in ctx.non_differentiable:
+                    o.requires_grad = False
+        return out
+
+    sym = Symbol(f"{cls.__name__}_{len(_symbols)}", decomposition=decomposition, module="autograd_function",
+                 torch_fn=cls.apply)
+    _symbols[cls] = sym
+    _by_id[sym.id] = cls
+    return sym
+
+
+def is_function_symbol(sym: Symbol) -> bool:
+    return sym.id in _by_id
+
+
+def context_of(bsym: BoundSymbol) -> TracingCtx | None:
+    for o in bsym.tensor_outs():
+        entry = _contexts.get(id(o))
+        if entry is not None and entry[0]() is o:
+            return entry[1]
+    return None
+
+
+def differentiable_outputs(bsym: BoundSymbol) -> list[TensorProxy]:
+    """The outputs the forward did not mark non-differentiable (inexact ones)."""
+    ctx = context_of(bsym)
+    skip = ctx.non_differentiable if ctx is not None else set()
+    return [o for o in bsym.tensor_outs() if o.name not in skip and (o.dtype.is_floating_point or o.dtype.is_complex)]
+
+
+def function_vjp(bsym: BoundSymbol, g) -> list[tuple]:
+    """Record the user's ``backward`` on proxies; ``(input, grad)`` pairs. Output
+    gradients that are None become zeros unless the forward called
+    ``ctx.set_materialize_grads(False)``, as in PyTorch."""
+    cls = _by_id[bsym.sym.id]
+    ctx = context_of(bsym)
+    outs = bsym.output if isinstance(bsym.output, tuple) else (bsym.output,)
+    grads = g if isinstance(bsym.output, tuple) else (g,)
+    if ctx.materialize_grads:
+        grads = tuple(zeros_like(o) if gr is None and isinstance(o, TensorProxy) else gr
+                      for o, gr in zip(outs, grads, strict=True))
+    result = cls.backward(ctx, *grads)
+    result = result if isinstance(result, tuple) else (result,)
+    return [(a, r) for a, r in zip(bsym.args, result) if isinstance(a, TensorProxy) and isinstance(r, TensorProxy)]
