@@ -177,7 +177,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
 def finalize(trace: Trace, executors: list, groups, steps: list | None = None) -> Trace:
     """The execution transform, the alias/DCE re-run it may need, del_last_used."""
     steps = [] if steps is None else steps
-    t = _record(steps, claim_executors(trace, executors), force=True)
+    t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), force=True)
     t = _record(steps, update_aliases(t, groups))
     t = _record(steps, dce(t, groups))
     return _record(steps, del_last_used(t), force=True)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
+from thunderlite.core.proxies import register_method
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
@@ -101,3 +102,13 @@ for _name, _fns in [("elu_", (F.elu_,)), ("leaky_relu_", (F.leaky_relu_,)), ("ha
                     ("celu_", (F.celu_, torch.celu_)), ("selu_", (F.selu_, torch.selu_)),
                     ("threshold_", (F.threshold_, torch.threshold_))]:
     globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)
+
+
+# Augmented assignment on a tensor writes in place (``a += b`` is ``a.add_(b)``);
+# without these Python falls back to ``a = a + b`` and the write is lost.
+_AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
+              "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
+              "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",
+              "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
+for _op, _name in _AUGMENTED.items():
+    register_method(_op, all_symbols()[_name])
