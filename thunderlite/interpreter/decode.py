@@ -75,7 +75,7 @@ def decode(code, table):
             ins.target = index_of[ins.target]
     dec.instrs = instrs
     dec.index_of = index_of
-    dec.names = _localsplus_names(code)
+    dec.names = (table.localsplus_names or _localsplus_names)(code)
     dec.nlocalsplus = len(dec.names)
     dec.exc_for = _exception_targets(code, instrs, index_of)
     for ins in instrs:

@@ -88,9 +88,7 @@ def em_super(rt, args, kwargs):
         raise RuntimeError("super(): no arguments")
     if "__class__" not in code.co_freevars:
         raise RuntimeError("super(): __class__ cell not found")
-    first = f.fast[0]
-    if code.co_varnames[0] in code.co_cellvars and isinstance(first, types.CellType):
-        first = first.cell_contents
+    first = _first_argument(f)
     cell = f.fast[len(f.fast) - len(code.co_freevars) + code.co_freevars.index("__class__")]
     try:
         cls = cell.cell_contents
@@ -99,6 +97,20 @@ def em_super(rt, args, kwargs):
     if cls is None:
         raise RuntimeError("super(): empty __class__ cell")
     return super(cls, first)
+
+
+def _first_argument(f):
+    """The first argument of f, looking through its cell when it is one (3.10 keeps both slots)."""
+    name = f.code.co_varnames[0]
+    value = UNBOUND
+    for i, n in enumerate(f.dec.names):
+        if n == name and f.fast[i] is not UNBOUND:
+            value = f.fast[i]
+    if name in f.code.co_cellvars and isinstance(value, types.CellType):
+        value = value.cell_contents
+    if value is UNBOUND:
+        raise RuntimeError("super(): arg[0] deleted")
+    return value
 
 
 @emulates(builtins.getattr)
