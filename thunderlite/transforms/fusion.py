@@ -167,7 +167,9 @@ MakeFusion = Callable[[Region], BoundSymbol]
 def fuse(trace: Trace, can_fuse: CanFuse, make_fusion: MakeFusion, *, min_size: int = 1,
          input_alias_groups=None) -> Trace:
     """Reorder, then replace each region by ``make_fusion(region)``: a bound
-    symbol reading ``region.inputs`` and producing ``tuple(region.outputs)``."""
+    symbol reading ``region.inputs`` and producing ``tuple(region.outputs)``.
+    The region's symbols become its subsymbols (unless ``make_fusion`` set
+    them), so later passes still see the writes and random draws inside."""
     ordered = reorder(trace, can_fuse, input_alias_groups)
     regions = {id(r.bsyms[0]): r for r in fusion_regions(ordered, can_fuse, min_size)}
     out: list[BoundSymbol] = []
@@ -180,7 +182,10 @@ def fuse(trace: Trace, can_fuse: CanFuse, make_fusion: MakeFusion, *, min_size: 
             out.append(bsym)
             continue
         skip.update(id(b) for b in region.bsyms)
-        out.append(make_fusion(region))
+        fused = make_fusion(region)
+        if not fused.subsymbols:
+            fused = fused.replace(subsymbols=tuple(region.bsyms))
+        out.append(fused)
     if not regions:
         return trace
     return trace.with_bound_symbols("fusion", out)
