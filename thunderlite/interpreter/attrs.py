@@ -25,7 +25,26 @@ def _is_data(descr):
     return dt is property or lookup(dt, "__set__") is not None or lookup(dt, "__delete__") is not None
 
 
-def _interpreted_descriptor(rt, obj, tp, name):
+def _scan(tp, name):
+    """(tp.__getattribute__, raw tp.name or None) in one walk of the MRO."""
+    descr = None
+    for klass in tp.__mro__:
+        d = klass.__dict__
+        if descr is None and name in d:
+            descr = d[name]
+        if "__getattribute__" in d:
+            ga = d["__getattribute__"]
+            if descr is None:
+                for rest in tp.__mro__[tp.__mro__.index(klass) + 1:]:
+                    rd = rest.__dict__
+                    if name in rd:
+                        descr = rd[name]
+                        break
+            return ga, descr
+    return None, descr
+
+
+def _interpreted_descriptor(rt, obj, tp, name, descr):
     """(True, value) when obj.name is computed by a Python descriptor, else (False, None)."""
     if isinstance(obj, type):
         for klass in obj.__mro__:
@@ -37,7 +56,6 @@ def _interpreted_descriptor(rt, obj, tp, name):
                     return False, None
                 return True, call(rt, g, (descr, None, obj))
         return False, None
-    descr = lookup(tp, name)
     if descr is None:
         return False, None
     g = _py_get(descr)
@@ -52,17 +70,35 @@ def _interpreted_descriptor(rt, obj, tp, name):
     return True, call(rt, g, (descr, obj, tp))
 
 
+# type -> names whose lookup on instances involves no Python code at all (no Python
+# __getattribute__/__getattr__/descriptor). Only this verdict is cached: if a class later
+# gains Python attribute code, native getattr still runs it correctly (hooks just do not
+# fire inside it), so the cache can never make a lookup wrong.
+_PLAIN: dict = {}
+
+
 def load_attr(rt, obj, name):
     """obj.name as CPython computes it; hooks see natively resolved values."""
     tp = type(obj)
     if not tp.__flags__ & HEAPTYPE and tp is not type:
-        try:
-            value = getattr(obj, name)
-        except AttributeError as e:
-            return _missing(rt, obj, name, e)
-        h = rt.load_attr
-        return value if h is None else h(obj, name, value)
-    ga = lookup(tp, "__getattribute__")
+        return _load_native(rt, obj, name)
+    plain = _PLAIN.get(tp)
+    if plain is not None and name in plain:
+        return _load_native(rt, obj, name)
+    return _load_attr_slow(rt, obj, tp, name)
+
+
+def _load_native(rt, obj, name):
+    try:
+        value = getattr(obj, name)
+    except AttributeError as e:
+        return _missing(rt, obj, name, e)
+    h = rt.load_attr
+    return value if h is None else h(obj, name, value)
+
+
+def _load_attr_slow(rt, obj, tp, name):
+    ga, descr = _scan(tp, name)
     if type(ga) is FunctionType:
         try:
             return call(rt, ga, (obj, name))
@@ -72,9 +108,12 @@ def load_attr(rt, obj, name):
         if gattr is None:
             raise err
         return call(rt, gattr, (obj, name))
-    done, value = _interpreted_descriptor(rt, obj, tp, name)
+    done, value = _interpreted_descriptor(rt, obj, tp, name, descr)
     if done:
         return value
+    gattr = lookup(tp, "__getattr__")
+    if gattr is None and not isinstance(obj, type) and (descr is None or _py_get(descr) is None):
+        _PLAIN.setdefault(tp, set()).add(name)
     try:
         value = ga(obj, name)
     except AttributeError as e:
@@ -82,7 +121,6 @@ def load_attr(rt, obj, name):
     else:
         h = rt.load_attr
         return value if h is None else h(obj, name, value)
-    gattr = lookup(tp, "__getattr__")
     if gattr is None:
         return _missing(rt, obj, name, err)
     return call(rt, gattr, (obj, name))

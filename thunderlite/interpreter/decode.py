@@ -49,9 +49,10 @@ def _localsplus_names(code):
 
 
 def decode(code, table):
-    dec = _CACHE.get(code)
-    if dec is not None:
-        return dec
+    """The cached Decoded form of code (keyed by identity: hashing a code object is slow)."""
+    hit = _CACHE.get(id(code))
+    if hit is not None and hit.code is code:
+        return hit
     dec = Decoded(code)
     lines = _lines(code)
     instrs = []
@@ -82,7 +83,7 @@ def decode(code, table):
         prep = table.prepare[dis.opmap[ins.opname]]
         if prep is not None:
             prep(ins, dec)
-    _CACHE[code] = dec
+    _CACHE[id(code)] = dec  # dec.code keeps code alive, so its id is not reused
     return dec
 
 
