@@ -90,7 +90,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer iterations")
     p.add_argument("--no-inductor", action="store_true")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (1 keeps timings stable on a shared machine)")
     opts = p.parse_args(argv)
+    torch.set_num_threads(opts.threads)
     number, repeat = (2000, 5) if opts.quick else (20000, 7)
     use_ind = not opts.no_inductor
     torch.manual_seed(0)
