@@ -4,8 +4,9 @@ from __future__ import annotations
 import collections.abc
 import types
 
+from .asyncgen import InterpretedAsyncGenerator
 from .decode import decode
-from .frame import FRAMES, HANDLED, UNBOUND, Frame, limit
+from .frame import FRAMES, HANDLED, UNBOUND, Frame
 from .hooks import InterpreterError
 
 RETURN = 1  # a handler's result when the frame returned (value in frame.result)
@@ -282,7 +283,7 @@ def make_suspendable(f):
     if code.co_flags & CO_COROUTINE:
         return InterpretedCoroutine(gen, code.co_name, f.fn.__qualname__)
     if code.co_flags & CO_ASYNC_GENERATOR:
-        raise limit("async generator functions", f)
+        return InterpretedAsyncGenerator(gen, code.co_name, f.fn.__qualname__)
     return gen
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import types
 
 from .calls import call, lookup
-from .frame import limit
+from .asyncgen import AsyncGenStep, InterpretedAsyncGenerator, Wrapped
 from .loop import RETURN, YIELD, InterpretedCoroutine
 from .operators import get_iter
 
@@ -112,7 +112,7 @@ def op_get_yield_from_iter(f, ins):
 
 
 def awaitable_iter(rt, v):
-    if isinstance(v, (types.CoroutineType, InterpretedCoroutine)):
+    if isinstance(v, (types.CoroutineType, InterpretedCoroutine, AsyncGenStep)):
         return v
     if isinstance(v, types.GeneratorType) and v.gi_code.co_flags & 0x100:
         return v
@@ -155,6 +155,8 @@ def _missing_suffix(f, missing):
 def op_get_aiter(f, ins):
     st = f.stack
     v = st[-1]
+    if type(v) is InterpretedAsyncGenerator:
+        return
     m = lookup(type(v), "__aiter__")
     if m is None:
         raise TypeError(f"'async for' requires an object with __aiter__ method, got {type(v).__name__}")
@@ -165,6 +167,9 @@ def op_get_aiter(f, ins):
 def op_get_anext(f, ins):
     st = f.stack
     v = st[-1]
+    if type(v) is InterpretedAsyncGenerator:
+        st.append(v.__anext__())
+        return
     m = lookup(type(v), "__anext__")
     if m is None:
         raise TypeError(f"'async for' requires an iterator with __anext__ method, got {type(v).__name__}")
@@ -183,4 +188,11 @@ def op_end_async_for(f, ins):
 
 # ASYNC_GEN_WRAP (value -- wrapped)
 def op_async_gen_wrap(f, ins):
-    raise limit("async generators", f)
+    f.stack[-1] = Wrapped(f.stack[-1])
+
+
+# YIELD_VALUE (3.10: value -- sent); an async generator's values are wrapped here
+def op_yield_value_310(f, ins):
+    v = f.stack.pop()
+    f.result = Wrapped(v) if f.code.co_flags & 0x200 else v
+    return YIELD

@@ -1,11 +1,12 @@
 """CALL_INTRINSIC_1 / CALL_INTRINSIC_2 (3.12+): small helpers the compiler calls by number."""
 from __future__ import annotations
 
+import operator
+
+from .asyncgen import Wrapped
 from .frame import limit
 from .operators import unary
 from .ops_exceptions import prep_reraise_star
-
-import operator
 
 
 def _stopiteration_error(f, exc):
@@ -35,9 +36,10 @@ _INTRINSIC_1 = {
     2: _import_star,
     3: _stopiteration_error,
     5: lambda f, v: unary(f.rt, v, "__pos__", operator.pos),
+    4: lambda f, v: Wrapped(v),
     6: lambda f, v: tuple(v),
 }
-_INTRINSIC_1_NAMES = {1: "PRINT", 4: "ASYNC_GEN_WRAP", 7: "TYPEVAR", 8: "PARAMSPEC", 9: "TYPEVARTUPLE",
+_INTRINSIC_1_NAMES = {1: "PRINT", 7: "TYPEVAR", 8: "PARAMSPEC", 9: "TYPEVARTUPLE",
                       10: "SUBSCRIPT_GENERIC", 11: "TYPEALIAS"}
 
 

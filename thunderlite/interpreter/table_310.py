@@ -64,7 +64,7 @@ ENTRIES = [
     ("RERAISE", K.op_reraise_310), ("RAISE_VARARGS", E.op_raise_varargs),
     ("JUMP_IF_NOT_EXC_MATCH", K.op_jump_if_not_exc_match), ("LOAD_ASSERTION_ERROR", E.op_load_assertion_error),
     ("SETUP_WITH", K.op_setup_with), ("WITH_EXCEPT_START", K.op_with_except_start_310),
-    ("GEN_START", K.op_gen_start), ("YIELD_VALUE", G.op_yield_value, G.prepare_yield_value),
+    ("GEN_START", K.op_gen_start), ("YIELD_VALUE", G.op_yield_value_310),
     ("YIELD_FROM", K.op_yield_from), ("GET_YIELD_FROM_ITER", G.op_get_yield_from_iter),
     ("GET_AWAITABLE", K.op_get_awaitable_310), ("BEFORE_ASYNC_WITH", G.op_before_async_with),
     ("SETUP_ASYNC_WITH", K.op_setup_async_with), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),

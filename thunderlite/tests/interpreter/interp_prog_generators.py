@@ -409,3 +409,83 @@ def awaitable_class():
         return await Aw()
 
     return asyncio.run(main())
+
+
+@program()
+def async_generator_basic():
+    import asyncio
+
+    async def agen(n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i * 3
+
+    async def main():
+        out = [v async for v in agen(4)]
+        async for v in agen(2):
+            out.append(-v)
+        return out
+
+    return asyncio.run(main())
+
+
+@program()
+def async_generator_asend_athrow():
+    import asyncio
+
+    async def agen():
+        total = 0
+        while True:
+            try:
+                v = yield total
+            except KeyError:
+                yield "caught"
+                return
+            total += v or 0
+
+    async def main():
+        g = agen()
+        out = [await g.__anext__(), await g.asend(5), await g.asend(6), await g.athrow(KeyError)]
+        try:
+            await g.__anext__()
+        except StopAsyncIteration:
+            out.append("stop")
+        return out
+
+    return asyncio.run(main())
+
+
+@program()
+def async_generator_aclose_finally():
+    import asyncio
+
+    log = []
+
+    async def agen():
+        try:
+            yield 1
+            yield 2
+        finally:
+            log.append("closed")
+
+    async def main():
+        g = agen()
+        first = await g.__anext__()
+        await g.aclose()
+        return first, log
+
+    return asyncio.run(main())
+
+
+@program()
+def async_comprehensions():
+    import asyncio
+
+    async def double(x):
+        await asyncio.sleep(0)
+        return x * 2
+
+    async def main():
+        return [await double(i) for i in range(3)], {i: await double(i) for i in range(2)}
+
+    return asyncio.run(main())
