@@ -239,6 +239,11 @@ def delete_subscr(rt, container, key):
         if type(m) is FunctionType:
             call(rt, m, (container, key))
             return
+        if m is not None and rt.lookaside is not None:
+            alt = rt.lookaside(m)
+            if alt is not None:
+                alt(container, key)
+                return
     h = rt.delete_subscr
     if h is not None and h(container, key):
         return

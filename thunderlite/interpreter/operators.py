@@ -119,8 +119,19 @@ def compare_op(rt, a, b, k):
     )
 
 
+def slot(rt, tp, name):
+    """The dunder to call through ``call`` for tp.name: a Python function, or any
+    resolved dunder of a heap type while a lookaside is installed; else None (native)."""
+    if not tp.__flags__ & HEAPTYPE:
+        return None
+    m = lookup(tp, name)
+    if type(m) is FunctionType or (m is not None and rt.lookaside is not None):
+        return m
+    return None
+
+
 def contains(rt, container, item):
-    m = py_dunder(type(container), "__contains__")
+    m = slot(rt, type(container), "__contains__")
     if m is None:
         return item in container
     return bool(truth(rt, call(rt, m, (container, item))))
@@ -129,7 +140,7 @@ def contains(rt, container, item):
 # ----------------------------------------------------------------------------- unary / truth
 
 def unary(rt, v, name, native):
-    m = py_dunder(type(v), name)
+    m = slot(rt, type(v), name)
     if m is None:
         return native(v)
     return call(rt, m, (v,))
@@ -143,7 +154,7 @@ def truth(rt, v):
     if not t.__flags__ & HEAPTYPE:
         return bool(v)
     m = lookup(t, "__bool__")
-    if type(m) is FunctionType:
+    if type(m) is FunctionType or (m is not None and rt.lookaside is not None):
         r = call(rt, m, (v,))
         if type(r) is not bool:
             raise TypeError(f"__bool__ should return bool, returned {type(r).__name__}")
@@ -161,7 +172,7 @@ def truth(rt, v):
 # ----------------------------------------------------------------------------- iteration
 
 def get_iter(rt, v):
-    m = py_dunder(type(v), "__iter__")
+    m = slot(rt, type(v), "__iter__")
     if m is None:
         return iter(v)
     it = call(rt, m, (v,))
@@ -177,8 +188,8 @@ def next_or_exhausted(rt, it):
     """next(it), or EXHAUSTED when it is exhausted."""
     t = type(it)
     if t.__flags__ & HEAPTYPE:
-        m = lookup(t, "__next__")
-        if type(m) is FunctionType:
+        m = slot(rt, t, "__next__")
+        if m is not None:
             try:
                 return call(rt, m, (it,))
             except StopIteration:
