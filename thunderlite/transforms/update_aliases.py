@@ -314,7 +314,8 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
             link = base_of.get(dst.name)
             filled = w.args and isinstance(w.args[0], Proxy) and w.args[0].name in fills
-            check(link is None or filled or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
+            overlap_ok = filled or not _refuses_overlap(bsym)
+            check(link is None or overlap_ok or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
 
 
 def _all_writes(bsym: BoundSymbol):
@@ -344,6 +345,19 @@ def _view_root(name: str, base_of: dict) -> tuple[str, int]:
         name = base_of[name][0]
         hops += 1
     return name, hops
+
+
+_FILLS = frozenset({"fill", "masked_fill", "index_fill"})
+
+
+def _refuses_overlap(bsym: BoundSymbol) -> bool:
+    """Whether eager refuses this write into a tensor whose elements overlap:
+    elementwise in-place ops and ``copy_`` do; fills (``fill_``, ``zero_``,
+    ``masked_fill_``, ``x[i] = v``) do not."""
+    sym = bsym.sym
+    if sym.inplace_of is not None:
+        return sym.inplace_of.name not in _FILLS
+    return sym.name == "copy_"
 
 
 def _expands(view: BoundSymbol) -> bool:
