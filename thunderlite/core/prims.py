@@ -185,12 +185,15 @@ def _where_meta(pred, a, b):
     check(isinstance(pred, TensorProxy) and pred.dtype is torch.bool, lambda: "where needs a bool tensor predicate")
     vals = [x for x in (a, b) if isinstance(x, TensorProxy)]
     check(len({v.dtype for v in vals}) <= 1, lambda: f"where operands differ in dtype: {[v.dtype for v in vals]}")
-    dtype = vals[0].dtype if vals else dtypes.result_type(a, b)
+    # torch.where promotes a tensor with a scalar of a higher category (int tensor, 1.0 -> float)
+    dtype = dtypes.result_type(a, b)
     return TensorProxy(shape=pred.shape, dtype=dtype, device=pred.device,
                        requires_grad=_grad(*vals, dtype=dtype))
 
 
 where = make_prim("where", _where_meta)
+"""``where(pred, a, b)``: tensors of one shape and dtype; a Python scalar promotes
+as in torch.where (the result dtype is ``result_type(a, b)``)."""
 
 
 def _convert_element_type_meta(a, dtype: torch.dtype):
@@ -493,6 +496,7 @@ var_mean = make_prim("var_mean", _var_mean_meta)
 
 def _arg_reduction_meta(name: str):
     def meta(a, dim):
+        check(a.dtype is not torch.bool, lambda: f"{name} does not support bool tensors; convert first", TypeError)
         if dim is None:
             return TensorProxy(shape=(), dtype=torch.int64, device=a.device)
         d = _canon_dim(dim, a.ndim, name)

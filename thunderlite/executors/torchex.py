@@ -126,6 +126,8 @@ def sum(a, dims, *, output_dtype=None):
 def prod(a, dims, *, output_dtype=None):
     if not dims:
         return _no_reduction(a, output_dtype)
+    if len(dims) == a.ndim:
+        return torch.prod(a, dtype=output_dtype or a.dtype)
     for d in sorted((d % a.ndim for d in dims), reverse=True):  # torch.prod takes one dim at a time
         a = torch.prod(a, d, dtype=output_dtype or a.dtype)
     return a
@@ -142,9 +144,10 @@ def amin(a, dims, *, output_dtype=None):
 
 
 def iota(length, *, start, step, device, dtype):
-    if isinstance(start, int) and isinstance(step, int):
+    if isinstance(start, int) and isinstance(step, int) and not dtype.is_complex:
         return torch.arange(start, start + step * length, step, device=device, dtype=dtype)
-    return torch.arange(length, device=device, dtype=dtype) * step + start
+    base = torch.arange(length, device=device, dtype=dtype if not dtype.is_complex else torch.float64)
+    return (base * step + start).to(dtype)         # arange has no complex kernel
 
 
 def uniform(shape, minval, maxval, *, device, dtype, generator=None):

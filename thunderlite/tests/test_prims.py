@@ -100,6 +100,7 @@ def test_elementwise_prims_accept_python_scalars_of_the_same_category():
     (lambda x, i: prims.matmul(x, x), "cannot be multiplied"),
     (lambda x, i: prims.squeeze(x, (0,)), "not of size 1"),
     (lambda x, i: prims.var(i, (0,)), "float or complex"),
+    (lambda x, i: prims.argmax(prims.gt(x, 0.0), 0), "bool"),
 ])
 def test_prims_are_strict_with_clear_messages(bad, match):
     with tracectx(Trace()):
@@ -165,6 +166,7 @@ SHAPE_CASES = {
     "sum": [((_t(2, 3, 4), (0, 2)), lambda a, d: a.sum(d)), ((_t(2, 3), ()), lambda a, d: a),
             ((_t(2, 3, dtype=torch.int32), (1,)), lambda a, d: a.sum(d, dtype=torch.int32))],
     "prod": [((_t(2, 3, 4), (0, 2)), lambda a, d: a.prod(2).prod(0)),
+             ((_t(2, 3, dtype=torch.complex64), (0, 1)), lambda a, d: a.prod()),
              ((_t(2, 3, dtype=torch.int16), (0,)), lambda a, d: a.prod(0, dtype=torch.int16))],
     "amax": [((_t(2, 3, 4), (1,)), torch.amax), ((_t(2, 3), ()), lambda a, d: a)],
     "amin": [((_t(2, 3, 4), (-1, 0)), torch.amin)],
@@ -178,7 +180,9 @@ SHAPE_CASES = {
     "sort": [((_t(4, 5), 0, True), torch.sort)],
     "clone": [((_t(2, 3),), torch.clone)],
     "device_put": [((_t(2, 3), torch.device("cpu")), lambda a, d: a)],
-    "where": [((_t(2, 3) > 0, _t(2, 3), _t(2, 3)), torch.where), ((_t(2, 3) > 0, _t(2, 3), 0.0), torch.where)],
+    "where": [((_t(2, 3) > 0, _t(2, 3), _t(2, 3)), torch.where), ((_t(2, 3) > 0, _t(2, 3), 0.0), torch.where),
+              ((_t(2, 3) > 0, _t(2, 3, dtype=torch.int32), 1.5), torch.where),
+              ((_t(2, 3) > 0, _t(2, 3, dtype=torch.bool), 0), torch.where)],
     "convert_element_type": [((_t(2, 3), torch.int32), lambda a, d: a.to(d)), ((2.7, torch.int64), lambda a, d: 2)],
     "item": [((_t(1, 1),), lambda a: a.item())],
     "copy_": [((_t(3), _t(2, 3)), lambda s, d: s.expand(2, 3))],
@@ -205,6 +209,8 @@ def test_creation_prims():
                ref=lambda n, **kw: torch.arange(2, 17, 3))
     check_prim(prims.iota, (4,), dict(start=0.5, step=0.25, device=cpu, dtype=torch.float32),
                ref=lambda n, **kw: torch.tensor([0.5, 0.75, 1.0, 1.25]))
+    check_prim(prims.iota, (3,), dict(start=1, step=2, device=cpu, dtype=torch.complex64),
+               ref=lambda n, **kw: torch.tensor([1, 3, 5], dtype=torch.complex64))
     out = check_prim(prims.empty, ((4, 0),), dict(device=cpu, dtype=torch.bfloat16))
     assert out.shape == (4, 0)
 
