@@ -236,3 +236,26 @@ def test_view_returns_and_aten_overloads_follow_their_schema():
 
 def test_packet_with_several_overloads_is_left_to_the_opaque_fallback():
     assert custom_op_callable(torch.ops.aten.add) is None
+
+
+def test_custom_ops_through_jit_without_registration():
+    import thunderlite
+
+    def fn(x, y):
+        s = x.sin()
+        scale_(x, 2.0)                                # (Tensor(a!) x) -> ()
+        a, b = split_update(x, y)                     # writes x, two fresh outputs
+        z = inc_(y)                                   # (Tensor(a!) x) -> Tensor(a!)
+        return s, x.cos(), a, z * 2
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    rx, ry = x.clone(), y.clone()
+    jfn = thunderlite.jit(fn)
+    torch.testing.assert_close(jfn(x, y), fn(rx, ry))
+    torch.testing.assert_close((x, y), (rx, ry))
+    final = thunderlite.last_traces(jfn)[-1]
+    bsyms = final.bound_symbols
+    i = next(i for i, b in enumerate(bsyms) if b.sym.name == "tl_aliasing_split_update_default")
+    (_,), (_, unused) = bsyms[i].output
+    assert is_del(bsyms[i + 1]) and unused.name in {p.name for p in bsyms[i + 1].args}

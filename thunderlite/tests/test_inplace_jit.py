@@ -311,3 +311,25 @@ def test_inplace_on_inference_tensor_raises_like_eager():
         t = torch.ones(3)
     with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
         thunderlite.jit(lambda x: x.add_(1))(t)
+
+
+class _AccumulateInto(torch.autograd.Function):
+    """A user autograd.Function whose forward writes into an argument."""
+
+    @staticmethod
+    def forward(ctx, x, buf):
+        buf.add_(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+def test_inplace_inside_user_autograd_function():
+    def fn(x, buf):
+        before = buf.sum()
+        y = _AccumulateInto.apply(x, buf)
+        return before, y + buf
+    jfn = check(fn, *_inputs([(3,), (3,)]))
+    assert any(_barriers(t) for t in thunderlite.last_traces(jfn))
