@@ -108,19 +108,26 @@ def _load_attr_slow(rt, obj, tp, name):
         if gattr is None:
             raise err
         return call(rt, gattr, (obj, name))
-    done, value = _interpreted_descriptor(rt, obj, tp, name, descr)
+    gattr = lookup(tp, "__getattr__")
+    err = None
+    try:
+        done, value = _interpreted_descriptor(rt, obj, tp, name, descr)
+    except AttributeError as e:  # CPython then tries __getattr__
+        if gattr is None:
+            raise
+        done, err = False, e
     if done:
         return value
-    gattr = lookup(tp, "__getattr__")
-    if gattr is None and not isinstance(obj, type) and (descr is None or _py_get(descr) is None):
-        _PLAIN.setdefault(tp, set()).add(name)
-    try:
-        value = ga(obj, name)
-    except AttributeError as e:
-        err = e
-    else:
-        h = rt.load_attr
-        return value if h is None else h(obj, name, value)
+    if err is None:
+        if gattr is None and not isinstance(obj, type) and (descr is None or _py_get(descr) is None):
+            _PLAIN.setdefault(tp, set()).add(name)
+        try:
+            value = ga(obj, name)
+        except AttributeError as e:
+            err = e
+        else:
+            h = rt.load_attr
+            return value if h is None else h(obj, name, value)
     if gattr is None:
         return _missing(rt, obj, name, err)
     return call(rt, gattr, (obj, name))

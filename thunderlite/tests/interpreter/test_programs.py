@@ -9,7 +9,7 @@ import interp_prog_basic  # noqa: F401  (registers programs)
 from interp_harness import PROGRAMS, check, program_ids
 from thunderlite.interpreter import InterpreterHooks
 
-for _name in ("interp_prog_calls", "interp_prog_classes", "interp_prog_exceptions",
+for _name in ("interp_prog_calls", "interp_prog_classes", "interp_prog_edge", "interp_prog_exceptions",
               "interp_prog_generators", "interp_prog_stdlib", "interp_prog_match"):
     try:
         __import__(_name)
