@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import types
 
-from .calls import call, lookup
+from .calls import call
 from .frame import HANDLED, NULL, UNBOUND
 from .loop import YIELD, chain_context
 from .ops_calls import _kw_split
-from .ops_exceptions import _check_catchable
+from .ops_exceptions import _check_catchable, enter_exit
 from .ops_generators import awaitable_iter, send
 
 SETUP_FINALLY = 0
@@ -102,7 +102,8 @@ def op_jump_if_not_exc_match(f, ins):
         f.pc = ins.target
 
 
-def _missing_dunder(tp, name):
+def missing_dunder(tp, name):
+    """3.10's error for a context manager lacking ``name``."""
     return AttributeError(name)
 
 
@@ -110,13 +111,7 @@ def _missing_dunder(tp, name):
 def op_setup_with(f, ins):
     st = f.stack
     mgr = st[-1]
-    tp = type(mgr)
-    enter = lookup(tp, "__enter__")
-    if enter is None:
-        raise AttributeError("__enter__")
-    exit_ = lookup(tp, "__exit__")
-    if exit_ is None:
-        raise AttributeError("__exit__")
+    enter, exit_ = enter_exit(type(mgr), "__enter__", "__exit__", missing_dunder)
     st[-1] = MethodType(exit_, mgr)
     res = call(f.rt, enter, (mgr,))
     f.blocks.append((SETUP_FINALLY, ins.target, len(st)))

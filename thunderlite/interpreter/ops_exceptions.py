@@ -158,22 +158,31 @@ def op_load_assertion_error(f, ins):
     f.stack.append(AssertionError)
 
 
-def make_before_with(missing_msg):
-    # BEFORE_WITH (mgr -- exit res)
-    def op_before_with(f, ins):
-        st = f.stack
-        mgr = st[-1]
-        tp = type(mgr)
-        enter = lookup(tp, "__enter__")
-        if enter is None:
-            raise TypeError(missing_msg(tp, "__enter__"))
-        exit_ = lookup(tp, "__exit__")
-        if exit_ is None:
-            raise TypeError(missing_msg(tp, "__exit__"))
-        st[-1] = MethodType(exit_, mgr)
-        st.append(call(f.rt, enter, (mgr,)))
+def missing_protocol(tp, dunder):
+    """The 3.11+ error for a context manager lacking ``dunder``."""
+    kind = "asynchronous context manager" if dunder.startswith("__a") else "context manager"
+    missed = f" (missed {dunder} method)" if dunder.endswith("exit__") else ""
+    return TypeError(f"'{tp.__name__}' object does not support the {kind} protocol{missed}")
 
-    return op_before_with
+
+def enter_exit(tp, enter_name, exit_name, missing):
+    """(enter, exit) looked up on the type, or the version's error from missing(tp, dunder)."""
+    enter = lookup(tp, enter_name)
+    if enter is None:
+        raise missing(tp, enter_name)
+    exit_ = lookup(tp, exit_name)
+    if exit_ is None:
+        raise missing(tp, exit_name)
+    return enter, exit_
+
+
+# BEFORE_WITH (mgr -- exit res)
+def op_before_with(f, ins):
+    st = f.stack
+    mgr = st[-1]
+    enter, exit_ = enter_exit(type(mgr), "__enter__", "__exit__", missing_protocol)
+    st[-1] = MethodType(exit_, mgr)
+    st.append(call(f.rt, enter, (mgr,)))
 
 
 # WITH_EXCEPT_START (exit lasti prev_exc val -- exit lasti prev_exc val res)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import types
 
 from .calls import call, lookup
+from .ops_exceptions import enter_exit
 from .asyncgen import AsyncGenStep, InterpretedAsyncGenerator, Wrapped
 from .loop import RETURN, YIELD, InterpretedCoroutine
 from .operators import get_iter
@@ -132,23 +133,18 @@ def op_get_awaitable(f, ins):
     f.stack[-1] = awaitable_iter(f.rt, f.stack[-1])
 
 
-# BEFORE_ASYNC_WITH (mgr -- exit awaitable)
-def op_before_async_with(f, ins):
-    st = f.stack
-    mgr = st[-1]
-    tp = type(mgr)
-    enter = lookup(tp, "__aenter__")
-    exit_ = lookup(tp, "__aexit__")
-    if enter is None or exit_ is None:
-        missing = "__aenter__" if enter is None else "__aexit__"
-        raise TypeError(f"'{tp.__name__}' object does not support the asynchronous context manager protocol"
-                        + _missing_suffix(f, missing))
-    st[-1] = MethodType(exit_, mgr)
-    st.append(awaitable_iter(f.rt, call(f.rt, enter, (mgr,))))
+def make_before_async_with(missing):
+    """BEFORE_ASYNC_WITH; missing(tp, dunder) builds the version's error."""
 
+    # BEFORE_ASYNC_WITH (mgr -- exit awaitable)
+    def op_before_async_with(f, ins):
+        st = f.stack
+        mgr = st[-1]
+        enter, exit_ = enter_exit(type(mgr), "__aenter__", "__aexit__", missing)
+        st[-1] = MethodType(exit_, mgr)
+        st.append(awaitable_iter(f.rt, call(f.rt, enter, (mgr,))))
 
-def _missing_suffix(f, missing):
-    return f.rt.table.missing_suffix(missing) if f.rt.table.missing_suffix else ""
+    return op_before_async_with
 
 
 # GET_AITER (aiterable -- aiter)

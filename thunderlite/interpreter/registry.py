@@ -30,7 +30,6 @@ class HandlerTable:
         self.gen_prerun = False  # run a new generator frame up to RETURN_GENERATOR (3.11+)
         self.delegate_raised = None  # (frame, exc) -> exc or None after a delegate's throw() raised
         self.localsplus_names = None  # (code) -> names of the fast slots, when not the 3.11+ layout
-        self.missing_suffix = None  # (dunder) -> str appended to 'does not support the ... protocol'
 
     def register(self, opname, handler, prepare=None):
         if opname not in dis.opmap:

@@ -66,7 +66,7 @@ ENTRIES = [
     ("SETUP_WITH", K.op_setup_with), ("WITH_EXCEPT_START", K.op_with_except_start_310),
     ("GEN_START", K.op_gen_start), ("YIELD_VALUE", G.op_yield_value_310),
     ("YIELD_FROM", K.op_yield_from), ("GET_YIELD_FROM_ITER", G.op_get_yield_from_iter),
-    ("GET_AWAITABLE", K.op_get_awaitable_310), ("BEFORE_ASYNC_WITH", G.op_before_async_with),
+    ("GET_AWAITABLE", K.op_get_awaitable_310), ("BEFORE_ASYNC_WITH", G.make_before_async_with(K.missing_dunder)),
     ("SETUP_ASYNC_WITH", K.op_setup_async_with), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
     ("END_ASYNC_FOR", K.op_end_async_for_310),
     ("MATCH_CLASS", M.op_match_class_310), ("MATCH_MAPPING", M.op_match_mapping),

@@ -22,10 +22,6 @@ def unbound_free(name):
     return f"cannot access free variable '{name}' where it is not associated with a value in enclosing scope"
 
 
-def no_context_manager(tp, missing):
-    return f"'{tp.__name__}' object does not support the context manager protocol"
-
-
 DEREF_MSGS = (unbound_local, unbound_free)
 _deref = L.make_deref_ops(DEREF_MSGS, lambda f: 0)
 
@@ -58,10 +54,10 @@ COMMON = [
     ("PUSH_EXC_INFO", E.op_push_exc_info), ("POP_EXCEPT", E.op_pop_except), ("RERAISE", E.op_reraise),
     ("RAISE_VARARGS", E.op_raise_varargs), ("CHECK_EXC_MATCH", E.op_check_exc_match),
     ("CHECK_EG_MATCH", E.op_check_eg_match), ("LOAD_ASSERTION_ERROR", E.op_load_assertion_error),
-    ("BEFORE_WITH", E.make_before_with(no_context_manager)), ("WITH_EXCEPT_START", E.op_with_except_start),
+    ("BEFORE_WITH", E.op_before_with), ("WITH_EXCEPT_START", E.op_with_except_start),
     ("RETURN_GENERATOR", G.op_return_generator), ("YIELD_VALUE", G.op_yield_value, G.prepare_yield_value),
     ("GET_YIELD_FROM_ITER", G.op_get_yield_from_iter), ("GET_AWAITABLE", G.op_get_awaitable),
-    ("BEFORE_ASYNC_WITH", G.op_before_async_with), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
+    ("BEFORE_ASYNC_WITH", G.make_before_async_with(E.missing_protocol)), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
     ("END_ASYNC_FOR", G.op_end_async_for),
     ("MATCH_CLASS", M.op_match_class), ("MATCH_MAPPING", M.op_match_mapping),
     ("MATCH_SEQUENCE", M.op_match_sequence), ("MATCH_KEYS", M.op_match_keys), ("GET_LEN", M.op_get_len),

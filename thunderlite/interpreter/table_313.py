@@ -30,15 +30,10 @@ ONLY_313 = [
 ]
 
 
-def missing_suffix(dunder):
-    return f" (missed {dunder} method)"
-
-
 def build():
     entries = [e for e in COMMON if e[0] not in _REPLACED] + COMMON_312 + ONLY_313
     t = HandlerTable("3.13").register_all(entries)
     t.unwind = unwind_exception_table
     t.gen_prerun = True
     t.delegate_raised = G.delegate_raised_312
-    t.missing_suffix = missing_suffix
     return t

@@ -460,3 +460,39 @@ def try_finally_in_generator_close():
     next(g)
     g.close()
     return log
+
+
+@program()
+def with_missing_exit():
+    class OnlyEnter:
+        def __enter__(self):
+            return 1
+
+    with OnlyEnter():
+        pass
+
+
+@program()
+def async_with_missing_aexit():
+    import asyncio
+
+    class OnlyAenter:
+        async def __aenter__(self):
+            return 1
+
+    async def main():
+        async with OnlyAenter():
+            pass
+
+    return asyncio.run(main())
+
+
+@program()
+def async_with_not_a_manager():
+    import asyncio
+
+    async def main():
+        async with 5:
+            pass
+
+    return asyncio.run(main())
