@@ -29,6 +29,7 @@ _CACHE: dict = {}
 
 
 def _unsupported(name):
+    # <any opcode without a handler> (--): an InterpreterError naming it and the user's line
     def op_unsupported(f, ins):
         raise limit(f"opcode {name}", f)
 

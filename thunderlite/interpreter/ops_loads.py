@@ -137,8 +137,8 @@ def make_deref_ops(msgs, offset_of):
     return op_load_deref, op_store_deref, op_delete_deref, op_load_classderef
 
 
-# LOAD_FROM_DICT_OR_DEREF (mapping -- value)
 def make_load_from_dict_or_deref(msgs):
+    # LOAD_FROM_DICT_OR_DEREF (mapping -- value)
     def op_load_from_dict_or_deref(f, ins):
         m = f.stack.pop()
         v = m.get(ins.argval, _NOTFOUND) if isinstance(m, dict) else _mapping_get(m, ins.argval)
