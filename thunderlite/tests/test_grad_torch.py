@@ -95,8 +95,19 @@ def test_conv2d_through_the_convolution_prim():
 
 
 def test_rule_saves_inputs_not_intermediates():
-    """layer_norm saves its input (and weight), never the normalized tensor."""
+    """layer_norm saves its inputs, never the normalized tensor or statistics."""
     x, w, b = _t(4, 8), _t(8, seed=1), _t(8, seed=2)
     prog = check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), x, w, b)
     assert prog.split.saved_other == []
-    assert {p.name for p in prog.split.saved_tensors} <= {"a0", "a1"}
+    assert {p.name for p in prog.split.saved_tensors} <= {"a0", "a1", "a2"}
+
+
+@pytest.mark.parametrize("sym,kw", [(lnn.gelu, {}), (lnn.gelu, {"approximate": "tanh"}), (lnn.silu, {})])
+def test_activation_kernels(sym, kw):
+    prog = check_grad(lambda x: sym(x, **kw), _t(3, 5))
+    assert _uses_rule(prog, sym.id)
+
+
+def test_layer_norm_partial_grads():
+    check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), _t(2, 8), _t(8, seed=1, grad=False), _t(8, seed=2))
+    check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), _t(2, 8, grad=False), _t(8, seed=1), _t(8, seed=2))

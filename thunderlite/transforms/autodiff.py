@@ -50,7 +50,7 @@ import torch
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx

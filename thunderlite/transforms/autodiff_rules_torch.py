@@ -22,7 +22,8 @@ from thunderlite.torch import linalg
 from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.torch.utils import convert, expand_to
+from thunderlite.transforms.autodiff_ops import (cross_entropy_backward, gelu_backward, layer_norm_backward,
+                                                 log_softmax_backward, silu_backward, softmax_backward)
 from thunderlite.transforms.autodiff_rules import (backward_error, is_t, register_vjp, reshape_to, sum_to, zeros_like,
                                                    matmul_vjp)
 
@@ -77,14 +78,12 @@ def _softmax_when(bsym) -> bool:
 
 @register_vjp(lnn.softmax, when=_softmax_when)
 def _softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
-    d = _softmax_dim(input, dim)
-    return (ew.mul(out, ew.sub(g, red.sum(ew.mul(g, out), d, True))),)
+    return (softmax_backward(g, out, _softmax_dim(input, dim) % input.ndim),)
 
 
 @register_vjp(lnn.log_softmax, when=_softmax_when)
 def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
-    d = _softmax_dim(input, dim)
-    return (ew.sub(g, ew.mul(ew.exp(out), red.sum(g, d, True))),)
+    return (log_softmax_backward(g, out, _softmax_dim(input, dim) % input.ndim),)
 
 
 # --- normalization -----------------------------------------------------------------------------
@@ -108,15 +107,10 @@ def _norm_input_grad(gxhat, xhat, rstd, dims, centered: bool):
 
 @register_vjp(lnn.layer_norm, when=_float_input)
 def _layer_norm(g, out, input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    dims = _norm_dims(input, normalized_shape)
-    var, mean = red.var_mean(input, dims, keepdim=True, correction=0)
-    rstd = ew.rsqrt(ew.add(var, eps))
-    xhat = ew.mul(ew.sub(input, mean), rstd)
-    gxhat = ew.mul(g, weight) if is_t(weight) else g
-    gi = _norm_input_grad(gxhat, xhat, rstd, dims, True) if _wants(input) else None
-    gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
-    gb = _batch_sum(g, len(dims)) if _wants(bias) else None
-    return gi, None, gw, gb, None
+    """aten's fused backward (statistics recomputed from the input)."""
+    mask = (_wants(input), _wants(weight), _wants(bias))
+    gi, gw, gb = layer_norm_backward(g, input, tuple(normalized_shape), weight, bias, eps, mask)
+    return (gi if mask[0] else None), None, gw, gb, None
 
 
 @register_vjp(lnn.rms_norm, when=_float_input)
@@ -144,21 +138,7 @@ def _ce_when(bsym) -> bool:
 @register_vjp(lnn.cross_entropy, when=_ce_when)
 def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                    reduction="mean", label_smoothing=0.0):
-    c_dim = 1 if input.ndim > 1 else 0
-    probs = lnn.softmax(input, c_dim)
-    valid = ew.ne(target, ignore_index)
-    safe = ew.where(valid, target, 0)
-    classes = prims.iota(input.shape[c_dim], start=0, step=1, device=input.device, dtype=target.dtype)
-    classes = prims.broadcast_in_dim(classes, input.shape, (c_dim,))
-    onehot = convert(ew.eq(classes, expand_to(shapes.unsqueeze(safe, c_dim), input.shape)), input.dtype)
-    per = ew.mul(ew.sub(probs, onehot), shapes.unsqueeze(convert(valid, input.dtype), c_dim))
-    if reduction == "mean":
-        scale = ew.div(g, red.sum(convert(valid, input.dtype)))
-    elif reduction == "sum":
-        scale = g
-    else:
-        scale = shapes.unsqueeze(g, c_dim)
-    return ew.mul(per, scale), None, None, None, None, None, None, None
+    return cross_entropy_backward(g, input, target, ignore_index, reduction), None, None, None, None, None, None, None
 
 
 # --- attention ---------------------------------------------------------------------------------------
@@ -238,3 +218,15 @@ def _floor_divide(g, out, input, other):
     msg = "derivative for aten::floor_divide is not implemented"
     return (backward_error(input, msg) if _wants(input) else None,
             backward_error(other, msg) if _wants(other) else None)
+
+
+# --- activations: one backward kernel instead of the formula's elementwise chain --------------------
+
+@register_vjp(lnn.gelu, when=_float_input)
+def _gelu(g, out, input, approximate="none"):
+    return gelu_backward(g, input, approximate), None
+
+
+@register_vjp(lnn.silu, when=_float_input)
+def _silu(g, out, input, inplace=False):
+    return silu_backward(g, input), None
