@@ -297,3 +297,25 @@ def test_del_last_used_frees_unread_outputs_right_away():
     nxt = out.bound_symbols[i + 1]
     assert is_del(nxt) and [p.name for p in nxt.args] == [p.name for p in out.bound_symbols[i].proxy_outs()[1:]] + ["a"]
     assert isinstance(nxt.args[0], Proxy)
+
+
+def test_one_barrier_per_written_group():
+    """batch_norm-like: one op writes two separate buffers; each gets its own
+    barrier, and a later write into one never renames readers of the other."""
+    def decomp(x, mean, var):
+        prims.copy_(prims.add(mean, x), mean)
+        prims.copy_(prims.mul(var, x), var)
+        return prims.neg(x)
+    stats = Symbol("toy_stats", decomposition=decomp, module="ltorch")
+
+    def build(x, mean, var):
+        y = stats(x, mean, var)
+        prims.copy_(prims.sin(mean), mean)
+        return y, prims.add(mean, var)
+    trc = _trace(build, (3,), (3,), (3,))
+    out = update_aliases(trc)
+    first, second, third = _barriers(out)
+    assert [p.name for p in first.args[0]] == ["b"] and [p.name for p in second.args[0]] == ["c"]
+    assert [p.name for p in third.args[0]] == [first.output[0].name]      # only mean's group
+    assert update_aliases(out) is out
+    _assert_same_as_recorded(trc, out, _inputs((3,), (3,), (3,)))

@@ -106,7 +106,11 @@ class AliasGroups:
     def _link(self, bsym: BoundSymbol) -> None:
         tags = bsym.sym.tags
         if Tag.ALIAS_BARRIER in tags:
-            for m, n in zip(bsym.args[0], bsym.output, strict=True):
+            # members share storage by construction: a trace that went through
+            # update_aliases carries that even where a pass is not told the input groups
+            members = bsym.args[0]
+            for m, n in zip(members, bsym.output, strict=True):
+                self.union(members[0].name, m.name)
                 self.union(m.name, n.name)
             return
         if may_view(bsym):
@@ -191,26 +195,26 @@ def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = No
         if not dsts:
             continue
         own = {p.name for p in bsym.proxy_outs()}
-        stale = _stale_members(groups, dsts, own, lambda n: last_read.get(origin.get(n, n), -1) > i)
-        if stale:
+        for stale in _stale_members(groups, dsts, own, lambda n: last_read.get(origin.get(n, n), -1) > i):
             out.append(_barrier(trace, groups, stale, bsym, swap, origin))
     if len(out) == len(trace.bound_symbols):
         return trace
     return trace.with_bound_symbols("update_aliases", out)
 
 
-def _stale_members(groups: AliasGroups, dsts, own: set, read_later) -> list[TensorProxy]:
-    stale, seen_roots, seen = [], set(), set()
+def _stale_members(groups: AliasGroups, dsts, own: set, read_later) -> list[list[TensorProxy]]:
+    """Per written group (one barrier each, so groups stay apart), the members
+    defined before the write and read after it."""
+    out, seen_roots = [], set()
     for d in dsts:
         root = groups.find(d.name)
         if root in seen_roots:
             continue
         seen_roots.add(root)
-        for m in groups.members(root):
-            if m.name not in own and m.name not in seen and read_later(m.name):
-                seen.add(m.name)
-                stale.append(m)
-    return stale
+        stale = [m for m in groups.members(root) if m.name not in own and read_later(m.name)]
+        if stale:
+            out.append(stale)
+    return out
 
 
 def _barrier(trace: Trace, groups: AliasGroups, stale, writer: BoundSymbol, swap, origin) -> BoundSymbol:
@@ -313,7 +317,8 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
             check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
             link = base_of.get(dst.name)
-            filled = w.args and isinstance(w.args[0], Proxy) and w.args[0].name in fills
+            src = w.args[0] if w.args and isinstance(w.args[0], Proxy) else None
+            filled = src is not None and (src.name in fills or src.name == dst.name)   # x.copy_(x) is a no-op
             overlap_ok = filled or not _refuses_overlap(bsym)
             check(link is None or overlap_ok or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
 
