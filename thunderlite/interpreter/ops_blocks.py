@@ -231,16 +231,6 @@ def op_copy_dict_without_keys(f, ins):
     st[-1] = rest
 
 
-# IMPORT_STAR (module --)
-def op_import_star(f, ins):
-    module = f.stack.pop()
-    names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n in vars(module) if not n.startswith("_")]
-    for n in names:
-        f.locals[n] = getattr(module, n)
-
-
 # LOAD_CLOSURE (-- cell): 3.10 numbers cells after the fast locals
 def op_load_closure_310(f, ins):
     f.stack.append(f.fast[len(f.code.co_varnames) + ins.arg])

@@ -6,6 +6,7 @@ import operator
 from .asyncgen import Wrapped
 from .frame import limit
 from .operators import unary
+from .ops_loads import import_star
 from .ops_exceptions import prep_reraise_star
 
 
@@ -22,18 +23,8 @@ def _stopiteration_error(f, exc):
     return new
 
 
-def _import_star(f, module):
-    names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n in vars(module) if not n.startswith("_")]
-    loc = f.locals
-    for n in names:
-        loc[n] = getattr(module, n)
-    return None
-
-
 _INTRINSIC_1 = {
-    2: _import_star,
+    2: import_star,
     3: _stopiteration_error,
     5: lambda f, v: unary(f.rt, v, "__pos__", operator.pos),
     4: lambda f, v: Wrapped(v),

@@ -384,3 +384,16 @@ def op_setup_annotations(f, ins):
             loc["__annotations__"] = {}
     elif _mapping_get(loc, "__annotations__") is _NOTFOUND:
         loc["__annotations__"] = {}
+
+
+# IMPORT_STAR (module --)
+def op_import_star(f, ins):
+    import_star(f, f.stack.pop())
+
+
+def import_star(f, module):
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+    for n in names:
+        f.locals[n] = getattr(module, n)

@@ -16,10 +16,10 @@ def _attr(rt, subject, name):
         return _NO_MATCH
 
 
-def match_class(rt, subject, cls, nargs, kwnames):
+def match_class(rt, subject, cls, nargs, kwnames, not_a_type_msg):
     """The attributes a class pattern extracts, or None when it does not match."""
     if not isinstance(cls, type):
-        raise TypeError("called match pattern must be a class")
+        raise TypeError(not_a_type_msg)
     if not isinstance(subject, cls):
         return None
     attrs = []
@@ -57,22 +57,23 @@ def match_class(rt, subject, cls, nargs, kwnames):
     return tuple(attrs)
 
 
-# MATCH_CLASS (subject type names -- attrs_or_none)
-def op_match_class(f, ins):
-    st = f.stack
-    names = st.pop()
-    cls = st.pop()
-    st[-1] = match_class(f.rt, st[-1], cls, ins.arg, names)
+def make_match_class(not_a_type_msg, push_success):
+    """MATCH_CLASS; push_success: the 3.10 form that also pushes a bool."""
 
+    # MATCH_CLASS (subject type names -- attrs_or_none [success])
+    def op_match_class(f, ins):
+        st = f.stack
+        names = st.pop()
+        cls = st.pop()
+        r = match_class(f.rt, st[-1], cls, ins.arg, names, not_a_type_msg)
+        if push_success:
+            if r is not None:
+                st[-1] = r
+            st.append(r is not None)
+        else:
+            st[-1] = r
 
-# MATCH_CLASS (3.10: subject type names -- attrs_or_none success)
-def op_match_class_310(f, ins):
-    st = f.stack
-    names = st.pop()
-    cls = st.pop()
-    r = match_class(f.rt, st[-1], cls, ins.arg, names)
-    st[-1] = r if r is not None else st[-1]
-    st.append(r is not None)
+    return op_match_class
 
 
 # MATCH_MAPPING (subject -- subject res)

@@ -41,7 +41,7 @@ ENTRIES = [
     ("LOAD_ATTR", L.op_load_attr), ("LOAD_METHOD", L.op_load_method),
     ("STORE_ATTR", L.op_store_attr), ("DELETE_ATTR", L.op_delete_attr),
     ("BINARY_SUBSCR", L.op_binary_subscr), ("STORE_SUBSCR", L.op_store_subscr), ("DELETE_SUBSCR", L.op_delete_subscr),
-    ("IMPORT_NAME", L.op_import_name), ("IMPORT_FROM", L.op_import_from), ("IMPORT_STAR", K.op_import_star),
+    ("IMPORT_NAME", L.op_import_name), ("IMPORT_FROM", L.op_import_from), ("IMPORT_STAR", L.op_import_star),
     ("SETUP_ANNOTATIONS", L.op_setup_annotations),
     ("BUILD_TUPLE", B.op_build_tuple), ("BUILD_LIST", B.op_build_list), ("BUILD_SET", B.op_build_set),
     ("BUILD_MAP", B.op_build_map), ("BUILD_CONST_KEY_MAP", B.op_build_const_key_map),
@@ -69,7 +69,7 @@ ENTRIES = [
     ("GET_AWAITABLE", K.op_get_awaitable_310), ("BEFORE_ASYNC_WITH", G.make_before_async_with(K.missing_dunder)),
     ("SETUP_ASYNC_WITH", K.op_setup_async_with), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
     ("END_ASYNC_FOR", K.op_end_async_for_310),
-    ("MATCH_CLASS", M.op_match_class_310), ("MATCH_MAPPING", M.op_match_mapping),
+    ("MATCH_CLASS", M.make_match_class("called match pattern must be a type", push_success=True)), ("MATCH_MAPPING", M.op_match_mapping),
     ("MATCH_SEQUENCE", M.op_match_sequence), ("MATCH_KEYS", M.op_match_keys_310), ("GET_LEN", M.op_get_len),
     ("COPY_DICT_WITHOUT_KEYS", K.op_copy_dict_without_keys),
 ]

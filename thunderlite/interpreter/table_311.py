@@ -59,11 +59,13 @@ COMMON = [
     ("GET_YIELD_FROM_ITER", G.op_get_yield_from_iter), ("GET_AWAITABLE", G.op_get_awaitable),
     ("BEFORE_ASYNC_WITH", G.make_before_async_with(E.missing_protocol)), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
     ("END_ASYNC_FOR", G.op_end_async_for),
-    ("MATCH_CLASS", M.op_match_class), ("MATCH_MAPPING", M.op_match_mapping),
+    ("MATCH_MAPPING", M.op_match_mapping),
     ("MATCH_SEQUENCE", M.op_match_sequence), ("MATCH_KEYS", M.op_match_keys), ("GET_LEN", M.op_get_len),
 ]
 
 ONLY_311 = [
+    ("MATCH_CLASS", M.make_match_class("called match pattern must be a type", push_success=False)),
+    ("IMPORT_STAR", L.op_import_star),
     ("COMPARE_OP", A.op_compare_op, A.prepare_compare),
     ("LOAD_FAST", L.make_load_fast(unbound_local)), ("LOAD_CLASSDEREF", _deref[3]),
     ("LOAD_GLOBAL", L.op_load_global_null, L.prepare_load_global),

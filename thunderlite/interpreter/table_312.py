@@ -8,6 +8,7 @@ from . import ops_control as J
 from . import ops_generators as G
 from . import ops_intrinsics as I
 from . import ops_loads as L
+from . import ops_match as M
 from . import ops_stack as S
 from .loop import unwind_exception_table
 from .registry import HandlerTable
@@ -25,6 +26,7 @@ COMMON_312 = [
     ("FOR_ITER", J.op_for_iter_end_for), ("SEND", G.op_send), ("END_SEND", G.op_end_send),
     ("CLEANUP_THROW", G.op_cleanup_throw),
     ("CALL_INTRINSIC_1", I.op_call_intrinsic_1), ("CALL_INTRINSIC_2", I.op_call_intrinsic_2),
+    ("MATCH_CLASS", M.make_match_class("called match pattern must be a class", push_success=False)),
 ]
 
 ONLY_312 = [

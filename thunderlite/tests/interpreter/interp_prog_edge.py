@@ -591,3 +591,166 @@ def class_method_resolution_via_instance_dict_function():
     k = K()
     k.m = lambda: "instance"
     return k.m(), K.m(k)
+
+
+@program()
+def error_list_extend_non_iterable():
+    return [*1]
+
+
+@program()
+def error_set_update_non_iterable():
+    return {*1}
+
+
+@program()
+def error_dict_update_non_mapping():
+    return {**1}
+
+
+@program()
+def error_builtin_star_args():
+    return print(*1)
+
+
+@program()
+def error_not_callable():
+    return "abc"()
+
+
+@program()
+def error_unhashable_key():
+    return {[]: 1}
+
+
+@program()
+def error_bad_unary():
+    return -"a"
+
+
+@program()
+def error_match_non_class():
+    import math
+
+    match 1:
+        case math.pi():
+            return "no"
+
+
+@program()
+def error_super_no_args():
+    def f():
+        return super()
+
+    return f()
+
+
+@program()
+def error_super_no_class_cell():
+    def f(self):
+        return super()
+
+    return f(1)
+
+
+@program()
+def error_delete_unbound():
+    x = 1
+    del x
+    del x
+
+
+@program()
+def error_delete_global_missing():
+    global NOT_DEFINED_ANYWHERE
+    del NOT_DEFINED_ANYWHERE
+
+
+@program()
+def exec_import_star():
+    ns = {}
+    exec("from math import *", ns)
+    return ns["sqrt"](9.0)
+
+
+@program()
+def error_setattr_builtin():
+    x = 5
+    x.y = 1
+
+
+@program()
+def error_iter_non_iterable_for():
+    for _ in 5:
+        pass
+
+
+@program()
+def error_yield_from_non_iterable():
+    def g():
+        yield from 5
+
+    return list(g())
+
+
+@program()
+def error_await_non_awaitable():
+    import asyncio
+
+    async def main():
+        await 5
+
+    return asyncio.run(main())
+
+
+@program()
+def error_async_for_non_async_iterable():
+    import asyncio
+
+    async def main():
+        async for _ in [1]:
+            pass
+
+    return asyncio.run(main())
+
+
+@program()
+def error_format_spec_invalid():
+    return f"{5:q}"
+
+
+@program()
+def error_bool_returns_non_bool():
+    class B:
+        def __bool__(self):
+            return 2
+
+    return not B()
+
+
+@program()
+def error_len_negative():
+    class L:
+        def __len__(self):
+            return -1
+
+    return bool(L())
+
+
+@program()
+def error_str_returns_non_string():
+    class S:
+        def __str__(self):
+            return 5
+
+    return f"{S()}"
+
+
+@program()
+def error_getitem_index_type():
+    return [1, 2]["x"]
+
+
+@program()
+def error_int_parse():
+    return int("12x")
