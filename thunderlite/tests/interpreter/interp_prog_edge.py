@@ -615,7 +615,8 @@ def error_builtin_star_args():
 
 @program()
 def error_not_callable():
-    return "abc"()
+    s = "abc"
+    return s()
 
 
 @program()
@@ -748,7 +749,8 @@ def error_str_returns_non_string():
 
 @program()
 def error_getitem_index_type():
-    return [1, 2]["x"]
+    key = "x"
+    return [1, 2][key]
 
 
 @program()
