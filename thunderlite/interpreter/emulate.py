@@ -9,7 +9,7 @@ import types
 
 from .attrs import delete_attr, load_attr, store_attr
 from .calls import EMULATORS, call, wrap_callback
-from .frame import FRAMES, HANDLED, UNBOUND
+from .frame import UNBOUND, thread_state
 from .loop import run_code
 
 _NOTGIVEN = object()
@@ -27,7 +27,7 @@ def emulates(*fns):
 
 
 def _frame():
-    return FRAMES[-1]
+    return thread_state().frames[-1]
 
 
 def frame_locals(f):
@@ -179,7 +179,7 @@ emulates(itertools.groupby)(_wrap_kw(itertools.groupby, ("key",)))
 
 @emulates(sys.exc_info)
 def em_exc_info(rt, args, kwargs):
-    e = HANDLED[0]
+    e = thread_state().handled
     return (None, None, None) if e is None else (type(e), e, e.__traceback__)
 
 
@@ -187,7 +187,7 @@ if hasattr(sys, "exception"):
 
     @emulates(sys.exception)
     def em_exception(rt, args, kwargs):
-        return HANDLED[0]
+        return thread_state().handled
 
 
 def _namespaces(args, kwargs, name):

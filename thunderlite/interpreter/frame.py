@@ -1,6 +1,8 @@
 """Interpreted frames, the runtime (hooks) they share and the stack of active frames."""
 from __future__ import annotations
 
+import threading
+
 from .hooks import HOOK_NAMES, InterpreterError, InterpreterHooks
 
 
@@ -23,12 +25,30 @@ class _Unbound:
 
 UNBOUND = _Unbound()  # an unassigned fast local
 
-# Active interpreted frames, innermost last: current_source_location() is O(1).
-FRAMES: list = []
+class ThreadState:
+    """Per-thread interpreter state.
 
-# The exception currently being handled by interpreted code (what sys.exc_info()
-# returns there). One slot: generators save and restore it around their resumption.
-HANDLED: list = [None]
+    ``frames``: the active interpreted frames, innermost last (so that
+    current_source_location() is O(1)). ``handled``: the exception interpreted code is
+    handling (what sys.exc_info() returns there); generators save and restore it
+    around their resumption.
+    """
+
+    __slots__ = ("frames", "handled")
+
+    def __init__(self):
+        self.frames = []
+        self.handled = None
+
+
+_TLS = threading.local()
+
+
+def thread_state():
+    ts = getattr(_TLS, "ts", None)
+    if ts is None:
+        ts = _TLS.ts = ThreadState()
+    return ts
 
 
 class Runtime:
@@ -51,10 +71,11 @@ class Frame:
     __slots__ = (
         "code", "dec", "instrs", "pc", "stack", "fast", "globals", "builtins", "locals",
         "fn", "closure", "rt", "kw_names", "delegate", "saved_handled", "result",
-        "blocks", "entry_handled",
+        "blocks", "entry_handled", "ts",
     )
 
     def __init__(self, rt, dec, fn, globals_, builtins_, locals_, fast, closure):
+        self.ts = thread_state()
         self.code = dec.code
         self.dec = dec
         self.instrs = dec.instrs
@@ -81,15 +102,16 @@ class Frame:
 
 def current_source_location():
     """(filename, lineno) of the innermost interpreted user frame, or None outside one."""
-    if not FRAMES:
+    frames = thread_state().frames
+    if not frames:
         return None
-    f = FRAMES[-1]
+    f = frames[-1]
     return f.code.co_filename, f.lineno
 
 
 def limit(construct, f=None):
     """An InterpreterError naming the construct and the user's file:line."""
-    if f is None and FRAMES:
-        f = FRAMES[-1]
+    if f is None and thread_state().frames:
+        f = thread_state().frames[-1]
     where = f"{f.code.co_filename}:{f.lineno}" if f is not None else "<unknown>"
     return InterpreterError(f"{construct} is not supported by the interpreter at {where}")

@@ -6,7 +6,7 @@ import types
 
 from .asyncgen import InterpretedAsyncGenerator
 from .decode import decode
-from .frame import FRAMES, HANDLED, UNBOUND, Frame
+from .frame import UNBOUND, Frame, thread_state
 from .hooks import InterpreterError
 
 RETURN = 1  # a handler's result when the frame returned (value in frame.result)
@@ -24,7 +24,8 @@ _SUSPENDABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 def run_frame(f, exc=None):
     """Run f until it returns or yields; with exc, first raise exc at f's position."""
     instrs = f.instrs
-    FRAMES.append(f)
+    frames = f.ts.frames
+    frames.append(f)
     try:
         if exc is not None and not f.rt.table.unwind(f, exc):
             raise exc
@@ -42,12 +43,12 @@ def run_frame(f, exc=None):
                 if not f.rt.table.unwind(f, e):
                     raise
     finally:
-        FRAMES.pop()
+        frames.pop()
 
 
-def chain_context(exc):
+def chain_context(ts, exc):
     """Set exc.__context__ to the exception interpreted code is handling, as CPython does."""
-    cur = HANDLED[0]
+    cur = ts.handled
     if cur is None or cur is exc or exc.__context__ is not None:
         return
     # Break cycles: if exc is already in cur's context chain, cut it out.
@@ -65,10 +66,10 @@ def chain_context(exc):
 
 def unwind_exception_table(f, exc):
     """3.11+: jump to the handler covering the raising instruction (True) or give up."""
-    chain_context(exc)
+    chain_context(f.ts, exc)
     entry = f.dec.exc_for[f.pc - 1] if f.pc else None
     if entry is None:
-        HANDLED[0] = f.entry_handled
+        f.ts.handled = f.entry_handled
         return False
     target, depth, lasti = entry
     del f.stack[depth:]
@@ -147,7 +148,7 @@ def call_py(rt, fn, args, kwargs):
         init(f)
     if code.co_flags & _SUSPENDABLE:
         return make_suspendable(f)
-    f.entry_handled = HANDLED[0]
+    f.entry_handled = f.ts.handled
     run_frame(f)
     return f.result
 
@@ -163,7 +164,7 @@ def run_code(rt, code, globals_, locals_, closure=None, builtins_=None):
     init = rt.table.init_frame
     if init is not None:
         init(f)
-    f.entry_handled = HANDLED[0]
+    f.entry_handled = f.ts.handled
     run_frame(f)
     return f.result
 
@@ -172,9 +173,10 @@ def run_code(rt, code, globals_, locals_, closure=None, builtins_=None):
 
 def resume(f, sent, exc):
     """Resume a suspended frame with a sent value or a thrown exception."""
-    outer = HANDLED[0]
+    ts = f.ts = thread_state()
+    outer = ts.handled
     if f.saved_handled is not None:
-        HANDLED[0] = f.saved_handled
+        ts.handled = f.saved_handled
     f.entry_handled = outer
     try:
         d = f.delegate
@@ -186,9 +188,9 @@ def resume(f, sent, exc):
             return _throw_delegate(f, d, exc)
         return _raise_in(f, exc)
     finally:
-        cur = HANDLED[0]
+        cur = ts.handled
         f.saved_handled = cur if cur is not outer else None
-        HANDLED[0] = outer
+        ts.handled = outer
 
 
 def _throw_delegate(f, d, exc):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 
 from .calls import call
-from .frame import HANDLED, NULL, UNBOUND
+from .frame import NULL, UNBOUND
 from .loop import YIELD, chain_context
 from .ops_calls import _kw_split
 from .ops_exceptions import _check_catchable, enter_exit
@@ -41,7 +41,8 @@ def localsplus_names_310(code):
 
 def unwind_block_stack(f, exc):
     """Pop blocks until a SETUP_FINALLY handler takes exc (True), or give up."""
-    chain_context(exc)
+    ts = f.ts
+    chain_context(ts, exc)
     blocks = f.blocks
     st = f.stack
     while blocks:
@@ -49,18 +50,18 @@ def unwind_block_stack(f, exc):
         if kind == EXCEPT_HANDLER:
             del st[level + 3:]
             st.pop()
-            HANDLED[0] = st.pop()
+            ts.handled = st.pop()
             st.pop()
             continue
         del st[level:]
         blocks.append((EXCEPT_HANDLER, -1, len(st)))
-        old = HANDLED[0]
+        old = ts.handled
         st.extend((None, old, type(old) if old is not None else None))
-        HANDLED[0] = exc
+        ts.handled = exc
         st.extend((exc.__traceback__, exc, type(exc)))
         f.pc = handler
         return True
-    HANDLED[0] = f.entry_handled
+    ts.handled = f.entry_handled
     return False
 
 
@@ -79,7 +80,7 @@ def op_pop_except_310(f, ins):
     f.blocks.pop()
     st = f.stack
     st.pop()
-    HANDLED[0] = st.pop()
+    f.ts.handled = st.pop()
     st.pop()
 
 
@@ -140,7 +141,7 @@ def op_end_async_for_310(f, ins):
         kind, _, level = f.blocks.pop()
         del st[level + 3:]
         st.pop()
-        HANDLED[0] = st.pop()
+        f.ts.handled = st.pop()
         st.pop()
         st.pop()
         return

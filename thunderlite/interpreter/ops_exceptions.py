@@ -4,7 +4,6 @@ from __future__ import annotations
 import types
 
 from .calls import call, lookup
-from .frame import HANDLED
 
 MethodType = types.MethodType
 
@@ -13,14 +12,14 @@ MethodType = types.MethodType
 def op_push_exc_info(f, ins):
     st = f.stack
     exc = st[-1]
-    st[-1] = HANDLED[0]
-    HANDLED[0] = exc
+    st[-1] = f.ts.handled
+    f.ts.handled = exc
     st.append(exc)
 
 
 # POP_EXCEPT (prev_exc --)
 def op_pop_except(f, ins):
-    HANDLED[0] = f.stack.pop()
+    f.ts.handled = f.stack.pop()
 
 
 # RERAISE (values[n] exc -- values[n])
@@ -60,7 +59,7 @@ def op_raise_varargs(f, ins):
     st = f.stack
     n = ins.arg
     if n == 0:
-        exc = HANDLED[0]
+        exc = f.ts.handled
         if exc is None:
             raise RuntimeError("No active exception to reraise")
         raise exc
@@ -102,7 +101,7 @@ def op_check_eg_match(f, ins):
     st.append(rest)
     st.append(match)
     if match is not None:
-        HANDLED[0] = match
+        f.ts.handled = match
 
 
 def _leaf_ids(exc, out):
