@@ -115,6 +115,8 @@ def measure(name: str, fn, model, batch, steps: int) -> dict:
 
 
 def run_variant(name: str, opts) -> dict:
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     model = NanoGPT(opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device)
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.variant:
@@ -148,7 +151,8 @@ def main() -> None:
         rows.append(json.loads(out.strip().splitlines()[-1]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"nanoGPT layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
-          f"torch {torch.__version__}; step = forward + backward + SGD")
+          f"torch {torch.__version__}, threads {opts.threads or torch.get_num_threads()}; "
+          "step = forward + backward + SGD")
     print(f"{'':<14}{'step ms':>10}{'peak MB':>10}{'time/eager':>12}{'mem/eager':>11}")
     for r in rows:
         print(f"{r['name']:<14}{r['ms']:>10.2f}{r['peak_mb']:>10.1f}{r['ms'] / rows[0]['ms']:>12.2f}"
