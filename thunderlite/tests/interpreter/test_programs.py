@@ -18,6 +18,8 @@ for _name in ("interp_prog_calls", "interp_prog_classes", "interp_prog_edge", "i
             raise
 if sys.version_info >= (3, 11):
     import interp_prog_py311  # noqa: F401  (except*, exception groups)
+if sys.version_info >= (3, 12):
+    import interp_prog_py312  # noqa: F401  (type parameter syntax)
 
 
 @pytest.mark.parametrize("entry", PROGRAMS, ids=program_ids(PROGRAMS))
