@@ -44,29 +44,29 @@ def _visible_roots(trace: Trace, groups: AliasGroups) -> set[str]:
     return roots
 
 
-def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, visible: set[str]) -> bool:
+def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, observed: set[str]) -> bool:
+    """``observed``: alias groups the caller sees or a kept later symbol reads."""
     if any(has_tag_deep(bsym, t) for t in _ALWAYS_KEEP):
         return True
     if any(p.name in live for p in bsym.proxy_outs()):
         return True
-    for dst in written(bsym):
-        root = groups.find(dst.name)
-        if root in visible or any(m.name in live for m in groups.members(root)):
-            return True
-    return False
+    return any(groups.find(dst.name) in observed for dst in written(bsym))
 
 
 @trace_pass("dce")
 def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None) -> Trace:
     """Drop dead symbols; returns ``trace`` itself when nothing is dead."""
     groups = AliasGroups.of_trace(trace, input_alias_groups)
-    visible = _visible_roots(trace, groups)
+    observed = _visible_roots(trace, groups)
     live: set[str] = set()
     kept: list[BoundSymbol] = []
     for bsym in reversed(trace.bound_symbols):
-        if _keep(bsym, live, groups, visible):
+        if _keep(bsym, live, groups, observed):
             kept.append(bsym)
-            live.update(p.name for p in bsym.proxy_args())
+            for p in bsym.proxy_args():
+                live.add(p.name)
+                if type(p) is TensorProxy:
+                    observed.add(groups.find(p.name))
     if len(kept) == len(trace.bound_symbols):
         return trace
     kept.reverse()

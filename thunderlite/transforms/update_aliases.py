@@ -204,31 +204,33 @@ def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = No
 
 def _stale_members(groups: AliasGroups, dsts, own: set, read_later) -> list[list[TensorProxy]]:
     """Per written group (one barrier each, so groups stay apart), the members
-    defined before the write and read after it."""
+    defined before the write and read after it. Members nobody reads after
+    this point are dropped from the group for good (they never go stale again),
+    which keeps the scan short in programs that write one buffer many times."""
     out, seen_roots = [], set()
     for d in dsts:
         root = groups.find(d.name)
         if root in seen_roots:
             continue
         seen_roots.add(root)
-        stale = [m for m in groups.members(root) if m.name not in own and read_later(m.name)]
+        members = groups.members(root)
+        members[:] = [m for m in members if read_later(m.name)]
+        stale = [m for m in members if m.name not in own]
         if stale:
             out.append(stale)
     return out
 
 
 def _barrier(trace: Trace, groups: AliasGroups, stale, writer: BoundSymbol, swap, origin) -> BoundSymbol:
-    """The barrier renaming ``stale`` after ``writer``; updates the maps."""
+    """The barrier renaming ``stale`` after ``writer``; updates the maps. Later
+    symbols read names of the input trace, so ``swap`` is keyed by those."""
     after = _write_results(writer)
     new = tuple(m.replace(name=trace.fresh_name("t")) for m in stale)
     bsym = BARRIER.bind(tuple(stale), after, output=new)
     for m, n in zip(stale, new, strict=True):
-        swap[m.name] = n
-        origin[n.name] = origin.get(m.name, m.name)
-    # keep swap flat: anything that pointed at a now-stale name points at the newest
-    for k, v in swap.items():
-        if v.name in swap and swap[v.name] is not v:
-            swap[k] = swap[v.name]
+        first = origin.get(m.name, m.name)
+        swap[first] = n
+        origin[n.name] = first
     groups.add_bsym(bsym)
     _retire(groups, stale)
     return bsym
@@ -262,32 +264,38 @@ def ordering_edges(trace: Trace, input_alias_groups=None) -> list[tuple[int, int
     """Write-after-read edges ``(reader, writer)`` (indices into the trace): a
     symbol reading the value a later write overwrites must stay before it; and
     ``(writer, barrier)`` for each barrier. Together with data dependencies
-    these fully order a renamed trace."""
+    these fully order a renamed trace.
+
+    Only the values current at a write need edges: in a renamed trace every
+    earlier write of the group is already ordered before it (the write reads a
+    renamed member, or a view of one), and so are the readers of the values
+    that earlier write replaced. So each group keeps the members defined since
+    its last write, and each read gets at most one edge per write."""
     groups = AliasGroups.of_trace(trace, input_alias_groups)
+    bsyms = trace.bound_symbols
     readers: dict[str, list[int]] = {}
-    defined: dict[str, int] = {}
-    for i, bsym in enumerate(trace.bound_symbols):
+    for i, bsym in enumerate(bsyms):
         for p in bsym.proxy_args():
             readers.setdefault(p.name, []).append(i)
-        for p in bsym.proxy_outs():
-            defined[p.name] = i
-    edges = []
+    current: dict[str, list[str]] = {}
+    for a in pytree.leaves(trace.args):
+        if type(a) is TensorProxy:
+            current.setdefault(groups.find(a.name), []).append(a.name)
+    edges: list[tuple[int, int]] = []
     last_writer: dict[str, int] = {}
-    for i, bsym in enumerate(trace.bound_symbols):
+    for i, bsym in enumerate(bsyms):
         if Tag.ALIAS_BARRIER in bsym.sym.tags and bsym.args[0]:
             j = last_writer.get(groups.find(bsym.args[0][0].name))
             if j is not None:
                 edges.append((j, i))        # also carried by data unless the writer has no outputs
         dsts = written(bsym)
-        if not dsts:
-            continue
-        for d in dsts:
-            last_writer[groups.find(d.name)] = i
+        outs = [o.name for o in bsym.tensor_outs()]
         for root in {groups.find(d.name) for d in dsts}:
-            for m in groups.members(root):
-                if defined.get(m.name, -1) >= i:
-                    continue
-                edges.extend((j, i) for j in readers.get(m.name, ()) if j < i)
+            for m in current.pop(root, ()):
+                edges.extend((j, i) for j in readers.get(m, ()) if j < i)
+            last_writer[root] = i
+        for o in outs:
+            current.setdefault(groups.find(o), []).append(o)
     return edges
 
 
