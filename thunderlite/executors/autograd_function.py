@@ -22,8 +22,11 @@ Saved values: program arguments and outputs go through ``ctx.save_for_backward``
 ride in a plain list that the backward trace empties on entry, so each is freed
 after its last use in the backward instead of when the whole backward ends.
 
-Double backward is not supported: the backward is ``once_differentiable``
-(differentiating through it raises PyTorch's clear error).
+Double backward is not supported: a backward run with ``create_graph=True``
+raises saying so (rather than returning gradients that silently do not require
+grad). Nor is a second
+backward through the same graph (``retain_graph=True``): the saved values are
+freed during the first one, and the second raises saying so.
 
 Programs that write into views of tensors on a gradient path run in *eager
 mode* (see transforms/autodiff.py): the finalized trace runs with autograd on
@@ -34,7 +37,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
@@ -63,9 +65,16 @@ class _Function(torch.autograd.Function):
         return tuple(unique)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise NotImplementedError(
+                "backward(create_graph=True) through a thunderlite-jitted function is not supported: "
+                "its backward is not differentiable (double backward is missing)")
         saved_other, ctx.saved_other = ctx.saved_other, None
+        if saved_other is None:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time: thunderlite frees the values saved for "
+                "the backward while it runs, so retain_graph=True is not supported for a jitted function")
         program = ctx.program
         per_arg = [grads[i] if i >= 0 else None for i in ctx.grad_slots]
         reached = frozenset().union(*(r for g, r in zip(per_arg, program.split.grad_reach, strict=True)

@@ -324,3 +324,15 @@ def test_autograd_function_with_inplace_code():
     out.backward()
     want.backward()
     _same_grads(ours, ref)
+
+
+def test_second_backward_and_double_backward_raise_clearly():
+    (x,), _ = _pair((3,))
+    out = thunderlite.jit(lambda x: (x.sin() * x).sum())(x)
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward()
+    (y,), _ = _pair((3,))
+    out = thunderlite.jit(lambda x: (x.sin() * x).sum())(y)
+    with pytest.raises(NotImplementedError, match="create_graph"):
+        torch.autograd.grad(out, y, create_graph=True)
