@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dis
 
-from .frame import limit
+from .frame import UNBOUND, limit
 
 
 class Instr:
@@ -18,7 +18,8 @@ class Instr:
 class Decoded:
     """The decoded form of a code object, shared by all its frames."""
 
-    __slots__ = ("code", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names")
+    __slots__ = ("code", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names",
+                 "simple_argc", "padding", "suspendable")
 
     def __init__(self, code):
         self.code = code
@@ -79,6 +80,11 @@ def decode(code, table):
     dec.index_of = index_of
     dec.names = (table.localsplus_names or _localsplus_names)(code)
     dec.nlocalsplus = len(dec.names)
+    # Calls with exactly simple_argc positional arguments bind by copying them (-1: never).
+    simple = not code.co_flags & 0x0C and not code.co_kwonlyargcount
+    dec.simple_argc = code.co_argcount if simple else -1
+    dec.padding = (UNBOUND,) * (dec.nlocalsplus - code.co_argcount)
+    dec.suspendable = bool(code.co_flags & 0x2A0)  # generator, coroutine, async generator
     dec.exc_for = _exception_targets(code, instrs, index_of)
     for ins in instrs:
         prep = table.prepare[dis.opmap[ins.opname]]

@@ -69,16 +69,14 @@ class Frame:
     """One activation of a code object: value stack, localsplus, exception bookkeeping."""
 
     __slots__ = (
-        "code", "dec", "instrs", "pc", "stack", "fast", "globals", "builtins", "locals",
-        "fn", "closure", "rt", "kw_names", "delegate", "saved_handled", "result",
-        "blocks", "entry_handled", "ts",
+        "dec", "pc", "stack", "fast", "globals", "builtins", "locals", "fn", "closure", "rt",
+        "kw_names", "ts", "result", "entry_handled",
+        "delegate", "saved_handled",  # generator frames only (set by make_suspendable)
+        "blocks",  # 3.10 only (set by its init_frame)
     )
 
     def __init__(self, rt, dec, fn, globals_, builtins_, locals_, fast, closure):
-        self.ts = thread_state()
-        self.code = dec.code
         self.dec = dec
-        self.instrs = dec.instrs
         self.pc = 0
         self.stack = []
         self.fast = fast
@@ -89,11 +87,15 @@ class Frame:
         self.closure = closure
         self.rt = rt
         self.kw_names = ()
-        self.delegate = None
-        self.saved_handled = None
-        self.result = None
-        self.blocks = None
-        self.entry_handled = None
+        self.ts = thread_state()
+
+    @property
+    def code(self):
+        return self.dec.code
+
+    @property
+    def instrs(self):
+        return self.dec.instrs
 
     @property
     def lineno(self):

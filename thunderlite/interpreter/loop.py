@@ -5,7 +5,7 @@ import collections.abc
 import types
 
 from .asyncgen import InterpretedAsyncGenerator
-from .decode import decode
+from .decode import _CACHE, decode
 from .frame import UNBOUND, Frame, thread_state
 from .hooks import InterpreterError
 
@@ -23,7 +23,7 @@ _SUSPENDABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 
 def run_frame(f, exc=None):
     """Run f until it returns or yields; with exc, first raise exc at f's position."""
-    instrs = f.instrs
+    instrs = f.dec.instrs
     frames = f.ts.frames
     frames.append(f)
     try:
@@ -140,13 +140,18 @@ def bind(fn, code, dec, args, kwargs):
 def call_py(rt, fn, args, kwargs):
     """Interpret a call of the Python function fn."""
     code = fn.__code__
-    dec = decode(code, rt.table)
-    fast = bind(fn, code, dec, args, kwargs)
+    dec = _CACHE.get(id(code))
+    if dec is None or dec.code is not code:
+        dec = decode(code, rt.table)
+    if not kwargs and len(args) == dec.simple_argc:
+        fast = [*args, *dec.padding]
+    else:
+        fast = bind(fn, code, dec, args, kwargs)
     f = Frame(rt, dec, fn, fn.__globals__, fn.__builtins__, None, fast, fn.__closure__)
     init = rt.table.init_frame
     if init is not None:
         init(f)
-    if code.co_flags & _SUSPENDABLE:
+    if dec.suspendable:
         return make_suspendable(f)
     f.entry_handled = f.ts.handled
     run_frame(f)
@@ -277,6 +282,9 @@ class InterpretedCoroutine:
 def make_suspendable(f):
     """What calling a generator/coroutine function returns: a driver around frame f."""
     code = f.code
+    f.delegate = None
+    f.saved_handled = None
+    f.entry_handled = f.ts.handled
     if f.rt.table.gen_prerun:
         run_frame(f)  # up to RETURN_GENERATOR (cells and free variables set up first)
     gen = (_drive_iterable_coroutine if code.co_flags & CO_ITERABLE_COROUTINE else _drive)(f)

@@ -6,6 +6,7 @@ import types
 from .attrs import load_attr, load_method
 from .calls import call
 from .frame import NULL
+from .loop import call_py
 from .ops_build import function_str
 
 FunctionType = types.FunctionType
@@ -34,6 +35,8 @@ def op_call(f, ins):
         f.kw_names = ()
         args, kwargs = _kw_split(args, kwn)
         st.append(call(f.rt, fn, args, kwargs))
+    elif type(fn) is FunctionType and f.rt.lookaside is None:
+        st.append(call_py(f.rt, fn, args, None))
     else:
         st.append(call(f.rt, fn, args))
 
@@ -46,7 +49,10 @@ def op_call_313(f, ins):
     fn = st[base]
     args = st[base + 2:] if st[base + 1] is NULL else st[base + 1:]
     del st[base:]
-    st.append(call(f.rt, fn, args))
+    if type(fn) is FunctionType and f.rt.lookaside is None:
+        st.append(call_py(f.rt, fn, args, None))
+    else:
+        st.append(call(f.rt, fn, args))
 
 
 # CALL_KW (3.13: callable self_or_null args[n] kwnames -- res)
