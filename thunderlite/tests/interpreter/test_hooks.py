@@ -347,3 +347,132 @@ def test_table_registration_validates():
         t.register("NOP", lambda f, ins: None)
     with pytest.raises(ValueError, match="not an opcode"):
         t.register("NOT_AN_OPCODE", lambda f, ins: None)
+
+
+def test_augmented_assignments_fire_load_and_store_hooks():
+    events = []
+
+    class H(InterpreterHooks):
+        def load_attr(self, obj, name, value):
+            events.append(("load_attr", name, value))
+            return value
+
+        def store_attr(self, obj, name, value):
+            events.append(("store_attr", name, value))
+            return False
+
+        def load_subscr(self, container, key, value):
+            events.append(("load_subscr", key, value))
+            return value
+
+        def store_subscr(self, container, key, value):
+            events.append(("store_subscr", key, value))
+            return False
+
+    def f(o, d):
+        o.v += 1
+        d["k"] *= 3
+        return o.v, d
+
+    o = Vec(1)
+    assert interpret(f, H())(o, {"k": 2}) == (2, {"k": 6})
+    assert ("load_attr", "v", 1) in events and ("store_attr", "v", 2) in events
+    assert ("load_subscr", "k", 2) in events and ("store_subscr", "k", 6) in events
+
+
+def test_lookaside_sees_context_manager_and_iteration_dunders():
+    seen = []
+
+    class CM:
+        def __enter__(self):
+            return "entered"
+
+        def __exit__(self, *a):
+            return False
+
+    class It:
+        def __iter__(self):
+            return iter([1, 2])
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(getattr(fn, "__func__", fn))
+            return None
+
+    def f():
+        with CM() as v:
+            pass
+        return v, [x for x in It()]
+
+    assert interpret(f, H())() == ("entered", [1, 2])
+    assert CM.__enter__ in seen and CM.__exit__ in seen and It.__iter__ in seen
+
+
+def test_lookaside_replaces_class_instantiation():
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            if fn is Vec:
+                return lambda v: ("made", v)
+            return None
+
+    def f():
+        return Vec(3)
+
+    assert interpret(f, H())() == ("made", 3)
+
+
+def test_load_attr_missing_on_builtin_type():
+    class H(InterpreterHooks):
+        def load_attr(self, obj, name, value):
+            if value is MISSING:
+                return f"virtual {name}"
+            return value
+
+    def f(x):
+        return x.imag, x.virtual_attr
+
+    assert interpret(f, H())(3) == (0, "virtual virtual_attr")
+
+
+def test_store_subscr_and_delete_handled_do_not_mutate():
+    class H(InterpreterHooks):
+        def store_subscr(self, container, key, value):
+            return True
+
+        def delete_subscr(self, container, key):
+            return True
+
+        def delete_attr(self, obj, name):
+            return True
+
+    def f(d, o):
+        d["new"] = 1
+        del d["old"]
+        del o.v
+        return d, o.v
+
+    assert interpret(f, H())({"old": 0}, Vec(5)) == ({"old": 0}, 5)
+
+
+def test_interpret_non_function_callables():
+    import functools
+
+    v = Vec(2)
+    assert interpret(len)([1, 2, 3]) == 3
+    assert interpret(Vec)(4).v == 4
+    assert interpret(v.scaled)(5) == 10
+    assert interpret(functools.partial(helper, 1))() == 2
+
+
+def test_interpreter_error_is_not_caught_by_user_code():
+    code = compile("1 + 1\n", "/virtual/prog2.py", "single")
+    inner = types.FunctionType(code, {})
+
+    def f():
+        try:
+            inner()
+        except Exception:
+            return "swallowed"
+
+    with pytest.raises(InterpreterError, match="prog2.py:1"):
+        interpret(f)()
