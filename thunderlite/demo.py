@@ -97,6 +97,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--no-trace", action="store_true", help="do not print the final trace")
+    parser.add_argument("--iters", type=int, default=50, help="timed calls per repetition")
     opts = parser.parse_args(argv)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=opts.layers)).eval()
@@ -110,8 +111,8 @@ def main(argv=None) -> int:
         torch.testing.assert_close(out, expected)
         if not opts.no_trace:
             print(thunderlite.last_traces(jmodel)[-1])
-        eager_ms = _time_ms(model, idx)
-        jit_ms = _time_ms(jmodel, idx)
+        eager_ms = _time_ms(model, idx, iters=opts.iters)
+        jit_ms = _time_ms(jmodel, idx, iters=opts.iters)
     print(f"GPT ({opts.layers} layers) forward on CPU, output matches eager: {tuple(out.shape)}")
     print(f"  first call (trace + compile): {first_ms:8.2f} ms")
     print(f"  eager forward:                {eager_ms:8.3f} ms")

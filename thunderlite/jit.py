@@ -27,6 +27,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names
 from thunderlite.frontend.compile import compile_call
 from thunderlite.frontend.entry import MISS
+from thunderlite.frontend.examine import examine_call
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
 
@@ -195,7 +196,6 @@ def examine(fn: Callable | torch.nn.Module, *args, executors=None, **kwargs):
     """Trace and run ``fn`` once and report what thunderlite did with it: ops
     recorded as opaque torch calls, which executor claimed what, executors
     skipped and why, and the error if it could not be compiled."""
-    from thunderlite.frontend.examine import examine_call
     jfn = jit(fn, executors=executors)
     start = time.perf_counter()
     try:

@@ -97,8 +97,9 @@ class Template:
 
     def __init__(self, value: Any, state: TraceState):
         self.value = value
-        self.external = set(state.prov_of)        # objects from outside: returned as they are
-        self._alive = list(state._alive)
+        # objects from outside are returned as they are (ids stay valid: the
+        # template itself references every object it will meet)
+        self.external = set(state.prov_of)
 
     def build(self, env: dict) -> Any:
         return self._build(self.value, env, {})
@@ -115,6 +116,8 @@ class Template:
             return tuple(self._build(y, env, memo) for y in x)
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return t(*(self._build(y, env, memo) for y in x))
+        if isinstance(x, tuple) and hasattr(t, "n_fields"):     # torch.return_types structseqs
+            return t([self._build(y, env, memo) for y in x])
         if t is list:
             new = memo[id(x)] = []
             new.extend(self._build(y, env, memo) for y in x)

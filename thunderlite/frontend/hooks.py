@@ -80,11 +80,26 @@ class TracingHooks(InterpreterHooks):
             trc = self.trace
             trc.source = self.locate()
             n = len(trc.bound_symbols)
+            if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
+                args, kwargs = self._capture_constants(args, kwargs)
             out = fn(*args, **kwargs)
             if not self.grad_enabled:
                 self._drop_requires_grad(n)
             return out
         return call
+
+    def _capture_constants(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Concrete tensors reaching an op without provenance (a default argument,
+        a tensor made by untraced code) become trace inputs captured by reference."""
+        enter = self.state.enter
+
+        def conv(v):
+            if isinstance(v, torch.Tensor):
+                return enter(None, v)
+            if type(v) in (list, tuple) and _has_tensor(v):
+                return type(v)(conv(y) for y in v)
+            return v
+        return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
 
     def _torch_builtin(self, fn: Callable) -> Callable:
         """A torch C function with no symbol: opaque when it touches proxies or
@@ -191,6 +206,15 @@ def _module_slot(obj: Any, name: str) -> str | None:
             if name in d.get(slot, ()):
                 return slot
     return None
+
+
+def _has_tensor(values) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return True
+        if type(v) in (list, tuple) and _has_tensor(v):
+            return True
+    return False
 
 
 def _has_proxy(values) -> bool:

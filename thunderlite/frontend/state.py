@@ -152,6 +152,11 @@ class TraceState:
             return value
         if isinstance(value, types.ModuleType):
             return value
+        if isinstance(value, types.BuiltinFunctionType) and not isinstance(value.__self__, (types.ModuleType, type(None))):
+            # a bound builtin method (``gen.get_state``) is a fresh object on every read:
+            # equal (same self, same C function) is what can be guarded
+            self.add_guard(prov, "eq", value)
+            return value
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
             self.add_guard(prov, "is", value)
             if isinstance(value, types.FunctionType):

@@ -280,3 +280,39 @@ def test_examine_reports():
 def test_import_does_not_import_torch():
     code = "import sys, thunderlite; assert 'torch' not in sys.modules; print(thunderlite.__version__)"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+DEFAULT_W = torch.randn(4)
+
+
+def test_tensor_default_argument_is_captured():
+    def f(x, w=DEFAULT_W):
+        return x * w
+    x = torch.randn(4)
+    torch.testing.assert_close(thunderlite.jit(f)(x), x * DEFAULT_W)
+
+
+def test_backward_traces_recorded():
+    def f(x):
+        return (x.sin() * 2).sum()
+    x = torch.randn(3, requires_grad=True)
+    jf = thunderlite.jit(f)
+    jf(x).backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    bwd = thunderlite.last_backward_traces(jf)
+    assert bwd and str(bwd[-1]).startswith("# Constructed by")
+    jf2 = thunderlite.jit(f)
+    jf2(x.detach())
+    assert thunderlite.last_backward_traces(jf2) == []
+
+
+def test_module_global_written_by_library_code():
+    import types
+    lib = types.ModuleType("fake_hf_lib")
+    exec("FLAG = None\ndef mark(t):\n    global FLAG\n    FLAG = 'seen'\n    return t * 3\n", lib.__dict__)
+
+    def f(x):
+        return lib.mark(x) + 1
+    x = torch.randn(2)
+    torch.testing.assert_close(thunderlite.jit(f)(x), x * 3 + 1)
+    assert lib.FLAG == "seen"

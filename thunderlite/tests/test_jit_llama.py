@@ -44,3 +44,19 @@ def test_llama_matches_eager(use_cache):
         again = jm(ids, use_cache=use_cache)
         torch.testing.assert_close(again.logits, expected.logits)
     assert thunderlite.cache_info(jm)["hits"] >= 1
+
+
+def test_llama_decode_step_with_cache_passed_in():
+    model = _tiny_llama()
+    jm = thunderlite.jit(model)
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.no_grad():
+        e1, j1 = model(ids, use_cache=True), jm(ids, use_cache=True)
+        nxt = e1.logits[:, -1:].argmax(-1)
+        e2 = model(nxt, past_key_values=e1.past_key_values, use_cache=True)
+        j2 = jm(nxt, past_key_values=j1.past_key_values, use_cache=True)
+    torch.testing.assert_close(j2.logits, e2.logits)
+    # the cache passed in is updated as eager updates it (epilogue write-back)
+    for e, g in zip(_cache_tensors(e1.past_key_values), _cache_tensors(j1.past_key_values)):
+        assert g.shape[-2] == 7
+        torch.testing.assert_close(g, e)

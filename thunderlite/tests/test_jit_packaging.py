@@ -33,7 +33,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_demo_runs_and_matches_eager(capsys):
     from thunderlite.demo import main
-    assert main(["--layers", "1"]) == 0
+    assert main(["--layers", "1", "--iters", "2"]) == 0
     out = capsys.readouterr().out
     assert "# Constructed by" in out and "x eager" in out
 
