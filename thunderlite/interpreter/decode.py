@@ -9,7 +9,7 @@ from .frame import UNBOUND, limit
 class Instr:
     """One decoded instruction; ``target`` is the index of its jump target."""
 
-    __slots__ = ("fn", "opname", "arg", "argval", "target", "line", "offset", "index")
+    __slots__ = ("fn", "opname", "arg", "argval", "target", "line", "offset", "index", "raw_next")
 
     def __repr__(self):
         return f"<{self.index} {self.opname} {self.arg} {self.argval!r} line {self.line}>"
@@ -59,8 +59,12 @@ def decode(code, table):
     lines = _lines(code)
     instrs = []
     index_of = {}
-    for d in dis.get_instructions(code):
-        if d.opname == "CACHE":
+    raw = [d for d in dis.get_instructions(code) if d.opname != "CACHE"]
+    pending = []  # offsets of elided no-ops: they resolve to the next kept instruction
+    for k, d in enumerate(raw):
+        fn = table.handlers[d.opcode] or _unsupported(d.opname)
+        if getattr(fn, "elidable", False) and k + 1 < len(raw):
+            pending.append(d.offset)
             continue
         ins = Instr()
         ins.index = len(instrs)
@@ -69,8 +73,12 @@ def decode(code, table):
         ins.argval = d.argval
         ins.offset = d.offset
         ins.line = lines.get(d.offset) or code.co_firstlineno
-        ins.fn = table.handlers[d.opcode] or _unsupported(d.opname)
+        ins.fn = fn
         ins.target = d.argval if d.opcode in dis.hasjrel or d.opcode in dis.hasjabs else None
+        ins.raw_next = (raw[k + 1].opname, raw[k + 1].arg) if k + 1 < len(raw) else (None, None)
+        for off in pending:
+            index_of[off] = ins.index
+        pending.clear()
         index_of[d.offset] = ins.index
         instrs.append(ins)
     for ins in instrs:

@@ -116,6 +116,9 @@ def op_precall(f, ins):
     return None
 
 
+op_precall.elidable = True
+
+
 def _annotations(ann):
     if isinstance(ann, tuple):
         return dict(zip(ann[::2], ann[1::2]))

@@ -29,8 +29,8 @@ def op_yield_value(f, ins):
 
 def prepare_yield_value(ins, dec):
     """argval: True when suspended inside ``yield from``/``await`` (next is RESUME 2 or 3)."""
-    nxt = dec.instrs[ins.index + 1] if ins.index + 1 < len(dec.instrs) else None
-    ins.argval = nxt is not None and nxt.opname == "RESUME" and (nxt.arg & 3) >= 2
+    opname, arg = ins.raw_next
+    ins.argval = opname == "RESUME" and (arg & 3) >= 2
 
 
 def send(receiver, v):

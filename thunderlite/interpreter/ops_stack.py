@@ -10,6 +10,9 @@ def op_nop(f, ins):
     return None
 
 
+op_nop.elidable = True  # decode drops it: jumps to it land on the next instruction
+
+
 # POP_TOP (value --)
 def op_pop_top(f, ins):
     f.stack.pop()
