@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "looseversion"],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "transformers", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel"],
         "triton": ["triton"],
         "nvfuser": ["nvfuser"],
     },
