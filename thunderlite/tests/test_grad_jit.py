@@ -336,3 +336,23 @@ def test_second_backward_and_double_backward_raise_clearly():
     out = thunderlite.jit(lambda x: (x.sin() * x).sum())(y)
     with pytest.raises(NotImplementedError, match="create_graph"):
         torch.autograd.grad(out, y, create_graph=True)
+
+
+@pytest.mark.parametrize("affine,train", [(True, True), (False, True), (True, False)])
+def test_batch_norm_model_functional_backward(affine, train):
+    """Training batch norm updates its running stats in place without a
+    gradient; the model keeps a functional backward (not eager mode)."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, affine=affine), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(4 * 6 * 6, 2)).to(F64).train(train)
+    ours = copy.deepcopy(ref)
+    x = torch.randn(5, 3, 8, 8, dtype=F64)
+    jm = thunderlite.jit(ours)
+    for _ in range(2):
+        jm(x).square().sum().backward()
+        ref(x).square().sum().backward()
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=lambda m, n=n: f"{n}: {m}")
+    for (n, a), b in zip(ours.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(a, b, msg=lambda m, n=n: f"{n}: {m}")
+    assert thunderlite.last_backward_traces(jm)

@@ -180,7 +180,10 @@ def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> 
     shared = {groups.find(a.name) for a in trace.args if type(a) is TensorProxy}
     _shared_roots(trace.bound_symbols, groups, shared)
     for bsym in flat:
+        owned = bsym.subsymbols and rules.has_rule_for(bsym)   # a rule owns its hidden writes (batch_norm stats)
         for dst, _ in (w for leaf in _leaves_of(bsym) for w in writes(leaf)):
+            if owned and dst.name not in tracked:
+                continue
             on_path = dst.name in tracked or _on_path(bsym, tracked)
             if on_path and groups.find(dst.name) in shared:
                 return True

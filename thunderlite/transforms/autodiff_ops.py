@@ -177,3 +177,26 @@ def _cross_entropy_backward_impl(g, a, target, ignore_index, reduction):
 
 cross_entropy_backward = Symbol("cross_entropy_backward", meta=_cross_entropy_backward_meta,
                                 impl=_cross_entropy_backward_impl, module="autodiff")
+
+
+def _batch_norm_backward_meta(g, a, weight, running_mean, running_var, training, eps, mask):
+    return (a.replace(requires_grad=False),
+            weight.replace(requires_grad=False) if mask[1] else None,
+            weight.replace(requires_grad=False) if mask[2] else None)
+
+
+def _batch_norm_backward_impl(g, a, weight, running_mean, running_var, training, eps, mask):
+    """Training: batch statistics recomputed from the input (the running stats
+    were updated in place by the forward and are not read). Eval: the running
+    statistics, as eager."""
+    if training:
+        dims = [d for d in range(a.ndim) if d != 1]
+        var, mean = torch.var_mean(a, dims, correction=0)
+        return torch.ops.aten.native_batch_norm_backward(g, a, weight, None, None, mean, torch.rsqrt(var + eps),
+                                                         True, eps, list(mask))
+    return torch.ops.aten.native_batch_norm_backward(g, a, weight, running_mean, running_var, None, None,
+                                                     False, eps, list(mask))
+
+
+batch_norm_backward = Symbol("batch_norm_backward", meta=_batch_norm_backward_meta, impl=_batch_norm_backward_impl,
+                             module="autodiff")

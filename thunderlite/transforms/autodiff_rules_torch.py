@@ -22,7 +22,7 @@ from thunderlite.torch import linalg
 from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.transforms.autodiff_ops import (cross_entropy_backward, gelu_backward, layer_norm_backward,
+from thunderlite.transforms.autodiff_ops import (batch_norm_backward, cross_entropy_backward, gelu_backward, layer_norm_backward,
                                                  log_softmax_backward, silu_backward, softmax_backward)
 from thunderlite.transforms.autodiff_rules import (backward_error, is_t, register_vjp, reshape_to, sum_to, zeros_like,
                                                    matmul_vjp)
@@ -123,6 +123,29 @@ def _rms_norm(g, out, input, normalized_shape, weight=None, eps=None):
     gi = _norm_input_grad(gxhat, xhat, rstd, dims, False) if _wants(input) else None
     gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
     return gi, None, gw, None
+
+
+def _batch_norm_when(bsym) -> bool:
+    x, w = _arg(bsym, 0, "input"), _arg(bsym, 3, "weight")
+    training = _arg(bsym, 5, "training", False) or _arg(bsym, 1, "running_mean") is None
+    return (_float_input(bsym) and x.ndim >= 2 and (w is None or isinstance(w, TensorProxy))
+            and (training or isinstance(_arg(bsym, 2, "running_var"), TensorProxy)))
+
+
+@register_vjp(lnn.batch_norm, when=_batch_norm_when)
+def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                eps=1e-5):
+    """aten's fused backward. The running-statistics update inside the op carries
+    no gradient (as in eager): the rule owns that write."""
+    training = training or running_mean is None
+    if weight is None:
+        weight_arg = prims.full((input.shape[1],), 1, device=input.device, dtype=input.dtype)
+    else:
+        weight_arg = weight
+    mask = (_wants(input), _wants(weight), _wants(bias))
+    gi, gw, gb = batch_norm_backward(g, input, weight_arg, None if training else running_mean,
+                                     None if training else running_var, training, eps, mask)
+    return (gi if mask[0] else None), None, None, gw, gb, None, None, None
 
 
 # --- cross entropy -------------------------------------------------------------------------------
