@@ -19,10 +19,12 @@ Example::
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
 
+from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names
 from thunderlite.frontend.compile import compile_call
@@ -73,8 +75,25 @@ class ThunderliteFunction:
                     self.last = entry
                     return out
         self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
-        entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
-                             executors=self.executors, symbolic_numbers=self.cache_mode == "symbolic values")
+        symbolic = self.cache_mode == "symbolic values"
+        try:
+            entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
+                                 executors=self.executors, symbolic_numbers=symbolic)
+        except (TypeError, DataDependentError) as e:
+            if not symbolic:
+                raise
+            warnings.warn(f"thunderlite: a number argument cannot stay symbolic here ({e}); "
+                          "specializing on number values from now on", stacklevel=3)
+            self._reset("constant values")
+            return self._slow_call(args, kwargs)
+        self._store(key, entry)
+        out = entry.fn(args, kwargs)
+        if out is MISS:
+            raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
+                               "for (a guard reads a value that changes on every read)")
+        return out
+
+    def _store(self, key: tuple, entry: CompiledEntry) -> None:
         if self.cache_mode != "no caching":
             old = self._entries.get(key)
             alts = self._entries.setdefault(("alternates", key), [])
@@ -84,11 +103,14 @@ class ThunderliteFunction:
             self._entries[key] = entry
             self.info.entries += 1
         self.last = entry
-        out = entry.fn(args, kwargs)
-        if out is MISS:
-            raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
-                               "for (a guard reads a value that changes on every read)")
-        return out
+
+    def _reset(self, cache: str) -> None:
+        self.cache_mode = cache
+        self._keys = KeyCache(symbolic_numbers=cache == "symbolic values", names=self._keys.names)
+        self._key_fn = self._keys.no_key
+        self._entries.clear()
+        self.info.entries = 0
+        self.info.forget_keys()
 
 
 def _call_module(module: torch.nn.Module, *args, **kwargs):

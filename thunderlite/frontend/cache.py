@@ -88,6 +88,10 @@ class CacheInfo:
         return {"hits": self.hits, "misses": self.misses, "entries": self.entries,
                 "last_miss_reason": self.last_miss_reason}
 
+    def forget_keys(self) -> None:
+        """Key functions were regenerated: old keys are not comparable any more."""
+        self._last_key_by_sig.clear()
+
     def record_miss(self, keys: KeyCache, key: tuple, stale_entry, args: tuple, kwargs: dict) -> None:
         self.misses += 1
         if self.misses == 1:
@@ -98,7 +102,7 @@ class CacheInfo:
         self._last_key_by_sig[key[0]] = key
         if stale_entry is not None:
             what, reason = _failed_guard(stale_entry, args, kwargs)
-        elif prev is None:
+        elif prev is None or len(prev) != len(key):
             what, reason = "signature", "new argument structure or types (a new signature)"
         else:
             what, reason = _key_difference(keys.labels_of(key), prev, key)

@@ -316,3 +316,23 @@ def test_module_global_written_by_library_code():
     x = torch.randn(2)
     torch.testing.assert_close(thunderlite.jit(f)(x), x * 3 + 1)
     assert lib.FLAG == "seen"
+
+
+def test_symbolic_values_fall_back_to_specializing_with_a_warning():
+    def f(x, k):
+        if k > 1.0:
+            return x * k
+        return x - k
+    jf = thunderlite.jit(f, cache="symbolic values")
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="symbolic"):
+        torch.testing.assert_close(jf(x, 2.0), x * 2.0)
+    torch.testing.assert_close(jf(x, 0.5), x - 0.5)
+    assert thunderlite.cache_info(jf)["cache_mode"] == "constant values"
+
+
+def test_examine_lists_opaque_ops():
+    def f(x):
+        return torch.special.bessel_j0(x) + 1
+    report = thunderlite.examine(f, torch.randn(5))
+    assert report.ok and "bessel_j0" in str(report)
