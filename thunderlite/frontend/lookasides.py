@@ -35,27 +35,32 @@ def _matches(t: type, cls) -> bool:
     return isinstance(cls, type) and issubclass(t, cls)
 
 
-def proxy_aware_builtins(hooks) -> dict:
-    """fn -> replacement, for one traced call (``hooks`` gives the state)."""
-    params = hooks.state.parameters
+class Lookasides:
+    """The replacements, bound to the hooks of one traced call (one method each)."""
 
-    def isinstance_(obj: Any, cls) -> bool:
+    def __init__(self, hooks):
+        self.hooks = hooks
+        self.params = hooks.state.parameters
+
+    def isinstance_(self, obj: Any, cls) -> bool:
         if type(obj) is TensorProxy:
-            return _matches(proxy_type(obj, params), cls) or _matches(TensorProxy, cls)
+            return _matches(proxy_type(obj, self.params), cls) or _matches(TensorProxy, cls)
         return isinstance(obj, cls)
 
-    def type_(*args):
+    def type_(self, *args):
         if len(args) == 1 and type(args[0]) is TensorProxy:
-            return proxy_type(args[0], params)
+            return proxy_type(args[0], self.params)
         return type(*args)
 
+    @staticmethod
     def is_tensor(obj: Any) -> bool:
         return type(obj) is TensorProxy or torch.is_tensor(obj)
 
-    def set_grad_enabled(mode: bool) -> None:
-        hooks.set_grad_enabled(bool(mode))
+    def set_grad_enabled(self, mode: bool) -> None:
+        self.hooks.set_grad_enabled(bool(mode))
 
-    def set_autocast_enabled(*args):
+    @staticmethod
+    def set_autocast_enabled(*args) -> None:
         # ``with torch.autocast(..., enabled=False)`` (HF rotary embeddings) is a no-op
         # here because the jit refuses calls under autocast; enabling it is not supported.
         if args and args[-1]:
@@ -63,40 +68,46 @@ def proxy_aware_builtins(hooks) -> dict:
                                       "thunderlite yet; cast explicitly with .to(dtype)")
         torch.set_autocast_enabled(*args)
 
-    def vmap(func, *vmap_args, **vmap_kwargs):
+    def vmap(self, func, *vmap_args, **vmap_kwargs):
         # vmap's machinery is not traceable: the vmapped function is one opaque
         # call whose output metadata comes from a meta-tensor run.
         mapped = torch.vmap(func, *vmap_args, **vmap_kwargs)
-        return hooks.recording(opaque_symbol_for(mapped))
+        return self.hooks.recording(opaque_symbol_for(mapped))
 
-    def module_getattr(module, name: str):
+    def module_getattr(self, module, name: str):
         # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
         # load_attr hook gives the value its provenance (module_slot path).
-        return hooks.load_attr(module, name, torch.nn.Module.__getattr__(module, name))
+        return self.hooks.load_attr(module, name, torch.nn.Module.__getattr__(module, name))
 
-    def module_setattr(module, name: str, value) -> None:
-        if not hooks.store_attr(module, name, value):
+    def module_setattr(self, module, name: str, value) -> None:
+        if not self.hooks.store_attr(module, name, value):
             torch.nn.Module.__setattr__(module, name, value)
 
-    def object_setattr(obj, name: str, value) -> None:
-        if not hooks.store_attr(obj, name, value):
+    def object_setattr(self, obj, name: str, value) -> None:
+        if not self.hooks.store_attr(obj, name, value):
             object.__setattr__(obj, name, value)
 
+    @staticmethod
     def is_compiling() -> bool:
         # Libraries (HF transformers) skip data-dependent Python checks when compiling.
         return True
 
-    table = {
-        torch.compiler.is_compiling: is_compiling,
-        torch.nn.Module.__getattr__: module_getattr,
-        torch.nn.Module.__setattr__: module_setattr,
-        object.__setattr__: object_setattr,
-        torch.vmap: vmap,
-        torch.func.vmap: vmap,
-        builtins.isinstance: isinstance_,
-        builtins.type: type_,
-        torch.is_tensor: is_tensor,
-        torch._C._set_grad_enabled: set_grad_enabled,
-        torch.set_autocast_enabled: set_autocast_enabled,
-    }
-    return table
+    def table(self) -> dict:
+        return {
+            torch.compiler.is_compiling: self.is_compiling,
+            torch.nn.Module.__getattr__: self.module_getattr,
+            torch.nn.Module.__setattr__: self.module_setattr,
+            object.__setattr__: self.object_setattr,
+            torch.vmap: self.vmap,
+            torch.func.vmap: self.vmap,
+            builtins.isinstance: self.isinstance_,
+            builtins.type: self.type_,
+            torch.is_tensor: self.is_tensor,
+            torch._C._set_grad_enabled: self.set_grad_enabled,
+            torch.set_autocast_enabled: self.set_autocast_enabled,
+        }
+
+
+def proxy_aware_builtins(hooks) -> dict:
+    """fn -> replacement, for one traced call (``hooks`` gives the state)."""
+    return Lookasides(hooks).table()
