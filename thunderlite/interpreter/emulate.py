@@ -11,6 +11,7 @@ from .attrs import delete_attr, load_attr, store_attr
 from .calls import EMULATORS, call, wrap_callback
 from .frame import UNBOUND, thread_state
 from .loop import run_code
+from .operators import EXHAUSTED, format_value, get_iter, next_or_exhausted, to_repr, to_str, truth
 
 _NOTGIVEN = object()
 
@@ -254,3 +255,51 @@ def em_build_class(rt, args, kwargs):
         if cell_cls is not cls:
             raise TypeError(f"__class__ set to {cell_cls!r} defining {name!r} as {cls!r}")
     return cls
+
+
+# One-argument conversions and iteration run their Python dunders interpreted.
+
+@emulates(str)
+def em_str(rt, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return to_str(rt, args[0])
+    return str(*args, **(kwargs or {}))
+
+
+@emulates(builtins.repr)
+def em_repr(rt, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return to_repr(rt, args[0])
+    return repr(*args, **(kwargs or {}))
+
+
+@emulates(builtins.format)
+def em_format(rt, args, kwargs):
+    if 1 <= len(args) <= 2 and not kwargs and (len(args) == 1 or type(args[1]) is str):
+        return format_value(rt, args[0], args[1] if len(args) == 2 else "")
+    return format(*args, **(kwargs or {}))
+
+
+@emulates(bool)
+def em_bool(rt, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return truth(rt, args[0])
+    return bool(*args, **(kwargs or {}))
+
+
+@emulates(builtins.iter)
+def em_iter(rt, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        return get_iter(rt, args[0])
+    return iter(*args, **(kwargs or {}))
+
+
+@emulates(builtins.next)
+def em_next(rt, args, kwargs):
+    if kwargs or not 1 <= len(args) <= 2:
+        return next(*args, **(kwargs or {}))
+    it = args[0]
+    if not hasattr(type(it), "__next__"):
+        return next(*args)
+    v = next_or_exhausted(rt, it, keep_stop=len(args) == 1)
+    return args[1] if v is EXHAUSTED else v

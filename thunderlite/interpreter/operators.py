@@ -184,17 +184,19 @@ def get_iter(rt, v):
 EXHAUSTED = object()
 
 
-def next_or_exhausted(rt, it):
-    """next(it), or EXHAUSTED when it is exhausted."""
+def next_or_exhausted(rt, it, keep_stop=False):
+    """next(it), or EXHAUSTED when it is exhausted (keep_stop: let StopIteration out)."""
     t = type(it)
     if t.__flags__ & HEAPTYPE:
         m = slot(rt, t, "__next__")
         if m is not None:
+            if keep_stop:
+                return call(rt, m, (it,))
             try:
                 return call(rt, m, (it,))
             except StopIteration:
                 return EXHAUSTED
-    return next(it, EXHAUSTED)
+    return next(it) if keep_stop else next(it, EXHAUSTED)
 
 
 # ----------------------------------------------------------------------------- strings

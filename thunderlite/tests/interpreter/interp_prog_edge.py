@@ -756,3 +756,62 @@ def error_getitem_index_type():
 @program()
 def error_int_parse():
     return int("12x")
+
+
+@program()
+def conversions_run_python_dunders():
+    class V:
+        def __init__(self, v):
+            self.v = v
+
+        def __str__(self):
+            return f"V{self.v}"
+
+        def __repr__(self):
+            return f"V({self.v!r})"
+
+        def __format__(self, spec):
+            return f"<{spec}:{self.v}>"
+
+        def __bool__(self):
+            return self.v > 0
+
+        def __iter__(self):
+            return iter(range(self.v))
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def __next__(self):
+            self.n += 1
+            if self.n > 2:
+                raise StopIteration
+            return self.n
+
+    c = Counter()
+    return (str(V(1)), repr(V("a")), format(V(2), "x"), bool(V(0)), bool(V(3)), list(iter(V(3))),
+            next(c), next(c), next(c, "done"), str(b"x", "ascii"), repr([V(1)]))
+
+
+@program()
+def error_str_non_string_builtin():
+    class S:
+        def __str__(self):
+            return 1
+
+    return str(S())
+
+
+@program()
+def error_next_on_non_iterator():
+    return next(5)
+
+
+@program()
+def error_next_python_stop():
+    class It:
+        def __next__(self):
+            raise StopIteration("custom")
+
+    return next(It())
