@@ -196,3 +196,27 @@ def test_every_prim_has_a_rule_or_is_non_differentiable():
 def test_duplicate_rule_refused():
     with pytest.raises(ValueError, match="already"):
         autodiff_rules.register_vjp(prims.sin)(lambda g, out, a: (g,))
+
+
+def test_requires_grad_inside_the_program_makes_a_new_leaf():
+    """``ltorch.requires_grad_`` (no output; the torch language flips the proxy's
+    flag while tracing) starts a new differentiable leaf, as eager's does."""
+    from thunderlite.core.symbol import Symbol
+    from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
+
+    def meta(a, requires_grad=True):
+        a.requires_grad = requires_grad
+    marker = Symbol(REQUIRES_GRAD_ID.split(".")[1], meta=meta, impl=lambda a, requires_grad=True: None,
+                    module="ltorch")
+
+    def fn(x, w):
+        y = prims.mul(w, 2.0)      # w does not require grad: y is a leaf
+        marker(y)
+        return prims.mul(y, x), prims.mul(y, 3.0)
+    x, w = _make(), _make(seed=1).detach()
+    trc = trace_of(fn, (x, w))
+    program = make_differentiable(trc, [True, False], _finalize)
+    a, b = program(x, w)
+    assert a.requires_grad and b.requires_grad
+    (ga,) = torch.autograd.grad((a + b).sum(), x)
+    torch.testing.assert_close(ga, 2 * w)

@@ -99,6 +99,21 @@ def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
             tracked.add(o.name)
 
 
+REQUIRES_GRAD_ID = "ltorch.requires_grad_"
+"""``x.requires_grad_(flag)`` inside the program: a symbol with this id and no
+output (the torch language sets the proxy's flag at trace time) makes ``x`` a
+new leaf of the differentiated program, or stops tracking it."""
+
+
+def _mark_leaf(bsym: BoundSymbol, tracked: set[str]) -> None:
+    a = bsym.args[0]
+    flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
+    if flag and dtypes.is_inexact(a.dtype):
+        tracked.add(a.name)
+    else:
+        tracked.discard(a.name)
+
+
 def _meta_tensor(p, tracked: set[str]):
     if type(p) is not TensorProxy:
         return p
@@ -135,6 +150,10 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
     for bsym in bsyms:
         sym = bsym.sym
         if Tag.RETURN in sym.tags:
+            continue
+        if sym.id == REQUIRES_GRAD_ID:
+            _mark_leaf(bsym, tracked)
+            out.append(bsym)
             continue
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
