@@ -59,14 +59,13 @@ def call_no_lookaside(rt, fn, args, kwargs):
         if kwargs and type(kwargs.get("key")) in (FunctionType, MethodType):
             kwargs = dict(kwargs, key=wrap_callback(rt, kwargs["key"]))
     if t is functools.partial:
-        inner = fn.func
         kw = {**fn.keywords, **kwargs} if kwargs else fn.keywords
-        return call_no_lookaside(rt, inner, (*fn.args, *args), kw)
+        return call(rt, fn.func, (*fn.args, *args), kw)
     if isinstance(fn, type):
         return instantiate(rt, fn, args, kwargs)
     m = py_dunder(t, "__call__")
     if m is not None:
-        return call_py(rt, m, (fn, *args), kwargs)
+        return call(rt, m, (fn, *args), kwargs)
     return fn(*args, **kwargs) if kwargs else fn(*args)
 
 
@@ -74,7 +73,7 @@ def wrap_callback(rt, cb):
     """A native callable that interprets the Python callback cb (hooks fire inside)."""
     if type(cb) is FunctionType or (type(cb) is MethodType and type(cb.__func__) is FunctionType):
         def interpreted_callback(*args, **kwargs):
-            return call_no_lookaside(rt, cb, args, kwargs)
+            return call(rt, cb, args, kwargs)
 
         return interpreted_callback
     return cb
@@ -89,7 +88,7 @@ def instantiate(rt, cls, args, kwargs):
     meta = type(cls)
     mcall = lookup(meta, "__call__")
     if type(mcall) is FunctionType:
-        return call_py(rt, mcall, (cls, *args), kwargs)
+        return call(rt, mcall, (cls, *args), kwargs)
     if mcall is not type.__call__ or not cls.__flags__ & HEAPTYPE:
         return cls(*args, **kwargs) if kwargs else cls(*args)
     new = _unwrap_static(lookup(cls, "__new__"))

@@ -476,3 +476,26 @@ def test_interpreter_error_is_not_caught_by_user_code():
 
     with pytest.raises(InterpreterError, match="prog2.py:1"):
         interpret(f)()
+
+
+def test_lookaside_sees_partial_inner_and_dunder_call():
+    import functools
+
+    seen = []
+
+    class CallMe:
+        def __call__(self, x):
+            return x * 2
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(fn)
+            if fn is math.floor:
+                return lambda x: "floored"
+            return None
+
+    def f():
+        return functools.partial(math.floor)(2.5), CallMe()(4)
+
+    assert interpret(f, H())() == ("floored", 8)
+    assert CallMe.__call__ in seen
