@@ -35,11 +35,26 @@ that op, no more) as a saved handle; the backward calls ``torch.autograd.grad``
 on it and drops it. Re-running the op in the backward instead would save the
 same inputs but pay the op twice and be wrong for random ops.
 
-In-place writes into tensors that alias others (views) on a gradient path have
-no functional form in the trace: the barriers of update_aliases say *that* a
-group changed, not *how*. For those programs ``GradSplit.mode`` is ``"eager"``:
-the caller runs the program's ordinary trace with autograd on, so eager PyTorch
-records the graph and outputs, gradients and errors are exactly eager's.
+In-place ops: after update_aliases an in-place op is a functional op plus
+``copy_(src, dst)``, whose VJP treats the result as "the tensor's new value is
+src" (all the gradient to src, none to the overwritten value). A saved value
+whose memory a later write overwrites is saved as a clone taken right before
+that write, so where eager raises "modified by an inplace operation" the
+gradient is the mathematically correct one. Writes into tensors that alias
+others (views, viewed bases, arguments) on a gradient path have no functional
+form in the trace: the barriers say *that* a group changed, not *how*. For those
+programs ``GradSplit.mode`` is ``"eager"``: the caller runs the ordinary trace
+with autograd on, so outputs, gradients and errors are exactly eager's. A
+symbol with its own rule owns the writes hidden in its decomposition
+(batch_norm's running statistics carry no gradient, as in eager).
+
+Which arguments get a gradient (None vs zeros) follows eager's graph: an
+in-place op keeps the overwritten tensor's history connected, so an argument
+reached only through overwritten values gets zeros (``GradSplit.grad_reach``).
+
+Also here: user ``torch.autograd.Function`` subclasses (autodiff_function.py:
+their forward is inlined, their backward is the VJP) and ``requires_grad_``
+inside the program (``REQUIRES_GRAD_ID``: a new leaf).
 """
 from __future__ import annotations
 
@@ -48,6 +63,7 @@ from dataclasses import dataclass, field
 import torch
 
 from thunderlite.core import dtypes, prims, pytree
+from thunderlite.core.aliasing import writes
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
@@ -56,7 +72,6 @@ from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms import autodiff_rules as rules
 from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
-from thunderlite.core.aliasing import writes
 from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED

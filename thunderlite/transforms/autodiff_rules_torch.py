@@ -98,11 +98,8 @@ def _batch_sum(x, n_norm: int):
     return red.sum(x, lead) if lead else x
 
 
-def _norm_input_grad(gxhat, xhat, rstd, dims, centered: bool):
-    inner = ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))
-    if centered:
-        inner = ew.add(inner, red.mean(gxhat, dims, True))
-    return ew.mul(rstd, ew.sub(gxhat, inner))
+def _rms_input_grad(gxhat, xhat, rstd, dims):
+    return ew.mul(rstd, ew.sub(gxhat, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
 
 
 @register_vjp(lnn.layer_norm, when=_float_input)
@@ -120,7 +117,7 @@ def _rms_norm(g, out, input, normalized_shape, weight=None, eps=None):
     rstd = ew.rsqrt(ew.add(red.mean(ew.mul(input, input), dims, True), eps))
     xhat = ew.mul(input, rstd)
     gxhat = ew.mul(g, weight) if is_t(weight) else g
-    gi = _norm_input_grad(gxhat, xhat, rstd, dims, False) if _wants(input) else None
+    gi = _rms_input_grad(gxhat, xhat, rstd, dims) if _wants(input) else None
     gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
     return gi, None, gw, None
 
