@@ -28,6 +28,7 @@ from thunderlite.core import prims
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
+from thunderlite.torch import registry as ltorch_registry
 
 
 class Executor:
@@ -187,12 +188,14 @@ def check_print_path(path: str, impl: Callable) -> None:
 
 
 def _lookup_symbol(sym: Symbol | str) -> Symbol:
+    """A Symbol, or its id: ``prims.<name>`` or ``ltorch.<name>``."""
     if isinstance(sym, Symbol):
         return sym
     module, _, name = sym.rpartition(".")
-    found = prims.all_prims().get(name) if module == "prims" else None
-    prims.check(found is not None,
-                lambda: f"unknown symbol id {sym!r}: pass a prim id ('prims.sin') or the Symbol object", ValueError)
+    table = {"prims": prims.all_prims, "ltorch": ltorch_registry.all_symbols}.get(module)
+    found = table().get(name) if table is not None else None
+    prims.check(found is not None, lambda: f"unknown symbol id {sym!r}: pass a prim or torch-language id "
+                                           "('prims.sin', 'ltorch.softmax') or the Symbol object", ValueError)
     return found
 
 

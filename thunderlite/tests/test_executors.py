@@ -131,6 +131,10 @@ def test_registrations_validate():
         myex.register_implementation(prims.exp, torch.exp)
     with pytest.raises(ValueError, match="unknown symbol id"):
         myex.register_implementation("prims.no_such_prim", torch.exp)
+    with pytest.raises(ValueError, match="unknown symbol id"):
+        myex.register_implementation("ltorch.no_such_op", torch.exp)
+    softmax = myex.register_implementation("ltorch.softmax", torch.softmax)
+    assert (softmax.module, softmax.name, softmax.executor) == ("torch", "softmax", myex)
     with pytest.raises(ValueError, match="not the implementation"):
         myex.register_implementation(prims.log, torch.exp, print_as="torch.log")
     with pytest.raises(ValueError, match="must be a Python identifier"):

@@ -273,3 +273,21 @@ def test_requires_grad_flows_through_metas_for_inexact_outputs_only():
         assert prims.matmul(x, TensorProxy((3, 2))).requires_grad
         values, indices = prims.topk(x, 1, 1, True, True)
         assert values.requires_grad and not indices.requires_grad
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prims_run_on_cuda_and_move_between_devices():
+    cuda = torch.device("cuda")
+    a = _t(3, 4)
+    moved = check_prim(prims.device_put, (a, cuda), ref=lambda x, d: x.to(d))
+    assert moved.is_cuda
+    x = a.to(cuda)
+    check_prim(prims.matmul, (x, x.t().contiguous()), ref=torch.matmul)
+    check_prim(prims.sum, (x, (1,)), ref=lambda t, d: t.sum(d))
+    check_prim(prims.full, ((2,), 3.0), dict(device=cuda, dtype=torch.float16),
+               ref=lambda s, v, **kw: torch.full(s, v, **kw))
+    trc, tensors, _ = _record(prims.uniform, ((16,), 0.0, 1.0), dict(device=cuda, dtype=torch.float32))
+    torch.manual_seed(5)
+    got = run_trace(trc, tensors)
+    torch.manual_seed(5)
+    torch.testing.assert_close(got, torch.rand(16, device=cuda))
