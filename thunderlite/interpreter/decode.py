@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dis
+import weakref
 
 from .frame import UNBOUND, limit
 
@@ -18,14 +19,19 @@ class Instr:
 class Decoded:
     """The decoded form of a code object, shared by all its frames."""
 
-    __slots__ = ("code", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names",
+    __slots__ = ("code_ref", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names",
                  "simple_argc", "padding", "suspendable")
 
     def __init__(self, code):
-        self.code = code
+        self.code_ref = weakref.ref(code)  # the cache must not keep code objects alive
         self.binder = None
 
+    @property
+    def code(self):
+        return self.code_ref()
 
+
+# id(code) -> Decoded. An entry is dropped when its code object dies, so ids are never stale.
 _CACHE: dict = {}
 
 
@@ -53,7 +59,7 @@ def _localsplus_names(code):
 def decode(code, table):
     """The cached Decoded form of code (keyed by identity: hashing a code object is slow)."""
     hit = _CACHE.get(id(code))
-    if hit is not None and hit.code is code:
+    if hit is not None:
         return hit
     dec = Decoded(code)
     lines = _lines(code)
@@ -98,7 +104,8 @@ def decode(code, table):
         prep = table.prepare[dis.opmap[ins.opname]]
         if prep is not None:
             prep(ins, dec)
-    _CACHE[id(code)] = dec  # dec.code keeps code alive, so its id is not reused
+    _CACHE[id(code)] = dec
+    weakref.finalize(code, _CACHE.pop, id(code), None)
     return dec
 
 

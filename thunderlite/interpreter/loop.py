@@ -141,7 +141,7 @@ def call_py(rt, fn, args, kwargs):
     """Interpret a call of the Python function fn."""
     code = fn.__code__
     dec = _CACHE.get(id(code))
-    if dec is None or dec.code is not code:
+    if dec is None:
         dec = decode(code, rt.table)
     if not kwargs and len(args) == dec.simple_argc:
         fast = [*args, *dec.padding]

@@ -89,3 +89,19 @@ def test_kwargs_and_defaults_through_interpret():
 
     assert interpret(f)(1, c=3) == f(1, c=3)
     assert interpret(f)(1, 5, 6, 7, c=3, e=9) == f(1, 5, 6, 7, c=3, e=9)
+
+
+def test_decode_cache_does_not_keep_code_alive():
+    import gc
+
+    from thunderlite.interpreter.decode import _CACHE
+
+    gc.collect()
+    before = len(_CACHE)
+    for i in range(30):
+        ns = {}
+        exec(f"def f(x):\n    return x + {i}\n", ns)
+        assert interpret(ns["f"])(1) == 1 + i
+        del ns
+    gc.collect()
+    assert len(_CACHE) <= before + 1
