@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import thunderlite
+
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -289,3 +291,27 @@ def test_torchcompile_leaves_random_and_inplace_symbols_to_torch():
     assert prims.uniform in top and prims.copy_ in top and prims.mul not in top and prims.sin not in top
     (region,) = [b for b in fused.bound_symbols if Tag.FUSION in b.sym.tags]
     assert [b.sym for b in region.subsymbols] == [prims.sin, prims.mul]
+
+
+def _block(x, w, b):
+    y = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) * 2 + 1
+    x.add_(1)
+    return y.softmax(-1), torch.rand(3)
+
+
+def test_jit_with_torchcompile_matches_eager_outputs_mutations_and_random_draws():
+    ok, reason = torchcompile_executor.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+    x, w, b = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
+    jfn = thunderlite.jit(_block, executors=["torchcompile"])
+    x1, x2 = x.clone(), x.clone()
+    torch.manual_seed(0)
+    got = jfn(x1, w, b)
+    torch.manual_seed(0)
+    want = _block(x2, w, b)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x1, x2)
+    final = thunderlite.last_traces(jfn)[-1]
+    claimed_by = {b.sym.executor.name for b in final.bound_symbols if b.sym.executor is not None}
+    assert claimed_by == {"torch", "torchcompile"}
