@@ -1,6 +1,8 @@
 """Attribute and subscript protocols with hooks; Python descriptors are interpreted."""
 from __future__ import annotations
 
+import weakref
+
 from .calls import HEAPTYPE, FunctionType, call, lookup, py_dunder
 from .frame import NULL
 from .hooks import MISSING
@@ -73,8 +75,17 @@ def _interpreted_descriptor(rt, obj, tp, name, descr):
 # type -> names whose lookup on instances involves no Python code at all (no Python
 # __getattribute__/__getattr__/descriptor). Only this verdict is cached: if a class later
 # gains Python attribute code, native getattr still runs it correctly (hooks just do not
-# fire inside it), so the cache can never make a lookup wrong.
+# fire inside it), so the cache can never make a lookup wrong. Keyed by id(type); an
+# entry is dropped when its type dies.
 _PLAIN: dict = {}
+
+
+def _mark_plain(tp, name):
+    names = _PLAIN.get(id(tp))
+    if names is None:
+        names = _PLAIN[id(tp)] = set()
+        weakref.finalize(tp, _PLAIN.pop, id(tp), None)
+    names.add(name)
 
 
 def load_attr(rt, obj, name):
@@ -82,7 +93,7 @@ def load_attr(rt, obj, name):
     tp = type(obj)
     if not tp.__flags__ & HEAPTYPE and tp is not type:
         return _load_native(rt, obj, name)
-    plain = _PLAIN.get(tp)
+    plain = _PLAIN.get(id(tp))
     if plain is not None and name in plain:
         return _load_native(rt, obj, name)
     return _load_attr_slow(rt, obj, tp, name)
@@ -120,7 +131,7 @@ def _load_attr_slow(rt, obj, tp, name):
         return value
     if err is None:
         if gattr is None and not isinstance(obj, type) and (descr is None or _py_get(descr) is None):
-            _PLAIN.setdefault(tp, set()).add(name)
+            _mark_plain(tp, name)
         try:
             value = ga(obj, name)
         except AttributeError as e:
