@@ -12,7 +12,8 @@ When eager's backward raises (a tensor it saved was modified in place),
 thunderlite must raise too or give the mathematically correct gradient
 (checked by central differences on float64).
 
-A few hundred seeds here; ``scripts/fuzz_grad.py --seeds 2000`` runs more.
+A few hundred seeds here at trace level and some through ``thunderlite.jit``;
+``scripts/fuzz_grad.py --seeds 2000 [--jit]`` runs more.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import random
 import pytest
 import torch
 
+import thunderlite
 import thunderlite.torch  # noqa: F401  (installs Tensor methods on proxies)
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
@@ -255,12 +257,17 @@ def _check_math(program, ops, x, w, seed, grads) -> None:
     raise AssertionError(f"central differences {seen} vs the gradient's {analytic}")
 
 
-def check_seed(seed: int) -> str:
+def jit_program(ops: list):
+    """The same program through the front door (interpreter, frontend, pipeline)."""
+    return thunderlite.jit(lambda x, w: tuple(run(ops, x, w)))
+
+
+def check_seed(seed: int, via_jit: bool = False) -> str:
     """'ok', 'ok (eager raises, ours raises)', 'ok (eager raises, ours is exact)', or raises."""
     ops = generate(seed)
     x, w = _inputs(seed, ops)
     e_outs, e_vals, e_grads, e_err = _eager(ops, x, w, seed)
-    program = compile_program(ops, x, w)
+    program = jit_program(ops) if via_jit else compile_program(ops, x, w)
     ox, ow = _leaves(x, w)
     outs = program(ox, ow)
     for o, e, v in zip(outs, e_outs, e_vals, strict=True):
@@ -290,6 +297,15 @@ def test_fuzz_grad(start):
             check_seed(seed)
         except Exception as e:
             raise AssertionError(f"seed {seed}: {type(e).__name__}: {e}\nprogram: {generate(seed)}") from e
+
+
+@pytest.mark.parametrize("start", range(1000, 1080, 40))
+def test_fuzz_grad_through_jit(start):
+    for seed in range(start, start + 40):
+        try:
+            check_seed(seed, via_jit=True)
+        except Exception as e:
+            raise AssertionError(f"seed {seed} (jit): {type(e).__name__}: {e}\nprogram: {generate(seed)}") from e
 
 
 def test_fuzz_covers_views_and_inplace():
