@@ -8,7 +8,6 @@ from .frame import NULL
 from .hooks import MISSING
 
 _object_getattribute = object.__getattribute__
-_type_getattribute = type.__getattribute__
 
 
 def _py_get(descr):

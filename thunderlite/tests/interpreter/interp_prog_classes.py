@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from interp_harness import cases, program
+from interp_harness import program
 
 
 class Point:

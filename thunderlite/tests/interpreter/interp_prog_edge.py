@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from interp_harness import cases, program
+from interp_harness import program
 
 MODULE_LEVEL = []
 

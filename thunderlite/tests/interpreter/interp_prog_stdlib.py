@@ -2,7 +2,7 @@
 # ruff: noqa
 from __future__ import annotations
 
-from interp_harness import cases, program
+from interp_harness import program
 
 
 @program()
@@ -297,7 +297,7 @@ def enum_lookup_error():
 
 @program()
 def typing_helpers():
-    from typing import Optional, List, cast, get_type_hints
+    from typing import Optional, List, cast
 
     def f(x: int, y: Optional[str] = None) -> List[int]:
         return [x]
