@@ -69,7 +69,8 @@ class TorchCompileExecutor(FusionExecutor):
         compiled = torch.compile(sub.python_callable(), **self.compile_options)
         compiled.__thunderlite_trace__ = sub
         sym = self.fusion_symbol(name, compiled)
-        return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms))
+        return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
+                        source=region.bsyms[0].source)
 
 
 torchcompile_executor = TorchCompileExecutor()
