@@ -21,7 +21,7 @@ import torch
 
 from thunderlite.core.proxies import Proxy
 from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.state import TraceState
+from thunderlite.frontend.state import DELETED, TraceState
 
 _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, bytes, type(Ellipsis))
 
@@ -166,15 +166,17 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
 
 def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[str]:
     """Source lines applying one write-back."""
-    v = value_expr(w.value, env_names, consts)
     if w.kind == "global":
         g = roots.setdefault(id(w.target), (f"_G{len(roots)}", w.target))[0]
-        return [f"{g}[{w.key!r}] = {v}"]
+        if w.value is DELETED:
+            return [f"del {g}[{w.key!r}]"]
+        return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
     target = w.target.expr(roots)
+    v = value_expr(w.value, env_names, consts)
     if w.kind == "attr":
-        return [f"setattr({target}, {w.key!r}, {v})"]
+        return [f"delattr({target}, {w.key!r})" if w.value is DELETED else f"setattr({target}, {w.key!r}, {v})"]
     if w.kind == "item":
-        return [f"{target}[{w.key!r}] = {v}"]
+        return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
     if isinstance(w.value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     return [f"{target}[:] = {v}"]

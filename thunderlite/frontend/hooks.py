@@ -24,7 +24,7 @@ from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMeth
 from thunderlite.core.symbol import Symbol
 from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.state import TraceState
+from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.transforms.autodiff_function import function_symbol
@@ -140,7 +140,7 @@ class TracingHooks(InterpreterHooks):
         st = self.state
         w = st.attr_writes.get((id(obj), name))
         if w is not None:
-            return w[1]
+            return MISSING if w[1] is DELETED else w[1]
         if type(obj) is TensorProxy:
             if name in _DATA_DEPENDENT_METHODS:
                 raise self.data_dependent(f".{name}()")
@@ -156,6 +156,8 @@ class TracingHooks(InterpreterHooks):
         st = self.state
         w = st.attr_writes.get((id(container), ("item", key))) if _is_atom(key) else None
         if w is not None:
+            if w[1] is DELETED:
+                raise KeyError(key)
             return w[1]
         parent = st.prov_of.get(id(container))
         if parent is None or not _is_atom(key):
@@ -179,6 +181,12 @@ class TracingHooks(InterpreterHooks):
             return False
         self.state.attr_writes[(id(obj), name)] = (obj, value)
         return True
+
+    def delete_attr(self, obj: Any, name: str) -> bool:
+        return self.store_attr(obj, name, DELETED)
+
+    def delete_subscr(self, container: Any, key: Any) -> bool:
+        return self.store_subscr(container, key, DELETED)
 
     def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
         if id(container) not in self.state.prov_of or not _is_atom(key):

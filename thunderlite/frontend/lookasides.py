@@ -83,6 +83,10 @@ class Lookasides:
         if not self.hooks.store_attr(module, name, value):
             torch.nn.Module.__setattr__(module, name, value)
 
+    def module_delattr(self, module, name: str) -> None:
+        if not self.hooks.delete_attr(module, name):
+            torch.nn.Module.__delattr__(module, name)
+
     def object_setattr(self, obj, name: str, value) -> None:
         if not self.hooks.store_attr(obj, name, value):
             object.__setattr__(obj, name, value)
@@ -97,6 +101,7 @@ class Lookasides:
             torch.compiler.is_compiling: self.is_compiling,
             torch.nn.Module.__getattr__: self.module_getattr,
             torch.nn.Module.__setattr__: self.module_setattr,
+            torch.nn.Module.__delattr__: self.module_delattr,
             object.__setattr__: self.object_setattr,
             torch.vmap: self.vmap,
             torch.func.vmap: self.vmap,

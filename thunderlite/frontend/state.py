@@ -24,6 +24,8 @@ from thunderlite.frontend.cache_key import VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
 
 MIRROR_MAX_ITEMS = 64
+DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>", "__slots__": ()})()
+"""The overlay value of an attribute or item the program deleted."""
 
 
 class Input:

@@ -188,3 +188,25 @@ def test_module_grads_match_eager():
     ref(x).sum().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+class Consumer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pending = torch.ones(2)
+        self.log = {"a": 1}
+
+    def forward(self, x):
+        y = x + self.pending
+        del self.pending
+        del self.log["a"]
+        self.log["b"] = 2
+        return y
+
+
+def test_attribute_and_item_deletion_land_as_in_eager():
+    model, ref = Consumer(), Consumer()
+    x = torch.randn(2)
+    torch.testing.assert_close(thunderlite.jit(model)(x), ref(x))
+    assert not hasattr(model, "pending") and not hasattr(ref, "pending")
+    assert model.log == ref.log == {"b": 2}
