@@ -218,7 +218,8 @@ device_put = make_prim("device_put", _device_put_meta)
 
 def _broadcast_in_dim_meta(a, shape, broadcast_dims):
     shape = tuple(shape)
-    check(len(broadcast_dims) == a.ndim, lambda: f"broadcast_in_dim: {len(broadcast_dims)} dims for a {a.ndim}-d tensor")
+    check(len(broadcast_dims) == a.ndim,
+          lambda: f"broadcast_in_dim: {len(broadcast_dims)} dims for a {a.ndim}-d tensor")
     check(list(broadcast_dims) == sorted(set(broadcast_dims)),
           lambda: f"broadcast_in_dim: broadcast_dims {broadcast_dims} must be increasing")
     for d, s in zip(broadcast_dims, a.shape, strict=True):

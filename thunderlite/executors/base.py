@@ -124,8 +124,9 @@ class OperatorExecutor(Executor):
     ``register_implementation(sym, impl)`` creates an executor symbol that calls
     ``impl(*bsym.args, **bsym.kwargs)`` and prints as the real torch call when
     ``impl`` is a public torch callable (``torch.mul(a, b)``), else as
-    ``<print_module>.<symbol name>(...)`` (``print_module`` defaults to the name). A ``checker`` is called with the bound
-    symbol's proxies (same args/kwargs) and may decline (return False)."""
+    ``<print_module>.<symbol name>(...)`` (``print_module`` defaults to the name).
+    A ``checker`` is called with the bound symbol's proxies (same args/kwargs)
+    and may decline (return False)."""
 
     def __init__(self, name: str):
         super().__init__(name)

@@ -59,7 +59,8 @@ def resolve_executors(executors=None) -> list[Executor]:
     out: list[Executor] = []
     for e in executors:
         ex = get_executor(e) if isinstance(e, str) else e
-        check(isinstance(ex, Executor), lambda: f"executors=[...] takes names or Executor objects, got {e!r}", TypeError)
+        check(isinstance(ex, Executor),
+              lambda: f"executors=[...] takes names or Executor objects, got {e!r}", TypeError)
         if ex.is_available()[0] and ex not in out:
             out.append(ex)
     if torch_executor in out:
