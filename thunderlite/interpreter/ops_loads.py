@@ -27,11 +27,11 @@ def op_load_fast_nocheck(f, ins):
     f.stack.append(f.fast[ins.arg])
 
 
-# LOAD_FAST_AND_CLEAR (-- value): value may be NULL (inlined comprehensions)
+# LOAD_FAST_AND_CLEAR (-- value): value may be unbound (inlined comprehensions); the
+# STORE_FAST that restores it afterwards then restores "unbound"
 def op_load_fast_and_clear(f, ins):
     fast = f.fast
-    v = fast[ins.arg]
-    f.stack.append(NULL if v is UNBOUND else v)
+    f.stack.append(fast[ins.arg])
     fast[ins.arg] = UNBOUND
 
 
@@ -47,10 +47,9 @@ def op_store_fast(f, ins):
     f.fast[ins.arg] = f.stack.pop()
 
 
-# STORE_FAST_MAYBE_NULL (value --): value may be NULL
+# STORE_FAST_MAYBE_NULL (value --): value may be unbound
 def op_store_fast_maybe_null(f, ins):
-    v = f.stack.pop()
-    f.fast[ins.arg] = UNBOUND if v is NULL else v
+    f.fast[ins.arg] = f.stack.pop()
 
 
 # STORE_FAST_STORE_FAST (value2 value1 --)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from interp_harness import program
+from interp_harness import cases, program
 
 MODULE_LEVEL = []
 
@@ -815,3 +815,11 @@ def error_next_python_stop():
             raise StopIteration("custom")
 
     return next(It())
+
+
+@cases((True,), (False,))
+def comprehension_restores_unbound_local(flag):
+    if flag:
+        x = 1
+    y = [x for x in range(3)]
+    return y, x
