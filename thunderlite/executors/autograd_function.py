@@ -91,8 +91,8 @@ class DifferentiableProgram:
         self.split = split
         self.trace_args = list(trace.args)
         if split.mode == "eager":
-            final = finalize(trace)
-            self.forward_traces = [final]
+            final = finalize(split.eager_trace)
+            self.forward_traces = [split.eager_trace, final] if split.eager_trace is not trace else [final]
             self.backward_traces: list[Trace] = []
             self._eager_fn = final.python_callable()
             return

@@ -356,3 +356,20 @@ def test_batch_norm_model_functional_backward(affine, train):
     for (n, a), b in zip(ours.named_buffers(), ref.buffers(), strict=True):
         torch.testing.assert_close(a, b, msg=lambda m, n=n: f"{n}: {m}")
     assert thunderlite.last_backward_traces(jm)
+
+
+def test_no_grad_region_in_a_program_with_views_and_inplace():
+    """Eager mode (a write into a view on the gradient path) keeps no_grad values out of the graph."""
+    def f(x, w):
+        h = x * w
+        v = h[0]
+        with torch.no_grad():
+            s = h * 10
+        v.add_(1)
+        return h * s, s
+    ours, ref = _pair((3, 4), (3, 4))
+    got, want = thunderlite.jit(f)(*ours), f(*ref)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    got[0].sum().backward()
+    want[0].sum().backward()
+    _same_grads(ours, ref)

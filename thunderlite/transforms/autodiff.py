@@ -74,7 +74,7 @@ from thunderlite.transforms import autodiff_rules as rules
 from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
 from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
-from thunderlite.transforms.autodiff_ops import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups
 
@@ -95,6 +95,7 @@ class GradSplit:
     grad_args: list = field(default_factory=list)
     grad_positions: list[int] = field(default_factory=list)   # tensor-leaf index of each grad arg
     grad_reach: list[frozenset] = field(default_factory=list)  # argument indices each grad arg reaches
+    eager_trace: Trace | None = None           # eager mode: the trace to run with autograd on
 
 
 def _is_diff_tensor(p) -> bool:
@@ -418,6 +419,33 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
     return [deps.get(outs[pos].name, frozenset()) for pos in grad_positions]
 
 
+@trace_pass("Detach no-grad values (autodiff, eager mode)")
+def _detach_cuts(trace: Trace, tracked: set[str]) -> Trace:
+    """Eager mode runs every symbol with autograd on; values the program made
+    under ``torch.no_grad()`` (inexact outputs of symbols reading tracked values
+    whose proxies do not require grad) are detached right after they are made.
+    Writes keep their history, as eager's in-place ops under no_grad do."""
+    swap: dict[str, Proxy] = {}
+    out: list[BoundSymbol] = []
+    for bsym in trace.bound_symbols:
+        if swap:
+            bsym = bsym.replace(args=pytree.tree_map(lambda x: swap.get(x.name, x) if isinstance(x, Proxy) else x,
+                                                     bsym.args),
+                                kwargs=pytree.tree_map(lambda x: swap.get(x.name, x) if isinstance(x, Proxy) else x,
+                                                       bsym.kwargs))
+        out.append(bsym)
+        if Tag.RETURN in bsym.sym.tags or any(True for leaf in _leaves_of(bsym) for _ in writes(leaf)):
+            continue
+        if Tag.ALIAS_BARRIER in bsym.sym.tags or not _on_path(bsym, tracked):
+            continue
+        for o in bsym.tensor_outs():
+            if not o.requires_grad and dtypes.is_inexact(o.dtype):
+                cut = o.replace(name=trace.fresh_name(o.name + "_nograd"))
+                out.append(DETACH.bind(o, output=cut))
+                swap[o.name] = cut
+    return trace.with_bound_symbols("", out) if swap else trace
+
+
 def _visible_names(trace: Trace) -> set[str]:
     names = {a.name for a in trace.args if isinstance(a, Proxy)}
     names.update(o.name for o in pytree.leaves(trace.output) if isinstance(o, Proxy))
@@ -455,7 +483,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     _flatten(trace.bound_symbols, tracked, flat)
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     if _needs_eager(trace, flat, tracked, groups):
-        return GradSplit("eager", differentiable_outputs=[
+        return GradSplit("eager", eager_trace=_detach_cuts(trace, tracked), differentiable_outputs=[
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked)
     split = _build_backward(trace, flat, tracked, mask, handles, groups)

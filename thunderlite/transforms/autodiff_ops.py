@@ -200,3 +200,13 @@ def _batch_norm_backward_impl(g, a, weight, running_mean, running_var, training,
 
 batch_norm_backward = Symbol("batch_norm_backward", meta=_batch_norm_backward_meta, impl=_batch_norm_backward_impl,
                              module="autodiff")
+
+
+def _detach_meta(a):
+    return a.replace(requires_grad=False)
+
+
+DETACH = Symbol("detach", meta=_detach_meta, impl=torch.Tensor.detach, module="autodiff")
+"""Cuts the graph where the program computed under ``torch.no_grad()``: eager
+mode runs the whole trace with autograd on, and this keeps those values out of
+it (they share memory with the undetached value, as eager's do)."""
