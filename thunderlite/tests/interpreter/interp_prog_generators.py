@@ -489,3 +489,148 @@ def async_comprehensions():
         return [await double(i) for i in range(3)], {i: await double(i) for i in range(2)}
 
     return asyncio.run(main())
+
+
+@program()
+def exc_info_preserved_across_yield():
+    import sys
+
+    def gen():
+        try:
+            raise KeyError("k")
+        except KeyError:
+            yield sys.exc_info()[0]
+            yield sys.exc_info()[0]
+        yield sys.exc_info()[0]
+
+    g = gen()
+    a = next(g)
+    outside = sys.exc_info()[0]
+    b = next(g)
+    c = next(g)
+    return a, outside, b, c
+
+
+@program()
+def three_level_delegation_throw():
+    log = []
+
+    def leaf():
+        try:
+            yield "leaf"
+        except ValueError as e:
+            log.append("leaf caught " + str(e))
+            yield "leaf recovered"
+        return "leaf done"
+
+    def middle():
+        r = yield from leaf()
+        log.append(r)
+        return "middle done"
+
+    def top():
+        r = yield from middle()
+        yield r
+
+    g = top()
+    out = [next(g), g.throw(ValueError("x")), next(g)]
+    return out, log
+
+
+@program()
+def yield_in_finally():
+    def gen():
+        try:
+            yield 1
+        finally:
+            yield "cleanup"
+
+    return list(gen())
+
+
+@program()
+def throw_into_with_in_generator():
+    log = []
+
+    class CM:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, t, v, tb):
+            log.append(t.__name__ if t else None)
+            return t is KeyError
+
+    def gen():
+        with CM():
+            yield 1
+        yield "after with"
+
+    g = gen()
+    next(g)
+    return g.throw(KeyError("swallowed")), log
+
+
+@program()
+def generator_return_in_finally_on_close():
+    def gen():
+        try:
+            yield 1
+        finally:
+            return "ignored"
+
+    g = gen()
+    next(g)
+    g.close()
+    return "closed"
+
+
+@program()
+def await_in_except_block():
+    import asyncio
+
+    async def helper():
+        await asyncio.sleep(0)
+        return "helped"
+
+    async def main():
+        try:
+            raise KeyError("k")
+        except KeyError:
+            r = await helper()
+            return r, type(__import__("sys").exc_info()[1]).__name__
+
+    return asyncio.run(main())
+
+
+@program()
+def generator_send_into_yield_from_native_generator():
+    def inner():
+        total = 0
+        while True:
+            v = yield total
+            if v is None:
+                return total
+            total += v
+
+    def outer():
+        result = yield from inner()
+        yield ("result", result)
+
+    g = outer()
+    next(g)
+    g.send(2)
+    g.send(3)
+    return next(g)
+
+
+@program()
+def generator_expression_in_call_with_exception():
+    def bad(x):
+        if x == 2:
+            raise ValueError("bad 2")
+        return x
+
+    try:
+        return sum(bad(x) for x in range(4))
+    except ValueError as e:
+        return str(e)
