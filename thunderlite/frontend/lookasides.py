@@ -92,6 +92,12 @@ class Lookasides:
             object.__setattr__(obj, name, value)
 
     @staticmethod
+    def has_torch_function(*args) -> bool:
+        # torch's Python functions ask this before dispatching to __torch_function__;
+        # proxies take the ordinary path (their ops are recorded by the lookasides).
+        return False
+
+    @staticmethod
     def is_compiling() -> bool:
         # Libraries (HF transformers) skip data-dependent Python checks when compiling.
         return True
@@ -99,6 +105,9 @@ class Lookasides:
     def table(self) -> dict:
         return {
             torch.compiler.is_compiling: self.is_compiling,
+            torch.overrides.has_torch_function: self.has_torch_function,
+            torch.overrides.has_torch_function_unary: self.has_torch_function,
+            torch.overrides.has_torch_function_variadic: self.has_torch_function,
             torch.nn.Module.__getattr__: self.module_getattr,
             torch.nn.Module.__setattr__: self.module_setattr,
             torch.nn.Module.__delattr__: self.module_delattr,

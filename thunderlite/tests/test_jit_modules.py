@@ -210,3 +210,30 @@ def test_attribute_and_item_deletion_land_as_in_eager():
     torch.testing.assert_close(thunderlite.jit(model)(x), ref(x))
     assert not hasattr(model, "pending") and not hasattr(ref, "pending")
     assert model.log == ref.log == {"b": 2}
+
+
+def test_cnn_with_batchnorm_training_grads_and_running_stats():
+    import copy
+    torch.manual_seed(0)
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    ref = copy.deepcopy(cnn)
+    x = torch.randn(2, 3, 8, 8)
+    out, expected = thunderlite.jit(cnn)(x), ref(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for p, q in zip(cnn.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    torch.testing.assert_close(cnn[1].running_mean, ref[1].running_mean)
+
+
+def test_torch_transformer_layer_and_lstm():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0).eval()
+    lstm = nn.LSTM(4, 6, batch_first=True)
+    x, s = torch.randn(2, 5, 16), torch.randn(2, 5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(thunderlite.jit(layer)(x), layer(x))
+        torch.testing.assert_close(thunderlite.jit(lstm)(s)[0], lstm(s)[0])
+    assert not thunderlite.examine(layer, x).opaque
