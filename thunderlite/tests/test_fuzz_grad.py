@@ -79,6 +79,16 @@ def _inplace(t, name: str, p: tuple, other):
     return t
 
 
+def _no_grad(fn, t):
+    """``fn(t)`` under ``torch.no_grad()``; at trace level (no frontend) the
+    proxy's flag is cleared by hand, as the jit's frontend does."""
+    with torch.no_grad():
+        out = fn(t)
+    if isinstance(out, TensorProxy):
+        out.requires_grad = False
+    return out
+
+
 def run(ops: list, x, w) -> list:
     """Run a generated program on tensors or proxies (the same code for both)."""
     pool = [x, w, x * w]
@@ -88,6 +98,8 @@ def run(ops: list, x, w) -> list:
             return [pool[i] for i in op[1]]
         if kind == "unary":
             pool.append(UNARY[op[1]](pool[op[2]]))
+        elif kind == "nograd":
+            pool.append(_no_grad(UNARY[op[1]], pool[op[2]]))
         elif kind == "binary":
             pool.append(BINARY[op[1]](pool[op[2]], pool[op[3]]))
         elif kind == "view":
@@ -161,8 +173,8 @@ def generate(seed: int) -> list:
             pool.append(_Shadow(pool[op[2]].t, False))
         elif r < 0.85:
             name, i = rng.choice(sorted(UNARY)), rng.randrange(len(pool))
-            op = ("unary", name, i)
-            pool.append(_Shadow(UNARY[name](pool[i].t), False))
+            op = ("nograd" if rng.random() < 0.15 else "unary", name, i)
+            pool.append(_Shadow(UNARY[name](pool[i].t), op[0] == "nograd"))
         else:
             i = rng.randrange(len(pool))
             j = rng.choice([k for k, s in enumerate(pool) if s.t.shape == pool[i].t.shape])
@@ -311,3 +323,4 @@ def test_fuzz_grad_through_jit(start):
 def test_fuzz_covers_views_and_inplace():
     kinds = {op[1] for s in range(100) for op in generate(s) if op[0] in ("view", "inplace")}
     assert {"select", "t", "slice", "add_s", "clamp_", "setitem", "copy_"} <= kinds
+    assert any(op[0] == "nograd" for s in range(100) for op in generate(s))
