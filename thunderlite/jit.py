@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import time
+import types
 import warnings
 from typing import Any, Callable
 
@@ -61,6 +62,10 @@ class ThunderliteFunction:
                 self.last = entry
                 return out
         return self._slow_call(args, kwargs)
+
+    def __get__(self, obj, objtype=None):
+        """``@thunderlite.jit`` on a method: bind like a function (self is an argument)."""
+        return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
         key_fn = self._keys.key_fn_for(args, kwargs)

@@ -336,3 +336,21 @@ def test_examine_lists_opaque_ops():
         return torch.special.bessel_j0(x) + 1
     report = thunderlite.examine(f, torch.randn(5))
     assert report.ok and "bessel_j0" in str(report)
+
+
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    @thunderlite.jit
+    def apply(self, x):
+        return x * self.k
+
+
+def test_jit_as_method_decorator_guards_attributes():
+    x = torch.randn(3)
+    s2, s3 = Scaler(2.0), Scaler(3.0)
+    torch.testing.assert_close(s2.apply(x), x * 2.0)
+    torch.testing.assert_close(s3.apply(x), x * 3.0)
+    s2.k = 5.0
+    torch.testing.assert_close(s2.apply(x), x * 5.0)
