@@ -1,7 +1,8 @@
 """Differential fuzzer for in-place ops and aliasing (issue 5).
 
-Random programs of views, writes and reads over inputs that may share storage
-are run twice: as recorded (the trace run in order by the torch executor is
+Random programs of views, writes (plain ``copy_`` and writes hidden inside a
+composite), random draws and reads over inputs that may share storage are run
+twice: as recorded (the trace run in order by the torch executor is
 exactly eager PyTorch: real views, real writes) and after the alias pipeline
 (``update_aliases``, ``dce``, a *random* topological order allowed by
 ``fusion.dependencies``, a toy fusion executor's regions, ``del_last_used``).
@@ -40,6 +41,16 @@ class Program:
         self.make_inputs = make_inputs
         self.alias_groups = alias_groups
         self.text = text
+
+
+def _scale_and_read(x, s):
+    """A composite whose write is hidden in its decomposition (as batch_norm's
+    running stats): scales ``x`` in place and returns a fresh read of it."""
+    new = prims.copy_(prims.mul(x, s), x)
+    return prims.sin(new)
+
+
+_HIDDEN_WRITE = Symbol("fuzz_scale_and_read", decomposition=_scale_and_read, module="ltorch")
 
 
 def _random_view(rng: random.Random, t: TensorProxy) -> TensorProxy:
@@ -90,11 +101,16 @@ def generate(seed: int) -> Program:
         pool = list(args)
         for _ in range(rng.randint(3, 14)):
             r = rng.random()
-            if r < 0.35:
+            if r < 0.3:
                 pool.append(_random_view(rng, rng.choice(pool)))
-            elif r < 0.7:
+            elif r < 0.6:
                 dst = rng.choice(pool)
                 pool.append(prims.copy_(_fresh_from(rng, pool, dst.shape), dst))
+            elif r < 0.7:
+                pool.append(_HIDDEN_WRITE(rng.choice(pool), rng.uniform(0.5, 1.5)))
+            elif r < 0.75:
+                shape = rng.choice(pool).shape
+                pool.append(prims.uniform(shape, 0.0, 1.0, device="cpu", dtype=torch.float32))
             else:
                 pool.append(_fresh_from(rng, pool, rng.choice(pool).shape))
         outs = rng.sample(pool, k=min(len(pool), rng.randint(1, 3)))
@@ -161,7 +177,8 @@ def pipeline(prog: Program, seed: int) -> Trace:
     verify_trace(t)
     t = random_topological_order(t, rng, groups)
     verify_trace(t)
-    fusible = {s for s in _UNARY + _BINARY + [prims.copy_, prims.slice_prim, prims.full] if rng.random() < 0.6}
+    fusible = {s for s in _UNARY + _BINARY + [prims.copy_, prims.slice_prim, prims.full, prims.uniform,
+                                              _HIDDEN_WRITE] if rng.random() < 0.6}
     t = fuse(t, lambda b: b.sym in fusible, ToyFusion(), input_alias_groups=groups)
     verify_trace(t)
     t = del_last_used(t)
@@ -170,6 +187,7 @@ def pipeline(prog: Program, seed: int) -> Trace:
 
 def _run(trace: Trace, inputs: list[torch.Tensor]):
     _, fn = compile_trace(trace, ["torch"])
+    torch.manual_seed(0)                  # random draws must match, so their order must
     return fn(*inputs)
 
 
@@ -207,4 +225,4 @@ def test_fuzzer_generates_writes_views_and_aliased_inputs():
             seen.add("aliased inputs")
         if any(b.has_tag(Tag.ALIAS_BARRIER) for b in update_aliases(prog.trace, prog.alias_groups).bound_symbols):
             seen.add("barrier")
-    assert {"copy_", "slice_prim", "permute", "aliased inputs", "barrier"} <= seen
+    assert {"copy_", "slice_prim", "permute", "uniform", "fuzz_scale_and_read", "aliased inputs", "barrier"} <= seen
