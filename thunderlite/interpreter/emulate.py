@@ -4,8 +4,10 @@ from __future__ import annotations
 import builtins
 import functools
 import itertools
+import os
 import sys
 import types
+import typing
 
 from .attrs import delete_attr, load_attr, store_attr
 from .calls import EMULATORS, call, wrap_callback
@@ -303,3 +305,109 @@ def em_next(rt, args, kwargs):
         return next(*args)
     v = next_or_exhausted(rt, it, keep_stop=len(args) == 1)
     return args[1] if v is EXHAUSTED else v
+
+
+# sys._getframe: interpreted frames have no real frame objects, so introspecting code
+# (namedtuple's __module__, logging's caller, warnings' stacklevel, inspect.currentframe)
+# gets a FrameProxy for them and real frames beyond the outermost interpreted one.
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class FrameProxy:
+    """What sys._getframe() returns for an interpreted frame (the common f_* attributes)."""
+
+    __slots__ = ("_frames", "_index")
+    f_trace = None
+
+    def __init__(self, frames, index):
+        self._frames = frames
+        self._index = index
+
+    @property
+    def _f(self):
+        return self._frames[self._index]
+
+    f_code = property(lambda self: self._f.code)
+    f_globals = property(lambda self: self._f.globals)
+    f_builtins = property(lambda self: self._f.builtins)
+    f_locals = property(lambda self: frame_locals(self._f))
+    f_lineno = property(lambda self: self._f.lineno)
+    f_lasti = property(lambda self: self._f.dec.instrs[max(self._f.pc - 1, 0)].offset)
+
+    @property
+    def f_back(self):
+        if self._index > 0:
+            return FrameProxy(self._frames, self._index - 1)
+        return _real_frame_outside()
+
+    def clear(self):
+        pass
+
+    def __repr__(self):
+        return f"<interpreted frame of {self.f_code.co_name} at line {self.f_lineno}>"
+
+
+def _real_frame_outside():
+    """The innermost real frame that is not the interpreter's own machinery."""
+    real = sys._getframe(1)
+    while real is not None and real.f_code.co_filename.startswith(_PACKAGE_DIR):
+        real = real.f_back
+    return real
+
+
+def frame_at(depth):
+    frames = list(thread_state().frames)
+    if depth < len(frames):
+        return FrameProxy(frames, len(frames) - 1 - depth)
+    real = _real_frame_outside()
+    for _ in range(depth - len(frames)):
+        if real is None:
+            break
+        real = real.f_back
+    if real is None:
+        raise ValueError("call stack is not deep enough")
+    return real
+
+
+@emulates(sys._getframe)
+def em_getframe(rt, args, kwargs):
+    if kwargs or len(args) > 1:
+        return sys._getframe(*args, **(kwargs or {}))
+    return frame_at(args[0] if args else 0)
+
+
+if hasattr(sys, "_getframemodulename"):
+
+    @emulates(sys._getframemodulename)
+    def em_getframemodulename(rt, args, kwargs):
+        depth = args[0] if args else (kwargs or {}).get("depth", 0)
+        frame = frame_at(depth)
+        if isinstance(frame, FrameProxy):
+            fn = frame._f.fn
+            return getattr(fn, "__module__", None) if fn is not None else frame.f_globals.get("__name__")
+        return frame.f_globals.get("__name__")
+
+
+def _with_caller_module(cls):
+    """cls(...) natively, then __module__ from the interpreted caller (C typing objects
+    read the real caller frame, which is the interpreter's)."""
+
+    def em(rt, args, kwargs):
+        obj = cls(*args, **(kwargs or {}))
+        frames = thread_state().frames
+        if frames:
+            try:
+                obj.__module__ = frames[-1].globals.get("__name__", obj.__module__)
+            except (AttributeError, TypeError):
+                pass
+        return obj
+
+    return em
+
+
+for _name in ("TypeVar", "ParamSpec", "TypeVarTuple"):
+    _cls = getattr(typing, _name, None)
+    if _cls is None or type(vars(_cls).get("__init__")) is types.FunctionType:
+        continue  # pure-Python typing (3.10/3.11) is interpreted and reads our emulated frames
+    emulates(_cls)(_with_caller_module(_cls))

@@ -823,3 +823,34 @@ def comprehension_restores_unbound_local(flag):
         x = 1
     y = [x for x in range(3)]
     return y, x
+
+
+@program()
+def frame_introspection():
+    import collections
+    import inspect
+
+    f = sys._getframe()
+    P = collections.namedtuple("P", "x")
+    here = inspect.currentframe()
+    return (f.f_code.co_name, f.f_lineno > 0, P.__module__, here.f_code.co_name, "sys" in f.f_globals,
+            sys._getframe(0).f_back is not None, sorted(k for k in f.f_locals if k != "f"))
+
+
+@program()
+def frame_introspection_nested():
+    def inner():
+        return sys._getframe(1).f_code.co_name, sys._getframe(1).f_locals.get("marker")
+
+    marker = "outer-local"
+    return inner()
+
+
+@program()
+def typevar_and_enum_module_names():
+    import enum
+    import typing
+
+    T = typing.TypeVar("T")
+    E = enum.Enum("E", "A B")
+    return T.__module__, E.__module__, [m.name for m in E]
