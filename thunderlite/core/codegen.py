@@ -34,6 +34,8 @@ def value_repr(x: Any, consts: dict) -> str:
     if t is tuple or t is torch.Size:
         inner = ", ".join(value_repr(y, consts) for y in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, tuple) and hasattr(t, "n_fields"):     # torch.return_types structseqs
+        return f"{_const_name(t, consts)}(({''.join(value_repr(y, consts) + ', ' for y in x)}))"
     if t is list:
         return "[" + ", ".join(value_repr(y, consts) for y in x) + "]"
     if t is dict and all(type(k) is str for k in x):
@@ -66,8 +68,7 @@ def _lhs(out: Any, consts: dict) -> str | None:
     """Assignment target for a bound symbol's output, or None if nothing to bind."""
     if isinstance(out, Proxy):
         return out.name
-    t = type(out)
-    if (t is tuple or t is list) and out:
+    if isinstance(out, (tuple, list)) and out:     # torch.return_types structseqs are tuples
         parts = [_lhs(o, consts) or "_" for o in out]
         if all(p == "_" for p in parts):
             return None

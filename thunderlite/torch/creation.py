@@ -62,6 +62,18 @@ def empty(*size, dtype=None, layout=None, device=None, pin_memory=False, require
     return prims.empty(_shape_arg(size), device=_device(device), dtype=_dtype(dtype))
 
 
+@torchsymbol(torch.empty_permuted)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=False,
+                   requires_grad=False):
+    """Strides are not part of a proxy: uninitialized memory of the logical shape."""
+    return prims.empty(_shape_arg((size,)), device=_device(device), dtype=_dtype(dtype))
+
+
+@torchsymbol(torch.empty_strided)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False):
+    return prims.empty(_shape_arg((size,)), device=_device(device), dtype=_dtype(dtype))
+
+
 def _like(a, dtype, device):
     return (a.dtype if dtype is None else dtype), (a.device if device is None else devices.to_device(device))
 

@@ -321,6 +321,22 @@ def pow(input, exponent):
     return _binary_prim(prims.pow, input, exponent)
 
 
+def reflected(sym):
+    """``other <op> self`` for a reflected operator: Python asks the right operand
+    (``2 * x`` calls ``x.__rmul__(2)``) after the left one declined."""
+    def op(self, other):
+        return sym(other, self)
+    op.__name__ = f"r{sym.name}"
+    return op
+
+
+for _op, _sym in [("__radd__", add), ("__rsub__", sub), ("__rmul__", mul), ("__rtruediv__", div),
+                  ("__rfloordiv__", floor_divide), ("__rmod__", _g["remainder"]), ("__rpow__", pow),
+                  ("__rand__", _g["bitwise_and"]), ("__ror__", _g["bitwise_or"]), ("__rxor__", _g["bitwise_xor"]),
+                  ("__rlshift__", _g["bitwise_left_shift"]), ("__rrshift__", _g["bitwise_right_shift"])]:
+    _register_method(_op, reflected(_sym))
+
+
 @torchsymbol(torch.float_power, T.float_power, method_name="float_power")
 def float_power(input, exponent):
     dt = torch.complex128 if any(dtypes.is_complex(getattr(x, "dtype", torch.float64)) or isinstance(x, complex)

@@ -6,6 +6,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
+from thunderlite.core.proxies import register_method
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
@@ -24,6 +25,9 @@ def _same_dtype(a, b, what: str):
 def matmul(input, other):
     _same_dtype(input, other, "matmul")
     return prims.matmul(input, other)
+
+
+register_method("__rmatmul__", ew.reflected(matmul))
 
 
 @torchsymbol(torch.mm, T.mm, method_name="mm")

@@ -112,8 +112,8 @@ def _to_proxies(out, device, requires_grad: bool):
             return x
         raise OpaqueDataDependentError(f"an opaque op returned a {type(x).__name__}, which thunderlite cannot "
                                        "represent in a trace")
-    if isinstance(out, tuple) and type(out) is not tuple:   # torch.return_types are tuple subclasses
-        out = tuple(out)
+    if isinstance(out, tuple) and type(out) is not tuple:   # torch.return_types structseqs stay named
+        return type(out)(pytree.tree_map(conv, tuple(out)))
     return pytree.tree_map(conv, out)
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+import torch
+
 from thunderlite.core.proxies import register_method, register_property
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
@@ -75,10 +77,26 @@ def _with_fallback(fn: Callable, run: Callable | None) -> Callable:
     return decomposition
 
 
+def _named_result(fn: Callable, name: str) -> Callable:
+    """PyTorch returns some tuples as ``torch.return_types`` structseqs
+    (``x.max(0).values``); the decomposition's plain tuple becomes one."""
+    rtype = getattr(torch.return_types, name, None)
+    if not isinstance(rtype, type) or not issubclass(rtype, tuple):
+        return fn
+
+    def decomposition(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return rtype(out) if type(out) is tuple and len(out) == rtype.n_fields else out
+    decomposition.__name__ = fn.__name__
+    decomposition.__doc__ = fn.__doc__
+    decomposition.__wrapped__ = fn
+    return decomposition
+
+
 def register_torch_callable(fn, sym: Symbol) -> None:
     """Map one more torch callable to ``sym`` (refuses a second mapping)."""
     if fn in _torch_to_symbol:
-        raise ValueError(f"torch callable {fn!r} is already mapped to {_torch_to_symbol[fn].id}")
+        raise ValueError(f"torch callable {fn!r} is already mapped to {_torch_to_symbol[fn]!r}")
     _torch_to_symbol[fn] = sym
 
 
@@ -102,8 +120,10 @@ def torchsymbol(*torch_fns, name: str | None = None, method_name: str | Iterable
     names installed on proxies."""
     def deco(fn: Callable) -> Symbol:
         run = None if no_torch_fn else (torch_fn if torch_fn is not None else (torch_fns[0] if torch_fns else None))
-        sym = Symbol(name or fn.__name__, decomposition=_with_fallback(fn, run), module="ltorch", tags=tags,
-                     torch_fn=run, inplace_of=inplace_of)
+        sym_name = name or fn.__name__
+        decomposition = _named_result(_with_fallback(fn, run), sym_name)
+        sym = Symbol(sym_name, decomposition=decomposition, module="ltorch", tags=tags, torch_fn=run,
+                     inplace_of=inplace_of)
         _register_symbol(sym)
         for f in dict.fromkeys(torch_fns):     # torch spells some ops twice (F.conv1d is torch.conv1d)
             register_torch_callable(f, sym)
