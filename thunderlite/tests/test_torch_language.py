@@ -185,13 +185,53 @@ def test_opaque_data_dependent_op_raises_clearly():
         record(torch.nonzero, (torch.randn(3),), {})
 
 
-def test_relu_inplace_true_goes_through_copy():
+@pytest.mark.parametrize("fn", [
+    lambda a: torch.nn.functional.relu(a, inplace=True),
+    lambda a: torch.nn.functional.relu(a, True),
+    lambda a: torch.nn.functional.hardtanh(a, -0.5, 0.5, True),
+    lambda a: torch.nn.functional.leaky_relu(a, 0.2, inplace=True),
+    lambda a: torch.nn.functional.silu(a, inplace=True),
+    lambda a: torch.nn.functional.hardswish(a, inplace=True),
+    lambda a: torch.nn.functional.threshold(a, 0.1, 20.0, inplace=True),
+    lambda a: torch.nn.functional.dropout(a, 0.3, training=False, inplace=True),
+])
+def test_inplace_flag_records_the_inplace_symbol(fn):
+    """``F.relu(x, inplace=True)``: a top-level in-place symbol (INPLACE tag,
+    functional op + copy_, no opaque call), and the input is written."""
     x = torch.randn(5)
-    trc = record(lambda a: torch.nn.functional.relu(a, inplace=True), (x,), {})
-    assert any(b.sym.name == "copy_" for b in flatten_to_prims(trc).bound_symbols)
-    got = x.clone()
+    trc = record(fn, (x,), {})
+    top = [b for b in trc.bound_symbols if b.sym.name != "return"]
+    assert len(top) == 1 and Tag.INPLACE in top[0].sym.tags and top[0].sym.inplace_of is not None
+    flat = flatten_to_prims(trc).bound_symbols
+    assert flat[-2].sym.name == "copy_" and not any(Tag.OPAQUE in b.sym.tags for b in flat)
+    got, want = x.clone(), x.clone()
     compile_trace(trc)[1](got)
-    torch.testing.assert_close(got, torch.relu(x))
+    fn(want)
+    torch.testing.assert_close(got, want)
+
+
+def test_inplace_flag_false_is_functional():
+    trc = record(lambda a: torch.nn.functional.relu(a, inplace=False), (torch.randn(3),), {})
+    assert [b.sym.name for b in trc.bound_symbols] == ["relu", "return"]
+
+
+def test_reflected_operators():
+    x = torch.randn(2, 3).abs() + 0.5
+    i = torch.arange(6).reshape(2, 3) + 1
+    assert_matches(lambda a: (2 - a, 3 * a, 1 / a, 2 ** a, 7 // a, 5 % a, 1.5 + a), x)
+    assert_matches(lambda a: (True & (a > 2), 6 | a, 3 ^ a, 1 << a, 64 >> a), i)
+    assert_matches(lambda a: [[1.0, 2.0], [3.0, 4.0]] and torch.ones(3, 2).__rmatmul__(a), x)
+
+
+def test_structseq_results_keep_their_names():
+    """``x.max(0).values``, ``torch.linalg.qr(x).Q``: decompositions and the
+    opaque fallback give torch.return_types results, also after a round trip."""
+    x = torch.randn(4, 4)
+    fn = lambda a: (a.max(0).values, a.sort(1).indices, torch.linalg.qr(a).Q, a.cummax(0).values)  # noqa: E731
+    trc = assert_matches(fn, x)
+    out = compile_trace(record(lambda a: a.max(1), (x,), {}))[1](x)
+    assert type(out) is torch.return_types.max
+    assert len(trc.bound_symbols) == 5
 
 
 def test_symbol_for_non_torch_callables_is_none():
@@ -232,3 +272,111 @@ def test_losses_and_conv_native():
     img, k = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     assert_matches(lambda a, w: F.conv2d(a, w, padding="same").relu().mean((2, 3)), img, k)
     assert_matches(lambda i, a: F.embedding(i, a), torch.tensor([[1, 2], [0, 4]]), torch.randn(5, 3))
+
+
+def assert_native(fn, *args, exact: bool = False):
+    """``fn`` records no opaque call, and its prim-level program matches eager."""
+    trc, direct, prim_level = run_both(fn, *args)
+    expected = fn(*[a.clone() for a in args])
+    assert not [b for b in flatten_to_prims(trc).bound_symbols if Tag.OPAQUE in b.sym.tags]
+    for got in (direct, prim_level):
+        if exact:
+            assert torch.equal(got, expected)
+        else:
+            torch.testing.assert_close(got, expected)
+
+
+_POOL_ARGS = [(k, s, p, d, c) for k, s, p, d, c in itertools.product([1, 2, 3], [None, 2], [0, 1], [1, 2], [False, True])
+              if 2 * p <= k]
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil", _POOL_ARGS)
+def test_pooling_is_native(k, s, p, d, ceil):
+    F = torch.nn.functional
+    x2, x1 = torch.randn(2, 3, 9, 10), torch.randn(2, 3, 11)
+    assert_native(lambda a: F.max_pool2d(a, k, s, p, d, ceil), x2)
+    assert_native(lambda a: F.max_pool1d(a, k, s, p, d, ceil), x1)
+    for include_pad in (True, False):
+        assert_native(lambda a: F.avg_pool2d(a, k, s, p, ceil, include_pad), x2)
+        assert_native(lambda a: F.avg_pool1d(a, k, s, p, ceil, include_pad), x1)
+
+
+def test_pooling_variants():
+    F = torch.nn.functional
+    x2, x3 = torch.randn(2, 3, 9, 10), torch.randn(1, 2, 5, 6, 7)
+    assert_native(lambda a: F.avg_pool2d(a, 3, 2, 1, True, True, 5), x2)
+    assert_native(lambda a: F.max_pool3d(a, 2, 1, 1), x3)
+    assert_native(lambda a: F.avg_pool3d(a, 3, 2, 1, True, False), x3)
+    assert_native(lambda a: F.max_pool2d(a, (2, 3), (1, 2), (1, 0)), x2)
+    assert_native(lambda a: F.max_pool2d(a, 3, 2), x2[0])
+    assert_native(lambda a: F.max_pool2d(a, 3, 2, 1), (x2 * 10).to(torch.int64), exact=True)
+    assert_native(lambda a: F.avg_pool2d(a, 3, 2, 1), x2.to(torch.bfloat16))
+    for size in [1, 3, 5, 7, (3, None), (None, 4)]:
+        assert_native(lambda a: F.adaptive_avg_pool2d(a, size), x2)
+    assert_native(lambda a: F.adaptive_avg_pool1d(a, 4), torch.randn(2, 3, 11))
+    trc = record(lambda a: F.max_pool2d(a, 2, return_indices=True), (x2,), {})
+    assert [b.sym.name for b in flatten_to_prims(trc).bound_symbols if Tag.OPAQUE in b.sym.tags]
+
+
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("kw", [dict(size=4), dict(size=13), dict(scale_factor=2), dict(scale_factor=1.7),
+                                dict(scale_factor=0.6), dict(scale_factor=1.7, recompute_scale_factor=True)],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_interpolate_is_native(nsp, kw):
+    """Nearest modes pick exactly eager's source indices; linear modes match."""
+    F = torch.nn.functional
+    x = torch.randn(*(2, 3, 7, 5, 6)[:nsp + 2])
+    for mode in ("nearest", "nearest-exact"):
+        assert_native(lambda a: F.interpolate(a, mode=mode, **kw), x, exact=True)
+    linear = {1: "linear", 2: "bilinear", 3: "trilinear"}[nsp]
+    for align_corners in (None, False, True):
+        assert_native(lambda a: F.interpolate(a, mode=linear, align_corners=align_corners, **kw), x)
+
+
+def test_interpolate_dtypes_and_fallback():
+    F = torch.nn.functional
+    x = torch.randn(2, 3, 5, 6)
+    assert_native(lambda a: F.interpolate(a, size=(3, 9), mode="bilinear"), x)
+    assert_native(lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"), x.to(torch.bfloat16))
+    assert_native(lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"), x.double())
+    assert_native(lambda a: F.upsample_nearest(a, scale_factor=2), x, exact=True)
+    trc = record(lambda a: F.interpolate(a, scale_factor=2, mode="bicubic"), (x,), {})
+    assert [b.sym.name for b in flatten_to_prims(trc).bound_symbols if Tag.OPAQUE in b.sym.tags] == ["interpolate"]
+
+
+def test_composites_are_native():
+    F = torch.nn.functional
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    assert_native(lambda a: (torch.Tensor.__rsub__(a, 2), torch.Tensor.__rpow__(a, 2)), x)
+    assert_native(lambda a: (torch.permute_copy(a, (1, 0)), torch.unbind_copy(a), torch.alias_copy(a),
+                             torch.split_with_sizes(a, [1, 3]), torch.unsafe_chunk(a, 3, 1)), x)
+    assert_native(lambda a: (torch.atleast_3d(a), torch.atleast_2d(a[0]), torch.hsplit(a, 2), torch.vsplit(a, [1])),
+                  x)
+    assert_native(lambda a, b: (torch.diff(a, 2, 0), torch.diff(a, dim=1, prepend=b[:, :2]), torch.trace(a),
+                                torch.kron(a, b[:2, :3])), x, y)
+    assert_native(lambda a, b: (torch.linalg.cross(a[:, :3], b[:, :3]), torch.dist(a, b), F.pairwise_distance(a, b),
+                                F.cosine_similarity(a, b), torch.logcumsumexp(a, 1), torch.msort(a)), x, y)
+    z = torch.randn(2, 8, 3, 4)
+    assert_native(lambda a: (F.pixel_shuffle(a, 2), F.pixel_unshuffle(a, 1), F.channel_shuffle(a, 4)), z)
+    assert_native(lambda a: (a.repeat_interleave(2), a.repeat_interleave(3, 1), torch.diag(a, 1), torch.diag(a[0], -2),
+                             torch.linalg.norm(a), torch.linalg.norm(a, 3, 1), torch.fill(a, a[0, 0])), x)
+
+
+def test_jit_pooling_block_with_inplace_relu():
+    """A conv block as models write it, through the jit: every op native, the
+    in-place ReLU a top-level INPLACE symbol."""
+    import thunderlite
+    F = torch.nn.functional
+    w = torch.randn(4, 3, 3, 3)
+
+    def block(a, weight):
+        h = F.conv2d(a, weight, padding=1)
+        F.relu(h, inplace=True)
+        h = F.max_pool2d(h, 2)
+        return F.interpolate(h, scale_factor=2, mode="nearest") + F.adaptive_avg_pool2d(h, 1)
+    jfn = thunderlite.jit(block)
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(jfn(x, w), block(x, w))
+    first = thunderlite.last_traces(jfn)[0]
+    assert not [b for b in flatten_to_prims(first).bound_symbols if Tag.OPAQUE in b.sym.tags]
+    assert any(Tag.INPLACE in b.sym.tags and b.sym.name == "relu_" for b in first.bound_symbols)

@@ -5,6 +5,8 @@ Also ``fill_``/``zero_``/``copy_`` and ``out=``-free torch spellings
 (``torch.relu_``...)."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -14,7 +16,7 @@ from thunderlite.core.proxies import register_method
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
-from thunderlite.torch.registry import all_symbols, torchsymbol
+from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -102,6 +104,41 @@ for _name, _fns in [("elu_", (F.elu_,)), ("leaky_relu_", (F.leaky_relu_,)), ("ha
                     ("celu_", (F.celu_, torch.celu_)), ("selu_", (F.selu_, torch.selu_)),
                     ("threshold_", (F.threshold_, torch.threshold_))]:
     globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)
+
+
+for _name, _fns in [("relu6_", ()), ("silu_", ()), ("mish_", ()), ("hardsigmoid_", ()), ("hardswish_", ()),
+                    ("dropout_", ())]:
+    globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)
+
+
+class InplaceFlag:
+    """A torch callable with an ``inplace`` flag (``F.relu(x, inplace=True)``)
+    records the in-place symbol when the flag is set (the functional op then
+    ``copy_``, tagged INPLACE, so update_aliases sees the write at top level)
+    and the functional symbol otherwise. Stands in for a symbol in the table."""
+
+    def __init__(self, torch_fn, functional: Symbol, inplace: Symbol):
+        self.functional, self.inplace = functional, inplace
+        self.position = list(inspect.signature(torch_fn).parameters).index("inplace")
+        self.__name__ = functional.name
+
+    def __call__(self, *args, **kwargs):
+        if len(args) > self.position:
+            flag, args = args[self.position], args[:self.position] + args[self.position + 1:]
+        else:
+            kwargs = dict(kwargs)
+            flag = kwargs.pop("inplace", False)
+        return (self.inplace if flag else self.functional)(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<{self.functional.id} or {self.inplace.id} by inplace=>"
+
+
+for _fn, _name in [(F.relu, "relu"), (F.relu6, "relu6"), (F.hardtanh, "hardtanh"), (F.leaky_relu, "leaky_relu"),
+                   (F.elu, "elu"), (F.celu, "celu"), (F.selu, "selu"), (F.silu, "silu"), (F.mish, "mish"),
+                   (F.hardsigmoid, "hardsigmoid"), (F.hardswish, "hardswish"), (F.threshold, "threshold"),
+                   (F.dropout, "dropout")]:
+    register_torch_callable(_fn, InplaceFlag(_fn, all_symbols()[_name], all_symbols()[_name + "_"]))
 
 
 # Augmented assignment on a tensor writes in place (``a += b`` is ``a.add_(b)``);

@@ -28,48 +28,50 @@ def _upcast(a):
 # --- activations --------------------------------------------------------------------------
 
 def _not_inplace(inplace: bool) -> None:
-    """``inplace=True`` goes through the opaque fallback, which records the
+    """``F.relu(x, inplace=True)`` is recorded as the in-place symbol (see
+    torch/inplace.py, ``InplaceFlag``); a direct call of the functional symbol
+    with ``inplace=True`` goes through the opaque fallback, which records the
     write functionally followed by copy_ (never a silent mutation)."""
     decomposable(not inplace, lambda: "inplace=True is recorded through the opaque fallback")
 
 
-@torchsymbol(F.relu, torch.relu, T.relu, method_name="relu")
+@torchsymbol(torch.relu, T.relu, method_name="relu", torch_fn=F.relu)
 def relu(input, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.le(input, 0), 0, input) if input.dtype is not torch.bool else input
 
 
-@torchsymbol(F.relu6)
+@torchsymbol(torch_fn=F.relu6)
 def relu6(input, inplace: bool = False):
     _not_inplace(inplace)
     return hardtanh(input, 0.0, 6.0)
 
 
-@torchsymbol(F.hardtanh)
+@torchsymbol(torch_fn=F.hardtanh)
 def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
     _not_inplace(inplace)
     return ew.clamp(input, min_val, max_val)
 
 
-@torchsymbol(F.leaky_relu)
+@torchsymbol(torch_fn=F.leaky_relu)
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(input, negative_slope))
 
 
-@torchsymbol(F.elu)
+@torchsymbol(torch_fn=F.elu)
 def elu(input, alpha: float = 1.0, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha))
 
 
-@torchsymbol(F.celu, torch.celu)
+@torchsymbol(torch.celu, torch_fn=F.celu)
 def celu(input, alpha: float = 1.0, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(ew.div(input, alpha)), alpha))
 
 
-@torchsymbol(F.selu, torch.selu)
+@torchsymbol(torch.selu, torch_fn=F.selu)
 def selu(input, inplace: bool = False):
     _not_inplace(inplace)
     alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
@@ -87,14 +89,14 @@ def gelu(input, approximate: str = "none"):
     return convert(out, input.dtype)
 
 
-@torchsymbol(F.silu)
+@torchsymbol(torch_fn=F.silu)
 def silu(input, inplace: bool = False):
     _not_inplace(inplace)
     x = _upcast(input)
     return convert(ew.mul(x, ew.sigmoid(x)), input.dtype)
 
 
-@torchsymbol(F.mish)
+@torchsymbol(torch_fn=F.mish)
 def mish(input, inplace: bool = False):
     _not_inplace(inplace)
     x = _upcast(input)
@@ -114,13 +116,13 @@ def softsign(input):
     return ew.div(input, ew.add(ew.abs(input), 1))
 
 
-@torchsymbol(F.hardsigmoid)
+@torchsymbol(torch_fn=F.hardsigmoid)
 def hardsigmoid(input, inplace: bool = False):
     _not_inplace(inplace)
     return ew.div(ew.clamp(ew.add(input, 3.0), 0.0, 6.0), 6.0)
 
 
-@torchsymbol(F.hardswish)
+@torchsymbol(torch_fn=F.hardswish)
 def hardswish(input, inplace: bool = False):
     _not_inplace(inplace)
     return ew.mul(input, hardsigmoid(input))
@@ -142,7 +144,7 @@ def tanhshrink(input):
     return ew.sub(input, ew.tanh(input))
 
 
-@torchsymbol(F.threshold, torch.threshold)
+@torchsymbol(torch.threshold, torch_fn=F.threshold)
 def threshold(input, threshold: float, value: float, inplace: bool = False):
     _not_inplace(inplace)
     return ew.where(ew.le(input, threshold), value, input)
@@ -318,7 +320,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
     return prims.reshape(rows, input.shape + (weight.shape[1],))
 
 
-@torchsymbol(F.dropout, torch.dropout, tags={Tag.RANDOM})
+@torchsymbol(torch.dropout, tags={Tag.RANDOM}, torch_fn=F.dropout)
 def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
     _not_inplace(inplace)
     check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}")
