@@ -60,9 +60,9 @@ class Runtime:
         self.hooks = hooks
         self.table = table
         for name in HOOK_NAMES:
-            mine = getattr(type(hooks), name, None)
+            mine = getattr(hooks, name)
             base = getattr(InterpreterHooks, name)
-            setattr(self, name, getattr(hooks, name) if mine is not base else None)
+            setattr(self, name, None if getattr(mine, "__func__", None) is base else mine)
 
 
 class Frame:

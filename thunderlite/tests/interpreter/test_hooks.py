@@ -499,3 +499,13 @@ def test_lookaside_sees_partial_inner_and_dunder_call():
 
     assert interpret(f, H())() == ("floored", 8)
     assert CallMe.__call__ in seen
+
+
+def test_hooks_set_on_the_instance_are_used():
+    h = InterpreterHooks()
+    h.load_global = lambda g, name, value: "patched" if name == "GLOBAL_VALUE" else value
+
+    def f():
+        return GLOBAL_VALUE
+
+    assert interpret(f, h)() == "patched"
