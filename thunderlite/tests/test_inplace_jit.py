@@ -333,3 +333,17 @@ def test_inplace_inside_user_autograd_function():
         return before, y + buf
     jfn = check(fn, *_inputs([(3,), (3,)]))
     assert any(_barriers(t) for t in thunderlite.last_traces(jfn))
+
+
+def test_mutations_with_the_torchcompile_fusion_executor():
+    """Inductor regions around writes: the real region former and a real
+    fusion executor reorder the trace; results and inputs still match eager."""
+    def fn(x, y):
+        a = (x * 2).sin()
+        x.add_(y)
+        b = (x + 1).cos() * a
+        y[1:] *= 0.5
+        return b + y.sum(), (y * y).exp()
+    jfn = check(fn, *_inputs([(4, 3), (4, 3)]), jitted=thunderlite.jit(fn, executors=["torchcompile"]))
+    final = _final(jfn)
+    assert any(b.has_tag(Tag.FUSION) for b in final.bound_symbols) and _barriers(final)
