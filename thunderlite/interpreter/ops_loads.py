@@ -27,8 +27,8 @@ def op_load_fast_nocheck(f, ins):
     f.stack.append(f.fast[ins.arg])
 
 
-# LOAD_FAST_AND_CLEAR (-- value): value may be unbound (inlined comprehensions); the
-# STORE_FAST that restores it afterwards then restores "unbound"
+# Inlined comprehensions save the outer value (maybe unbound) and restore it with STORE_FAST.
+# LOAD_FAST_AND_CLEAR (-- value)
 def op_load_fast_and_clear(f, ins):
     fast = f.fast
     f.stack.append(fast[ins.arg])
