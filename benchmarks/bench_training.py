@@ -4,7 +4,8 @@
     python benchmarks/bench_training.py [--steps 10] [--layers 4] [--dim 256] [--seq 128] [--batch 8]
 
 A step is forward + backward + SGD step. Time: median wall time of ``--steps``
-steps after warm-up (compilation excluded).
+steps after warm-up (compilation excluded), and the median CPU time of the
+process over a step (all threads; steadier than wall time on a shared machine).
 
 Peak memory on CPU: each variant runs in its own subprocess; after warm-up the
 kernel's high-water mark of resident memory is reset (``/proc/self/clear_refs``)
@@ -103,15 +104,17 @@ def measure(name: str, fn, model, batch, steps: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     for _ in range(2):                          # warm-up: tracing / compilation happens here
         _step(fn, model, opt, batch)
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         _step(fn, model, opt, batch)
         if batch[0].is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
     peak = min(peak_step_bytes(fn, model, opt, batch) for _ in range(3))
-    return {"name": name, "ms": statistics.median(times) * 1e3, "peak_mb": peak / 2**20}
+    return {"name": name, "ms": statistics.median(times) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
+            "peak_mb": peak / 2**20}
 
 
 def run_variant(name: str, opts) -> dict:
@@ -153,9 +156,10 @@ def main() -> None:
     print(f"nanoGPT layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
           f"torch {torch.__version__}, threads {opts.threads or torch.get_num_threads()}; "
           "step = forward + backward + SGD")
-    print(f"{'':<14}{'step ms':>10}{'peak MB':>10}{'time/eager':>12}{'mem/eager':>11}")
+    print(f"{'':<14}{'step ms':>10}{'cpu ms':>10}{'peak MB':>10}{'time/eager':>12}{'cpu/eager':>11}{'mem/eager':>11}")
     for r in rows:
-        print(f"{r['name']:<14}{r['ms']:>10.2f}{r['peak_mb']:>10.1f}{r['ms'] / rows[0]['ms']:>12.2f}"
+        print(f"{r['name']:<14}{r['ms']:>10.2f}{r['cpu_ms']:>10.2f}{r['peak_mb']:>10.1f}"
+              f"{r['ms'] / rows[0]['ms']:>12.2f}{r['cpu_ms'] / rows[0]['cpu_ms']:>11.2f}"
               f"{r['peak_mb'] / rows[0]['peak_mb']:>11.2f}")
 
 
