@@ -26,8 +26,16 @@ class InterpreterError(RuntimeError):
 class InterpreterHooks:
     """Callbacks the interpreter makes on behalf of user code; the jit subclasses this.
 
-    Every method has a do-nothing default. The interpreter checks which methods a
-    subclass overrides and skips the others entirely, so a default hook costs nothing.
+    Every method has a do-nothing default. The interpreter checks which methods are
+    overridden (by a subclass or on the instance) and skips the others entirely, so a
+    default hook costs nothing.
+
+    - ``lookaside(fn)``: before every call made for user code (CALL, CALL_FUNCTION_EX,
+      implicit dunders of heap types such as ``type(a).__mul__``, ``__enter__``,
+      ``__iter__``); return a callable to run natively instead of ``fn``, or None.
+    - ``load_global``/``load_attr``/``load_subscr``/``load_deref``: see (and may replace)
+      values resolved natively; ``load_attr`` gets ``MISSING`` for a failed lookup.
+    - ``store_*``/``delete_*``: called before the native write; True means handled.
 
     Example::
 
