@@ -40,6 +40,8 @@ def call(rt, fn, args, kwargs=None):
         alt = la(fn)
         if alt is not None:
             return alt(*args, **kwargs) if kwargs else alt(*args)
+    if type(fn) is FunctionType:  # the common case, one Python frame shallower
+        return call_py(rt, fn, args, kwargs)
     return call_no_lookaside(rt, fn, args, kwargs)
 
 
