@@ -10,7 +10,8 @@ update_aliases, DCE and ``make_differentiable``. Outputs, their
 ``requires_grad`` and the gradients of ``x`` and ``w`` must equal eager's.
 When eager's backward raises (a tensor it saved was modified in place),
 thunderlite must raise too or give the mathematically correct gradient
-(checked by central differences on float64).
+(checked by central differences on float64, except in programs with no_grad
+regions, which finite differences cannot respect).
 
 A few hundred seeds here at trace level and some through ``thunderlite.jit``;
 ``scripts/fuzz_grad.py --seeds 2000 [--jit]`` runs more.
@@ -292,6 +293,9 @@ def check_seed(seed: int, via_jit: bool = False) -> str:
         assert e_err is not None, f"thunderlite raises where eager does not: {err}"
         return "ok (eager raises, ours raises)"
     if e_err is not None:
+        if any(op[0] == "nograd" for op in ops):
+            # central differences see through no_grad values, autograd (rightly) does not
+            return "ok (eager raises, ours runs; no_grad program, not checked)"
         _check_math(program, ops, x, w, seed, grads)
         return "ok (eager raises, ours is exact)"
     for g, e in zip(grads, e_grads, strict=True):
