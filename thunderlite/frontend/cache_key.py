@@ -28,7 +28,9 @@ import torch
 
 from thunderlite.core import codegen
 
-VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, type(Ellipsis))
+# hashable scalars keyed by value (slices are unhashable before Python 3.12)
+VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.Size,
+               type(Ellipsis))
 SYMBOLIC_TYPES = (float,)
 _MISSING = object()
 

@@ -354,3 +354,13 @@ def test_jit_as_method_decorator_guards_attributes():
     torch.testing.assert_close(s3.apply(x), x * 3.0)
     s2.k = 5.0
     torch.testing.assert_close(s2.apply(x), x * 5.0)
+
+
+def test_shape_argument_is_keyed_by_value():
+    def f(x, shape):
+        return x.reshape(shape) + 1
+    jf = thunderlite.jit(f)
+    for _ in range(3):
+        x = torch.randn(6)
+        torch.testing.assert_close(jf(x, torch.Size([2, 3])), x.reshape(2, 3) + 1)
+    assert thunderlite.cache_info(jf)["misses"] == 1
