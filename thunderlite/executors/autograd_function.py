@@ -12,7 +12,9 @@ The jit calls one entry point::
 ``trace`` is the computation trace after update_aliases and DCE;
 ``requires_grad_mask`` has one bool per ``trace.args``; ``finalize(trace) ->
 trace`` is the jit's own "claim executors + del_last_used" (so nothing here
-knows a concrete executor). Outputs carry ``requires_grad`` as in eager
+knows a concrete executor); it may instead return the list of every stage's
+trace (the last one final), which then all appear in ``forward_traces`` and
+``backward_traces``. Outputs carry ``requires_grad`` as in eager
 (integer outputs and outputs that do not depend on a differentiable input are
 marked non-differentiable), ``loss.backward()`` fills ``.grad`` and accumulates
 across calls.
@@ -41,6 +43,12 @@ import torch
 from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
 from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
+
+
+def _stages(finalize: Callable, trace: Trace) -> list[Trace]:
+    """``finalize`` returns the final trace, or every stage's trace (last = final)."""
+    out = finalize(trace)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _zeros(p) -> torch.Tensor:
@@ -91,17 +99,16 @@ class DifferentiableProgram:
         self.split = split
         self.trace_args = list(trace.args)
         if split.mode == "eager":
-            final = finalize(split.eager_trace)
-            self.forward_traces = [split.eager_trace, final] if split.eager_trace is not trace else [final]
+            stages = _stages(finalize, split.eager_trace)
+            self.forward_traces = ([split.eager_trace] if split.eager_trace is not trace else []) + stages
             self.backward_traces: list[Trace] = []
-            self._eager_fn = final.python_callable()
+            self._eager_fn = stages[-1].python_callable()
             return
-        fwd_final = finalize(split.forward)
-        bwd_final = finalize(split.backward)
-        self.forward_traces = [split.forward, fwd_final]
-        self.backward_traces = [split.backward, bwd_final]
-        self.forward_fn = fwd_final.python_callable()
-        self.backward_fn = bwd_final.python_callable()
+        fwd_stages, bwd_stages = _stages(finalize, split.forward), _stages(finalize, split.backward)
+        self.forward_traces = [split.forward, *fwd_stages]
+        self.backward_traces = [split.backward, *bwd_stages]
+        self.forward_fn = fwd_stages[-1].python_callable()
+        self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
 
     def as_eager_grads(self, result, reached: frozenset) -> list:

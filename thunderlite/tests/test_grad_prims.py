@@ -220,3 +220,16 @@ def test_requires_grad_inside_the_program_makes_a_new_leaf():
     assert a.requires_grad and b.requires_grad
     (ga,) = torch.autograd.grad((a + b).sum(), x)
     torch.testing.assert_close(ga, 2 * w)
+
+
+def test_finalize_may_return_every_stage():
+    from thunderlite.transforms.del_last_used import del_last_used
+
+    def stages(trace):
+        claimed = _finalize(trace)
+        return [claimed, del_last_used(claimed)]
+    x = _make()
+    program = make_differentiable(trace_of(lambda a: prims.sum(prims.sin(a), (0, 1)), (x,)), [True], stages)
+    assert [t.stage for t in program.backward_traces][-2:] == ["Transform for execution", "del_last_used"]
+    program(x).backward()
+    torch.testing.assert_close(x.grad, torch.cos(x.detach()))
