@@ -33,6 +33,9 @@ from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
+# entries kept per key that differ only in prologue guards (a module flag, a global):
+# the most recent ones, so a value that changes on every call cannot grow the cache
+MAX_ALTERNATES = 8
 
 
 class ThunderliteFunction:
@@ -100,13 +103,12 @@ class ThunderliteFunction:
 
     def _store(self, key: tuple, entry: CompiledEntry) -> None:
         if self.cache_mode != "no caching":
-            old = self._entries.get(key)
             alts = self._entries.setdefault(("alternates", key), [])
-            if old is not None and old not in alts:
-                alts.append(old)
             alts.append(entry)
+            dropped = max(0, len(alts) - MAX_ALTERNATES)
+            del alts[:dropped]
             self._entries[key] = entry
-            self.info.entries += 1
+            self.info.entries += 1 - dropped
         self.last = entry
 
     def _reset(self, cache: str) -> None:

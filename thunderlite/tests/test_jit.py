@@ -364,3 +364,23 @@ def test_shape_argument_is_keyed_by_value():
         x = torch.randn(6)
         torch.testing.assert_close(jf(x, torch.Size([2, 3])), x.reshape(2, 3) + 1)
     assert thunderlite.cache_info(jf)["misses"] == 1
+
+
+STEP = 0
+
+
+def stepped(x):
+    return x + STEP
+
+
+def test_a_global_changing_every_call_keeps_the_cache_bounded():
+    global STEP
+    jf = thunderlite.jit(stepped)
+    x = torch.zeros(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for STEP in range(12):
+            torch.testing.assert_close(jf(x), x + STEP)
+    info = thunderlite.cache_info(jf)
+    assert info["misses"] == 12 and info["entries"] <= 8 and "STEP" in info["last_miss_reason"]
+    STEP = 0
