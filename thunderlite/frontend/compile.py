@@ -165,7 +165,11 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
     if torch.is_grad_enabled() and any(mask):
-        program = make_differentiable(t, mask, lambda tr: finalize(tr, exs, groups), groups)
+        def stages(tr: Trace) -> list[Trace]:
+            steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
+            finalize(tr, exs, groups, steps)
+            return steps
+        program = make_differentiable(t, mask, stages, groups)
         traces += program.forward_traces
         return program, list(program.backward_traces)
     steps: list[Trace] = []
