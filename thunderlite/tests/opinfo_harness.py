@@ -224,7 +224,7 @@ def check(op, dtype) -> tuple[str, str]:
         return "failing", f"jit: {type(e).__name__}: {_short(e)}"
     traces = thunderlite.last_traces(jfn)
     try:
-        inputs = _inputs_for(traces[-1], args, kwargs)
+        inputs = _inputs_for(traces[-1], _clone(args), _clone(kwargs))   # distinct tensors, as the jit saw
         verify_trace(traces[-1])
         compare_trace_output(traces[-1].python_callable()(*_clone(inputs)), expected, atol, rtol, rnd)
     except Exception as e:  # noqa: BLE001

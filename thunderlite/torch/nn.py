@@ -16,7 +16,7 @@ from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.torch.linalg import matmul
 from thunderlite.torch.registry import decomposable, torchsymbol
-from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
+from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, ntuple
 
 T = torch.Tensor
 
@@ -500,8 +500,8 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, nsp: int):
     batched = input.ndim == nsp + 2
     x = input if batched else shapes.unsqueeze(input, 0)
     if isinstance(padding, str):
-        x, padding = _string_padding(x, weight, padding, _tup(stride, nsp), _tup(dilation, nsp), nsp)
-    out = prims.convolution(x, weight, bias, _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp), False,
+        x, padding = _string_padding(x, weight, padding, ntuple(stride, nsp), ntuple(dilation, nsp), nsp)
+    out = prims.convolution(x, weight, bias, ntuple(stride, nsp), ntuple(padding, nsp), ntuple(dilation, nsp), False,
                             (0,) * nsp, groups)
     return out if batched else shapes.squeeze(out, 0)
 
@@ -518,10 +518,6 @@ def _string_padding(x, weight, padding: str, stride, dilation, nsp: int):
         total = d * (k - 1)
         config.append((total // 2, total - total // 2, 0))
     return prims.pad(x, 0, config), (0,) * nsp
-
-
-def _tup(x, n):
-    return tuple(x) * (n if len(x) == 1 else 1) if isinstance(x, (tuple, list)) else (x,) * n
 
 
 @torchsymbol(F.conv1d, torch.conv1d)

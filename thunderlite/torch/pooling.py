@@ -23,14 +23,7 @@ from thunderlite.core.prims import check
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import shapes
 from thunderlite.torch.registry import decomposable, torchsymbol
-from thunderlite.torch.utils import convert
-
-
-def _tup(x, n: int) -> tuple:
-    if isinstance(x, (tuple, list)):
-        check(len(x) in (1, n), lambda: f"expected 1 or {n} values, got {tuple(x)}")
-        return tuple(x) * (n if len(x) == 1 else 1)
-    return (x,) * n
+from thunderlite.torch.utils import convert, ntuple
 
 
 def _batched(input, nsp: int):
@@ -77,9 +70,9 @@ def _windows(padded, nsp: int, k, s, d, out):
 
 
 def _pool_params(input, nsp, kernel_size, stride, padding, dilation, ceil_mode):
-    k = _tup(kernel_size, nsp)
-    s = _tup(stride, nsp) if stride not in (None, [], ()) else k
-    p, d = _tup(padding, nsp), _tup(dilation, nsp)
+    k = ntuple(kernel_size, nsp)
+    s = ntuple(stride, nsp) if stride not in (None, [], ()) else k
+    p, d = ntuple(padding, nsp), ntuple(dilation, nsp)
     for i in range(nsp):
         check(k[i] > 0 and s[i] > 0 and d[i] > 0, lambda: "pooling: kernel size, stride and dilation must be > 0")
         check(2 * p[i] <= k[i], lambda: f"pad should be at most half of effective kernel size, but got pad={p[i]}, "
@@ -188,7 +181,7 @@ def _adaptive_avg_dim(x, d: int, out: int):
 
 def _adaptive_avg(input, nsp: int, output_size):
     check(dtypes.is_inexact(input.dtype), lambda: f"adaptive_avg_pool: not implemented for {input.dtype}")
-    sizes = _tup(output_size, nsp)
+    sizes = ntuple(output_size, nsp)
     out = input
     for i, o in enumerate(sizes):
         d = input.ndim - nsp + i
@@ -221,8 +214,8 @@ def _output_sizes(input, nsp: int, size, scale_factor, recompute_scale_factor):
     check((size is None) != (scale_factor is None), lambda: "only one of size or scale_factor should be defined")
     spatial = input.shape[2:]
     if size is not None:
-        return _tup(size, nsp), (None,) * nsp
-    factors = tuple(float(f) for f in _tup(scale_factor, nsp))
+        return ntuple(size, nsp), (None,) * nsp
+    factors = tuple(float(f) for f in ntuple(scale_factor, nsp))
     out = tuple(math.floor(float(n) * f) for n, f in zip(spatial, factors, strict=True))
     return out, ((None,) * nsp if recompute_scale_factor else factors)
 

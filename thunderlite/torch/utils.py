@@ -150,3 +150,12 @@ def reduction_dtype(a: TensorProxy, dtype: torch.dtype | None, *, int_to_long: b
     if int_to_long and (a.dtype is torch.bool or dtypes.is_integer(a.dtype)):
         return torch.int64
     return a.dtype
+
+
+def ntuple(x, n: int) -> tuple:
+    """``x`` as an ``n``-tuple: a scalar repeated, or a 1- or n-sequence (conv,
+    pooling and interpolation sizes)."""
+    if isinstance(x, (tuple, list)):
+        check(len(x) in (1, n), lambda: f"expected 1 or {n} values, got {tuple(x)}")
+        return tuple(x) * (n if len(x) == 1 else 1)
+    return (x,) * n
