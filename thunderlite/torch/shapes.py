@@ -12,9 +12,11 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
+from thunderlite.core.proxies import register_method
+from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
-from thunderlite.torch.registry import decomposable, torchsymbol
+from thunderlite.torch.registry import _register_symbol, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast_shapes, canonical_dim, canonical_dims, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -473,9 +475,18 @@ def triu(a, diagonal: int = 0):
                                            dtype=a.dtype))
 
 
-@torchsymbol(T.contiguous, method_name="contiguous")
-def contiguous(a, memory_format=torch.contiguous_format):
-    return a
+def _contiguous_meta(a, memory_format=torch.contiguous_format):
+    return a.replace()
+
+
+# A leaf, not a no-op: eager's contiguous() changes the layout later views depend on
+# (x.t().contiguous().view(-1)), so it must run. It returns its input when that is
+# already contiguous, hence Tag.VIEW (may alias).
+contiguous = Symbol("contiguous", meta=_contiguous_meta, module="ltorch", tags={Tag.VIEW},
+                    torch_fn=T.contiguous)
+_register_symbol(contiguous)
+register_torch_callable(T.contiguous, contiguous)
+register_method("contiguous", contiguous)
 
 
 @torchsymbol(torch.clone, T.clone, method_name="clone")

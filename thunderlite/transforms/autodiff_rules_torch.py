@@ -55,6 +55,11 @@ def _linear_when(bsym) -> bool:
     return isinstance(w, TensorProxy) and w.ndim == 2 and _float_input(bsym)
 
 
+@register_vjp(shapes.contiguous)
+def _contiguous(g, out, a, memory_format=None):
+    return (g,)
+
+
 @register_vjp(linalg.linear, when=_linear_when)
 def _linear(g, out, input, weight, bias=None):
     n_out, n_in = weight.shape
