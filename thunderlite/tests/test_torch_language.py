@@ -283,7 +283,7 @@ def assert_native(fn, *args, exact: bool = False):
         if exact:
             assert torch.equal(got, expected)
         else:
-            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(got, expected, equal_nan=True)
 
 
 _POOL_ARGS = [(k, s, p, d, c) for k, s, p, d, c in itertools.product([1, 2, 3], [None, 2], [0, 1], [1, 2], [False, True])
@@ -360,6 +360,31 @@ def test_composites_are_native():
     assert_native(lambda a: (F.pixel_shuffle(a, 2), F.pixel_unshuffle(a, 1), F.channel_shuffle(a, 4)), z)
     assert_native(lambda a: (a.repeat_interleave(2), a.repeat_interleave(3, 1), torch.diag(a, 1), torch.diag(a[0], -2),
                              torch.linalg.norm(a), torch.linalg.norm(a, 3, 1), torch.fill(a, a[0, 0])), x)
+
+
+def test_more_composites_are_native():
+    F = torch.nn.functional
+    x, y, v, w = torch.randn(4, 6), torch.randn(4, 6), torch.randn(5), torch.randn(3)
+    t = torch.randint(0, 2, (4, 6)) * 2 - 1.0
+    assert_native(lambda a, b: torch.meshgrid(a, b, indexing="xy"), v, w)
+    assert_native(lambda a, b: (torch.tensordot(a, b.t(), 1), torch.cdist(a, b[:3]), torch.vdot(a[0], b[0]),
+                                torch.linalg.multi_dot([a, b.t(), a]), torch.trapezoid(a, b)), x, y)
+    assert_native(lambda a, s: (torch.bucketize(a, s), torch.searchsorted(s, a, side="right")),
+                  x, torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+    assert_native(lambda a, i, j: (torch.take(a, i), a.index_fill(1, j, 2.5), torch.isin(i, j)),
+                  x, torch.tensor([[0, 5], [-1, 23]]), torch.tensor([0, 2, -1]))
+    assert_native(lambda a, b: (torch.select_scatter(a, b[0], 0, 2), torch.slice_scatter(a, b[:, :2], 1, 2, 4),
+                                torch.diagflat(a[0]), torch.linalg.vander(a[0]), a.unfold(1, 2, 1),
+                                torch.linalg.matrix_norm(a, 1), torch.linalg.matrix_power(a[:, :4], 2)), x, y)
+    assert_native(lambda a: (F.unfold(a, (2, 3), dilation=(1, 2), padding=1, stride=2), torch.logspace(0, 2, 5)),
+                  torch.randn(2, 3, 7, 8))
+    for reduction in ("mean", "sum", "none"):
+        assert_native(lambda a, b, c: (F.margin_ranking_loss(a, b, c, 0.3, reduction=reduction),
+                                       F.soft_margin_loss(a, c, reduction=reduction),
+                                       F.hinge_embedding_loss(a, c, 0.7, reduction=reduction),
+                                       F.poisson_nll_loss(a, b.abs(), False, True, reduction=reduction),
+                                       F.cosine_embedding_loss(a, b, c[:, 0], 0.2, reduction=reduction)), x, y, t)
+    assert_native(lambda a, b, c: F.bilinear(a, b, c), x, torch.randn(4, 5), torch.randn(3, 6, 5))
 
 
 def test_jit_pooling_block_with_inplace_relu():

@@ -4,6 +4,8 @@ real-tensor conjugation no-ops, atleast_nd, h/v/dsplit, diff, trace, kron,
 cross, distances and similarities, pixel/channel shuffles, logcumsumexp."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -304,3 +306,222 @@ def fill(input, value):
                                        f"{value.ndim} dimensions.")
         return prims.broadcast_in_dim(convert(value, input.dtype), input.shape, ())
     return prims.full(input.shape, value, device=input.device, dtype=input.dtype)
+
+
+@torchsymbol(torch.meshgrid, tags={Tag.VIEW})
+def meshgrid(*tensors, indexing: str | None = None):
+    ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
+    indexing = "ij" if indexing is None else indexing
+    check(indexing in ("ij", "xy"), lambda: f"torch.meshgrid: indexing must be one of 'xy' or 'ij', got {indexing}")
+    ts = [shapes.reshape(t, -1) for t in ts]
+    swap = indexing == "xy" and len(ts) >= 2
+    order = [1, 0, *range(2, len(ts))] if swap else list(range(len(ts)))
+    shape = tuple(ts[i].shape[0] for i in order)
+    return tuple(prims.broadcast_in_dim(t, shape, (order.index(k),)) for k, t in enumerate(ts))
+
+
+@torchsymbol(torch.tensordot)
+def tensordot(a, b, dims=2, out=None):
+    check(out is None, lambda: "tensordot: out= is not supported")
+    if isinstance(dims, int):
+        da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    else:
+        da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
+    da, db = [canonical_dim(d, a.ndim) for d in da], [canonical_dim(d, b.ndim) for d in db]
+    fa, fb = [d for d in range(a.ndim) if d not in da], [d for d in range(b.ndim) if d not in db]
+    k = 1
+    for d in da:
+        k *= a.shape[d]
+    a2 = shapes.reshape(shapes.permute(a, *fa, *da), -1, k)
+    b2 = shapes.reshape(shapes.permute(b, *db, *fb), k, -1)
+    out_shape = [a.shape[d] for d in fa] + [b.shape[d] for d in fb]
+    return shapes.reshape(linalg.matmul(a2, b2), *out_shape)
+
+
+@torchsymbol(torch.cdist)
+def cdist(x1, x2, p: float = 2.0, compute_mode: str = "use_mm_for_euclid_dist_if_necessary"):
+    diff = ew.sub(shapes.unsqueeze(x1, -2), shapes.unsqueeze(x2, -3))
+    return red.vector_norm(diff, p, -1)
+
+
+@torchsymbol(torch.isin)
+def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool = False):
+    test = shapes.reshape(test_elements, -1) if is_tensor(test_elements) else test_elements
+    if not is_tensor(elements) or not is_tensor(test):
+        decomposable(False, lambda: "isin with a scalar argument is not decomposed")
+    hit = red.any(ew.eq(shapes.unsqueeze(elements, -1), test), -1)
+    return ew.logical_not(hit) if invert else hit
+
+
+def _count_below(sorted_seq, values, right: bool, out_int32: bool):
+    """For each value, how many entries of the (last dim of) sorted sequence lie
+    below it (``<=`` with right=True): its insertion index."""
+    cmp = ew.le if right else ew.lt
+    below = cmp(shapes.unsqueeze(sorted_seq, -2), shapes.unsqueeze(values, -1))
+    counts = red.sum(below, -1, dtype=torch.int32 if out_int32 else torch.int64)
+    return shapes.reshape(counts, *values.shape)
+
+
+@torchsymbol(torch.bucketize)
+def bucketize(input, boundaries, *, out_int32: bool = False, right: bool = False):
+    decomposable(is_tensor(input), lambda: "bucketize of a scalar is not decomposed")
+    return _count_below(boundaries, input, right, out_int32)
+
+
+@torchsymbol(torch.searchsorted)
+def searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
+                 sorter=None, out=None):
+    decomposable(sorter is None and out is None and is_tensor(values), lambda: "searchsorted(sorter=) is not decomposed")
+    right = right or side == "right"
+    if sorted_sequence.ndim > 1:
+        check(sorted_sequence.shape[:-1] == values.shape[:-1],
+              lambda: "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions "
+                      "of boundaries tensor and input value tensor must match")
+    return _count_below(sorted_sequence, values, right, out_int32)
+
+
+@torchsymbol(torch.take, T.take, method_name="take")
+def take(input, index):
+    flat = shapes.reshape(input, -1)
+    idx = shapes.reshape(index, -1)
+    idx = ew.where(ew.lt(idx, 0), ew.add(idx, flat.shape[0]), idx)
+    return shapes.reshape(prims.index_select(flat, 0, idx), *index.shape)
+
+
+@torchsymbol(torch.index_fill, T.index_fill, method_name="index_fill")
+def index_fill(input, dim: int, index, value):
+    d = canonical_dim(dim, input.ndim)
+    n = input.shape[d] if input.ndim else 1
+    pos = prims.iota(n, start=0, step=1, device=input.device, dtype=torch.int64)
+    idx = shapes.reshape(index, -1)
+    idx = ew.where(ew.lt(idx, 0), ew.add(idx, n), idx)
+    mask = red.any(ew.eq(shapes.unsqueeze(pos, 1), shapes.unsqueeze(idx, 0)), 1)
+    if input.ndim:
+        mask = prims.broadcast_in_dim(mask, input.shape, (d,))
+    else:
+        mask = shapes.reshape(mask, *())
+    fill = convert(value, input.dtype) if is_tensor(value) else value
+    return ew.where(mask, fill, input)
+
+
+@torchsymbol(torch.select_scatter)
+def select_scatter(input, src, dim: int, index: int):
+    d = canonical_dim(dim, input.ndim)
+    i = index + input.shape[d] if index < 0 else index
+    parts = [shapes.narrow(input, d, 0, i), shapes.unsqueeze(convert(src, input.dtype), d),
+             shapes.narrow(input, d, i + 1, input.shape[d] - i - 1)]
+    return shapes.cat(parts, d)
+
+
+@torchsymbol(torch.slice_scatter)
+def slice_scatter(input, src, dim: int = 0, start=None, end=None, step: int = 1):
+    decomposable(step == 1, lambda: "slice_scatter with step > 1 is not decomposed")
+    d = canonical_dim(dim, input.ndim)
+    n = input.shape[d]
+    lo = 0 if start is None else max(0, min(n, start + n if start < 0 else start))
+    hi = n if end is None else max(lo, min(n, end + n if end < 0 else end))
+    parts = [shapes.narrow(input, d, 0, lo), convert(src, input.dtype), shapes.narrow(input, d, hi, n - hi)]
+    return shapes.cat(parts, d)
+
+
+@torchsymbol(torch.diagflat, T.diagflat, method_name="diagflat")
+def diagflat(input, offset: int = 0):
+    return diag(shapes.reshape(input, -1), offset)
+
+
+@torchsymbol(torch.vdot, T.vdot, method_name="vdot")
+def vdot(input, other):
+    _real_only(input, "vdot")
+    check(input.ndim == 1 and other.ndim == 1, lambda: "1D tensors expected")
+    return red.sum(ew.mul(input, other))
+
+
+@torchsymbol(torch.linalg.diagonal, tags={Tag.VIEW})
+def linalg_diagonal(A, *, offset: int = 0, dim1: int = -2, dim2: int = -1):
+    return shapes.diagonal(A, offset, dim1, dim2)
+
+
+@torchsymbol(torch.linalg.vander)
+def vander(x, N=None):
+    x = shapes.reshape(x, 1) if x.ndim == 0 else x
+    n = x.shape[-1] if N is None else N
+    powers = prims.iota(n, start=0, step=1, device=x.device, dtype=torch.int64)
+    return ew.pow(shapes.unsqueeze(x, -1), powers)
+
+
+@torchsymbol(torch.linalg.matrix_power, torch.matrix_power, T.matrix_power, method_name="matrix_power")
+def matrix_power(A, n: int):
+    decomposable(n >= 0, lambda: "matrix_power with a negative exponent needs an inverse")
+    check(A.ndim >= 2 and A.shape[-1] == A.shape[-2], lambda: "matrix_power: expected square matrices")
+    if n == 0:
+        eye = prims.broadcast_in_dim(ew.eq(shapes.unsqueeze(prims.iota(A.shape[-1], start=0, step=1, device=A.device,
+                                                                        dtype=torch.int64), 1),
+                                           prims.iota(A.shape[-1], start=0, step=1, device=A.device,
+                                                      dtype=torch.int64)), A.shape, (A.ndim - 2, A.ndim - 1))
+        return convert(eye, A.dtype)
+    out = A
+    for _ in range(n - 1):
+        out = linalg.matmul(out, A)
+    return out
+
+
+@torchsymbol(torch.linalg.multi_dot)
+def multi_dot(tensors, *, out=None):
+    check(len(tensors) >= 2, lambda: "multi_dot(): expected at least 2 tensors")
+    result = tensors[0]
+    for t in tensors[1:]:
+        result = linalg.matmul(result, t)
+    return result
+
+
+@torchsymbol(torch.linalg.matrix_norm)
+def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim: bool = False, *, dtype=None, out=None):
+    """Frobenius, and the max/min absolute row or column sums (ord = +-1, +-inf)."""
+    decomposable(ord in ("fro", 1, -1, math.inf, -math.inf), lambda: f"matrix_norm(ord={ord!r}) needs an SVD")
+    x = convert(A, dtype) if dtype is not None else A
+    if ord == "fro":
+        return red.vector_norm(x, 2, dim, keepdim)
+    d0, d1 = (canonical_dim(d, x.ndim) for d in dim)
+    sum_dim, max_dim = (d1, d0) if abs(ord) == math.inf else (d0, d1)
+    sums = red.sum(ew.abs(x), sum_dim, True)
+    out = (red.amax if ord > 0 else red.amin)(sums, max_dim, True)
+    return out if keepdim else shapes.squeeze(out, tuple(sorted((d0, d1))))
+
+
+@torchsymbol(torch.trapezoid, torch.trapz)
+def trapezoid(y, x=None, *, dx=None, dim: int = -1):
+    d = canonical_dim(dim, y.ndim)
+    n = y.shape[d]
+    if n == 0:
+        return red.sum(y, d)
+    avg = ew.add(shapes.narrow(y, d, 1, n - 1), shapes.narrow(y, d, 0, n - 1))
+    if x is None or not is_tensor(x):
+        step = (1 if dx is None else dx) if x is None else x
+        return ew.mul(red.sum(avg, d), step / 2)
+    decomposable(x.ndim == 1 or x.shape == y.shape, lambda: "trapezoid with a broadcast x is not decomposed")
+    xd = d if x.ndim == y.ndim else 0
+    m = x.shape[xd]
+    widths = ew.sub(shapes.narrow(x, xd, 1, m - 1), shapes.narrow(x, xd, 0, m - 1))
+    if x.ndim == 1 and y.ndim > 1:
+        widths = prims.broadcast_in_dim(widths, avg.shape, (d,))
+    return ew.div(red.sum(ew.mul(avg, widths), d), 2)
+
+
+@torchsymbol(T.unfold, method_name="unfold", tags={Tag.VIEW})
+def tensor_unfold(input, dimension: int, size: int, step: int):
+    """Windows of ``size`` every ``step`` along a dim, as a new last dim: one
+    index_select with indices start*step + offset."""
+    d = canonical_dim(dimension, input.ndim)
+    length = input.shape[d] if input.ndim else 1
+    check(size <= length, lambda: f"maximum size for tensor at dimension {d} is {length} but size is {size}")
+    check(step > 0, lambda: f"step is {step} but must be > 0")
+    n = (length - size) // step + 1
+    dev = input.device
+    starts = prims.iota(n, start=0, step=step, device=dev, dtype=torch.int64)
+    offsets = prims.iota(size, start=0, step=1, device=dev, dtype=torch.int64)
+    idx = shapes.reshape(ew.add(shapes.unsqueeze(starts, 1), offsets), -1)
+    x = input if input.ndim else shapes.reshape(input, 1)
+    picked = prims.index_select(x, d, idx)
+    picked = shapes.reshape(picked, *x.shape[:d], n, size, *x.shape[d + 1:])
+    out = shapes.movedim(picked, d + 1, -1)
+    return out if input.ndim else shapes.reshape(out, size)

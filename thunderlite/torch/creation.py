@@ -163,6 +163,15 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     return convert(ew.where(ew.lt(idx, half), lo, hi), dtype)
 
 
+@torchsymbol(torch.logspace)
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=False,
+             requires_grad=False):
+    decomposable(not is_tensor(start) and not is_tensor(end), lambda: "logspace with tensor bounds")
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    exponents = linspace(start, end, steps, dtype=torch.float64, device=device)
+    return convert(ew.pow(float(base), exponents), dtype)
+
+
 @torchsymbol(torch.eye)
 def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False):
     m = n if m is None else m

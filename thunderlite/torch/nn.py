@@ -458,6 +458,75 @@ def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean
     return _reduce_loss(loss, reduction)
 
 
+def _legacy_reduction(size_average, reduce) -> None:
+    decomposable(size_average is None and reduce is None, lambda: "size_average=/reduce= are not decomposed")
+
+
+@torchsymbol(F.margin_ranking_loss)
+def margin_ranking_loss(input1, input2, target, margin: float = 0, size_average=None, reduce=None,
+                        reduction: str = "mean"):
+    _legacy_reduction(size_average, reduce)
+    loss = ew.clamp_min(ew.add(ew.mul(ew.neg(target), ew.sub(input1, input2)), margin), 0)
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.soft_margin_loss)
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean"):
+    _legacy_reduction(size_average, reduce)
+    return _reduce_loss(ew.log1p(ew.exp(ew.mul(ew.neg(target), input))), reduction)
+
+
+@torchsymbol(F.hinge_embedding_loss)
+def hinge_embedding_loss(input, target, margin: float = 1.0, size_average=None, reduce=None,
+                         reduction: str = "mean"):
+    _legacy_reduction(size_average, reduce)
+    margin_part = ew.where(ew.ne(target, 1), ew.clamp_min(ew.rsub(input, margin), 0), 0)
+    self_part = ew.where(ew.ne(target, -1), input, 0)
+    return _reduce_loss(ew.add(margin_part, self_part), reduction)
+
+
+@torchsymbol(F.poisson_nll_loss)
+def poisson_nll_loss(input, target, log_input: bool = True, full: bool = False, size_average=None,
+                     eps: float = 1e-8, reduce=None, reduction: str = "mean"):
+    _legacy_reduction(size_average, reduce)
+    if log_input:
+        loss = ew.sub(ew.exp(input), ew.mul(target, input))
+    else:
+        loss = ew.sub(input, ew.mul(target, ew.log(ew.add(input, eps))))
+    if full:        # Stirling's approximation of log(target!), where target > 1
+        stirling = ew.add(ew.sub(ew.mul(target, ew.log(target)), target),
+                          ew.mul(ew.log(ew.mul(target, 2 * math.pi)), 0.5))
+        loss = ew.add(loss, ew.where(ew.gt(target, 1), stirling, 0))
+    return _reduce_loss(loss, reduction)
+
+
+@torchsymbol(F.cosine_embedding_loss)
+def cosine_embedding_loss(input1, input2, target, margin: float = 0, size_average=None, reduce=None,
+                          reduction: str = "mean"):
+    _legacy_reduction(size_average, reduce)
+    d = input1.ndim - 1
+    eps = 1e-12
+    mag1 = ew.add(red.sum(ew.mul(input1, input1), d), eps)
+    mag2 = ew.add(red.sum(ew.mul(input2, input2), d), eps)
+    cos = ew.div(red.sum(ew.mul(input1, input2), d), ew.sqrt(ew.mul(mag1, mag2)))
+    pos = ew.where(ew.eq(target, 1), ew.rsub(cos, 1), 0)
+    neg = ew.where(ew.eq(target, -1), ew.clamp_min(ew.sub(cos, margin), 0), 0)
+    return _reduce_loss(ew.add(pos, neg), reduction)
+
+
+@torchsymbol(F.bilinear, torch.bilinear)
+def bilinear(input1, input2, weight, bias=None):
+    """out[..., o] = x1[..., i] W[o, i, j] x2[..., j]: one matmul, then a product-sum over j."""
+    o, i, j = weight.shape
+    lead = input1.shape[:-1]
+    x1 = shapes.reshape(input1, -1, i)
+    t = matmul(x1, shapes.reshape(shapes.permute(weight, 1, 0, 2), i, o * j))
+    t = shapes.reshape(t, x1.shape[0], o, j)
+    out = red.sum(ew.mul(t, shapes.unsqueeze(shapes.reshape(input2, -1, j), 1)), -1)
+    out = shapes.reshape(out, *lead, o)
+    return out if bias is None else ew.add(out, bias)
+
+
 # --- attention ------------------------------------------------------------------------------------
 
 @torchsymbol(F.scaled_dot_product_attention)

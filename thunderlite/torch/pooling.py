@@ -159,6 +159,22 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     return _avg_pool(input, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
+@torchsymbol(F.unfold)
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    """im2col: every kernel offset's strided slice (as in pooling), stacked
+    after the channel dim: (N, C * prod(kernel), L)."""
+    check(input.ndim in (3, 4), lambda: f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D)")
+    x, batched = _batched(input, 2)
+    k, d, p, s = (ntuple(v, 2) for v in (kernel_size, dilation, padding, stride))
+    out = tuple((x.shape[2 + i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2))
+    check(all(o > 0 for o in out), lambda: f"unfold: the sliding blocks {out} of input {tuple(x.shape)} are empty")
+    padded = _pad_spatial(x, 2, p, p, 0)
+    cols = shapes.stack(list(_windows(padded, 2, k, s, d, out)), 2)
+    n, c = x.shape[:2]
+    result = shapes.reshape(cols, n, c * k[0] * k[1], out[0] * out[1])
+    return result if batched else shapes.squeeze(result, 0)
+
+
 # --- adaptive average pooling ----------------------------------------------------------------------
 
 def _adaptive_avg_dim(x, d: int, out: int):
