@@ -36,6 +36,8 @@ class InterpreterHooks:
     - ``load_global``/``load_attr``/``load_subscr``/``load_deref``: see (and may replace)
       values resolved natively; ``load_attr`` gets ``MISSING`` for a failed lookup.
     - ``store_*``/``delete_*``: called before the native write; True means handled.
+      ``store_deref``/``delete_deref`` see writes to closure cells (``nonlocal x; x = v``),
+      including the frame's own cells (a subclass tells them apart by the cell).
 
     Example::
 
@@ -77,8 +79,14 @@ class InterpreterHooks:
     def load_deref(self, cell, value):
         return value
 
+    def store_deref(self, cell, value):
+        return False
+
+    def delete_deref(self, cell):
+        return False
+
 
 HOOK_NAMES = (
     "lookaside", "load_global", "store_global", "load_attr", "store_attr", "delete_attr",
-    "load_subscr", "store_subscr", "delete_subscr", "load_deref",
+    "load_subscr", "store_subscr", "delete_subscr", "load_deref", "store_deref", "delete_deref",
 )

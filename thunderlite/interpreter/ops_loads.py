@@ -116,14 +116,20 @@ def make_deref_ops(msgs, offset_of):
 
     # STORE_DEREF (value --)
     def op_store_deref(f, ins):
-        f.fast[ins.arg + offset_of(f)].cell_contents = f.stack.pop()
+        cell = f.fast[ins.arg + offset_of(f)]
+        v = f.stack.pop()
+        h = f.rt.store_deref
+        if h is None or not h(cell, v):
+            cell.cell_contents = v
 
     # DELETE_DEREF (--)
     def op_delete_deref(f, ins):
         i = ins.arg + offset_of(f)
         cell = f.fast[i]
         cell_value(f, cell, ins.argval, i, msgs)
-        del cell.cell_contents
+        h = f.rt.delete_deref
+        if h is None or not h(cell):
+            del cell.cell_contents
 
     # LOAD_CLASSDEREF (-- value)
     def op_load_classderef(f, ins):

@@ -271,6 +271,51 @@ def test_load_deref_hook():
     assert ("load_deref", 41) in h.events
 
 
+def test_store_and_delete_deref_hooks():
+    class Overlay(InterpreterHooks):
+        """Keeps writes to one outside cell in an overlay; the frame's own cells stay native."""
+
+        def __init__(self, cell):
+            self.cell, self.value, self.events = cell, None, []
+
+        def load_deref(self, cell, value):
+            return self.value if cell is self.cell and self.value is not None else value
+
+        def store_deref(self, cell, value):
+            self.events.append(("store", value))
+            if cell is self.cell:
+                self.value = value
+                return True
+            return False
+
+        def delete_deref(self, cell):
+            self.events.append(("delete", cell is self.cell))
+            return False
+
+    count = 10
+
+    def bump(k):
+        nonlocal count
+        count += k
+        local = 1
+
+        def inner():
+            nonlocal local
+            local += count
+            return local
+
+        r = inner()
+        del local
+        return r
+
+    h = Overlay(bump.__closure__[0])
+    assert interpret(bump, h)(5) == 16
+    assert count == 10                        # the store was handled by the hook
+    assert h.value == 15
+    assert ("store", 15) in h.events and ("store", 16) in h.events
+    assert ("delete", False) in h.events      # the frame's own cell, deleted natively
+
+
 def test_current_source_location_in_hook():
     where = []
 
