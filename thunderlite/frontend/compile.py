@@ -26,6 +26,7 @@ from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
 from thunderlite.interpreter import interpret
+from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
@@ -164,7 +165,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     t = _record(traces, dce(t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and any(mask):
+    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
             finalize(tr, exs, groups, steps)
@@ -176,6 +177,11 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     final = finalize(t, exs, groups, steps)
     traces += steps
     return final.python_callable(), []
+
+
+def _makes_leaves(trace: Trace) -> bool:
+    """The program calls ``requires_grad_`` (it may start a differentiable graph)."""
+    return any(b.sym.id == REQUIRES_GRAD_ID for b in trace.bound_symbols)
 
 
 def finalize(trace: Trace, executors: list, groups, steps: list | None = None) -> Trace:

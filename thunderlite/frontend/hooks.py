@@ -26,7 +26,7 @@ from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location
-from thunderlite.torch import opaque_symbol_for, symbol_for
+from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
 from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -116,6 +116,11 @@ class TracingHooks(InterpreterHooks):
                 p.requires_grad = False
 
     def set_grad_enabled(self, mode: bool) -> None:
+        """Switch grad mode while tracing and record the switch (the eager-mode
+        replay of autodiff runs it; see torch/grad_mode.py)."""
+        if mode != self.grad_enabled:
+            self.trace.source = self.locate()
+            grad_mode.set_grad_enabled(mode)
         torch._C._set_grad_enabled(mode)
         self.grad_enabled = mode
 

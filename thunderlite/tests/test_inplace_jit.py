@@ -196,9 +196,6 @@ def test_batch_norm_running_stats():
     assert jitted_module.num_batches_tracked == eager.num_batches_tracked
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="jit/autodiff: the trace does not record the torch.no_grad() region, and the "
-                          "eager-mode run replays the update with grad mode on")
 def test_no_grad_parameter_update():
     def step(w, b, lr):
         with torch.no_grad():
@@ -212,6 +209,47 @@ def test_no_grad_parameter_update():
     got = thunderlite.jit(step)(w, b, 0.1)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close((w, b), (wr, br))
+
+
+def _grad_check(fn, *shapes):
+    """``fn`` jitted vs eager on inputs requiring grad: outputs, mutated inputs,
+    ``requires_grad`` of the outputs, gradients of a sum of the outputs."""
+    leaves = [t.requires_grad_() for t in _inputs(list(shapes))]
+    refs = [t.detach().clone().requires_grad_() for t in leaves]
+    expected, got = fn(*refs), thunderlite.jit(fn)(*leaves)
+    torch.testing.assert_close(got, expected)
+    assert [o.requires_grad for o in got] == [o.requires_grad for o in expected]
+    sum(o.sum() for o in expected if o.requires_grad).backward()
+    sum(o.sum() for o in got if o.requires_grad).backward()
+    torch.testing.assert_close([t.grad for t in leaves], [t.grad for t in refs])
+    assert torch.is_grad_enabled()
+
+
+@torch.no_grad()
+def _scaled(x):
+    return x * 3
+
+
+def test_no_grad_decorator_and_nested_enable_grad():
+    def fn(x, w):
+        a = _scaled(x) * w               # the decorator cuts x's path
+        with torch.no_grad():
+            b = x * 2
+            with torch.enable_grad():
+                c = x.sin()
+            d = c * w
+        return a, b + w, c, d
+    _grad_check(fn, (3, 4), (3, 4))
+
+
+def test_set_grad_enabled_region_with_view_write():
+    def fn(x, w):
+        y = x * 1.0
+        with torch.set_grad_enabled(False):
+            y[0].add_(w[0])            # a write into a view: eager-mode replay
+            z = y * w
+        return y * w, z
+    _grad_check(fn, (3, 4), (3, 4))
 
 
 def test_module_buffer_update():

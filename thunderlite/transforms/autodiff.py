@@ -121,6 +121,40 @@ output (the torch language sets the proxy's flag at trace time) makes ``x`` a
 new leaf of the differentiated program, or stops tracking it."""
 
 
+GRAD_MODE_ID = "ltorch.set_grad_enabled"
+"""A grad-mode switch (``torch.no_grad()``...) recorded by the jit: the functional
+forward/backward drop it; the eager-mode replay runs it."""
+
+
+def _new_leaf_needs_eager(trace: Trace, mask) -> bool:
+    """``requires_grad_(True)`` on an argument, or in a program none of whose
+    arguments requires grad: the autograd.Function bridge cannot connect such a
+    leaf, so eager mode runs the program and PyTorch records the graph."""
+    args = {a.name for a in trace.args if isinstance(a, Proxy)}
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id != REQUIRES_GRAD_ID:
+            continue
+        flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
+        if flag and (bsym.args[0].name in args or not any(mask)):
+            return True
+    return False
+
+
+def _no_grad_write_on_path(trace: Trace, tracked: set[str], groups: AliasGroups) -> bool:
+    """A write made with grad mode off into storage a tracked value lives in:
+    eager keeps the destination's history as it was (the write is invisible to
+    autograd), which a functional VJP cannot express; eager mode replays it."""
+    roots = {groups.find(n) for n in tracked}
+    grad = True
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id == GRAD_MODE_ID:
+            grad = bool(bsym.args[0])
+        elif not grad and any(groups.find(dst.name) in roots
+                              for leaf in _leaves_of(bsym) for dst, _ in writes(leaf)):
+            return True
+    return False
+
+
 def _mark_leaf(bsym: BoundSymbol, tracked: set[str]) -> None:
     a = bsym.args[0]
     flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
@@ -169,7 +203,8 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
             continue
         if sym.id == REQUIRES_GRAD_ID:
             _mark_leaf(bsym, tracked)
-            out.append(bsym)
+            continue
+        if sym.id == GRAD_MODE_ID:      # the proxies carry the mode; only the eager replay runs it
             continue
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
@@ -482,7 +517,8 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     flat: list[BoundSymbol] = []
     _flatten(trace.bound_symbols, tracked, flat)
     groups = AliasGroups.of_trace(trace, input_alias_groups)
-    if _needs_eager(trace, flat, tracked, groups):
+    if (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
+            or _no_grad_write_on_path(trace, tracked, groups)):
         return GradSplit("eager", eager_trace=_detach_cuts(trace, tracked), differentiable_outputs=[
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked)
