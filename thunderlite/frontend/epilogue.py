@@ -1,8 +1,9 @@
 """The epilogue: what the program did to the world outside it, applied after the run.
 
 After tracing, ``collect_writes`` lists every write the program made to objects
-that outlive the call (module attributes and buffers, globals, lists/dicts
-passed in or read from globals/attributes). Tensor values in those writes are
+that outlive the call (module attributes and buffers, globals, closure cells
+of functions defined outside the call, lists/dicts passed in or read from
+globals/attributes). Tensor values in those writes are
 proxies; the computation returns them as extra outputs, and the generated
 entry function writes the real tensors where eager would have.
 
@@ -27,7 +28,8 @@ _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
 
 
 class Write:
-    """One write-back: ``kind`` is attr, item, global, or replace (a mirrored container)."""
+    """One write-back: ``kind`` is attr, item, global, cell (a closure cell), or replace
+    (a mirrored container)."""
     __slots__ = ("kind", "target", "key", "value")
 
     def __init__(self, kind: str, target: Any, key: Any, value: Any):
@@ -47,6 +49,8 @@ def collect_writes(state: TraceState) -> list[Write]:
             writes.append(Write("attr", prov, name, value))
     for (_, name), (g, value) in state.global_writes.items():
         writes.append(Write("global", g, name, value))
+    for cell, value in state.cell_writes.values():
+        writes.append(Write("cell", Prov.cell(cell), None, value))
     for m in state.mirror_of.values():
         if m.prov is not None and m.changed():
             value = dict(m.copy) if isinstance(m.copy, dict) else list(m.copy)
@@ -175,6 +179,8 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
     v = value_expr(w.value, env_names, consts)
     if w.kind == "attr":
         return [f"delattr({target}, {w.key!r})" if w.value is DELETED else f"setattr({target}, {w.key!r}, {v})"]
+    if w.kind == "cell":
+        return [f"del {target}" if w.value is DELETED else f"{target} = {v}"]
     if w.kind == "item":
         return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
     if isinstance(w.value, dict):

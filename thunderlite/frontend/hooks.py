@@ -9,7 +9,8 @@
 - ``load_*``: values entering the program from globals, attributes, closure
   cells and containers get provenance (``TraceState.enter``): tensors become
   trace inputs, Python values become guards.
-- ``store_*``: writes to objects that exist outside the call are kept in an
+- ``store_*``: writes to objects that exist outside the call (attributes,
+  items, globals, closure cells of functions defined outside) are kept in an
   overlay (later reads see it) and applied by the epilogue after the run.
 """
 from __future__ import annotations
@@ -170,6 +171,11 @@ class TracingHooks(InterpreterHooks):
         return st.enter(parent.item(key), value)
 
     def load_deref(self, cell, value: Any) -> Any:
+        w = self.state.cell_writes.get(id(cell))
+        if w is not None:
+            if w[1] is DELETED:
+                raise NameError("cannot access free variable: it was deleted earlier in this call")
+            return w[1]
         if value is MISSING:
             return value
         if id(cell) not in self.state.external_cells:
@@ -180,6 +186,17 @@ class TracingHooks(InterpreterHooks):
     def store_global(self, globals_dict: dict, name: str, value: Any) -> bool:
         self.state.global_writes[(id(globals_dict), name)] = (globals_dict, value)
         return True
+
+    def store_deref(self, cell, value: Any) -> bool:
+        """``nonlocal x; x = v`` on a cell that outlives the call goes to the overlay
+        (the epilogue replays it); the call's own cells are written natively."""
+        if id(cell) not in self.state.external_cells:
+            return False
+        self.state.cell_writes[id(cell)] = (cell, value)
+        return True
+
+    def delete_deref(self, cell) -> bool:
+        return self.store_deref(cell, DELETED)
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
         if id(obj) not in self.state.prov_of:

@@ -8,8 +8,9 @@ the prologue/epilogue builders read afterwards:
 - ``mirrors``: lists/dicts the program sees as copies (arguments, containers
   read from globals/attributes), compared with the originals after tracing to
   write mutations back;
-- ``attr_writes`` / ``global_writes``: the overlay of attribute and global
-  assignments, applied by the epilogue after the run.
+- ``attr_writes`` / ``global_writes`` / ``cell_writes``: the overlay of
+  attribute, global and closure-cell (``nonlocal``) assignments, applied by the
+  epilogue after the run.
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class TraceState:
         self.mirrors_by_copy: dict[int, Mirror] = {}
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
         self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
+        self.cell_writes: dict[int, tuple] = {}    # id(external cell) -> (cell, value)
         self.parameters: set[str] = set()          # names of proxies standing for nn.Parameters
         self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing
