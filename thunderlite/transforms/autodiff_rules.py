@@ -387,10 +387,40 @@ def _sum(g, out, a, dims, *, output_dtype=None):
     return to_dtype(expand_reduced(g, a.shape, tuple(dims)), a.dtype), None
 
 
+def _exclusive_cumprod(x, dim: int, reverse: bool = False):
+    """``[1, x0, x0*x1, ...]`` along ``dim`` (from the right when ``reverse``):
+    the product of the elements strictly before each one, with no division."""
+    if reverse:
+        return prims.flip(_exclusive_cumprod(prims.flip(x, (dim,)), dim), (dim,))
+    config = [(1, -1, 0) if d == dim else (0, 0, 0) for d in range(x.ndim)]
+    return prims.pad(prims.cumprod(x, dim), 1, config)
+
+
+def _prod_of_others(a, dims: tuple):
+    """For each element, the product of the other elements of its reduction
+    group: exclusive cumprods from the left and the right over the flattened
+    reduced dims. Exact with any number of zeros (``out / a`` is not)."""
+    reduced = sorted({d % a.ndim for d in dims})
+    kept = [d for d in range(a.ndim) if d not in reduced]
+    perm = tuple(kept + reduced)
+    moved = prims.permute(a, perm) if perm != tuple(range(a.ndim)) else a
+    lead = tuple(a.shape[d] for d in kept)
+    flat = reshape_to(moved, lead + (math.prod(a.shape[d] for d in reduced),))
+    dim = len(lead)
+    others = prims.mul(_exclusive_cumprod(flat, dim), _exclusive_cumprod(flat, dim, reverse=True))
+    others = reshape_to(others, moved.shape)
+    if perm == tuple(range(a.ndim)):
+        return others
+    return prims.permute(others, tuple(perm.index(d) for d in range(a.ndim)))
+
+
 @register_vjp(prims.prod)
 def _prod(g, out, a, dims, *, output_dtype=None):
-    gb = expand_reduced(_mul(g, out), a.shape, tuple(dims))
-    return to_dtype(_div(gb, a), a.dtype), None
+    dims = tuple(dims) if a.ndim else ()
+    gb = expand_reduced(g, a.shape, dims)
+    if not dims or a.numel() == 0:
+        return to_dtype(gb if dims == () else zeros_like(a), a.dtype), None
+    return to_dtype(prims.mul(gb, _prod_of_others(to_dtype(a, g.dtype), dims)), a.dtype), None
 
 
 def _amax_like(g, out, a, dims):
@@ -644,9 +674,23 @@ def _cumsum(g, out, a, dim, *, dtype=None):
 
 @register_vjp(prims.cumprod)
 def _cumprod(g, out, a, dim, *, dtype=None):
-    if a.ndim == 0:
+    """PyTorch's O(n) formula made exact at zeros: before the first zero of
+    each row ``revcumsum(g * out) / a`` (no zero divides); at the first zero
+    the same sum with that zero replaced by 1 (no division); after it, 0."""
+    if a.ndim == 0 or a.numel() == 0:
         return to_dtype(g, a.dtype), None
-    return to_dtype(_div(_reverse_cumsum(_mul(g, out), dim), a), a.dtype), None
+    x = to_dtype(a, g.dtype)
+    is_zero = prims.eq(x, 0)
+    zeros_so_far = prims.cumsum(prims.convert_element_type(is_zero, torch.int32), dim)
+    before = prims.eq(zeros_so_far, 0)
+    first = prims.logical_and(is_zero, prims.eq(zeros_so_far, 1))
+    safe = prims.where(before, x, 1)
+    w = prims.where(before, prims.mul(g, to_dtype(out, g.dtype)), 0)
+    g_before = prims.div(_reverse_cumsum(w, dim), safe)
+    out_unzeroed = prims.cumprod(prims.where(first, 1, x), dim)
+    g_first = _reverse_cumsum(prims.mul(g, out_unzeroed), dim)
+    grad = prims.where(before, g_before, prims.where(first, g_first, 0))
+    return to_dtype(grad, a.dtype), None
 
 
 def _select_values_grad(g, a, indices, dim):

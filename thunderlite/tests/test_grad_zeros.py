@@ -1,0 +1,105 @@
+"""prod/cumprod gradients with zeros (issue 6): exact where ``out / x`` is not.
+
+Inputs hold 0, 1 or 2 zeros at the start, middle and end of the reduced
+dims; gradients are compared with eager ``torch.autograd.grad`` in float64,
+at trace level (the prims' rules) and through ``thunderlite.jit``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.core import prims
+from thunderlite.tests.test_grad_prims import check_grad
+
+F64 = torch.float64
+
+# (shape, positions of zeros): none, one, two in one row, two in different rows, all
+_ZERO_CASES = [
+    ((3, 4), ()),
+    ((3, 4), ((1, 0),)),
+    ((3, 4), ((1, 3),)),
+    ((3, 4), ((0, 2), (2, 1))),
+    ((3, 4), ((1, 1), (1, 2))),
+    ((3, 4), ((0, 0), (1, 0), (2, 3), (2, 0))),
+    ((2, 3, 4), ((0, 1, 2),)),
+    ((2, 3, 4), ((0, 1, 2), (0, 2, 2))),
+    ((2, 3, 4), ((1, 0, 0), (1, 0, 3), (0, 2, 1))),
+]
+
+
+def _with_zeros(shape, zeros, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(shape, generator=g, dtype=F64) * 1.5 + 0.25
+    x = x * torch.where(torch.rand(shape, generator=g) < 0.3, -1.0, 1.0).to(F64)
+    for idx in zeros:
+        x[idx] = 0.0
+    return x.requires_grad_()
+
+
+def _case_id(case):
+    shape, zeros = case
+    return f"{'x'.join(map(str, shape))}-{len(zeros)}zeros"
+
+
+def _dims_for(ndim):
+    return [(0,), (ndim - 1,), (0, ndim - 1), tuple(range(ndim))] + ([(1,)] if ndim > 2 else [])
+
+
+@pytest.mark.parametrize("case", _ZERO_CASES, ids=_case_id)
+def test_prod_prim_grad_with_zeros(case):
+    x = _with_zeros(*case)
+    for dims in _dims_for(x.ndim):
+        check_grad(lambda a, d=dims: prims.prod(a, d), x,
+                   ref_fn=lambda a, d=dims: _eager_prod(a, d))
+
+
+def _eager_prod(a, dims):
+    for d in sorted(dims, reverse=True):
+        a = a.prod(d)
+    return a
+
+
+@pytest.mark.parametrize("case", _ZERO_CASES, ids=_case_id)
+def test_cumprod_prim_grad_with_zeros(case):
+    x = _with_zeros(*case)
+    for dim in range(-1, x.ndim):
+        check_grad(lambda a, d=dim: prims.cumprod(a, d), x, ref_fn=lambda a, d=dim: torch.cumprod(a, d))
+
+
+def test_prod_and_cumprod_rows_of_zeros_and_single_elements():
+    for x in (torch.zeros(2, 3, dtype=F64), torch.tensor([[0.0], [2.0]], dtype=F64),
+              torch.tensor([0.0, 0.0, 3.0, 0.0], dtype=F64), torch.tensor(0.0, dtype=F64)):
+        x = x.requires_grad_()
+        dims = tuple(range(x.ndim))
+        check_grad(lambda a, d=dims: prims.prod(a, d), x, ref_fn=lambda a, d=dims: _eager_prod(a, d))
+        if x.ndim:
+            check_grad(lambda a: prims.cumprod(a, -1), x, ref_fn=lambda a: torch.cumprod(a, -1))
+
+
+def _jit_grad_matches(fn, x):
+    ours = x.detach().clone().requires_grad_()
+    ref = x.detach().clone().requires_grad_()
+    out_ours, out_ref = thunderlite.jit(fn)(ours), fn(ref)
+    torch.testing.assert_close(out_ours, out_ref)
+    g = torch.randn(out_ref.shape, dtype=F64, generator=torch.Generator().manual_seed(7))
+    (want,) = torch.autograd.grad(out_ref, ref, g)
+    (have,) = torch.autograd.grad(out_ours, ours, g)
+    torch.testing.assert_close(have, want)
+
+
+_JIT_FNS = {
+    "prod_all": lambda x: torch.prod(x),
+    "prod_dim0": lambda x: torch.prod(x, 0),
+    "prod_last_keepdim": lambda x: x.prod(-1, keepdim=True),
+    "prod_dim1_keepdim": lambda x: torch.prod(x, 1, keepdim=True),
+    "cumprod_dim0": lambda x: torch.cumprod(x, 0),
+    "cumprod_last": lambda x: x.cumprod(-1),
+    "cumprod_then_prod": lambda x: torch.cumprod(x, 1).prod(0) * 2,
+}
+
+
+@pytest.mark.parametrize("name", list(_JIT_FNS))
+@pytest.mark.parametrize("case", _ZERO_CASES, ids=_case_id)
+def test_jit_prod_cumprod_grad_with_zeros(name, case):
+    _jit_grad_matches(_JIT_FNS[name], _with_zeros(*case))
