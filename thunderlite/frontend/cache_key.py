@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from thunderlite.core import codegen
+from thunderlite.frontend.autocast import autocast_state
 
 # hashable scalars keyed by value (slices are unhashable before Python 3.12)
 VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.Size,
@@ -146,7 +147,7 @@ def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None) -> Call
     body = "\n".join(g.lines)
     src = f"def key_fn(args, kwargs):\n{body}\n  return ({sig_id}, {', '.join(g.parts)})\n"
     globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _grad=torch.is_grad_enabled,
-                 _autocast=torch._C._is_any_autocast_enabled, _default_dtype=torch.get_default_dtype,
+                 _autocast=autocast_state, _default_dtype=torch.get_default_dtype,
                  __builtins__=__builtins__)
     fn = codegen.compile_source(src, "key_fn", globs)
     fn.__thunderlite_source__ = src

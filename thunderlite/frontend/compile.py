@@ -19,6 +19,7 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.frontend.cache import CompiledEntry
 from thunderlite.frontend.cache_key import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
+from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
 from thunderlite.frontend.provenance import Prov
@@ -38,9 +39,6 @@ INTERPRETATION_STAGE = "interpretation"
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it."""
-    if torch._C._is_any_autocast_enabled():
-        raise NotImplementedError("calling a thunderlite-jitted function under torch.autocast is not "
-                                  "supported yet; cast inputs and parameters explicitly instead")
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
@@ -60,6 +58,8 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     groups = _input_alias_groups(state.inputs)
     traces = [trace]
     comp, backward = run_pipeline(trace, traces, groups, executors)
+    if torch._C._is_any_autocast_enabled():
+        comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras])
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
     total = (time.perf_counter() - start) * 1e3

@@ -23,6 +23,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import Symbol
+from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
@@ -83,7 +84,11 @@ class TracingHooks(InterpreterHooks):
             n = len(trc.bound_symbols)
             if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
                 args, kwargs = self._capture_constants(args, kwargs)
-            out = fn(*args, **kwargs)
+            if torch._C._is_any_autocast_enabled():
+                f, args, kwargs = autocast.cast_inputs(fn, args, kwargs)
+                out = f(*args, **kwargs)
+            else:
+                out = fn(*args, **kwargs)
             if not self.grad_enabled:
                 self._drop_requires_grad(n)
             return out

@@ -59,15 +59,6 @@ class Lookasides:
     def set_grad_enabled(self, mode: bool) -> None:
         self.hooks.set_grad_enabled(bool(mode))
 
-    @staticmethod
-    def set_autocast_enabled(*args) -> None:
-        # ``with torch.autocast(..., enabled=False)`` (HF rotary embeddings) is a no-op
-        # here because the jit refuses calls under autocast; enabling it is not supported.
-        if args and args[-1]:
-            raise NotImplementedError("torch.autocast inside a jitted function is not supported by "
-                                      "thunderlite yet; cast explicitly with .to(dtype)")
-        torch.set_autocast_enabled(*args)
-
     def vmap(self, func, *vmap_args, **vmap_kwargs):
         # vmap's machinery is not traceable: the vmapped function is one opaque
         # call whose output metadata comes from a meta-tensor run.
@@ -118,7 +109,6 @@ class Lookasides:
             builtins.type: self.type_,
             torch.is_tensor: self.is_tensor,
             torch._C._set_grad_enabled: self.set_grad_enabled,
-            torch.set_autocast_enabled: self.set_autocast_enabled,
         }
 
 

@@ -2,6 +2,8 @@
 the epilogue, and torch.autocast regions; ground truth is eager (issue 4)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -117,3 +119,84 @@ def test_cells_created_inside_the_call_stay_native():
     x = torch.randn(5)
     torch.testing.assert_close(jf(x), f(x))
     torch.testing.assert_close(jf(x + 1), f(x + 1))
+
+
+# --- autocast ------------------------------------------------------------------------------------
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 32)
+        self.proj = torch.nn.Parameter(torch.randn(32, 8) / 4)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc(x))
+        return (h @ self.proj).softmax(-1), torch.nn.functional.mse_loss(h, h * 0.5)
+
+
+class _InnerAutocast(_Block):
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = super().forward(x)
+        return out[0] * 2, out[1]
+
+
+def _bf16_close(actual, expected):
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, atol=1e-2, rtol=1.6e-2)
+
+
+def _check_against_eager(model, x, under_autocast: bool):
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if under_autocast else contextlib.nullcontext
+    jm = thunderlite.jit(model)
+    xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with ctx():
+        expected = model(xe)
+    with ctx():
+        actual = jm(xj)
+    for a, e in zip(actual, expected, strict=True):
+        _bf16_close(a, e)
+    assert expected[0].dtype == torch.bfloat16 and expected[1].dtype == torch.float32
+    eg = torch.autograd.grad(sum(t.float().sum() for t in expected), [xe, *model.parameters()])
+    ag = torch.autograd.grad(sum(t.float().sum() for t in actual), [xj, *model.parameters()])
+    for a, e in zip(ag, eg, strict=True):
+        _bf16_close(a, e)
+    return jm
+
+
+def test_autocast_at_call_time_matches_eager_values_dtypes_and_grads():
+    torch.manual_seed(0)
+    jm = _check_against_eager(_Block(), torch.randn(4, 16), under_autocast=True)
+    src = str(thunderlite.last_traces(jm)[0])
+    assert "bfloat16" in src
+    # outside autocast the same model is a different cache entry, in float32
+    x = torch.randn(4, 16)
+    out = jm(x)
+    assert out[0].dtype == torch.float32
+    assert thunderlite.cache_info(jm)["misses"] == 2
+
+
+def test_autocast_region_inside_jitted_code_matches_eager():
+    torch.manual_seed(0)
+    model = _InnerAutocast()
+    jm = _check_against_eager(model, torch.randn(4, 16), under_autocast=False)
+    assert not torch.is_autocast_enabled("cpu")     # the region's exit ran while tracing
+    x = torch.randn(4, 16, requires_grad=True)
+    _bf16_close(jm(x)[0], model(x)[0])              # a cache hit: the casts are in the trace
+    assert thunderlite.cache_info(jm)["hits"] == 1
+
+
+def test_autocast_disabled_region_inside_enabled_call():
+    def f(a, b):
+        c = a @ b
+        with torch.autocast("cpu", enabled=False):
+            d = a.float() @ b.float()
+        return c, d
+
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    jf = thunderlite.jit(f)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, actual = f(a, b), jf(a, b)
+    for x, y in zip(actual, expected, strict=True):
+        _bf16_close(x, y)
+    assert actual[0].dtype == torch.bfloat16 and actual[1].dtype == torch.float32
