@@ -16,6 +16,7 @@ from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg  # noqa: F401 - registers matmul, reflected below
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
+from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.registry import all_symbols, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast, canonical_dim, convert, is_tensor
 
@@ -194,8 +195,15 @@ def vecdot(x, y, *, dim: int = -1):
     return red.sum(ew.mul(x, y), dim)
 
 
+def _not_p0(p) -> None:
+    """The 0-"norm" counts nonzeros: eager's result still requires grad (with zero
+    gradients), which a decomposition through a comparison cannot reproduce."""
+    decomposable(p != 0, lambda: "a p=0 distance is not decomposed")
+
+
 @torchsymbol(torch.dist, T.dist, method_name="dist")
 def dist(input, other, p=2):
+    _not_p0(p)
     return red.vector_norm(ew.sub(input, other), p)
 
 
@@ -288,15 +296,20 @@ def diag(input, diagonal: int = 0):
     return ew.where(on_diagonal, values, False if input.dtype is torch.bool else 0)
 
 
-@torchsymbol(torch.linalg.norm)
 def linalg_norm(input, ord=None, dim=None, keepdim: bool = False, *, dtype=None):
-    """Vector norms, and the Frobenius matrix norm (``ord=None``/``'fro'``)."""
+    """``torch.linalg.norm`` records ``vector_norm`` itself for vector norms and the
+    Frobenius norm (so vector_norm's own gradient rule, zero at zero, applies);
+    other matrix norms are one opaque call."""
     dims = (dim,) if isinstance(dim, int) else dim
     matrix = (dims is not None and len(dims) == 2) or (dims is None and ord is not None and input.ndim == 2)
     if ord is None or (matrix and ord == "fro"):
         return red.vector_norm(input, 2, dim, keepdim, dtype=dtype)
-    decomposable(not matrix and not isinstance(ord, str), lambda: f"linalg.norm(ord={ord!r}) of a matrix")
-    return red.vector_norm(input, ord, dim, keepdim, dtype=dtype)
+    if not matrix and not isinstance(ord, str):
+        return red.vector_norm(input, ord, dim, keepdim, dtype=dtype)
+    return opaque_symbol_for(torch.linalg.norm)(input, ord, dim, keepdim, dtype=dtype)
+
+
+register_torch_callable(torch.linalg.norm, linalg_norm)
 
 
 @torchsymbol(torch.fill)
@@ -304,8 +317,10 @@ def fill(input, value):
     if is_tensor(value):
         check(value.ndim == 0, lambda: f"fill only supports 0-dimension value tensor but got tensor with "
                                        f"{value.ndim} dimensions.")
-        return prims.broadcast_in_dim(convert(value, input.dtype), input.shape, ())
-    return prims.full(input.shape, value, device=input.device, dtype=input.dtype)
+        value = convert(value, input.dtype)
+    # a where on an all-true mask: like eager, the result is connected to input (zero gradient)
+    everywhere = prims.full(input.shape, True, device=input.device, dtype=torch.bool)
+    return ew.where(everywhere, value, input)
 
 
 @torchsymbol(torch.meshgrid, tags={Tag.VIEW})
@@ -340,6 +355,7 @@ def tensordot(a, b, dims=2, out=None):
 
 @torchsymbol(torch.cdist)
 def cdist(x1, x2, p: float = 2.0, compute_mode: str = "use_mm_for_euclid_dist_if_necessary"):
+    _not_p0(p)
     diff = ew.sub(shapes.unsqueeze(x1, -2), shapes.unsqueeze(x2, -3))
     return red.vector_norm(diff, p, -1)
 
@@ -399,7 +415,7 @@ def index_fill(input, dim: int, index, value):
     if input.ndim:
         mask = prims.broadcast_in_dim(mask, input.shape, (d,))
     else:
-        mask = shapes.reshape(mask, *())
+        mask = prims.reshape(mask, ())
     fill = convert(value, input.dtype) if is_tensor(value) else value
     return ew.where(mask, fill, input)
 
@@ -451,14 +467,8 @@ def vander(x, N=None):
 
 @torchsymbol(torch.linalg.matrix_power, torch.matrix_power, T.matrix_power, method_name="matrix_power")
 def matrix_power(A, n: int):
-    decomposable(n >= 0, lambda: "matrix_power with a negative exponent needs an inverse")
+    decomposable(n >= 1, lambda: "matrix_power with an exponent < 1 (identity or inverse) is not decomposed")
     check(A.ndim >= 2 and A.shape[-1] == A.shape[-2], lambda: "matrix_power: expected square matrices")
-    if n == 0:
-        eye = prims.broadcast_in_dim(ew.eq(shapes.unsqueeze(prims.iota(A.shape[-1], start=0, step=1, device=A.device,
-                                                                        dtype=torch.int64), 1),
-                                           prims.iota(A.shape[-1], start=0, step=1, device=A.device,
-                                                      dtype=torch.int64)), A.shape, (A.ndim - 2, A.ndim - 1))
-        return convert(eye, A.dtype)
     out = A
     for _ in range(n - 1):
         out = linalg.matmul(out, A)
