@@ -103,3 +103,41 @@ _JIT_FNS = {
 @pytest.mark.parametrize("case", _ZERO_CASES, ids=_case_id)
 def test_jit_prod_cumprod_grad_with_zeros(name, case):
     _jit_grad_matches(_JIT_FNS[name], _with_zeros(*case))
+
+
+def _t(*values):
+    return torch.tensor(values, dtype=F64)
+
+
+# Special values where differentiating a decomposition gives nan or the wrong
+# share of a tie while eager's own backward formula gives a number.
+_SPECIAL = {
+    "vector_norm_at_0": (lambda x: torch.linalg.vector_norm(x), torch.zeros(3, dtype=F64)),
+    "norm_dim_row_of_0": (lambda x: torch.norm(x, dim=1, keepdim=True), torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=F64)),
+    "vector_norm_p3_at_0": (lambda x: torch.linalg.vector_norm(x, 3, dim=0), torch.zeros(3, 2, dtype=F64)),
+    "vector_norm_p1.5": (lambda x: torch.linalg.vector_norm(x, 1.5), _t(0.0, -1.0, 2.0)),
+    "vector_norm_p0.5": (lambda x: torch.linalg.vector_norm(x, 0.5), _t(0.0, -1.0, 2.0)),
+    "fro_at_0": (lambda x: torch.linalg.matrix_norm(x), torch.zeros(2, 2, dtype=F64)),
+    "normalize_at_0": (lambda x: torch.nn.functional.normalize(x, dim=-1), torch.zeros(2, 3, dtype=F64)),
+    "dist_at_0": (lambda x: torch.dist(x, torch.ones(3, dtype=F64)), torch.ones(3, dtype=F64)),
+    "cdist_self": (lambda x: torch.cdist(x, x), torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=F64)),
+    "cosine_similarity_at_0": (lambda x: torch.nn.functional.cosine_similarity(x, torch.ones(2, 3, dtype=F64)),
+                               torch.zeros(2, 3, dtype=F64)),
+    "std_of_constant": (lambda x: x.std(), torch.ones(4, dtype=F64)),
+    "std_dim_keepdim": (lambda x: x.std(0, keepdim=True), torch.tensor([[1.0, 2.0], [1.0, 5.0]], dtype=F64)),
+    "std_mean_of_constant": (lambda x: torch.std_mean(x, 1)[0], torch.ones(2, 3, dtype=F64)),
+    "max_dim_ties": (lambda x: x.max(0).values, _t(2.0, 2.0, 1.0)),
+    "min_dim_ties_keepdim": (lambda x: x.min(1, keepdim=True)[0], torch.tensor([[1.0, 1.0], [0.0, 3.0]], dtype=F64)),
+    "hardtanh_edges": (lambda x: torch.nn.functional.hardtanh(x), _t(-1.0, 1.0, 0.5)),
+    "relu6_edges": (lambda x: torch.nn.functional.relu6(x), _t(0.0, 6.0, 3.0)),
+    "atan2_at_origin": (lambda x: torch.atan2(x, x), _t(0.0, 1.0)),
+    "bce_saturated": (lambda x: torch.nn.functional.binary_cross_entropy(x, _t(1.0, 0.0, 1.0)), _t(1.0, 0.0, 0.5)),
+    "bce_weighted_sum": (lambda x: torch.nn.functional.binary_cross_entropy(x, _t(1.0, 0.0), _t(2.0, 3.0),
+                                                                             reduction="sum"), _t(0.0, 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(_SPECIAL))
+def test_jit_grad_at_special_values(name):
+    fn, x = _SPECIAL[name]
+    _jit_grad_matches(fn, x)

@@ -169,7 +169,8 @@ def var_mean(input, dim=None, unbiased=None, keepdim: bool = False, *, correctio
 
 @torchsymbol(torch.std_mean)
 def std_mean(input, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
-    return std(input, dim, unbiased, keepdim, correction=correction), mean(input, _var_args(dim, None, 0)[0], keepdim)
+    dims, correction = _var_args(dim, unbiased, correction)
+    return std(input, dims, keepdim=keepdim, correction=correction), mean(input, dims, keepdim)
 
 
 @torchsymbol(torch.all, T.all, method_name="all")

@@ -309,9 +309,12 @@ def _pow(g, out, a, b):
 
 @register_vjp(prims.atan2)
 def _atan2(g, out, a, b):
+    """0 at (0, 0), as eager (where the plain formula gives 0/0)."""
     denom = _plus(_mul(a, a), _mul(b, b))
-    return (_mul(g, _div(b, denom)) if is_t(a) else None,
-            _neg(_mul(g, _div(a, denom))) if is_t(b) else None)
+    recip = prims.where(prims.eq(denom, 0), 0, _div(1, denom)) if is_t(denom) else \
+        (0.0 if denom == 0 else 1 / denom)
+    return (_mul(g, _mul(b, recip)) if is_t(a) else None,
+            _neg(_mul(g, _mul(a, recip))) if is_t(b) else None)
 
 
 def _minmax(g, a, b, a_wins):

@@ -255,3 +255,103 @@ def _gelu(g, out, input, approximate="none"):
 @register_vjp(lnn.silu, when=_float_input)
 def _silu(g, out, input, inplace=False):
     return silu_backward(g, input), None
+
+
+# --- special values: eager's masked formulas where the decomposition's chain rule gives nan ---------
+# (sqrt'(0) * 0, a clamp's edge, 0 * log 0): each rule is eager's own backward formula.
+
+def _reduced_dims(input, dim) -> tuple:
+    if input.ndim == 0:
+        return ()
+    dims = tuple(range(input.ndim)) if dim is None or dim == () else ((dim,) if isinstance(dim, int) else dim)
+    return tuple(sorted(d % input.ndim for d in dims))
+
+
+def _keepdim(t, input, dims: tuple, keepdim: bool):
+    """``t`` (a reduction's output or gradient) with the reduced dims kept as 1s."""
+    if keepdim or not dims:
+        return t
+    return reshape_to(t, tuple(1 if d in dims else s for d, s in enumerate(input.shape)))
+
+
+def _vector_norm_when(bsym) -> bool:
+    ord = _arg(bsym, 1, "ord", 2)
+    return _float_input(bsym) and isinstance(ord, (int, float)) and ord not in (0, 1, math.inf, -math.inf)
+
+
+@register_vjp(red.vector_norm, when=_vector_norm_when)
+def _vector_norm(g, out, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """aten's norm_backward: the gradient is 0 where the norm is 0 (not nan)."""
+    xs = prims.convert_element_type(x, dtype) if dtype is not None and dtype != x.dtype else x
+    dims = _reduced_dims(x, dim)
+    norm, gk = _keepdim(out, x, dims, keepdim), _keepdim(g, x, dims, keepdim)
+    if ord < 1:
+        mag = ew.where(ew.eq(xs, 0), 0, ew.pow(ew.abs(xs), ord - 1))
+        grad = ew.mul(ew.mul(ew.sgn(xs), mag), ew.mul(gk, ew.pow(norm, 1 - ord)))
+    else:
+        scaled = xs if ord == 2 else (ew.mul(ew.sgn(xs), ew.pow(ew.abs(xs), ord - 1)) if ord < 2
+                                       else ew.mul(xs, ew.pow(ew.abs(xs), ord - 2)))
+        denom = norm if ord == 2 else ew.pow(norm, ord - 1)
+        grad = ew.mul(scaled, ew.where(ew.eq(norm, 0), 0, ew.div(gk, denom)))
+    return prims.convert_element_type(grad, x.dtype) if grad.dtype != x.dtype else grad, None, None, None
+
+
+def _std_when(bsym) -> bool:
+    """Calls whose recorded arguments torch.std accepts (not ``unbiased=None``)."""
+    explicit_none = (len(bsym.args) > 2 and bsym.args[2] is None) or \
+        ("unbiased" in bsym.kwargs and bsym.kwargs["unbiased"] is None)
+    return _float_input(bsym) and not explicit_none
+
+
+@register_vjp(red.std, when=_std_when)
+def _std(g, out, input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """aten's std_backward: 0 (not nan) where the standard deviation is 0."""
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    dims = _reduced_dims(input, dim)
+    n = math.prod(input.shape[d] for d in dims)
+    std, gk = _keepdim(out, input, dims, keepdim), _keepdim(g, input, dims, keepdim)
+    gvar = ew.where(ew.eq(std, 0), 0, ew.div(gk, ew.mul(std, 2)))
+    scale = 2.0 / (n - correction) if n - correction > 0 else math.inf
+    centered = ew.sub(input, red.mean(input, dims, True)) if dims else ew.sub(input, input)
+    return ew.mul(ew.mul(gvar, centered), scale), None, None, None
+
+
+@register_vjp(red.max, red.min, when=lambda b: _float_input(b) and _arg(b, 1, "dim") is not None
+              and not isinstance(_arg(b, 1, "dim"), TensorProxy))
+def _max_min_dim(g, out, input, dim=None, keepdim=False):
+    """All of the gradient goes to the returned index (eager), not split among ties."""
+    gv = g[0]
+    if gv is None:
+        return None, None, None
+    if input.ndim == 0:
+        return reshape_to(gv, ()), None, None
+    d = dim % input.ndim
+    index, gv = _keepdim(out[1], input, (d,), keepdim), _keepdim(gv, input, (d,), keepdim)
+    return prims.scatter_add(zeros_like(input), d, index, gv), None, None
+
+
+@register_vjp(lnn.hardtanh, when=_float_input)
+def _hardtanh(g, out, input, min_val=-1.0, max_val=1.0, inplace=False):
+    """0 at the edges (eager's hardtanh_backward), unlike clamp which passes them."""
+    inside = ew.logical_and(ew.gt(input, min_val), ew.lt(input, max_val))
+    return ew.where(inside, g, 0), None, None, None
+
+
+def _bce_when(bsym) -> bool:
+    target, weight = _arg(bsym, 1, "target"), _arg(bsym, 2, "weight")
+    return _float_input(bsym) and not _wants(target) and not _wants(weight)
+
+
+@register_vjp(lnn.binary_cross_entropy, when=_bce_when)
+def _binary_cross_entropy(g, out, input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """aten's formula ``(x - y) / max(x (1 - x), 1e-12)``: finite at x = 0 and 1."""
+    gk = g
+    if reduction == "mean":
+        gk = ew.div(g, max(input.numel(), 1))
+    grad = ew.mul(gk, ew.div(ew.sub(input, target), ew.clamp_min(ew.mul(ew.rsub(input, 1), input), 1e-12)))
+    if weight is not None:
+        grad = ew.mul(grad, weight)
+    return sum_to(grad, input.shape) if grad.shape != input.shape else grad, None, None, None, None, None
