@@ -119,6 +119,8 @@ def _register_mirror(state: TraceState, original, copy, prov: Prov):
 
 def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -> Any:
     grad = torch.is_grad_enabled()
+    # a torch op jitted directly (``jit(torch.bmm)``) is recorded like a call from user code
+    fn = hooks.lookaside(fn) or fn
     try:
         return interpret(fn, hooks)(*pargs, **pkwargs)
     except DataDependentError as e:

@@ -200,3 +200,32 @@ def test_autocast_disabled_region_inside_enabled_call():
     for x, y in zip(actual, expected, strict=True):
         _bf16_close(x, y)
     assert actual[0].dtype == torch.bfloat16 and actual[1].dtype == torch.float32
+
+
+F = torch.nn.functional
+_OPS = {
+    "conv2d": (lambda x, w: F.conv2d(x, w, padding=1), [(2, 3, 8, 8), (4, 3, 3, 3)]),
+    "bmm": (torch.bmm, [(2, 3, 4), (2, 4, 5)]),
+    "baddbmm": (torch.baddbmm, [(2, 3, 5), (2, 3, 4), (2, 4, 5)]),
+    "einsum": (lambda a, b: torch.einsum("ij,jk->ik", a, b), [(3, 4), (4, 5)]),
+    "sdpa": (F.scaled_dot_product_attention, [(2, 2, 4, 8), (2, 2, 4, 8), (2, 2, 4, 8)]),
+    "cross_entropy": (lambda a, b: F.cross_entropy(a @ b, torch.tensor([0, 2, 1])), [(3, 4), (4, 5)]),
+    "layer_norm_after_mm": (lambda a, b: F.layer_norm(a @ b, (5,)), [(3, 4), (4, 5)]),
+    "softmax_and_sum": (lambda a, b: ((a @ b).softmax(-1), (a @ b).sum()), [(3, 4), (4, 5)]),
+    "mv_stays_fp32_on_cpu": (torch.mv, [(3, 4), (4,)]),
+    "float64_not_cast": (lambda a, b: a.double() @ b.double(), [(3, 4), (4, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OPS))
+def test_autocast_cpu_ops_match_eager_dtypes_and_values(name):
+    fn, shapes = _OPS[name]
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in shapes]
+    jf = thunderlite.jit(fn)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, actual = fn(*args), jf(*args)
+    if isinstance(expected, torch.Tensor):
+        expected, actual = (expected,), (actual,)
+    for a, e in zip(actual, expected, strict=True):
+        _bf16_close(a, e)
