@@ -10,10 +10,9 @@ Programs are built statement by statement; a candidate statement eager PyTorch
 rejects (shape mismatch, overlapping write) is dropped, so every program is one
 eager runs. ``scripts/fuzz_inplace.py --jit --seeds N`` runs many seeds.
 
-Left out of the menu until the torch language handles them (each is tested as
-xfail in test_inplace_jit.py or reported): setitem with an Ellipsis index, and
-opaque in-place ops (``index_fill_``) on expanded views, which the opaque
-fallback runs on a clone and copies back, a copy eager refuses there."""
+Left out of the menu until the torch language handles it (reported): opaque
+in-place ops (``index_fill_``) on expanded views, which the opaque fallback runs
+on a clone and copies back, a copy eager refuses there."""
 from __future__ import annotations
 
 import linecache
@@ -36,7 +35,8 @@ _VIEWS = ["{x}[{i}:{j}]", "{x}.t()", "{x}.transpose(0, 1)", "{x}.reshape(-1)", "
 _WRITES = ["{x}.add_({y})", "{x}.mul_({s})", "{x}.sin_()", "{x}.copy_({y})", "{x}.fill_({s})", "{x}.zero_()",
            "{x}[{i}] = {s}", "{x}[{i}:{j}] += {y}", "{x}[{i}:{j}] = {y}", "{x}.clamp_(-0.5, 0.5)",
            "torch.relu_({x})", "{x}.masked_fill_({x} > 0.2, {s})", "{x}.addcmul_({y}, {y})", "{x} += {y}",
-           "{x} *= {s}", "{x}.sub_({y}, alpha=2)", "{x}.neg_()", "torch.nn.functional.relu({x}, inplace=True)"]
+           "{x} *= {s}", "{x}.sub_({y}, alpha=2)", "{x}.neg_()", "torch.nn.functional.relu({x}, inplace=True)",
+           "{x}[..., {i}] = {s}", "{x}[..., {i}:{j}] -= {y}"]
 _READS = ["{x}.sin()", "{x} + {y}", "{x}.sum(0)", "{x} * {s}", "{x}.exp()", "({x} - {y}).abs()",
           "{x}.clone()", "{x}.mean()", "torch.where({x} > 0, {x}, {y})"]
 

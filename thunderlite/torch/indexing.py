@@ -112,10 +112,19 @@ def _setitem_value(a, key, value):
     check(all(not is_tensor(k) and not isinstance(k, (list, tuple)) for k in key),
           lambda: "setitem with tensor indices is recorded through index_put", IndexError)
     view, _ = _basic(a, key)
-    v = convert(expand_to(value, view.shape), a.dtype) if is_tensor(value) else \
+    v = convert(expand_to(_drop_leading_ones(value, view.ndim), view.shape), a.dtype) if is_tensor(value) else \
         prims.full(view.shape, value, device=a.device, dtype=a.dtype)
     mask = prims.full(view.shape, True, device=a.device, dtype=torch.bool)
     return _scatter_back(a, key, v, mask)
+
+
+def _drop_leading_ones(value, ndim: int):
+    """Eager drops a value's leading size-1 dims beyond the target's rank
+    (``b[0:2] = v`` with ``v`` of shape (1, 2, 3))."""
+    lead = 0
+    while value.ndim - lead > ndim and value.shape[lead] == 1:
+        lead += 1
+    return prims.squeeze(value, tuple(range(lead))) if lead else value
 
 
 def _scatter_back(a, key, v, mask):
@@ -125,6 +134,7 @@ def _scatter_back(a, key, v, mask):
     for k in key:
         if k is Ellipsis:
             dim += a.ndim - n_real
+            ops.append(("keep", a.ndim - n_real))
         elif k is None or isinstance(k, bool):
             ops.append(("squeeze", None))
         elif isinstance(k, int):
@@ -140,6 +150,8 @@ def _scatter_back(a, key, v, mask):
         elif op[0] == "int":
             v, mask = shapes.unsqueeze(v, out_dim), shapes.unsqueeze(mask, out_dim)
             out_dim += 1
+        elif op[0] == "keep":
+            out_dim += op[1]
         else:
             out_dim += 1
     config = [(0, 0, 0)] * a.ndim
