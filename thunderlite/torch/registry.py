@@ -20,6 +20,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from thunderlite.core import prims
+from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method, register_property
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
@@ -93,6 +95,42 @@ def _named_result(fn: Callable, name: str) -> Callable:
     return decomposition
 
 
+def _write_out(result, out):
+    """``out=`` semantics of eager for a tensor or a tuple of tensors: the result
+    is copied into ``out`` (same shape; eager's resize of a differently shaped
+    ``out`` is not supported) and the copies' results are returned."""
+    if isinstance(out, (tuple, list)):
+        check(isinstance(result, tuple) and len(result) == len(out),
+              lambda: f"out= got {len(out)} tensors for {_count(result)} outputs", TypeError)
+        return type(result)(_write_out(r, o) for r, o in zip(result, out, strict=True))
+    check(not isinstance(result, tuple),
+          lambda: f"out= needs a tuple of {len(result)} tensors for this op", TypeError)
+    check(tuple(out.shape) == tuple(result.shape),
+          lambda: f"out= tensor has shape {list(out.shape)} but the result has shape {list(result.shape)}: "
+                  "thunderlite does not resize out= tensors; pass an out tensor of the result's shape")
+    check(torch.can_cast(result.dtype, out.dtype),
+          lambda: f"result type {result.dtype} can't be cast to the desired output type {out.dtype}")
+    if result.dtype != out.dtype:
+        result = prims.convert_element_type(result, out.dtype)
+    return prims.copy_(result, out)
+
+
+def _count(result) -> int:
+    return len(result) if isinstance(result, tuple) else 1
+
+
+def _with_out(fn: Callable) -> Callable:
+    """Every ltorch symbol accepts ``out=``: the functional op, then ``copy_``
+    into ``out`` (DESIGN.md §5)."""
+    def decomposition(*args, out=None, **kwargs):
+        result = fn(*args, **kwargs)
+        return result if out is None else _write_out(result, out)
+    decomposition.__name__ = fn.__name__
+    decomposition.__doc__ = fn.__doc__
+    decomposition.__wrapped__ = fn
+    return decomposition
+
+
 def register_torch_callable(fn, sym: Symbol) -> None:
     """Map one more torch callable to ``sym`` (refuses a second mapping)."""
     if fn in _torch_to_symbol:
@@ -121,7 +159,7 @@ def torchsymbol(*torch_fns, name: str | None = None, method_name: str | Iterable
     def deco(fn: Callable) -> Symbol:
         run = None if no_torch_fn else (torch_fn if torch_fn is not None else (torch_fns[0] if torch_fns else None))
         sym_name = name or fn.__name__
-        decomposition = _named_result(_with_fallback(fn, run), sym_name)
+        decomposition = _with_out(_named_result(_with_fallback(fn, run), sym_name))
         sym = Symbol(sym_name, decomposition=decomposition, module="ltorch", tags=tags, torch_fn=run,
                      inplace_of=inplace_of)
         _register_symbol(sym)
