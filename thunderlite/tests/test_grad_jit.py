@@ -373,3 +373,55 @@ def test_no_grad_region_in_a_program_with_views_and_inplace():
     got[0].sum().backward()
     want[0].sum().backward()
     _same_grads(ours, ref)
+
+
+# --- requires_grad_ inside the program ---------------------------------------------------------
+
+def _requires_grad_case(fn, x_grad: bool):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 4, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64)
+    xs = (x.clone().requires_grad_(x_grad), w.clone()), (x.clone().requires_grad_(x_grad), w.clone())
+    got, want = thunderlite.jit(fn)(*xs[0]), fn(*xs[1])
+    torch.testing.assert_close(got, want)
+    assert [o.requires_grad for o in got] == [o.requires_grad for o in want]
+    assert [t.requires_grad for t in xs[0]] == [t.requires_grad for t in xs[1]]
+    if any(o.requires_grad for o in want):
+        sum(o.sum() for o in got if o.requires_grad).backward()
+        sum(o.sum() for o in want if o.requires_grad).backward()
+    _same_grads(xs[0], xs[1])
+
+
+def test_requires_grad_on_an_argument_makes_it_a_leaf():
+    def f(x, w):
+        w.requires_grad_()
+        return (x * w).sin(), w.cos()
+    _requires_grad_case(f, x_grad=False)
+    _requires_grad_case(f, x_grad=True)
+
+
+def test_requires_grad_false_on_an_argument():
+    def f(x, w):
+        x.requires_grad_(False)
+        return x * w, w * 2
+    _requires_grad_case(f, x_grad=True)
+
+
+def test_requires_grad_on_an_intermediate_starts_a_path():
+    def f(x, w):                       # functional autodiff: y is a new leaf of the graph
+        y = (w * 2).requires_grad_()
+        return y * x, (y * 3).exp()
+    _requires_grad_case(f, x_grad=True)
+
+
+def test_opaque_outputs_require_grad_as_pytorch_says():
+    """Opaque ops (no ltorch symbol) ask PyTorch which outputs require grad, so
+    Python code reading ``.requires_grad`` sees eager's answer."""
+    def f(x):
+        d = torch.detach(x)
+        v, i = torch.kthvalue(x, 2, 0)
+        return d * 2, v * 3, i, (d.requires_grad, v.requires_grad, i.requires_grad)
+    (x,), _ = _pair((3, 4))
+    got, want = thunderlite.jit(f)(x), f(x)
+    assert got[3] == want[3] == (False, True, False)
+    assert [o.requires_grad for o in got[:3]] == [o.requires_grad for o in want[:3]]
+    torch.testing.assert_close(got[:3], want[:3])

@@ -103,11 +103,41 @@ def _out_device(args, kwargs) -> torch.device:
     return torch.device("cpu")
 
 
-def _to_proxies(out, device, requires_grad: bool):
+def _grad_flags(fn, args, kwargs) -> list[bool] | None:
+    """Which tensor outputs of ``fn`` require grad, asked of PyTorch: a meta run
+    with autograd on whose inputs require grad as their proxies do (non-leaf
+    clones, so in-place ops are allowed). None when nothing requires grad or
+    the op cannot run that way (the caller then falls back to "inexact outputs
+    of an op reading a tensor that requires grad")."""
+    if not any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs))):
+        return None
+
+    def conv(x):
+        if type(x) is TensorProxy and x.requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex):
+            return torch.empty(x.shape, dtype=x.dtype, device="meta", requires_grad=True).clone()
+        return _to_meta(x)
+    try:
+        with torch.enable_grad():
+            margs, mkwargs = pytree.tree_map(conv, args), pytree.tree_map(conv, kwargs)
+            if "device" in mkwargs and mkwargs["device"] is not None:
+                mkwargs["device"] = "meta"
+            out = fn(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - no autograd on meta for this op: use the heuristic
+        return None
+    return [o.requires_grad for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+
+
+def _to_proxies(out, device, requires_grad: bool, flags: list[bool] | None = None):
+    """Proxies for a meta run's output; ``flags``: each tensor output's
+    requires_grad (``_grad_flags``), else the ``requires_grad`` heuristic."""
+    flags_it = iter(flags) if flags is not None and \
+        len(flags) == sum(isinstance(o, torch.Tensor) for o in pytree.leaves(out)) else None
+
     def conv(x):
         if isinstance(x, torch.Tensor):
-            return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=device,
-                               requires_grad=requires_grad and (x.dtype.is_floating_point or x.dtype.is_complex))
+            inexact = x.dtype.is_floating_point or x.dtype.is_complex
+            rg = next(flags_it) if flags_it is not None else requires_grad
+            return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=device, requires_grad=rg and inexact)
         if isinstance(x, (torch.dtype, torch.device, torch.Size, str, type(None), bool, int, float, complex)):
             return x
         raise OpaqueDataDependentError(f"an opaque op returned a {type(x).__name__}, which thunderlite cannot "
@@ -136,7 +166,7 @@ class OpaqueOp:
     def _meta(self, *args, **kwargs):
         out, _, _ = _run_meta(self.fn, args, kwargs)
         rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
-        return _to_proxies(out, _out_device(args, kwargs), rg)
+        return _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(self.fn, args, kwargs))
 
     def __call__(self, *args, **kwargs):
         out, pairs, written = _run_meta(self.fn, args, kwargs)
@@ -185,7 +215,7 @@ class OpaqueOp:
         def meta(*args, **kwargs):
             out, pairs, _ = _run_meta(fn, args, kwargs)
             rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
-            result = _to_proxies(out, _out_device(args, kwargs), rg)
+            result = _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(fn, args, kwargs))
             return result, tuple(pairs[i][0].replace() for i in written)
         name = f"{self.symbol.name}_functional_{'_'.join(map(str, written))}"
         _names.add(name)

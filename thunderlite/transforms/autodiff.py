@@ -127,15 +127,16 @@ forward/backward drop it; the eager-mode replay runs it."""
 
 
 def _new_leaf_needs_eager(trace: Trace, mask) -> bool:
-    """``requires_grad_(True)`` on an argument, or in a program none of whose
-    arguments requires grad: the autograd.Function bridge cannot connect such a
-    leaf, so eager mode runs the program and PyTorch records the graph."""
+    """``requires_grad_`` on an argument (it changes the caller's tensor), or
+    ``requires_grad_(True)`` in a program none of whose arguments requires grad:
+    the autograd.Function bridge cannot express these, so eager mode runs the
+    program and PyTorch records the graph."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
     for bsym in trace.bound_symbols:
         if bsym.sym.id != REQUIRES_GRAD_ID:
             continue
         flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
-        if flag and (bsym.args[0].name in args or not any(mask)):
+        if bsym.args[0].name in args or (flag and not any(mask)):
             return True
     return False
 
