@@ -34,12 +34,13 @@ RANDOM_WORDS = ("rand", "dropout", "bernoulli", "multinomial", "normal", "unifor
 
 
 def _fill_linecache(limit: int = 80) -> None:
-    """Known jit bug (reported): ``torch.manual_seed`` (inside OpInfo's
-    ``wrapper_set_seed``) is interpreted down to ``traceback.format_stack``, which
-    reads ``linecache.cache``; the jit mirrors that dict while it is small and
-    guards its keys, and compiling the trace adds the generated source to it, so
-    the fresh entry rejects its own call. The sweep measures op coverage, so it
-    starts with the cache past the mirror limit, as in any long-running process."""
+    """Warm ``linecache`` past the jit's mirror limit. Traced library code reads
+    ``linecache.cache`` (``traceback.format_stack`` inside ``torch.manual_seed``,
+    which OpInfo's ``wrapper_set_seed`` calls); while that dict was small the jit
+    mirrored it and guarded its keys, and compiling a trace added to it, so the
+    fresh entry rejected its own call. That no longer reproduces with the current
+    jit; the warm-up stays so verdicts cannot depend on test order (the in-place
+    OpInfo sweep uses it too)."""
     for mod in list(sys.modules.values()):
         if len(linecache.cache) > limit:
             return
