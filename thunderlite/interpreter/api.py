@@ -5,9 +5,10 @@ import functools
 
 from . import emulate  # noqa: F401  (registers the builtin emulators)
 from .calls import call_no_lookaside
-from .frame import Runtime
+from .frame import Runtime, thread_state
 from .hooks import InterpreterHooks
 from .tables import current_table
+from .tracebacks import make_user_facing
 
 _DEFAULT_HOOKS = InterpreterHooks()
 
@@ -30,6 +31,11 @@ def interpret(fn, hooks=None):
 
     @functools.wraps(fn)
     def interpreted(*args, **kwargs):
-        return call_no_lookaside(rt, fn, args, kwargs)
+        try:
+            return call_no_lookaside(rt, fn, args, kwargs)
+        except BaseException as e:
+            if not thread_state().frames:  # leaving the outermost interpreted call
+                make_user_facing(e)
+            raise
 
     return interpreted

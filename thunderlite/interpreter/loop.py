@@ -8,6 +8,7 @@ from .asyncgen import InterpretedAsyncGenerator
 from .decode import _CACHE, decode
 from .frame import UNBOUND, Frame, thread_state
 from .hooks import InterpreterError
+from .tracebacks import adds_traceback_entry, record_raise
 
 RETURN = 1  # a handler's result when the frame returned (value in frame.result)
 YIELD = 2  # ... when it yielded (value in frame.result)
@@ -27,8 +28,10 @@ def run_frame(f, exc=None):
     frames = f.ts.frames
     frames.append(f)
     try:
-        if exc is not None and not f.rt.table.unwind(f, exc):
-            raise exc
+        if exc is not None:
+            record_raise(exc, f)
+            if not f.rt.table.unwind(f, exc):
+                raise exc
         while True:
             try:
                 while True:
@@ -37,9 +40,12 @@ def run_frame(f, exc=None):
                     r = ins.fn(f, ins)
                     if r is not None:
                         return r
-            except InterpreterError:
+            except InterpreterError as e:
+                record_raise(e, f)
                 raise
             except BaseException as e:  # user exceptions: route to the frame's handlers
+                if adds_traceback_entry(ins):
+                    record_raise(e, f)
                 if not f.rt.table.unwind(f, e):
                     raise
     finally:
