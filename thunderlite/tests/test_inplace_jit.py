@@ -406,3 +406,24 @@ def test_mutations_with_the_torchcompile_fusion_executor():
     jfn = check(fn, *_inputs([(4, 3), (4, 3)]), jitted=thunderlite.jit(fn, executors=["torchcompile"]))
     final = _final(jfn)
     assert any(b.has_tag(Tag.FUSION) for b in final.bound_symbols) and _barriers(final)
+
+
+# --- shape-changing in-place ops (metadata mutation) -------------------------------------------
+
+@pytest.mark.parametrize("stmt", ["x.t_()", "x.transpose_(0, 1)", "x.unsqueeze_(0)", "x.swapaxes_(0, 1)",
+                                  "x[None].squeeze_(0)", "x.resize_(12)", "torch.Tensor.t_(x)"])
+def test_shape_changing_inplace_ops_are_refused_with_the_line(stmt):
+    ns = {"torch": torch}
+    exec(compile(f"def fn(x):\n    {stmt}\n    return x * 2\n", "<shape_inplace>", "exec"), ns)
+    name = stmt.split("(")[0].rsplit(".", 1)[1]
+    with pytest.raises(NotImplementedError, match=rf"Tensor\.{name} changes the shape .*<shape_inplace>:2"):
+        thunderlite.jit(ns["fn"])(*_inputs([(3, 4)]))
+
+
+def test_shape_changing_inplace_ops_that_change_nothing_run():
+    def fn(x):
+        x.squeeze_()
+        x.transpose_(1, 1)
+        x.resize_(3, 4)
+        return x * 2
+    check(fn, *_inputs([(3, 4)]))

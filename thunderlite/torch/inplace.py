@@ -6,6 +6,7 @@ Also ``fill_``/``zero_``/``copy_`` and ``out=``-free torch spellings
 from __future__ import annotations
 
 import inspect
+import linecache
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.interpreter import current_source_location
 from thunderlite.torch import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
 from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
@@ -149,3 +151,45 @@ _AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itr
               "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
 for _op, _name in _AUGMENTED.items():
     register_method(_op, all_symbols()[_name])
+
+
+class MetadataMutation:
+    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, a resizing
+    ``resize_``) change the tensor *object's* size and strides. A trace names
+    values, not objects, so the proxy the program keeps using cannot change shape;
+    these are refused with the op and the user's line instead of computing a wrong
+    answer. Stands in for a symbol in the table."""
+
+    def __init__(self, name: str, functional: str | None):
+        self.__name__ = name
+        self.functional = functional
+
+    def __call__(self, a, *args, **kwargs):
+        if _is_noop(self.__name__, a, args, kwargs):
+            return a                        # x.squeeze_() with no size-1 dim, resize_ to the same size...
+        loc = current_source_location()
+        where = f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
+        fix = f"; use the out-of-place form, e.g. x = x.{self.functional}(...)" if self.functional else ""
+        raise NotImplementedError(f"Tensor.{self.__name__} changes the shape of a tensor object in place{where}, "
+                                  f"which thunderlite does not support{fix}")
+
+    def __repr__(self):
+        return f"<unsupported metadata mutation {self.__name__}>"
+
+
+def _is_noop(name: str, a, args, kwargs) -> bool:
+    """Whether the op leaves a contiguous tensor's size and strides as they are
+    (asked of PyTorch on a meta tensor)."""
+    try:
+        m = torch.empty(a.shape, dtype=a.dtype, device="meta")
+        before = (m.shape, m.stride())
+        getattr(m, name)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - arguments eager would refuse: report the op as unsupported
+        return False
+    return (m.shape, m.stride()) == before
+
+
+for _name in sorted(_SHAPE_INPLACE) + ["as_strided", "resize"]:
+    _mm = MetadataMutation(_name + "_", _name if _name != "resize" else "reshape")
+    register_torch_callable(getattr(T, _name + "_"), _mm)
+    register_method(_name + "_", _mm)
