@@ -27,6 +27,7 @@ from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
 from thunderlite.interpreter import interpret
+from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
 from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
@@ -131,7 +132,8 @@ def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -
         raise DataDependentError(f"{e}{where}") from None
     except Exception as e:
         loc = hooks.last_location
-        if loc is not None and hasattr(e, "add_note"):
+        named = any(n.startswith(INTERPRETED_FRAMES_NOTE) for n in getattr(e, "__notes__", ()))
+        if loc is not None and hasattr(e, "add_note") and not named:  # the interpreter's note names the line
             e.add_note(f"thunderlite: raised while tracing {loc[0]}:{loc[1]}: {loc[2]}")
         raise
     finally:
