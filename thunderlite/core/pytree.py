@@ -8,23 +8,36 @@ from typing import Any, Iterator
 
 
 def leaves(x: Any) -> Iterator[Any]:
-    """Yield the leaves of ``x`` depth-first, in order."""
+    """Yield the leaves of ``x`` depth-first, in order (tuples and their subclasses
+    such as namedtuples and torch.Size, lists, dicts, slices are containers)."""
+    out: list = []
+    _collect(x, out)
+    return iter(out)
+
+
+def _collect(x: Any, out: list) -> None:
+    # exact type checks first and no hasattr: a leaf is usually a proxy, whose
+    # missing-attribute lookup goes through the (slow) torch attribute fallback
     t = type(x)
-    if t is tuple or t is list or (isinstance(x, tuple) and not hasattr(x, "_fields")) or isinstance(x, list):
+    if t is tuple or t is list:
         for y in x:
-            yield from leaves(y)
+            ty = type(y)
+            if ty is tuple or ty is list or ty is dict or ty is slice or isinstance(y, (tuple, list)):
+                _collect(y, out)
+            else:
+                out.append(y)
     elif t is dict:
         for y in x.values():
-            yield from leaves(y)
+            _collect(y, out)
     elif t is slice:
-        yield from leaves(x.start)
-        yield from leaves(x.stop)
-        yield from leaves(x.step)
-    elif hasattr(x, "_fields") and isinstance(x, tuple):
+        _collect(x.start, out)
+        _collect(x.stop, out)
+        _collect(x.step, out)
+    elif isinstance(x, (tuple, list)):
         for y in x:
-            yield from leaves(y)
+            _collect(y, out)
     else:
-        yield x
+        out.append(x)
 
 
 def tree_map(fn, x: Any) -> Any:

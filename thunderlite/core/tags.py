@@ -12,3 +12,8 @@ class Tag(enum.Enum):
     DONT_DCE = "dont_dce"         # has an effect DCE cannot see (prints, collectives...)
     RETURN = "return"
     FUSION = "fusion"             # a region compiled by a fusion executor
+    ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
+
+    # members are singletons: identity hashing is exact and avoids Enum's Python-level
+    # __hash__, which passes call thousands of times per compile (``tag in sym.tags``)
+    __hash__ = object.__hash__
