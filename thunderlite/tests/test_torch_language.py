@@ -314,6 +314,10 @@ def test_pooling_variants():
     for size in [1, 3, 5, 7, (3, None), (None, 4)]:
         assert_native(lambda a: F.adaptive_avg_pool2d(a, size), x2)
     assert_native(lambda a: F.adaptive_avg_pool1d(a, 4), torch.randn(2, 3, 11))
+    for size in [1, 3, (3, None)]:
+        assert_native(lambda a: F.adaptive_max_pool2d(a, size), x2)
+    assert_native(lambda a: (F.adaptive_max_pool1d(a, 4), F.adaptive_avg_pool1d(a, 3)), torch.randn(2, 3, 11))
+    assert_native(lambda a: F.adaptive_avg_pool2d(a, 3), x2.to(torch.bfloat16))
     trc = record(lambda a: F.max_pool2d(a, 2, return_indices=True), (x2,), {})
     assert [b.sym.name for b in flatten_to_prims(trc).bound_symbols if Tag.OPAQUE in b.sym.tags]
 

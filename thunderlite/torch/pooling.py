@@ -177,32 +177,58 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
 
 # --- adaptive average pooling ----------------------------------------------------------------------
 
-def _adaptive_avg_dim(x, d: int, out: int):
-    """Average ``x`` over windows [floor(i*n/out), ceil((i+1)*n/out)) of dim ``d``
-    (separable: the N-d adaptive average is this along each dim)."""
+def _adaptive_dim(x, d: int, out: int, reduce: str):
+    """Reduce ``x`` over windows [floor(i*n/out), ceil((i+1)*n/out)) of dim ``d``
+    (separable: the N-d adaptive average or max is this along each dim)."""
     n = x.shape[d]
     if n == out:
         return x
     if n % out == 0:
-        shape = x.shape[:d] + (out, n // out) + x.shape[d + 1:]
-        return ew.div(prims.sum(prims.reshape(x, shape), (d + 1,)), float(n // out))
+        y = prims.reshape(x, x.shape[:d] + (out, n // out) + x.shape[d + 1:])
+        return prims.amax(y, (d + 1,)) if reduce == "max" else prims.div(prims.sum(y, (d + 1,)), float(n // out))
     decomposable(out <= 64, lambda: f"adaptive pooling to {out} uneven windows is not decomposed")
     parts = []
     for i in range(out):
         lo, hi = (i * n) // out, -(-((i + 1) * n) // out)
         window = shapes.slice_dim(x, d, lo, hi)
-        parts.append(prims.div(shapes.unsqueeze(prims.sum(window, (d,)), d), float(hi - lo)))
+        part = prims.amax(window, (d,)) if reduce == "max" else prims.div(prims.sum(window, (d,)), float(hi - lo))
+        parts.append(shapes.unsqueeze(part, d))
     return prims.cat(parts, d)
+
+
+def _adaptive(input, nsp: int, output_size, reduce: str):
+    sizes = ntuple(output_size, nsp)
+    low = reduce == "avg" and input.dtype in (torch.float16, torch.bfloat16)
+    out = convert(input, torch.float32) if low else input      # accumulate in float32, as ATen does
+    for i, o in enumerate(sizes):
+        d = input.ndim - nsp + i
+        out = _adaptive_dim(out, d, input.shape[d] if o is None else o, reduce)
+    return convert(out, input.dtype) if low else out
 
 
 def _adaptive_avg(input, nsp: int, output_size):
     check(dtypes.is_inexact(input.dtype), lambda: f"adaptive_avg_pool: not implemented for {input.dtype}")
-    sizes = ntuple(output_size, nsp)
-    out = input
-    for i, o in enumerate(sizes):
-        d = input.ndim - nsp + i
-        out = _adaptive_avg_dim(out, d, input.shape[d] if o is None else o)
-    return out
+    return _adaptive(input, nsp, output_size, "avg")
+
+
+def _adaptive_max(input, nsp: int, output_size, return_indices: bool):
+    decomposable(not return_indices, lambda: "adaptive max pooling with return_indices=True is not decomposed")
+    return _adaptive(input, nsp, output_size, "max")
+
+
+@torchsymbol(F.adaptive_max_pool1d)
+def adaptive_max_pool1d(input, output_size, return_indices: bool = False):
+    return _adaptive_max(input, 1, output_size, return_indices)
+
+
+@torchsymbol(F.adaptive_max_pool2d)
+def adaptive_max_pool2d(input, output_size, return_indices: bool = False):
+    return _adaptive_max(input, 2, output_size, return_indices)
+
+
+@torchsymbol(F.adaptive_max_pool3d)
+def adaptive_max_pool3d(input, output_size, return_indices: bool = False):
+    return _adaptive_max(input, 3, output_size, return_indices)
 
 
 @torchsymbol(F.adaptive_avg_pool1d, torch.adaptive_avg_pool1d)
