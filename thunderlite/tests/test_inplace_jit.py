@@ -273,6 +273,53 @@ def test_set_grad_enabled_region_with_view_write():
     _grad_check(fn, (3, 4), (3, 4))
 
 
+def test_grad_mode_switches_are_order_barriers_for_fusion():
+    """Eager mode runs the trace with autograd on: a fusion executor that reorders
+    freely must not move a symbol across a grad-mode switch."""
+    from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
+
+    def fn(x, w):
+        y = x * 1.0
+        a = (y * 2) * w
+        with torch.no_grad():
+            y[0].add_(w[0])
+            b = y.cos() * w
+        return a, b, y.exp() * w
+    for seed in range(6):
+        leaves = [t.requires_grad_() for t in _inputs([(3, 4), (3, 4)], seed=seed)]
+        refs = [t.detach().clone().requires_grad_() for t in leaves]
+        got = thunderlite.jit(fn, executors=[ShuffleFusion(seed)])(*leaves)
+        want = fn(*refs)
+        torch.testing.assert_close(got, want)
+        assert [o.requires_grad for o in got] == [o.requires_grad for o in want] == [True, False, True]
+        (got[0].sum() + got[2].sum()).backward()
+        (want[0].sum() + want[2].sum()).backward()
+        torch.testing.assert_close([t.grad for t in leaves], [t.grad for t in refs])
+
+
+def test_grad_mode_switch_orders_every_symbol():
+    from thunderlite.core.tags import Tag
+    from thunderlite.transforms.fusion import dependencies
+
+    def fn(x, w):
+        a = x * 2
+        with torch.no_grad():
+            b = w * 3
+        return a + 1, b + 1, x * w
+    jfn = thunderlite.jit(fn)
+    jfn(*_inputs([(3,), (3,)]))
+    trc = thunderlite.last_traces(jfn)[0]
+    preds = dependencies(trc)
+    ancestors: list[set[int]] = []
+    for ps in preds:
+        ancestors.append(set(ps).union(*(ancestors[j] for j in ps)))
+    barriers = [i for i, b in enumerate(trc.bound_symbols) if Tag.ORDER_BARRIER in b.sym.tags]
+    assert len(barriers) == 2
+    for k in barriers:
+        assert ancestors[k] == set(range(k))
+        assert all(k in ancestors[i] for i in range(k + 1, len(preds)))
+
+
 def test_module_buffer_update():
     class Counter(nn.Module):
         def __init__(self):

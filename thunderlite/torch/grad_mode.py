@@ -6,12 +6,13 @@
   from the proxies' ``requires_grad`` (set while tracing) and drops these
   symbols from the functional forward/backward; the eager-mode replay (programs
   that write into views on a gradient path) runs them, so updates made under
-  ``no_grad`` replay with grad mode off, as in eager.
+  ``no_grad`` replay with grad mode off, as in eager. Tagged ``ORDER_BARRIER``:
+  a reordering pass must not move a symbol across a switch.
 - ``requires_grad_(a, requires_grad=True)``: flips the proxy's flag while
   tracing and records a symbol with no output (``autodiff.REQUIRES_GRAD_ID``);
   the Python-level method returns ``a`` itself, as torch's does. At run time
-  it sets the flag on the real tensor (the eager-mode replay needs it; the
-  functional forward drops it).
+  it sets the flag on the real tensor (the eager-mode replay needs it, before
+  every later read: also an ``ORDER_BARRIER``; the functional forward drops it).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _set_grad_enabled_impl(mode: bool) -> None:
 
 
 set_grad_enabled = Symbol("set_grad_enabled", meta=_set_grad_enabled_meta, impl=_set_grad_enabled_impl,
-                          module="ltorch", tags={Tag.DONT_DCE})
+                          module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
 _register_symbol(set_grad_enabled)
 
 SET_GRAD_ENABLED_ID = set_grad_enabled.id
@@ -47,7 +48,7 @@ def _requires_grad_impl(a, requires_grad: bool = True) -> None:
 
 
 requires_grad_marker = Symbol("requires_grad_", meta=_requires_grad_meta, impl=_requires_grad_impl,
-                              module="ltorch", tags={Tag.DONT_DCE})
+                              module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
 _register_symbol(requires_grad_marker)
 
 

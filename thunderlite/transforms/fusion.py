@@ -15,6 +15,8 @@ What constrains the order:
   value a write overwrites stays before the write;
 - symbols with effects outside the trace (``Tag.RANDOM``, ``Tag.DONT_DCE``)
   keep their relative order, so random numbers match eager PyTorch;
+- nothing moves across a ``Tag.ORDER_BARRIER`` (a grad-mode switch: what runs
+  after ``torch.no_grad()`` must run with grad mode off);
 - the return stays the last symbol (Lightning Thunder #2776).
 
 Forward and backward are separate traces, so no region can cross that
@@ -42,8 +44,13 @@ def dependencies(trace: Trace, input_alias_groups=None) -> list[set[int]]:
     bsyms = trace.bound_symbols
     producer: dict[str, int] = {}
     preds: list[set[int]] = [set() for _ in bsyms]
-    last_effect = -1
+    last_effect = last_barrier = -1
     for i, bsym in enumerate(bsyms):
+        if Tag.ORDER_BARRIER in bsym.sym.tags:
+            preds[i].update(range(last_barrier + 1, i))
+            last_barrier = i
+        elif last_barrier >= 0:
+            preds[i].add(last_barrier)
         for p in bsym.proxy_args():
             j = producer.get(p.name)
             if j is not None:
