@@ -13,7 +13,6 @@ class Tag(enum.Enum):
     RETURN = "return"
     FUSION = "fusion"             # a region compiled by a fusion executor
     ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
-    ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
 
     # members are singletons: identity hashing is exact and avoids Enum's Python-level
     # __hash__, which passes call thousands of times per compile (``tag in sym.tags``)
