@@ -9,6 +9,7 @@ the autograd bridge's forward traces (its backward traces kept separately).
 from __future__ import annotations
 
 import time
+import types
 from typing import Any, Callable, Sequence
 
 import torch
@@ -107,6 +108,8 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
         state.register_module_tree(value, prov)
     else:
         state.note(value, prov)
+        if isinstance(value, types.FunctionType):
+            state.note_closure(value)     # nonlocal writes to its cells are replayed
     return value
 
 

@@ -167,6 +167,8 @@ class TraceState:
                 self.note_closure(value)
             return value
         if isinstance(value, types.MethodType):
+            if isinstance(value.__func__, types.FunctionType):
+                self.note_closure(value.__func__)   # its cells outlive the call
             return value
         if isinstance(value, torch.nn.Module):
             if id(value) not in self.prov_of:

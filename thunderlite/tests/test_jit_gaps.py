@@ -229,3 +229,53 @@ def test_autocast_cpu_ops_match_eager_dtypes_and_values(name):
         expected, actual = (expected,), (actual,)
     for a, e in zip(actual, expected, strict=True):
         _bf16_close(a, e)
+
+
+def _bumper():
+    n = 0
+
+    def bump():
+        nonlocal n
+        n += 1
+        return n
+    return bump
+
+
+@pytest.mark.filterwarnings("ignore:thunderlite recompiled")
+def test_nonlocal_write_through_a_function_passed_as_argument():
+    def f(x, counter):
+        return x * counter()
+
+    eager_b, jit_b = _bumper(), _bumper()
+    jf = thunderlite.jit(f)
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(jf(x, jit_b), f(x, eager_b))
+    assert jit_b.__closure__[0].cell_contents == eager_b.__closure__[0].cell_contents == 3
+
+
+@pytest.mark.filterwarnings("ignore:thunderlite recompiled")
+def test_nonlocal_write_in_a_bound_method_registered_as_a_callback():
+    def f(x):
+        return x * _CALLBACKS["bump"]()     # a bound method read as a value
+
+    x = torch.randn(3)
+    jf = thunderlite.jit(f)
+    outs = [jf(x) for _ in range(3)]
+    for k, out in enumerate(outs, start=1):
+        torch.testing.assert_close(out, x * k)
+    assert _CALLBACKS["bump"].__func__.__closure__[0].cell_contents == 3
+
+
+def _method_holder():
+    n = 0
+
+    class Holder:
+        def bump(self):
+            nonlocal n
+            n += 1
+            return n
+    return Holder()
+
+
+_CALLBACKS = {"bump": _method_holder().bump}
