@@ -425,3 +425,18 @@ def test_opaque_outputs_require_grad_as_pytorch_says():
     assert got[3] == want[3] == (False, True, False)
     assert [o.requires_grad for o in got[:3]] == [o.requires_grad for o in want[:3]]
     torch.testing.assert_close(got[:3], want[:3])
+
+
+def test_enable_grad_inside_a_call_made_under_no_grad():
+    def f(x):
+        with torch.enable_grad():
+            y = x * 2
+        return y, x + 1
+    (x,), (xr,) = _pair((3,))
+    with torch.no_grad():
+        got, want = thunderlite.jit(f)(x), f(xr)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [True, False]
+    torch.testing.assert_close(got, want)
+    got[0].sum().backward()
+    want[0].sum().backward()
+    _same_grads([x], [xr])
