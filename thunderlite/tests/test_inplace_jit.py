@@ -116,6 +116,19 @@ def test_out_tuple_views_and_ignored_out_parameters():
     check(fn, *_inputs([(3, 4), (2, 4), (3, 3)]))
 
 
+def test_out_with_inputs_requiring_grad_is_refused_as_eager():
+    def fn(a, c):
+        return torch.add(a, 1, out=c)
+    a, c = _inputs([(4,), (4,)])
+    a.requires_grad_()
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        fn(a, c.clone())
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        thunderlite.jit(fn)(a, c)
+    with torch.no_grad():
+        check(fn, a, c)
+
+
 def test_out_of_another_shape_is_a_clear_error():
     def fn(a, c):
         return torch.add(a, 1, out=c)

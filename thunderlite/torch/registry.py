@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from thunderlite.core import prims
+from thunderlite.core import prims, pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method, register_property
 from thunderlite.core.symbol import Symbol
@@ -123,6 +123,10 @@ def _with_out(fn: Callable) -> Callable:
     """Every ltorch symbol accepts ``out=``: the functional op, then ``copy_``
     into ``out`` (DESIGN.md §5)."""
     def decomposition(*args, out=None, **kwargs):
+        if out is not None and torch.is_grad_enabled():
+            check(not any(getattr(x, "requires_grad", False) for x in pytree.leaves((args, kwargs))),
+                  lambda: f"{fn.__name__}(): functions with out=... arguments don't support automatic "
+                          "differentiation, but one of the arguments requires grad.")
         result = fn(*args, **kwargs)
         return result if out is None else _write_out(result, out)
     decomposition.__name__ = fn.__name__
