@@ -81,7 +81,7 @@ class BoundSymbol:
 
     ``source`` is the user's ``(filename, lineno, line_text)`` it came from, or None.
     ``header`` is an optional comment printed above it."""
-    __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header")
+    __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header", "_flat_args", "_flat_outs")
 
     def __init__(self, sym: Symbol, args: tuple, kwargs: dict, output: Any,
                  subsymbols: tuple = (), source=None, header: str | None = None):
@@ -92,6 +92,8 @@ class BoundSymbol:
         self.subsymbols = subsymbols
         self.source = source
         self.header = header
+        self._flat_args = None      # (args, kwargs, leaves): passes ask for the leaves many times
+        self._flat_outs = None
 
     def replace(self, **changes) -> "BoundSymbol":
         kw = dict(sym=self.sym, args=self.args, kwargs=self.kwargs, output=self.output,
@@ -101,13 +103,19 @@ class BoundSymbol:
 
     # --- dataflow views used by every pass -----------------------------------------
     def flat_args(self) -> list:
-        out = list(pytree.leaves(self.args))
-        if self.kwargs:
-            out.extend(pytree.leaves(self.kwargs))
-        return out
+        c = self._flat_args
+        if c is None or c[0] is not self.args or c[1] is not self.kwargs:
+            out = list(pytree.leaves(self.args))
+            if self.kwargs:
+                out.extend(pytree.leaves(self.kwargs))
+            self._flat_args = c = (self.args, self.kwargs, out)
+        return list(c[2])
 
     def flat_outs(self) -> list:
-        return list(pytree.leaves(self.output))
+        c = self._flat_outs
+        if c is None or c[0] is not self.output:
+            self._flat_outs = c = (self.output, list(pytree.leaves(self.output)))
+        return list(c[1])
 
     def proxy_args(self) -> list[Proxy]:
         return [a for a in self.flat_args() if isinstance(a, Proxy)]
