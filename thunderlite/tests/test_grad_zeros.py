@@ -109,6 +109,10 @@ def _t(*values):
     return torch.tensor(values, dtype=F64)
 
 
+_TIES_2D = torch.tensor([[[[1.0, 2.0, 2.0, 0.0], [2.0, 1.0, 0.0, 0.0], [0.0, 0.0, 3.0, 3.0],
+                            [0.0, 0.0, 3.0, 3.0]]]], dtype=F64)
+_RAMP = torch.arange(1.0, 17.0, dtype=F64).reshape(1, 1, 4, 4)
+
 # Special values where differentiating a decomposition gives nan or the wrong
 # share of a tie while eager's own backward formula gives a number.
 _SPECIAL = {
@@ -134,6 +138,18 @@ _SPECIAL = {
     "bce_saturated": (lambda x: torch.nn.functional.binary_cross_entropy(x, _t(1.0, 0.0, 1.0)), _t(1.0, 0.0, 0.5)),
     "bce_weighted_sum": (lambda x: torch.nn.functional.binary_cross_entropy(x, _t(1.0, 0.0), _t(2.0, 3.0),
                                                                              reduction="sum"), _t(0.0, 1.0)),
+    "softplus_saturated": (lambda x: torch.nn.functional.softplus(x), _t(-1000.0, 1000.0, 0.0)),
+    "logsigmoid_saturated": (lambda x: torch.nn.functional.logsigmoid(x), _t(-1000.0, 1000.0, 0.0)),
+    "entr_at_0": (lambda x: torch.special.entr(x), _t(0.0, 1.0, 0.5)),
+    "hardsigmoid_edges": (lambda x: torch.nn.functional.hardsigmoid(x), _t(-3.0, 3.0, 0.0)),
+    "hardswish_edges": (lambda x: torch.nn.functional.hardswish(x), _t(-3.0, 3.0, 0.0)),
+    "max_pool1d_ties": (lambda x: torch.nn.functional.max_pool1d(x, 2), torch.ones(1, 1, 4, dtype=F64)),
+    "max_pool2d_relu_zeros": (lambda x: torch.nn.functional.max_pool2d(torch.relu(x - 5), 3, 1, 1) * _RAMP,
+                              _TIES_2D),
+    "adaptive_max_pool1d_ties": (lambda x: torch.nn.functional.adaptive_max_pool1d(x, 2) * _t(1.0, 2.0),
+                                 torch.ones(1, 1, 4, dtype=F64)),
+    "adaptive_max_pool2d_ties": (lambda x: torch.nn.functional.adaptive_max_pool2d(x, 2) * _RAMP[..., :2, :2],
+                                 _TIES_2D),
 }
 
 

@@ -83,6 +83,15 @@ def _pool_params(input, nsp, kernel_size, stride, padding, dilation, ceil_mode):
     return k, s, p, d, out
 
 
+def _first_max(best, w):
+    """``maximum`` keeping the earlier window element on ties (and NaN as ATen
+    does), so the gradient goes to the first maximum like eager's, not half to each."""
+    take = prims.gt(w, best)
+    if dtypes.is_float(w.dtype):
+        take = prims.logical_or(take, prims.isnan(w))
+    return prims.where(take, w, best)
+
+
 def _max_pool(input, nsp, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     decomposable(not return_indices, lambda: "max pooling with return_indices=True is not decomposed")
     x, batched = _batched(input, nsp)
@@ -92,7 +101,7 @@ def _max_pool(input, nsp, kernel_size, stride, padding, dilation, ceil_mode, ret
     padded = _pad_spatial(x, nsp, p, [pi + e for pi, e in zip(p, extra, strict=True)], low)
     result = None
     for w in _windows(padded, nsp, k, s, d, out):
-        result = w if result is None else prims.maximum(result, w)
+        result = w if result is None else _first_max(result, w)
     return result if batched else shapes.squeeze(result, 0)
 
 
@@ -177,6 +186,15 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
 
 # --- adaptive average pooling ----------------------------------------------------------------------
 
+def _window_max(x, d: int, keepdim: bool = False):
+    """The max over dim ``d`` taken at the first maximum (``argmax``), so the
+    gradient goes to that element, as eager's adaptive max pooling does."""
+    index = prims.argmax(x, d)
+    index = prims.reshape(index, x.shape[:d] + (1,) + x.shape[d + 1:])
+    picked = prims.take_along_axis(x, index, d)
+    return picked if keepdim else prims.squeeze(picked, (d,))
+
+
 def _adaptive_dim(x, d: int, out: int, reduce: str):
     """Reduce ``x`` over windows [floor(i*n/out), ceil((i+1)*n/out)) of dim ``d``
     (separable: the N-d adaptive average or max is this along each dim)."""
@@ -185,19 +203,41 @@ def _adaptive_dim(x, d: int, out: int, reduce: str):
         return x
     if n % out == 0:
         y = prims.reshape(x, x.shape[:d] + (out, n // out) + x.shape[d + 1:])
-        return prims.amax(y, (d + 1,)) if reduce == "max" else prims.div(prims.sum(y, (d + 1,)), float(n // out))
+        return _window_max(y, d + 1) if reduce == "max" else prims.div(prims.sum(y, (d + 1,)), float(n // out))
     decomposable(out <= 64, lambda: f"adaptive pooling to {out} uneven windows is not decomposed")
     parts = []
     for i in range(out):
         lo, hi = (i * n) // out, -(-((i + 1) * n) // out)
         window = shapes.slice_dim(x, d, lo, hi)
-        part = prims.amax(window, (d,)) if reduce == "max" else prims.div(prims.sum(window, (d,)), float(hi - lo))
-        parts.append(shapes.unsqueeze(part, d))
+        part = _window_max(window, d, keepdim=True) if reduce == "max" else \
+            shapes.unsqueeze(prims.div(prims.sum(window, (d,)), float(hi - lo)), d)
+        parts.append(part)
     return prims.cat(parts, d)
+
+
+def _adaptive_even_max(x, nsp: int, sizes: tuple):
+    """Adaptive max over even windows in one step: each output's window
+    flattened row-major, so ties go to the first element as in eager (the
+    dim-by-dim form would pick the first along each dim separately)."""
+    lead = x.shape[:x.ndim - nsp]
+    split = lead
+    for n, o in zip(x.shape[x.ndim - nsp:], sizes, strict=True):
+        split += (o, n // o)
+    y = prims.reshape(x, split)
+    nl = len(lead)
+    perm = tuple(range(nl)) + tuple(nl + 2 * i for i in range(nsp)) + tuple(nl + 2 * i + 1 for i in range(nsp))
+    y = prims.permute(y, perm)
+    window = math.prod(split[nl + 2 * i + 1] for i in range(nsp))
+    y = prims.reshape(y, lead + tuple(sizes) + (window,))
+    return _window_max(y, y.ndim - 1)
 
 
 def _adaptive(input, nsp: int, output_size, reduce: str):
     sizes = ntuple(output_size, nsp)
+    spatial = input.shape[input.ndim - nsp:]
+    full = tuple(n if o is None else o for n, o in zip(spatial, sizes, strict=True))
+    if reduce == "max" and nsp > 1 and all(o > 0 and n % o == 0 for n, o in zip(spatial, full, strict=True)):
+        return _adaptive_even_max(input, nsp, full)
     low = reduce == "avg" and input.dtype in (torch.float16, torch.bfloat16)
     out = convert(input, torch.float32) if low else input      # accumulate in float32, as ATen does
     for i, o in enumerate(sizes):

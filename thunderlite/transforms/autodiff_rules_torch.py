@@ -355,3 +355,31 @@ def _binary_cross_entropy(g, out, input, target, weight=None, size_average=None,
     if weight is not None:
         grad = ew.mul(grad, weight)
     return sum_to(grad, input.shape) if grad.shape != input.shape else grad, None, None, None, None, None
+
+
+@register_vjp(lnn.softplus, when=_float_input)
+def _softplus(g, out, input, beta=1.0, threshold=20.0):
+    """Eager's ``sigmoid(beta x)`` below the threshold, 1 above (finite where
+    the decomposition's unused ``log1p(exp(x))`` branch overflows to nan)."""
+    scaled = ew.mul(input, beta) if beta != 1 else input
+    return ew.mul(g, ew.where(ew.gt(scaled, threshold), 1.0, ew.sigmoid(scaled))), None, None
+
+
+@register_vjp(lnn.hardsigmoid, when=_float_input)
+def _hardsigmoid(g, out, input, inplace=False):
+    """1/6 strictly inside (-3, 3), 0 at and beyond the edges (eager)."""
+    inside = ew.logical_and(ew.gt(input, -3.0), ew.lt(input, 3.0))
+    return ew.where(inside, ew.div(g, 6.0), 0), None
+
+
+@register_vjp(lnn.hardswish, when=_float_input)
+def _hardswish(g, out, input, inplace=False):
+    """Eager's piecewise derivative: 0 up to -3, x/3 + 1/2 inside, 1 from 3."""
+    slope = ew.where(ew.le(input, -3.0), 0.0, ew.where(ew.lt(input, 3.0), ew.add(ew.div(input, 3.0), 0.5), 1.0))
+    return ew.mul(g, slope), None
+
+
+@register_vjp(ew.entr, when=_float_input)
+def _entr(g, out, a):
+    """``-(1 + log x)`` as eager (inf at 0, where the decomposition's masked branch gives 0)."""
+    return (ew.mul(g, ew.neg(ew.add(ew.log(a), 1.0))),)
