@@ -18,7 +18,9 @@ def test_manual_seed_inside_the_program_runs_on_every_call_in_order():
     for _ in range(3):
         torch.testing.assert_close(jitted(x), _program(x), rtol=0, atol=0)
     assert thunderlite.cache_info(jitted)["misses"] == 1
-    assert "torch.manual_seed(3)" in str(thunderlite.last_traces(jitted)[-1])
+    # both seedings are in the program that runs (as ltorch.manual_seed, or as the
+    # generator call it makes when another library has wrapped torch.manual_seed)
+    assert str(thunderlite.last_traces(jitted)[-1]).count("manual_seed(") == 2
 
 
 def test_seeding_outside_gives_eager_draws():
