@@ -32,6 +32,7 @@ from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
 from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+_DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
 _DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "nonzero_static", "numpy"})
 
 
@@ -72,6 +73,10 @@ class TracingHooks(InterpreterHooks):
             return self.recording(fn)     # proxy operators and methods record symbols
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
+        if getattr(fn, "__code__", None) is _DYNAMO_DISABLE_CODE:
+            # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
+            # in a dynamo-disable wrapper: look through it to the op it wraps
+            return self.lookaside(fn.__wrapped__)
         return None
 
     def recording(self, fn: Callable) -> Callable:

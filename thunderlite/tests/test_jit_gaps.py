@@ -279,3 +279,17 @@ def _method_holder():
 
 
 _CALLBACKS = {"bump": _method_holder().bump}
+
+
+_DISABLED_SOFTMAX = torch._disable_dynamo(F.softmax)
+
+
+def test_dynamo_disable_wrapper_is_looked_through():
+    def f(x):
+        return _DISABLED_SOFTMAX(x, -1) * 2     # the wrapped op, on this line
+
+    x = torch.randn(3)
+    jf = thunderlite.jit(f)
+    torch.testing.assert_close(jf(x), f(x))
+    src = str(thunderlite.last_traces(jf)[0])
+    assert "ltorch.softmax" in src and "the wrapped op, on this line" in src and "_compile.py" not in src and "_dynamo" not in src
