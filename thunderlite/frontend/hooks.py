@@ -118,7 +118,12 @@ class TracingHooks(InterpreterHooks):
         def call(*args, **kwargs):
             if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if _has_tensor((out,)):
+                # it made a tensor (torch.range, torch.kaiser_window...): that must happen on
+                # every call, not once at trace time with the result baked into the program
+                return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
+            return out
         return call
 
     def _drop_requires_grad(self, start: int) -> None:
