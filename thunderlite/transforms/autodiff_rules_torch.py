@@ -17,6 +17,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.torch import composites
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg
 from thunderlite.torch import nn as lnn
@@ -383,3 +384,19 @@ def _hardswish(g, out, input, inplace=False):
 def _entr(g, out, a):
     """``-(1 + log x)`` as eager (inf at 0, where the decomposition's masked branch gives 0)."""
     return (ew.mul(g, ew.neg(ew.add(ew.log(a), 1.0))),)
+
+
+def _reverse_logcumsumexp(x, dim: int):
+    return shapes.flip(composites.logcumsumexp(shapes.flip(x, (dim,)), dim), (dim,))
+
+
+@register_vjp(composites.logcumsumexp, when=lambda b: _float_input(b) and b.tensor_args()[0].ndim > 0)
+def _logcumsumexp(g, out, input, dim):
+    """aten's log-space formula (positive and negative parts of ``g`` apart):
+    finite after a leading -inf, where the decomposition's ``log(0)`` spreads nan."""
+    d = dim % input.ndim
+    lowest = torch.finfo(g.dtype).min
+    log_abs = ew.log(ew.abs(g))
+    parts = [ew.exp(ew.add(_reverse_logcumsumexp(ew.sub(ew.where(sign, log_abs, lowest), out), d), input))
+             for sign in (ew.gt(g, 0), ew.lt(g, 0))]
+    return ew.sub(parts[0], parts[1]), None
