@@ -119,9 +119,10 @@ class TracingHooks(InterpreterHooks):
             if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             out = fn(*args, **kwargs)
-            if _has_tensor((out,)):
+            if _has_tensor((out,)) and not isinstance(getattr(fn, "__self__", None), torch.Generator):
                 # it made a tensor (torch.range, torch.kaiser_window...): that must happen on
                 # every call, not once at trace time with the result baked into the program
+                # (a generator's state, read by fork_rng to restore it, stays a trace-time value)
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             return out
         return call
