@@ -287,10 +287,6 @@ for _name in _OPERATORS:
     _install_operator(_name)
 
 
-def is_tensor_proxy(x) -> bool:
-    return type(x) is TensorProxy
-
-
 def proxy_of_tensor(t: torch.Tensor, name: str | None = None) -> TensorProxy:
     """The proxy standing for a concrete tensor (metadata copied, data not)."""
     return TensorProxy(shape=tuple(t.shape), dtype=t.dtype, device=t.device,

@@ -178,12 +178,18 @@ def _softmax_in(input, dtype, stacklevel=None):
     return x, x.dtype
 
 
-@torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax, method_name="softmax")
-def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
-    x, out_dtype = _softmax_in(input, dtype, _stacklevel)
+def _softmax_args(input, dim, dtype, stacklevel):
+    """The input (cast to ``dtype``, upcast to compute), the dim (torch's legacy
+    default when None) and the output dtype, shared by softmax and log_softmax."""
+    x, out_dtype = _softmax_in(input, dtype, stacklevel)
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
-    x = _upcast(x)
+    return _upcast(x), dim, out_dtype
+
+
+@torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax, method_name="softmax")
+def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
+    x, dim, out_dtype = _softmax_args(input, dim, dtype, _stacklevel)
     if x.numel() == 0:
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
@@ -197,10 +203,7 @@ def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
 @torchsymbol(F.log_softmax, torch.log_softmax, T.log_softmax, torch.special.log_softmax,
              method_name="log_softmax")
 def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
-    x, out_dtype = _softmax_in(input, dtype, _stacklevel)
-    if dim is None:
-        dim = 0 if x.ndim in (0, 1, 3) else 1
-    x = _upcast(x)
+    x, dim, out_dtype = _softmax_args(input, dim, dtype, _stacklevel)
     if x.numel() == 0:
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
