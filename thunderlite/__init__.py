@@ -19,15 +19,15 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute)
 _LAZY = {
-    "jit": ("thunderlite.jit", "jit"),
-    "last_traces": ("thunderlite.jit", "last_traces"),
-    "last_backward_traces": ("thunderlite.jit", "last_backward_traces"),
-    "last_prologue_traces": ("thunderlite.jit", "last_prologue_traces"),
-    "cache_info": ("thunderlite.jit", "cache_info"),
-    "compile_stats": ("thunderlite.jit", "compile_stats"),
-    "examine": ("thunderlite.jit", "examine"),
-    "CACHE_MODES": ("thunderlite.jit", "CACHE_MODES"),
-    "ThunderliteModule": ("thunderlite.jit", "ThunderliteModule"),
+    "jit": ("thunderlite.api", "jit"),
+    "last_traces": ("thunderlite.api", "last_traces"),
+    "last_backward_traces": ("thunderlite.api", "last_backward_traces"),
+    "last_prologue_traces": ("thunderlite.api", "last_prologue_traces"),
+    "cache_info": ("thunderlite.api", "cache_info"),
+    "compile_stats": ("thunderlite.api", "compile_stats"),
+    "examine": ("thunderlite.api", "examine"),
+    "CACHE_MODES": ("thunderlite.api", "CACHE_MODES"),
+    "ThunderliteModule": ("thunderlite.api", "ThunderliteModule"),
     "DataDependentError": ("thunderlite.core.proxies", "DataDependentError"),
 }
 
