@@ -1,6 +1,6 @@
 """thunderlite: a trace-based JIT for PyTorch programs.
 
-The public face (DESIGN.md §7). Everything is imported lazily through the
+The public face (docs/architecture.md §10). Everything is imported lazily through the
 module ``__getattr__`` so that ``import thunderlite`` stays fast and does not
 import torch until a public name is first used.
 

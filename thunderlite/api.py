@@ -1,4 +1,4 @@
-"""One call's life (DESIGN.md §3): key -> cache entry, or interpret -> passes -> entry.
+"""One call's life (docs/architecture.md §3): key -> cache entry, or interpret -> passes -> entry.
 
 ``jit(fn)`` returns a ``ThunderliteFunction``; ``jit(module)`` a
 ``ThunderliteModule`` that behaves like the module (parameters, buffers,

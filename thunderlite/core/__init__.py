@@ -1,2 +1,2 @@
 """The IR: dtypes, devices, proxies, symbols, traces, prims. Knows nothing of
-the torch language, transforms or executors (DESIGN.md §2)."""
+the torch language, transforms or executors (docs/architecture.md §2)."""

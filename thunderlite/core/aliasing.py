@@ -1,7 +1,7 @@
-"""What a leaf bound symbol does to memory (DESIGN.md §5): which tensors it
+"""What a leaf bound symbol does to memory (docs/architecture.md §5): which tensors it
 writes, and which proxies name them afterwards.
 
-One table keyed by symbol (STYLE.md 2). Symbols not in the table follow the
+One table keyed by symbol (CONTRIBUTING.md, style 2). Symbols not in the table follow the
 default rules:
 
 - ``prims.copy_(src, dst)`` writes ``dst``; its output names ``dst`` afterwards

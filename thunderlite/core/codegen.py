@@ -1,6 +1,6 @@
 """Printing traces as Python source, and compiling that source.
 
-Printing is how users debug (DESIGN.md §4): one line per bound symbol with the
+Printing is how users debug (docs/architecture.md §4): one line per bound symbol with the
 output's metadata in a comment, decompositions as indented comments, the user's
 source line above each group of symbols it produced. Values Python cannot spell
 (tensors captured as constants, arbitrary objects) are printed as names bound

@@ -3,7 +3,7 @@
 A ``TensorProxy`` carries what shape/dtype inference needs (shape, dtype,
 device, requires_grad) and nothing that changes per call. Tensor methods and
 Python operators on proxies are resolved through ``method_table``, which the
-torch language layer fills: core cannot import that layer (DESIGN.md §2).
+torch language layer fills: core cannot import that layer (docs/architecture.md §2).
 
 Example::
 
@@ -108,7 +108,7 @@ class NumberProxy(Proxy):
 class TensorProxy(Proxy):
     """A tensor while tracing. ``shape`` is a tuple of ints; ``dtype`` a torch.dtype;
     ``device`` a torch.device. ``memory`` is where a pass wants the tensor
-    allocated (None: ordinary memory), DESIGN.md §8."""
+    allocated (None: ordinary memory), docs/architecture.md §6."""
     __slots__ = ("shape", "dtype", "device", "requires_grad", "memory", "__weakref__")
 
     def __init__(self, shape=(), dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,

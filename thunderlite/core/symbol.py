@@ -1,7 +1,7 @@
 """Symbols (operations) and bound symbols (one call of an operation in a trace).
 
 A ``Symbol`` is defined once, with its meta function and, for composites, its
-decomposition, in one block next to its rules (STYLE.md 3). Calling a symbol
+decomposition, in one block next to its rules (CONTRIBUTING.md, style 3). Calling a symbol
 while a trace is active records a ``BoundSymbol``:
 
 - a *leaf* symbol (a prim, an opaque torch op, an executor's operator) runs its

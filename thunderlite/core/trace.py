@@ -13,7 +13,7 @@ Example::
     fn = trc.python_callable(resolve=torch_executor.resolve)
 
 A pass derives a new trace with ``from_trace`` (sharing the name space, so names
-stay unique across the family) and never mutates its input (STYLE.md 6).
+stay unique across the family) and never mutates its input (CONTRIBUTING.md, style 6).
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ class Trace:
 
 class TracePass:
     """Shared wrapper for ``trace -> trace`` passes: times the pass and stamps the
-    stage name on the result, so no pass repeats that code (STYLE.md 6)."""
+    stage name on the result, so no pass repeats that code (CONTRIBUTING.md, style 6)."""
 
     def __init__(self, stage: str, fn: Callable[..., Trace]):
         self.stage = stage

@@ -1,4 +1,4 @@
-"""The trace verifier, run after every pass in tests (STYLE.md 9): SSA names,
+"""The trace verifier, run after every pass in tests (CONTRIBUTING.md, style 9): SSA names,
 defined-before-use, a single return that comes last."""
 from __future__ import annotations
 

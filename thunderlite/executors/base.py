@@ -1,4 +1,4 @@
-"""The Executor API (DESIGN.md §6).
+"""The Executor API (docs/architecture.md §6).
 
 An executor turns bound symbols of a trace into something that runs. The
 execution transform (transforms/claim.py) talks to executors through two

@@ -1,4 +1,4 @@
-"""The torch executor: the executable spec of the prims (STYLE.md 11), always
+"""The torch executor: the executable spec of the prims (CONTRIBUTING.md, style 11), always
 last in the executor list.
 
 - Every prim has an implementation here (a test checks it). Where a torch

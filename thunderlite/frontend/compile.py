@@ -1,5 +1,5 @@
 """A cache miss: trace the call through the interpreter, run the pipeline, and
-generate the entry function (DESIGN.md §3 steps 2-7).
+generate the entry function (docs/architecture.md §7).
 
 Stages recorded (each only when it changed the trace): the interpretation,
 update_aliases, dce, then either the execution transform (claim, alias and DCE

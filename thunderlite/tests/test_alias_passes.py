@@ -1,5 +1,5 @@
 """Pass-level properties of update_aliases, dce, the region former and
-del_last_used on hand-built traces (DESIGN.md §5), each checked against eager
+del_last_used on hand-built traces (docs/architecture.md §5), each checked against eager
 PyTorch by running the trace before and after with the torch executor."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Custom ops from ``torch.library`` (DESIGN.md §5): recorded from their schema
+"""Custom ops from ``torch.library`` (docs/architecture.md §5): recorded from their schema
 with no registration, shapes from their fake/Meta kernel, writes and aliases
 as the schema says; checked against eager PyTorch."""
 from __future__ import annotations

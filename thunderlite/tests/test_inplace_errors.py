@@ -1,5 +1,5 @@
 """Writes eager PyTorch refuses are refused with eager's message and the
-user's line (DESIGN.md §5): a leaf that requires grad (or a view of one) while
+user's line (docs/architecture.md §5): a leaf that requires grad (or a view of one) while
 grad mode is on, an inference tensor, an expanded view."""
 from __future__ import annotations
 

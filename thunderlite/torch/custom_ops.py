@@ -1,4 +1,4 @@
-"""Custom ops (``torch.library``) without extra registration (DESIGN.md §5).
+"""Custom ops (``torch.library``) without extra registration (docs/architecture.md §5).
 
 ``torch.library.custom_op`` objects (``CustomOpDef``) and ops defined with
 ``torch.library.Library.define`` (reached as ``torch.ops.<ns>.<op>[.<overload>]``)

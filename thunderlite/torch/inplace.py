@@ -1,5 +1,5 @@
 """In-place variants, generated: ``add_(a, b)`` is recorded as the functional
-``add`` followed by ``prims.copy_(result, a)`` (DESIGN.md §5), under a
+``add`` followed by ``prims.copy_(result, a)`` (docs/architecture.md §5), under a
 composite tagged ``Tag.INPLACE`` with ``inplace_of`` the functional symbol.
 Also ``fill_``/``zero_``/``copy_`` and ``out=``-free torch spellings
 (``torch.relu_``...)."""

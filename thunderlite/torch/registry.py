@@ -1,7 +1,7 @@
 """The torch language's tables: torch callable -> Symbol, and the Tensor
 methods/operators/properties proxies resolve through.
 
-Adding an op is one block (STYLE.md 3)::
+Adding an op is one block (CONTRIBUTING.md, style 3)::
 
     @torchsymbol(torch.neg, torch.Tensor.neg, method_name="neg", operators=("__neg__",))
     def neg(a):
@@ -12,7 +12,7 @@ decomposition is the function, whose ``torch_fn`` is the first torch callable
 (the executor may run it directly with the symbol's own args), and registers
 every listed torch callable in the table ``symbol_for`` reads. Registration
 validates: a torch callable, a symbol name or a method name registered twice
-is an error, never a silent overwrite (STYLE.md 4).
+is an error, never a silent overwrite (CONTRIBUTING.md, style 4).
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def _count(result) -> int:
 
 def _with_out(fn: Callable) -> Callable:
     """Every ltorch symbol accepts ``out=``: the functional op, then ``copy_``
-    into ``out`` (DESIGN.md §5)."""
+    into ``out`` (docs/architecture.md §5)."""
     def decomposition(*args, out=None, **kwargs):
         if out is not None and torch.is_grad_enabled():
             check(not any(getattr(x, "requires_grad", False) for x in pytree.leaves((args, kwargs))),

@@ -1,5 +1,5 @@
 """Reverse-mode autodiff over traces: a forward trace and a backward trace
-(DESIGN.md §3 step 6).
+(docs/architecture.md §9).
 
 ``split_forward_backward(trace, requires_grad_mask)`` takes the computation
 trace (after update_aliases and DCE) and says which of its arguments require

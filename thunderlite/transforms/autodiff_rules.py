@@ -1,4 +1,4 @@
-"""VJP rules: one table keyed by symbol id (STYLE.md 2).
+"""VJP rules: one table keyed by symbol id (CONTRIBUTING.md, style 2).
 
 A rule receives the gradient of the symbol's output (``g``, shaped like the
 output; ``None`` entries for tuple outputs that got no gradient), the output

@@ -1,4 +1,4 @@
-"""The execution transform (DESIGN.md §3 step 7): executors claim the trace.
+"""The execution transform (docs/architecture.md §7): executors claim the trace.
 
 1. Fusion executors get the whole trace first, in list order
    (``ex.fusion_pass(trace, input_alias_groups=...) -> trace``), and replace
@@ -12,7 +12,7 @@
 
 Decomposed subsymbols inherit their parent's source line, so the printed trace
 still says which user line they came from. The executors are passed in: this
-module imports no concrete executor (DESIGN.md §2); any object with ``name``,
+module imports no concrete executor (docs/architecture.md §2); any object with ``name``,
 ``fusion_pass`` and ``claim`` (executors/base.py) will do.
 """
 from __future__ import annotations

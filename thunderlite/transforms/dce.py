@@ -1,4 +1,4 @@
-"""Dead-code elimination, aware of writes (DESIGN.md §5).
+"""Dead-code elimination, aware of writes (docs/architecture.md §5).
 
 A bound symbol is dropped when nothing reads its outputs and it has no effect
 anyone can observe. Effects that keep a symbol alive:

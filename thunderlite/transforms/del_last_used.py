@@ -1,4 +1,4 @@
-"""Free each value right after its last use (DESIGN.md §3, step 7).
+"""Free each value right after its last use (docs/architecture.md §7).
 
 The pass inserts ``del(t3, t4)`` statements (valid Python: ``del (a, b)``
 deletes both names) after the symbol that last reads or defines those names.

@@ -1,4 +1,4 @@
-"""The dataflow region former shared by every fusion executor (DESIGN.md §6).
+"""The dataflow region former shared by every fusion executor (docs/architecture.md §6).
 
 A fusion executor passes a predicate ``can_fuse(bsym) -> bool``; this module
 reorders the trace so that fusible symbols form long consecutive runs, and

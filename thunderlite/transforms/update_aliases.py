@@ -1,4 +1,4 @@
-"""Alias barriers (DESIGN.md §5): after every write into an alias group, give
+"""Alias barriers (docs/architecture.md §5): after every write into an alias group, give
 each member of the group that is read later a new name, so that the order
 between a write and the reads it affects is an ordinary data dependency.
 
