@@ -18,6 +18,8 @@ Example::
 """
 from __future__ import annotations
 
+import inspect
+import reprlib
 import time
 import types
 import warnings
@@ -27,7 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
-from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names
+from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names, user_stacklevel
 from thunderlite.frontend.compile import compile_call
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
@@ -91,7 +93,7 @@ class ThunderliteFunction:
             if not symbolic:
                 raise
             warnings.warn(f"thunderlite: a number argument cannot stay symbolic here ({e}); "
-                          "specializing on number values from now on", stacklevel=3)
+                          "specializing on number values from now on", stacklevel=user_stacklevel())
             self._reset("constant values")
             return self._slow_call(args, kwargs)
         self._store(key, entry)
@@ -176,7 +178,24 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     instead of key values), or 'no caching' (retrace every call)."""
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache)
+    _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache)
+
+
+def _check_jittable(fn: Any) -> None:
+    """Refuse, at jit() time, what can never be compiled, with the reason."""
+    if not callable(fn):
+        raise TypeError(f"thunderlite.jit expects a function or an nn.Module, got {type(fn).__name__} "
+                        f"({reprlib.repr(fn)})")
+    kind = ("a generator function" if inspect.isgeneratorfunction(fn) else
+            "an async generator function" if inspect.isasyncgenfunction(fn) else
+            "a coroutine function" if inspect.iscoroutinefunction(fn) else None)
+    if kind is not None:
+        name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        raise TypeError(f"thunderlite.jit cannot compile {name!r}: it is {kind}, whose body runs only "
+                        "when the caller iterates or awaits it, after the call has returned, so there "
+                        "is no single call to trace. Jit the function that consumes it, or the "
+                        "computation done for each item.")
 
 
 def _jitted(jfn) -> ThunderliteFunction:

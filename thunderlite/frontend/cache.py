@@ -9,8 +9,12 @@ misses is warned about once.
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 import warnings
 from typing import Any, Callable
+
+import torch
 
 from thunderlite.frontend.cache_key import describe, make_key_fn
 
@@ -102,26 +106,62 @@ class CacheInfo:
         self._last_key_by_sig[key[0]] = key
         if stale_entry is not None:
             what, reason = _failed_guard(stale_entry, args, kwargs)
+            hint = ("if it changes on every call, pass it to the function as an argument "
+                    "(a tensor for numbers)")
         elif prev is None or len(prev) != len(key):
             what, reason = "signature", "new argument structure or types (a new signature)"
+            hint = ("every argument structure (container lengths, dict keys) and argument type compiles "
+                    "its own entry: call it with the same structure and types each time")
         else:
-            what, reason = _key_difference(keys.labels_of(key), prev, key)
+            what, reason, old, new = _key_difference(keys.labels_of(key), prev, key)
+            hint = _hint(what, old, new)
         self.last_miss_reason = reason
         n = self._miss_counts[what] = self._miss_counts.get(what, 0) + 1
         if n >= REPEATED_MISSES_TO_WARN and what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"thunderlite recompiled {n} times because {reason}; if this value changes on "
-                          "every call, pass it as a tensor, or use cache='symbolic values' for floats",
-                          stacklevel=4)
+            warnings.warn(f"thunderlite recompiled {n} times because {reason}; {hint}",
+                          stacklevel=user_stacklevel())
 
 
-def _key_difference(labels: list[str] | None, prev: tuple, key: tuple) -> tuple[str, str]:
+def _hint(what: str, old: Any, new: Any) -> str:
+    """What fixes a miss of this kind (the key element ``what`` went from ``old`` to ``new``)."""
+    if what.endswith((".shape", ".dtype", ".device", ".requires_grad")):
+        return ("tensor shapes, dtypes and devices are part of the key: each new one compiles its own "
+                "entry (pad or bucket inputs to a few shapes)")
+    if type(old) is float or type(new) is float:
+        return ("if this number changes on every call, pass it as a tensor, or use "
+                "jit(..., cache='symbolic values') so that floats become trace inputs")
+    if type(old) in (int, bool, complex) and type(new) in (int, bool, complex):
+        return ("if this number changes on every call, pass it as a tensor (cache='symbolic values' "
+                "keeps only floats symbolic)")
+    return "each value of it compiles its own entry"
+
+
+_INTERNAL_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), d) + os.sep
+                       for d in ("frontend", "executors", "transforms", "core", "torch", "interpreter"))
+_INTERNAL_FILES = (os.path.join(os.path.dirname(os.path.dirname(__file__)), "api.py"),
+                   os.path.join(os.path.dirname(torch.nn.modules.module.__file__), "module.py"))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the user's call of the
+    jitted function (past thunderlite's frames and ``nn.Module.__call__``)."""
+    level, f = 1, sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_INTERNAL_DIRS)
+                             or f.f_code.co_filename in _INTERNAL_FILES):
+        f = f.f_back
+        level += 1
+    return level
+
+
+def _key_difference(labels: list[str] | None, prev: tuple, key: tuple) -> tuple[str, str, Any, Any]:
     diffs = [i for i, (a, b) in enumerate(zip(prev[1:], key[1:], strict=True)) if a != b or type(a) is not type(b)]
     if not diffs:
-        return "unknown", "the cache key changed"
+        return "unknown", "the cache key changed", None, None
     i = diffs[0]
     label = labels[i] if labels is not None and i < len(labels) else f"key element {i}"
-    return label, f"{label} changed from {prev[i + 1]!r} to {key[i + 1]!r}"
+    old, new = prev[i + 1], key[i + 1]
+    return label, f"{label} changed from {old!r} to {new!r}", old, new
 
 
 def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str, str]:

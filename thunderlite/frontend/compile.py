@@ -49,6 +49,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
         result = _interpret(fn, hooks, pargs, pkwargs)
+        _check_not_lazy(fn, result)
         writes = collect_writes(state)
         extras: list[Proxy] = []
         for w in writes:
@@ -130,9 +131,9 @@ def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -
     except DataDependentError as e:
         if " (at " in str(e):
             raise
-        loc = hooks.last_location
+        loc = hooks.user_location()
         where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
-        raise DataDependentError(f"{e}{where}") from None
+        raise type(e)(f"{e}{where}") from None
     except Exception as e:
         loc = hooks.last_location
         named = any(n.startswith(INTERPRETED_FRAMES_NOTE) for n in getattr(e, "__notes__", ()))
@@ -141,6 +142,17 @@ def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -
         raise
     finally:
         torch._C._set_grad_enabled(grad)
+
+
+def _check_not_lazy(fn: Callable, result: Any) -> None:
+    """A returned generator or coroutine would run its body after the call, outside the trace."""
+    items = result if type(result) in (tuple, list) else (result,)
+    for item in items:
+        if isinstance(item, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+            name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+            raise TypeError(f"thunderlite.jit: {name!r} returned a {type(item).__name__}, whose body runs "
+                            "only when it is iterated, after the jitted call has returned, so it cannot be "
+                            "traced. Return a tuple or list (e.g. tuple(...) around a generator expression).")
 
 
 def _output_plan(result: Any, extras: list[Proxy], state: TraceState):

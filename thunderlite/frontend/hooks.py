@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import linecache
+import os
 import types
 from typing import Any, Callable
 
@@ -27,11 +28,19 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
-from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location
+from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location, source_locations
 from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
+from thunderlite.torch.names import public_name
 from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+class NotTracedError(RuntimeError):
+    """The program uses something thunderlite does not trace (numpy arrays)."""
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
 _DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "nonzero_static", "numpy"})
 
@@ -56,6 +65,21 @@ class TracingHooks(InterpreterHooks):
         self.last_location = src
         return src
 
+    def located(self, e: DataDependentError) -> DataDependentError:
+        """``e`` with the user's line appended (once)."""
+        if " (at " in str(e):
+            return e
+        loc = self.user_location()
+        return type(e)(f"{e} (at {loc[0]}:{loc[1]}: {loc[2]})") if loc else e
+
+    def user_location(self) -> tuple | None:
+        """The innermost interpreted line outside torch's own Python code: where the
+        user called the torch function that failed (``torch.unique`` -> ``torch._unique2``)."""
+        for fname, lineno in reversed(source_locations()):
+            if not fname.startswith(_TORCH_DIR):
+                return fname, lineno, linecache.getline(fname, lineno).strip()
+        return self.locate()
+
     # --- calls --------------------------------------------------------------------------------
     def lookaside(self, fn: Callable) -> Callable | None:
         special = self._builtins.get(_key(fn))
@@ -73,6 +97,8 @@ class TracingHooks(InterpreterHooks):
             return self.recording(fn)     # proxy operators and methods record symbols
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
+        if _is_numpy(fn):
+            return self._numpy_call(fn)
         if getattr(fn, "__code__", None) is _DYNAMO_DISABLE_CODE:
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
@@ -89,11 +115,14 @@ class TracingHooks(InterpreterHooks):
             n = len(trc.bound_symbols)
             if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
                 args, kwargs = self._capture_constants(args, kwargs)
-            if torch._C._is_any_autocast_enabled():
-                f, args, kwargs = autocast.cast_inputs(fn, args, kwargs)
-                out = f(*args, **kwargs)
-            else:
-                out = fn(*args, **kwargs)
+            try:
+                if torch._C._is_any_autocast_enabled():
+                    f, args, kwargs = autocast.cast_inputs(fn, args, kwargs)
+                    out = f(*args, **kwargs)
+                else:
+                    out = fn(*args, **kwargs)
+            except DataDependentError as e:
+                raise self.located(e) from None
             if not self.grad_enabled:
                 self._drop_requires_grad(n)
             return out
@@ -116,6 +145,11 @@ class TracingHooks(InterpreterHooks):
         """A torch C function with no symbol: opaque when it touches proxies or
         creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
         def call(*args, **kwargs):
+            name = getattr(fn, "__name__", "")
+            if name in _DATA_DEPENDENT_METHODS and (_has_proxy(args) or _has_proxy((getattr(fn, "__self__", None),))):
+                if name == "numpy":
+                    raise self.not_traced("Tensor.numpy()")
+                raise self.data_dependent(f"{public_name(fn)}()")
             if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             out = fn(*args, **kwargs)
@@ -126,6 +160,27 @@ class TracingHooks(InterpreterHooks):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             return out
         return call
+
+    def _numpy_call(self, fn: Callable) -> Callable:
+        """numpy is not traced: a numpy call on a traced tensor, or one that makes an
+        array (which would be frozen into the trace as a constant), is refused."""
+        def call(*args, **kwargs):
+            name = _numpy_name(fn)
+            if _has_proxy(args) or _has_proxy(kwargs.values()):
+                raise self.not_traced(f"{name}(...) on a tensor")
+            out = fn(*args, **kwargs)
+            if type(out).__name__ == "ndarray":
+                raise self.not_traced(f"{name}(...)")
+            return out
+        return call
+
+    def not_traced(self, what: str) -> NotTracedError:
+        loc = self.locate()
+        where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+        return NotTracedError(
+            f"numpy arrays are not traced: {what} at {where}. Write it with torch operations "
+            "(most numpy functions have a torch namesake), or do the numpy work outside the "
+            "jitted function and pass tensors in.")
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:
@@ -261,6 +316,18 @@ def _has_tensor(values) -> bool:
         if type(v) in (list, tuple) and _has_tensor(v):
             return True
     return False
+
+
+def _is_numpy(fn) -> bool:
+    mod = getattr(fn, "__module__", None) or type(fn).__module__ or ""
+    if mod == "numpy" or mod.startswith("numpy."):
+        return True
+    owner = getattr(fn, "__self__", None)       # np.random.rand: a RandomState method
+    return owner is not None and (type(owner).__module__ or "").startswith("numpy.")
+
+
+def _numpy_name(fn) -> str:
+    return f"numpy.{getattr(fn, '__name__', type(fn).__name__)}"
 
 
 def _has_proxy(values) -> bool:

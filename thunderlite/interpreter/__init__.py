@@ -3,7 +3,8 @@
 Imports neither torch nor anything else from thunderlite.
 """
 from .api import interpret
-from .frame import current_source_location
+from .frame import current_source_location, source_locations
 from .hooks import MISSING, InterpreterError, InterpreterHooks
 
-__all__ = ["interpret", "InterpreterHooks", "InterpreterError", "MISSING", "current_source_location"]
+__all__ = ["interpret", "InterpreterHooks", "InterpreterError", "MISSING", "current_source_location",
+           "source_locations"]

@@ -111,6 +111,11 @@ def current_source_location():
     return f.code.co_filename, f.lineno
 
 
+def source_locations() -> list[tuple[str, int]]:
+    """(filename, lineno) of every interpreted frame, outermost first."""
+    return [(f.code.co_filename, f.lineno) for f in thread_state().frames]
+
+
 def limit(construct, f=None):
     """An InterpreterError naming the construct and the user's file:line."""
     if f is None and thread_state().frames:

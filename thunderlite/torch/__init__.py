@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from thunderlite.core.proxies import set_attribute_fallback, set_torch_function_handler
+from thunderlite.core.proxies import DataDependentError, set_attribute_fallback, set_torch_function_handler
 from thunderlite.torch import (composites, creation, elementwise, grad_mode, indexing, inplace,  # noqa: F401
                                linalg, nn, pooling, reductions, rng, shapes)
 from thunderlite.torch.creation import get_factory_defaults
@@ -51,6 +51,10 @@ def tensor_attribute_fallback(proxy, name: str):
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
         return None
+    if name == "numpy":
+        raise DataDependentError("numpy arrays are not traced: Tensor.numpy() reads the tensor's values, "
+                                 "which are not known while tracing. Keep the computation in torch, or "
+                                 "call .numpy() on the jitted function's result.")
     if callable(attr):
         op = opaque_symbol_for(attr)
         return lambda *args, **kwargs: op(proxy, *args, **kwargs)

@@ -21,9 +21,10 @@ import torch
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.proxies import DataDependentError, TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.torch.names import public_name
 
 _cache: dict = {}                       # fn -> OpaqueOp
 _names: set[str] = set()
@@ -32,7 +33,7 @@ _RANDOM_NAMES = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomi
                  "rrelu", "feature_alpha_dropout", "alpha_dropout")
 
 
-class OpaqueDataDependentError(RuntimeError):
+class OpaqueDataDependentError(DataDependentError):
     """The op's output shape or value depends on tensor data."""
 
 
@@ -80,17 +81,20 @@ def _run_meta(fn, args, kwargs):
     except (NotImplementedError, RuntimeError) as e:
         msg = str(e)
         if "meta" in msg.lower() or "data-dependent" in msg.lower() or "item()" in msg:
+            # torch's own message talks about meta kernels and internal config flags,
+            # nothing a user of thunderlite can act on: it is not chained
             raise OpaqueDataDependentError(
-                f"{_fn_name(fn)} has no decomposition in thunderlite and cannot run on meta tensors "
-                f"(its output likely depends on tensor data): {msg.splitlines()[0] if msg else e!r}") from e
+                f"{_fn_name(fn)} cannot be traced: thunderlite has no decomposition for it and its "
+                "output shape cannot be computed without the tensor's values (it depends on tensor "
+                "data). Call it outside the jitted function and pass its result in, or use an "
+                "alternative with a fixed output shape.") from None
         raise
     written = [i for i, ((_, m), v) in enumerate(zip(pairs, versions, strict=True)) if m._version != v]
     return out, pairs, written
 
 
 def _fn_name(fn) -> str:
-    mod = getattr(fn, "__module__", None) or ""
-    return f"{mod}.{getattr(fn, '__qualname__', getattr(fn, '__name__', fn))}".lstrip(".")
+    return public_name(fn)
 
 
 def _out_device(args, kwargs) -> torch.device:
@@ -140,8 +144,8 @@ def _to_proxies(out, device, requires_grad: bool, flags: list[bool] | None = Non
             return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=device, requires_grad=rg and inexact)
         if isinstance(x, (torch.dtype, torch.device, torch.Size, str, type(None), bool, int, float, complex)):
             return x
-        raise OpaqueDataDependentError(f"an opaque op returned a {type(x).__name__}, which thunderlite cannot "
-                                       "represent in a trace")
+        raise OpaqueDataDependentError(f"an op with no thunderlite decomposition returned a "
+                                       f"{type(x).__name__}, which a trace cannot represent")
     if isinstance(out, tuple) and type(out) is not tuple:   # torch.return_types structseqs stay named
         return type(out)(pytree.tree_map(conv, tuple(out)))
     return pytree.tree_map(conv, out)
