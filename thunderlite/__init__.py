@@ -34,7 +34,12 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
+_SUBMODULES = ("extend",)
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"thunderlite.{name}")
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'thunderlite' has no attribute {name!r}")

@@ -33,6 +33,7 @@ from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, param
 from thunderlite.frontend.compile import compile_call
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
 # entries kept per key that differ only in prologue guards (a module flag, a global):
@@ -43,11 +44,12 @@ MAX_ALTERNATES = 8
 class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
-    def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values"):
+    def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         self.fn = fn
         self.executors = executors
+        self.transforms = check_transforms(transforms)
         self.cache_mode = cache
         self._keys = KeyCache(symbolic_numbers=cache == "symbolic values", names=parameter_names(fn))
         self._key_fn = self._keys.no_key
@@ -88,7 +90,8 @@ class ThunderliteFunction:
         symbolic = self.cache_mode == "symbolic values"
         try:
             entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
-                                 executors=self.executors, symbolic_numbers=symbolic)
+                                 executors=self.executors, symbolic_numbers=symbolic,
+                                 transforms=self.transforms)
         except (TypeError, DataDependentError) as e:
             if not symbolic:
                 raise
@@ -169,17 +172,19 @@ class ThunderliteModule(torch.nn.Module):
         return f"ThunderliteModule({self._model!r})"
 
 
-def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values"):
+def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
     when None; torch always last). ``cache``: 'constant values' (specialize on
     Python scalars, the default), 'symbolic values' (floats become trace inputs
-    instead of key values), or 'no caching' (retrace every call)."""
+    instead of key values), or 'no caching' (retrace every call).
+    ``transforms``: ``thunderlite.extend.Transform`` objects whose hooks run at
+    named points of the pipeline (after tracing, after autodiff, after claiming)."""
     if isinstance(fn, torch.nn.Module):
-        return ThunderliteModule(fn, executors=executors, cache=cache)
+        return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms)
     _check_jittable(fn)
-    return ThunderliteFunction(fn, executors=executors, cache=cache)
+    return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms)
 
 
 def _check_jittable(fn: Any) -> None:

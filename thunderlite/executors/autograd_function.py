@@ -95,7 +95,8 @@ class _Function(torch.autograd.Function):
 class DifferentiableProgram:
     """A differentiable compiled program; see the module docstring."""
 
-    def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace]):
+    def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace],
+                 after_split: Callable | None = None):
         self.split = split
         self.trace_args = list(trace.args)
         if split.mode == "eager":
@@ -104,9 +105,13 @@ class DifferentiableProgram:
             self.backward_traces: list[Trace] = []
             self._eager_fn = stages[-1].python_callable()
             return
-        fwd_stages, bwd_stages = _stages(finalize, split.forward), _stages(finalize, split.backward)
-        self.forward_traces = [split.forward, *fwd_stages]
-        self.backward_traces = [split.backward, *bwd_stages]
+        forward, backward = split.forward, split.backward
+        if after_split is not None:       # user transforms' after_autodiff hook (transforms/user.py)
+            forward, backward = after_split(forward, backward)
+        fwd_stages, bwd_stages = _stages(finalize, forward), _stages(finalize, backward)
+        self.forward_traces = [split.forward, *([forward] if forward is not split.forward else []), *fwd_stages]
+        self.backward_traces = [split.backward, *([backward] if backward is not split.backward else []),
+                                *bwd_stages]
         self.forward_fn = fwd_stages[-1].python_callable()
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
@@ -155,7 +160,11 @@ class DifferentiableProgram:
 
 
 def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Trace], Trace],
-                        input_alias_groups=None) -> DifferentiableProgram:
-    """Split ``trace`` into forward and backward and wrap them for autograd."""
-    split = split_forward_backward(trace, requires_grad_mask, input_alias_groups)
-    return DifferentiableProgram(trace, split, finalize)
+                        input_alias_groups=None, *, after_split: Callable | None = None,
+                        executors=None) -> DifferentiableProgram:
+    """Split ``trace`` into forward and backward and wrap them for autograd.
+    ``after_split(forward, backward) -> (forward, backward)`` runs between the
+    split and ``finalize``; ``executors`` (priority order) may own the
+    differentiation of the symbols they implement (see transforms/autodiff.py)."""
+    split = split_forward_backward(trace, requires_grad_mask, input_alias_groups, executors=executors)
+    return DifferentiableProgram(trace, split, finalize, after_split)

@@ -6,9 +6,14 @@ methods only, so it never imports a concrete executor:
 
 - ``fusion_pass(trace) -> trace``: a fusion executor replaces regions by fusion
   symbols it compiled (operator executors return the trace unchanged);
-- ``claim(bsym) -> BoundSymbol | None``: an operator executor returns the bound
-  symbol rebound to its own executor symbol (same args, kwargs, output,
-  subsymbols and source), or None if it cannot run it.
+- ``claim(bsym) -> BoundSymbol | list[BoundSymbol] | None``: an operator
+  executor returns the bound symbol rebound to its own executor symbol (same
+  args, kwargs, output, subsymbols and source), the symbols its
+  ``execution_transform`` traced in its place, or None if it cannot run it.
+
+Autodiff asks one more question (``differentiation(bsym)``): whether this
+executor owns the differentiation of a symbol it implements (its
+``grad_transform``, or "keep my forward call, differentiate the decomposition").
 
 Example, a user executor that runs ``prims.sin`` ahead of torch::
 
@@ -25,9 +30,11 @@ from typing import Callable
 import torch
 
 from thunderlite.core import prims
+from thunderlite.core.retrace import retrace
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.torch import registry as ltorch_registry
 
 
@@ -59,7 +66,11 @@ class Executor:
     def can_run(self, bsym: BoundSymbol) -> bool:
         return self.claim(bsym) is not None
 
-    def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
+    def claim(self, bsym: BoundSymbol) -> BoundSymbol | list[BoundSymbol] | None:
+        return None
+
+    def differentiation(self, bsym: BoundSymbol) -> "Implementation | None":
+        """The implementation whose forward must survive autodiff, or None."""
         return None
 
     def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
@@ -110,12 +121,21 @@ def _resolve_path(path: str):
         return None
 
 
-class _Impl:
-    __slots__ = ("symbol", "checker")
+class Implementation:
+    """One ``register_implementation``: the executor symbol, the optional
+    checker, and Thunder's two optional transforms (see OperatorExecutor)."""
+    __slots__ = ("of", "symbol", "checker", "grad_transform", "execution_transform")
 
-    def __init__(self, symbol: Symbol, checker: Callable | None):
+    def __init__(self, of: Symbol, symbol: Symbol | None, checker: Callable | None,
+                 grad_transform: Callable | None, execution_transform: Callable | None):
+        self.of = of
         self.symbol = symbol
         self.checker = checker
+        self.grad_transform = grad_transform
+        self.execution_transform = execution_transform
+
+    def accepts(self, bsym: BoundSymbol) -> bool:
+        return self.checker is None or bool(self.checker(*bsym.args, **bsym.kwargs))
 
 
 class OperatorExecutor(Executor):
@@ -126,27 +146,83 @@ class OperatorExecutor(Executor):
     ``impl`` is a public torch callable (``torch.mul(a, b)``), else as
     ``<print_module>.<symbol name>(...)`` (``print_module`` defaults to the name).
     A ``checker`` is called with the bound symbol's proxies (same args/kwargs)
-    and may decline (return False)."""
+    and may decline (return False).
+
+    The implementation of a torch-language symbol (``"ltorch.sin"``) or of a
+    prim (``prims.sin``) runs wherever that symbol runs: with and without grad,
+    inside decompositions (claim.py) and in backward traces. Differentiating a
+    composite it implements keeps the forward call and differentiates the
+    decomposition in the backward (recomputing what the backward needs), unless
+    ``grad_transform`` is given: a function with the symbol's signature that
+    computes the forward (usually with this executor's operators, see
+    ``register_operator``), reads output gradients with ``get_grad(out)`` and
+    gives input gradients with ``put_grad(a, grad)``; what depends on a
+    ``get_grad`` becomes the backward. ``execution_transform``: a function with
+    the symbol's signature traced in its place at claim time (instead of
+    ``impl``), e.g. to express it with several operators; it must not call the
+    symbol it replaces."""
 
     def __init__(self, name: str):
         super().__init__(name)
         self.print_module = name                      # prefix of calls that are not public torch callables
-        self._impls: dict[Symbol, _Impl] = {}
+        self._impls: dict[Symbol, Implementation] = {}
         self._printed: dict[str, Callable] = {}      # module.name -> impl, to keep printing unambiguous
+        self._operators: dict[str, Symbol] = {}
 
-    def register_implementation(self, sym: Symbol | str, impl: Callable, *, checker: Callable | None = None,
-                                print_as: str | None = None, extra_tags=()) -> Symbol:
-        """``extra_tags``: facts about ``impl`` the symbol lacks, e.g. ``Tag.VIEW``
-        when it returns a view of its input."""
+    def register_implementation(self, sym: Symbol | str, impl: Callable | Symbol | None = None, *,
+                                checker: Callable | None = None, grad_transform: Callable | None = None,
+                                execution_transform: Callable | None = None, print_as: str | None = None,
+                                extra_tags=()) -> Symbol | None:
+        """``impl``: a callable, or an operator of this executor (``register_operator``).
+        ``extra_tags``: facts about ``impl`` the symbol lacks, e.g. ``Tag.VIEW``
+        when it returns a view of its input. Returns the executor symbol."""
         sym = _lookup_symbol(sym)
         if sym in self._impls:
             raise ValueError(f"executor {self.name!r} already has an implementation of {sym.id}")
-        exsym = self.executor_symbol(sym, impl, print_as, extra_tags)
-        self._impls[sym] = _Impl(exsym, checker)
+        prims.check((impl is None) != (execution_transform is None),
+                    lambda: f"register_implementation({sym.id}): give exactly one of impl and execution_transform",
+                    ValueError)
+        if isinstance(impl, Symbol):
+            prims.check(impl.executor is self, lambda: f"{impl.id} is not an operator of executor {self.name!r}",
+                        ValueError)
+            exsym = impl
+        else:
+            exsym = self.executor_symbol(sym, impl, print_as, extra_tags) if impl is not None else None
+        self._impls[sym] = Implementation(sym, exsym, checker, grad_transform, execution_transform)
         return exsym
+
+    def register_operator(self, name: str, *, fn: Callable, like: Symbol | str | None = None,
+                          meta: Callable | None = None, tags=()) -> Symbol:
+        """A new leaf symbol of this executor, callable while tracing (in a
+        ``grad_transform`` or ``execution_transform``) and run as ``fn``. Its
+        output metadata comes from ``meta``, or from tracing ``like`` (a symbol
+        with the same signature and outputs)."""
+        prims.check(name not in self._operators, lambda: f"executor {self.name!r} already has an operator {name!r}",
+                    ValueError)
+        prims.check((like is None) != (meta is None), lambda: "register_operator: give exactly one of like and meta",
+                    ValueError)
+        if like is not None:
+            like = _lookup_symbol(like)
+            meta = like.meta if like.meta is not None else _meta_by_tracing(like)
+            tags = (like.tags - {Tag.PRIM}) | frozenset(tags)
+        base = Symbol(name, meta=meta, module=self.print_module, tags=tags)
+        op = self.executor_symbol(base, fn, None, ())
+        self._operators[name] = op
+        return op
 
     def implemented_symbols(self) -> list[Symbol]:
         return list(self._impls)
+
+    def implementations(self) -> list[Implementation]:
+        return list(self._impls.values())
+
+    def differentiation(self, bsym: BoundSymbol) -> Implementation | None:
+        entry = self._impls.get(bsym.sym)
+        if entry is None or not entry.accepts(bsym):
+            return None
+        if entry.grad_transform is None and bsym.sym.decomposition is None:
+            return None                 # a leaf (a prim): its own VJP rule is used, the forward stays anyway
+        return entry
 
     def executor_symbol(self, sym: Symbol, impl: Callable, print_as: str | None = None, extra_tags=()) -> Symbol:
         """A leaf symbol of this executor running ``impl`` in place of ``sym``."""
@@ -170,13 +246,30 @@ class OperatorExecutor(Executor):
         self._printed[candidate] = impl
         return candidate
 
-    def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
+    def claim(self, bsym: BoundSymbol) -> BoundSymbol | list[BoundSymbol] | None:
         entry = self._impls.get(bsym.sym)
-        if entry is None:
+        if entry is None or not entry.accepts(bsym):
             return None
-        if entry.checker is not None and not entry.checker(*bsym.args, **bsym.kwargs):
-            return None
+        if entry.execution_transform is not None:
+            return traced_in_place(bsym, entry.execution_transform, f"execution_transform of {bsym.sym.id}")
         return bsym.replace(sym=entry.symbol)
+
+
+def _meta_by_tracing(like: Symbol) -> Callable:
+    """A meta function for an operator shaped like the composite ``like``:
+    trace ``like`` into a scratch trace and keep only its output."""
+    def meta(*args, **kwargs):
+        current = current_trace()
+        with tracectx(Trace("meta", names=current.names if current is not None else None)):
+            return like(*args, **kwargs)
+    return meta
+
+
+def traced_in_place(bsym: BoundSymbol, fn: Callable, what: str) -> list[BoundSymbol]:
+    """The symbols ``fn(*bsym.args, **bsym.kwargs)`` records in ``bsym``'s place."""
+    trc = current_trace()     # claim_executors makes one sharing the claimed trace's names
+    prims.check(trc is not None, lambda: f"{what} can only be traced while claiming a trace", RuntimeError)
+    return retrace(bsym, fn, names=trc.names, what=what, allow_self=False)[0]
 
 
 def check_print_path(path: str, impl: Callable) -> None:

@@ -37,6 +37,39 @@ def all_executors() -> list[Executor]:
     return list(_executors.values())
 
 
+def get_all_executors() -> tuple[Executor, ...]:
+    """Every registered executor, available or not, in registration order."""
+    return tuple(_executors.values())
+
+
+def get_default_executors() -> tuple[Executor, ...]:
+    """The executors ``jit`` uses when ``executors=`` is not given, in priority
+    order (unavailable ones included; ``resolve_executors`` skips them)."""
+    return tuple(_executors[n] for n in _default_names)
+
+
+def add_default_executor(ex: Executor | str) -> None:
+    """Put ``ex`` (registered first if it is not yet) at the front of the default
+    list: it claims ahead of every other default executor."""
+    if not isinstance(ex, str) and ex.name not in _executors:
+        register_executor(ex)
+    name = get_executor(ex if isinstance(ex, str) else ex.name).name
+    if name in _default_names:
+        _default_names.remove(name)
+    _default_names.insert(0, name)
+
+
+def remove_default_executor(ex: Executor | str) -> None:
+    """Drop ``ex`` from the default list (it stays registered). The torch
+    executor cannot be removed: it runs every prim."""
+    name = ex if isinstance(ex, str) else ex.name
+    check(name != "torch", lambda: "the torch executor is always in the executor list (it runs every prim)",
+          ValueError)
+    check(name in _default_names, lambda: f"executor {name!r} is not a default executor; "
+                                          f"defaults: {_default_names}", ValueError)
+    _default_names.remove(name)
+
+
 def available_executors() -> list[Executor]:
     return [ex for ex in _executors.values() if ex.is_available()[0]]
 

@@ -28,6 +28,11 @@ class TorchExecutor(OperatorExecutor):
         self.print_module = "torchex"
         self._generic: dict[Symbol, Symbol] = {}
 
+    def differentiation(self, bsym: BoundSymbol):
+        """None: torch's implementations are the reference; autodiff's own rules
+        and decompositions differentiate what it runs."""
+        return None
+
     def claim(self, bsym: BoundSymbol) -> BoundSymbol | None:
         claimed = super().claim(bsym)
         if claimed is not None:

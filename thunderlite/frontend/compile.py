@@ -34,12 +34,13 @@ from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.update_aliases import update_aliases
+from thunderlite.transforms.user import apply_after_autodiff, apply_hook
 
 INTERPRETATION_STAGE = "interpretation"
 
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
-                 symbolic_numbers: bool = False) -> CompiledEntry:
+                 symbolic_numbers: bool = False, transforms: tuple = ()) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it."""
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
@@ -60,7 +61,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     traces = [trace]
-    comp, backward = run_pipeline(trace, traces, groups, executors)
+    comp, backward = run_pipeline(trace, traces, groups, executors, transforms)
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras])
@@ -177,23 +178,26 @@ def _input_alias_groups(inputs: list[Input]) -> list[list[str]] | None:
     return [[tensors[i].proxy.name for i in g] for g in groups] or None
 
 
-def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None):
-    """update_aliases, dce, autodiff or not, the execution transform. Returns the
+def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = ()):
+    """update_aliases, dce, autodiff or not, the execution transform, with the
+    user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation and the backward traces."""
-    t = _record(traces, update_aliases(trace, groups))
+    t = apply_hook(transforms, "after_tracing", trace, traces)
+    t = _record(traces, update_aliases(t, groups))
     t = _record(traces, dce(t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
     if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
-            finalize(tr, exs, groups, steps)
+            finalize(tr, exs, groups, steps, transforms)
             return steps
-        program = make_differentiable(t, mask, stages, groups)
+        after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
+        program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs)
         traces += program.forward_traces
         return program, list(program.backward_traces)
     steps: list[Trace] = []
-    final = finalize(t, exs, groups, steps)
+    final = finalize(t, exs, groups, steps, transforms)
     traces += steps
     return final.python_callable(), []
 
@@ -203,12 +207,14 @@ def _makes_leaves(trace: Trace) -> bool:
     return any(b.sym.id == REQUIRES_GRAD_ID for b in trace.bound_symbols)
 
 
-def finalize(trace: Trace, executors: list, groups, steps: list | None = None) -> Trace:
-    """The execution transform, the alias/DCE re-run it may need, del_last_used."""
+def finalize(trace: Trace, executors: list, groups, steps: list | None = None, transforms: tuple = ()) -> Trace:
+    """The execution transform, the alias/DCE re-run it may need, the user
+    transforms' ``after_claiming``, del_last_used."""
     steps = [] if steps is None else steps
     t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), force=True)
     t = _record(steps, update_aliases(t, groups))
     t = _record(steps, dce(t, groups))
+    t = apply_hook(transforms, "after_claiming", t, steps)
     return _record(steps, del_last_used(t), force=True)
 
 

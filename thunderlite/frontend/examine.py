@@ -2,21 +2,25 @@
 
 Reports the torch calls recorded as opaque (no symbol: they run as one torch
 call and block fusion), which executor claimed how many symbols, executors that
-were skipped and why, the cache state, and the error if compiling failed.
+were skipped and why, registered implementations the call did not use and
+why (frontend/unused_impls.py), the cache state, and the error if compiling failed.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from thunderlite.core.tags import Tag
-from thunderlite.executors.registry import skipped_executors
+from thunderlite.executors.registry import resolve_executors, skipped_executors
+from thunderlite.frontend.unused_impls import unused_implementations
 
 
 class Examination:
     """The report; ``str()`` prints it, the attributes hold the data."""
 
     def __init__(self, opaque: list[str], claimed: dict[str, int], skipped: dict[str, str],
-                 error: BaseException | None, first_call_ms: float, n_symbols: int):
+                 error: BaseException | None, first_call_ms: float, n_symbols: int,
+                 unused: list[tuple[str, str, str]] | None = None):
+        self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -42,6 +46,8 @@ class Examination:
             lines.append(f"  executor {ex!r} claimed {n} symbols")
         for ex, why in self.skipped.items():
             lines.append(f"  executor {ex!r} skipped: {why}")
+        for ex, sym, why in self.unused:
+            lines.append(f"  executor {ex!r}: implementation of {sym} not used: {why}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -63,4 +69,5 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
             if ex is not None:
                 name = getattr(ex, "name", str(ex))
                 claimed[name] = claimed.get(name, 0) + 1
-    return Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n)
+    unused = unused_implementations(entry, resolve_executors(executors)) if entry is not None else []
+    return Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n, unused)

@@ -70,6 +70,7 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.transforms import autodiff_executors as ad_executors
 from thunderlite.transforms import autodiff_rules as rules
 from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
 from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
@@ -195,9 +196,33 @@ def _track_opaque_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
             tracked.add(o.name)
 
 
-def _flatten(bsyms, tracked: set[str], out: list) -> None:
+class _Owned:
+    """Symbols whose differentiation an executor owns (autodiff_executors.py):
+    id(bsym) -> its traced grad_transform, or DECOMPOSITION (keep the forward
+    call, differentiate the decomposition in the backward)."""
+    DECOMPOSITION = "decomposition"
+
+    def __init__(self, executors, trace: Trace):
+        self.executors = executors
+        self.trace = trace
+        self.specs: dict[int, object] = {}
+
+    def take(self, bsym: BoundSymbol) -> bool:
+        impl = ad_executors.owner(bsym, self.executors) if self.executors else None
+        if impl is None:
+            return False
+        if impl.grad_transform is not None:
+            self.specs[id(bsym)] = ad_executors.split_grad_transform(bsym, impl.grad_transform, self.trace)
+            return True
+        if rules.has_rule_for(bsym) or not bsym.subsymbols or not ad_executors.recomputable(bsym):
+            return False
+        self.specs[id(bsym)] = self.DECOMPOSITION
+        return True
+
+
+def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None) -> None:
     """Append ``bsyms`` to ``out``, replacing composites on a gradient path that
-    have no rule by their subsymbols (recursively)."""
+    have no rule (and no executor owning them) by their subsymbols (recursively)."""
     for bsym in bsyms:
         sym = bsym.sym
         if Tag.RETURN in sym.tags:
@@ -218,12 +243,12 @@ def _flatten(bsyms, tracked: set[str], out: list) -> None:
             out.append(bsym)
             _track_opaque_outputs(bsym, tracked)
             continue
-        if rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
+        if (owned is not None and owned.take(bsym)) or rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
             continue
         if bsym.subsymbols:
-            _flatten(bsym.subsymbols, tracked, out)
+            _flatten(bsym.subsymbols, tracked, out, owned)
             continue
         raise MissingGradRuleError(
             f"no differentiation rule for {sym.id} (a leaf symbol with no decomposition), used at "
@@ -308,7 +333,7 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups) -> list[tuple]:
     return pairs
 
 
-def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups) -> GradSplit:
+def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned) -> GradSplit:
     bwd = Trace("backward", names=trace.names)
     grads: dict[str, object] = {}
     diff_outputs, grad_args, grad_positions = [], [], []
@@ -327,7 +352,7 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             g = _output_grad(bsym, grads)
             if g is None:
                 continue
-            for arg, ga in _vjp_pairs(bsym, g, bwd, handles, groups):
+            for arg, ga in _vjp_pairs(bsym, g, bwd, handles, groups, owned, tracked):
                 if arg.name in tracked:
                     _accumulate(grads, arg, ga)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
@@ -337,7 +362,12 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
                      grad_positions=grad_positions)
 
 
-def _vjp_pairs(bsym, g, bwd: Trace, handles, groups) -> list[tuple]:
+def _vjp_pairs(bsym, g, bwd: Trace, handles, groups, owned: _Owned | None = None, tracked=frozenset()) -> list[tuple]:
+    spec = owned.specs.get(id(bsym)) if owned is not None else None
+    if spec == _Owned.DECOMPOSITION:
+        return _decomposition_vjp(bsym, g, bwd, handles, groups, tracked)
+    if spec is not None:
+        return ad_executors.emit_grad_transform_backward(spec, g, bsym, rules.zeros_like)
     if is_function_symbol(bsym.sym):
         return function_vjp(bsym, g)
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
@@ -347,11 +377,44 @@ def _vjp_pairs(bsym, g, bwd: Trace, handles, groups) -> list[tuple]:
     return rules.apply_rule(bsym, g)
 
 
-def _opaque_forward(trace: Trace, flat, tracked: set[str]) -> tuple[list, dict]:
+def _decomposition_vjp(bsym, g, bwd: Trace, handles, groups, tracked) -> list[tuple]:
+    """The VJP of a composite whose forward an executor runs whole: re-trace its
+    decomposition into the backward (fresh names; DCE drops what the rules do
+    not read) and differentiate that."""
+    scratch = Trace("recompute", names=bwd.names)
+    with tracectx(scratch):
+        out = bsym.sym.decomposition(*bsym.args, **bsym.kwargs)
+    local_tracked = {p.name for p in bsym.tensor_args() if p.name in tracked}
+    flat: list[BoundSymbol] = []
+    _flatten(scratch.bound_symbols, local_tracked, flat)
+    for b in scratch.bound_symbols:
+        bwd.add_bound_symbol(b)
+    local: dict[str, object] = {}
+    for o, go in zip(pytree.leaves(out), pytree.leaves(g), strict=True):
+        if go is not None and type(o) is TensorProxy:
+            _accumulate(local, o, go)
+    for b in reversed(flat):
+        if not _on_path(b, local_tracked) or rules.is_non_differentiable(b.sym):
+            continue
+        gb = _output_grad(b, local)
+        if gb is None:
+            continue
+        for arg, ga in _vjp_pairs(b, gb, bwd, handles, groups):
+            if arg.name in local_tracked:
+                _accumulate(local, arg, ga)
+    return [(a, local[a.name]) for a in bsym.tensor_args() if a.name in local]
+
+
+def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None = None) -> tuple[list, dict]:
     """Replace opaque symbols on a gradient path by ``opaque_with_graph`` calls
-    that also return the autograd graph handle their backward needs."""
+    that also return the autograd graph handle their backward needs; an
+    executor's grad_transform contributes its forward part."""
     out, handles = [], {}
     for bsym in flat:
+        spec = owned.specs.get(id(bsym)) if owned is not None else None
+        if spec is not None and spec != _Owned.DECOMPOSITION:
+            out.extend(spec.forward)
+            continue
         if is_function_symbol(bsym.sym):
             out.extend(bsym.subsymbols)      # the values the user's backward reads must exist
             continue
@@ -510,20 +573,24 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
     return out
 
 
-def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None) -> GradSplit:
+def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
+                           executors=None) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
-    selects; see the module docstring for what comes back."""
+    selects; see the module docstring for what comes back. ``executors``
+    (priority order) may own the differentiation of symbols they implement
+    (autodiff_executors.py)."""
     mask = list(requires_grad_mask)
     tracked = {a.name for a, m in zip(trace.args, mask, strict=True) if m and _is_diff_tensor(a)}
     flat: list[BoundSymbol] = []
-    _flatten(trace.bound_symbols, tracked, flat)
+    owned = _Owned(executors, trace)
+    _flatten(trace.bound_symbols, tracked, flat, owned)
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     if (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
             or _no_grad_write_on_path(trace, tracked, groups)):
         return GradSplit("eager", eager_trace=_detach_cuts(trace, tracked), differentiable_outputs=[
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
-    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked)
-    split = _build_backward(trace, flat, tracked, mask, handles, groups)
+    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
+    split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]

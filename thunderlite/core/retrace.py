@@ -1,0 +1,61 @@
+"""Tracing a function in place of one bound symbol: the symbols it records,
+renamed so that they produce exactly that bound symbol's output proxies.
+
+Used by an executor's ``execution_transform`` (executors/base.py) and
+``grad_transform`` (transforms/autodiff_executors.py). Example::
+
+    recorded = retrace(bsym, lambda a: prims.mul(a, a), names=trace.names, what="square")
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from thunderlite.core import pytree
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import Proxy
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+
+
+def retrace(bsym: BoundSymbol, fn: Callable, *, names, what: str,
+            allow_self: bool = True) -> tuple[list[BoundSymbol], dict]:
+    """``(recorded symbols, rename)``: ``fn(*bsym.args, **bsym.kwargs)`` traced with
+    fresh names from ``names``; ``rename`` maps the names ``fn`` returned to
+    ``bsym``'s output proxies (already applied to the recorded symbols).
+    ``allow_self=False``: ``fn`` may not call ``bsym``'s own symbol."""
+    scratch = Trace("retrace", names=names)
+    with tracectx(scratch):
+        out = fn(*bsym.args, **bsym.kwargs)
+    rename = match_outputs(out, bsym.output, what)
+    recorded = [rename_bsym(b, rename) for b in scratch.bound_symbols]
+    check(allow_self or not any(uses_symbol(b, bsym.sym) for b in recorded),
+          lambda: f"{what} calls {bsym.sym.id} itself: it would be replaced forever", ValueError)
+    return recorded, rename
+
+
+def match_outputs(got, want, what: str) -> dict:
+    """name -> proxy renaming ``got``'s proxies to ``want``'s (same structure)."""
+    g, w = list(pytree.leaves(got)), list(pytree.leaves(want))
+    check(len(g) == len(w), lambda: f"{what} returned {len(g)} values where the symbol has {len(w)}", ValueError)
+    rename = {}
+    for x, y in zip(g, w):
+        if isinstance(y, Proxy):
+            check(isinstance(x, Proxy), lambda: f"{what} returned {x!r} where the symbol returns {y!r}", ValueError)
+            if x.name != y.name:
+                rename[x.name] = y
+    return rename
+
+
+def rename_bsym(b: BoundSymbol, rename: dict) -> BoundSymbol:
+    """``b`` with every proxy named in ``rename`` replaced (outputs and subsymbols too)."""
+    if not rename:
+        return b
+    swap = lambda x: rename.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
+    return b.replace(args=pytree.tree_map(swap, b.args), kwargs=pytree.tree_map(swap, b.kwargs),
+                     output=pytree.tree_map(swap, b.output),
+                     subsymbols=tuple(rename_bsym(s, rename) for s in b.subsymbols))
+
+
+def uses_symbol(b: BoundSymbol, sym: Symbol) -> bool:
+    return b.sym is sym or any(uses_symbol(s, sym) for s in b.subsymbols)
