@@ -9,6 +9,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["thunderlite", "thunderlite.*"]),
+    package_data={"thunderlite.report": ["assets/*.css", "assets/*.js"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "looseversion"],
     extras_require={

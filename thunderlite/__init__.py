@@ -26,6 +26,7 @@ _LAZY = {
     "cache_info": ("thunderlite.api", "cache_info"),
     "compile_stats": ("thunderlite.api", "compile_stats"),
     "examine": ("thunderlite.api", "examine"),
+    "trace_report": ("thunderlite.report", "trace_report"),
     "CACHE_MODES": ("thunderlite.api", "CACHE_MODES"),
     "ThunderliteModule": ("thunderlite.api", "ThunderliteModule"),
     "DataDependentError": ("thunderlite.core.proxies", "DataDependentError"),

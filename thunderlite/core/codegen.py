@@ -76,9 +76,8 @@ def _lhs(out: Any, consts: dict) -> str | None:
     return None
 
 
-def _meta_comment(out: Any) -> str:
-    parts = [f'{p.name}: "{p.type_string()}"' for p in leaves(out) if isinstance(p, Proxy)]
-    return ("  # " + ", ".join(parts)) if parts else ""
+def _meta_text(out: Any) -> str:
+    return ", ".join(f'{p.name}: "{p.type_string()}"' for p in leaves(out) if isinstance(p, Proxy))
 
 
 def call_source(bsym, consts: dict) -> str:
@@ -89,14 +88,20 @@ def call_source(bsym, consts: dict) -> str:
     return f"{name}({', '.join(args)})"
 
 
-def bsym_line(bsym, consts: dict) -> str:
-    """One bound symbol as a statement, without indentation."""
+def bsym_parts(bsym, consts: dict) -> tuple[str, str]:
+    """One bound symbol as (statement, its outputs' metadata): for printers that
+    lay the two out apart (the trace report)."""
     if Tag.RETURN in bsym.sym.tags:
-        return "return " + value_repr(bsym.args[0] if bsym.args else None, consts)
+        return "return " + value_repr(bsym.args[0] if bsym.args else None, consts), ""
     call = call_source(bsym, consts)
     lhs = _lhs(bsym.output, consts)
-    line = f"{lhs} = {call}" if lhs else call
-    return line + _meta_comment(bsym.output)
+    return (f"{lhs} = {call}" if lhs else call), _meta_text(bsym.output)
+
+
+def bsym_line(bsym, consts: dict) -> str:
+    """One bound symbol as a statement, without indentation."""
+    code, meta = bsym_parts(bsym, consts)
+    return f"{code}  # {meta}" if meta else code
 
 
 def _source_comment(source) -> str:

@@ -76,10 +76,25 @@ class Symbol:
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols), source)
 
 
+class SourceLine(tuple):
+    """``(filename, lineno, line_text)``: the line a symbol was recorded from.
+
+    ``callers`` holds ``(filename, lineno)`` of the frames that led there,
+    outermost first, so a reader (the trace report) can name the user's own
+    line when the innermost one is library code (``F.linear`` inside
+    ``nn.Linear.forward``). Compares and unpacks as the plain 3-tuple."""
+
+    def __new__(cls, fields, callers: tuple = ()):
+        self = super().__new__(cls, fields)
+        self.callers = tuple(callers)
+        return self
+
+
 class BoundSymbol:
     """One call in a trace: what ran, on what, producing what.
 
-    ``source`` is the user's ``(filename, lineno, line_text)`` it came from, or None.
+    ``source`` is the user's ``(filename, lineno, line_text)`` it came from (a
+    ``SourceLine`` when recorded by the jit), or None.
     ``header`` is an optional comment printed above it."""
     __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header", "_flat_args", "_flat_outs")
 

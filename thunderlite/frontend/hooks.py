@@ -23,12 +23,12 @@ from typing import Any, Callable
 import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
-from thunderlite.core.symbol import Symbol
+from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
-from thunderlite.interpreter import InterpreterHooks, MISSING, current_source_location, source_locations
+from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
 from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
 from thunderlite.torch.names import public_name
 from thunderlite.transforms.autodiff_function import function_symbol
@@ -56,12 +56,16 @@ class TracingHooks(InterpreterHooks):
         self._builtins = proxy_aware_builtins(self)
 
     # --- source lines ----------------------------------------------------------------------
-    def locate(self) -> tuple | None:
-        loc = current_source_location()
-        if loc is None:
+    def locate(self) -> SourceLine | None:
+        """The innermost interpreted line, with the frames that called it."""
+        stack = tuple(source_locations())
+        if not stack:
             return self.last_location
-        fname, lineno = loc
-        src = (fname, lineno, linecache.getline(fname, lineno).strip())
+        fname, lineno = stack[-1]
+        last = self.last_location
+        if last is not None and last[0] == fname and last[1] == lineno and last.callers == stack[:-1]:
+            return last
+        src = SourceLine((fname, lineno, linecache.getline(fname, lineno).strip()), stack[:-1])
         self.last_location = src
         return src
 

@@ -131,3 +131,13 @@ def test_composite_that_returns_its_input_records_nothing():
         a = TensorProxy((2,), name="a")
         assert noop(a) is a
     assert trc.bound_symbols == []
+
+
+def test_source_line_is_the_plain_tuple_plus_its_callers():
+    import pickle
+    from thunderlite.core.symbol import SourceLine
+    s = SourceLine(("lib.py", 3, "return F.linear(x)"), (("user.py", 10),))
+    assert s == ("lib.py", 3, "return F.linear(x)") and s.callers == (("user.py", 10),)
+    fname, lineno, text = s
+    t = pickle.loads(pickle.dumps(s))
+    assert t == s and t.callers == s.callers

@@ -13,7 +13,7 @@ import pytest
 import thunderlite
 
 PUBLIC = [n for n in thunderlite.__all__ if n != "__version__"]
-FIRSTS = PUBLIC + ["import thunderlite.api", "import thunderlite.frontend.compile"]
+FIRSTS = PUBLIC + ["import thunderlite.api", "import thunderlite.frontend.compile", "import thunderlite.report"]
 
 
 def _program(first: str) -> str:
