@@ -9,6 +9,13 @@ memory, no alias barriers, nothing that returns a Python number. Each region
 becomes a small trace of torch calls, compiled to Python and then by
 ``torch.compile``; the fusion symbol prints as ``torchcompile.fusion<N>`` and
 keeps the region's symbols as subsymbols.
+
+Regions with the same structure share one compiled artifact: a region is cut
+where it repeats (``transforms.fusion.repeat_bounds``: a model with N
+identical layers gives N identical pieces), and each piece is looked up by its
+structure key (symbols, constants, input/output metadata, dataflow with
+canonical names). A model's layer is compiled once, whatever the number of
+layers; ``artifacts`` counts the distinct compiled callables.
 """
 from __future__ import annotations
 
@@ -17,14 +24,14 @@ import shutil
 
 import torch
 
-from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.claim import claim_executors
-from thunderlite.transforms.fusion import Region, fuse
+from thunderlite.transforms.fusion import Region, fuse, repeat_bounds, split_region
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN})
 
@@ -37,6 +44,7 @@ class TorchCompileExecutor(FusionExecutor):
         self.min_size = min_size
         self.compile_options = {"dynamic": False, **(compile_options or {})}
         self._counter = itertools.count()
+        self._artifacts: dict[tuple, object] = {}     # structure key -> compiled callable
 
     def check_availability(self) -> tuple[bool, str]:
         if not hasattr(torch, "compile"):
@@ -56,21 +64,64 @@ class TorchCompileExecutor(FusionExecutor):
             self.can_fuse(sub) for sub in bsym.subsymbols)
 
     def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
-        return fuse(trace, self.can_fuse, lambda region: self._make_fusion(trace, region),
+        return fuse(trace, self.can_fuse, lambda region: self._make_fusions(trace, region),
                     min_size=self.min_size, input_alias_groups=input_alias_groups)
 
+    @property
+    def artifacts(self) -> int:
+        """How many distinct regions this executor has compiled (shared ones count once)."""
+        return len(self._artifacts)
+
+    def _make_fusions(self, trace: Trace, region: Region) -> list[BoundSymbol]:
+        pieces = split_region(region, repeat_bounds(region))
+        return [self._make_fusion(trace, piece) for piece in pieces if piece.bsyms]
+
     def _make_fusion(self, trace: Trace, region: Region) -> BoundSymbol:
+        key = structure_key(region)
+        compiled = self._artifacts.get(key)
         name = f"fusion{next(self._counter)}"
-        sub = Trace(name, stage=f"{self.name} region", names=trace.names)
-        sub.args = list(region.inputs)
-        sub.bound_symbols[:] = region.bsyms
-        sub.set_return(tuple(region.outputs))
-        sub = claim_executors(sub, [torch_executor])
-        compiled = torch.compile(sub.python_callable(), **self.compile_options)
-        compiled.__thunderlite_trace__ = sub
+        if compiled is None:
+            sub = Trace(name, stage=f"{self.name} region", names=trace.names)
+            sub.args = list(region.inputs)
+            sub.bound_symbols[:] = region.bsyms
+            sub.set_return(tuple(region.outputs))
+            sub = claim_executors(sub, [torch_executor])
+            compiled = torch.compile(sub.python_callable(), **self.compile_options)
+            compiled.__thunderlite_trace__ = sub
+            if len(self._artifacts) >= MAX_ARTIFACTS:
+                self._artifacts.pop(next(iter(self._artifacts)))
+            self._artifacts[key] = compiled
         sym = self.fusion_symbol(name, compiled)
         return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
+
+
+MAX_ARTIFACTS = 1024      # compiled regions kept for sharing (oldest dropped first)
+
+
+def structure_key(region: Region) -> tuple:
+    """Two regions with equal keys compute the same function of their inputs
+    (in ``region.inputs`` order) and return outputs in the same order: same
+    symbols, same constants, same tensor metadata, same dataflow."""
+    names: dict[str, int] = {}
+
+    def canon(x):
+        if isinstance(x, Proxy):
+            idx = names.setdefault(x.name, len(names))
+            if isinstance(x, TensorProxy):
+                return ("T", idx, tuple(x.shape), x.dtype, str(x.device), x.requires_grad)
+            return ("P", idx, type(x).__name__)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(canon(v) for v in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, canon(v)) for k, v in x.items()))
+        return ("C", type(x).__name__, repr(x))
+
+    key: list = [tuple(canon(p) for p in region.inputs)]
+    for b in region.bsyms:
+        key.append((b.sym, canon(b.args), canon(b.kwargs), canon(b.output)))
+    key.append(tuple(canon(p) for p in region.outputs))
+    return tuple(key)
 
 
 torchcompile_executor = TorchCompileExecutor()

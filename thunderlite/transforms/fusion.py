@@ -167,16 +167,80 @@ def _region(bsyms, run: list[int], reads_after) -> Region:
     return Region([bsyms[i] for i in run], list(inputs.values()), outputs)
 
 
-MakeFusion = Callable[[Region], BoundSymbol]
+def split_region(region: Region, bounds: list[int]) -> list[Region]:
+    """``region`` cut into consecutive sub-regions at ``bounds`` (indices into
+    ``region.bsyms``, first 0, last ``len``). Each piece's outputs are what later
+    pieces or the code after the region read; a consecutive piece of a region
+    is again a consecutive run of a topological order, so it never forms a cycle."""
+    later = {p.name for p in region.outputs}
+    pieces: list[Region] = []
+    for lo, hi in reversed(list(zip(bounds, bounds[1:]))):
+        bsyms = region.bsyms[lo:hi]
+        defined: set[str] = set()
+        inputs: dict[str, Proxy] = {}
+        outputs: list[Proxy] = []
+        for b in bsyms:
+            for p in b.proxy_args():
+                if p.name not in defined and p.name not in inputs:
+                    inputs[p.name] = p
+            for p in b.proxy_outs():
+                defined.add(p.name)
+                if p.name in later:
+                    outputs.append(p)
+        pieces.append(Region(bsyms, list(inputs.values()), outputs))
+        later.update(inputs)
+    return pieces[::-1]
+
+
+def repeat_bounds(region: Region, min_period: int = 2) -> list[int]:
+    """Cut points that put each repetition of a repeated stretch of ``region``
+    (N identical layers: the same symbols from the same source lines) in its
+    own piece, so identical pieces can share one compiled artifact. ``[0, n]``
+    when nothing repeats at least twice."""
+    sigs = [(b.sym, b.source) for b in region.bsyms]
+    n = len(sigs)
+    last: dict = {}
+    gaps: dict[int, int] = {}
+    for i, sig in enumerate(sigs):
+        if sig in last:
+            d = i - last[sig]
+            gaps[d] = gaps.get(d, 0) + 1
+        last[sig] = i
+    best = None
+    for p in sorted(gaps, key=gaps.get, reverse=True)[:4]:
+        if p < min_period:
+            continue
+        run_start, run_len, start, length = 0, 0, 0, 0
+        for i in range(n - p):
+            if sigs[i] == sigs[i + p]:
+                if run_len == 0:
+                    run_start = i
+                run_len += 1
+                if run_len > length:
+                    start, length = run_start, run_len
+            else:
+                run_len = 0
+        reps = (length + p) // p          # a run of matches of length L spans L + p symbols
+        if reps >= 2 and (best is None or reps * p > best[2] * best[1]):
+            best = (start, p, reps)
+    if best is None:
+        return [0, n]
+    start, p, reps = best
+    cuts = [start + k * p for k in range(reps + 1)]
+    return sorted({0, n, *cuts})
+
+
+MakeFusion = Callable[[Region], "BoundSymbol | list[BoundSymbol]"]
 
 
 @trace_pass("fusion")
 def fuse(trace: Trace, can_fuse: CanFuse, make_fusion: MakeFusion, *, min_size: int = 1,
          input_alias_groups=None) -> Trace:
     """Reorder, then replace each region by ``make_fusion(region)``: a bound
-    symbol reading ``region.inputs`` and producing ``tuple(region.outputs)``.
-    The region's symbols become its subsymbols (unless ``make_fusion`` set
-    them), so later passes still see the writes and random draws inside."""
+    symbol reading ``region.inputs`` and producing ``tuple(region.outputs)``
+    (or a list of them, e.g. one per piece of ``split_region``). The region's
+    symbols become its subsymbols (unless ``make_fusion`` set them), so later
+    passes still see the writes and random draws inside."""
     ordered = reorder(trace, can_fuse, input_alias_groups)
     regions = {id(r.bsyms[0]): r for r in fusion_regions(ordered, can_fuse, min_size)}
     out: list[BoundSymbol] = []
@@ -190,6 +254,9 @@ def fuse(trace: Trace, can_fuse: CanFuse, make_fusion: MakeFusion, *, min_size: 
             continue
         skip.update(id(b) for b in region.bsyms)
         fused = make_fusion(region)
+        if isinstance(fused, list):
+            out.extend(fused)
+            continue
         if not fused.subsymbols:
             fused = fused.replace(subsymbols=tuple(region.bsyms))
         out.append(fused)
