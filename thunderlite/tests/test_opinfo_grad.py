@@ -7,9 +7,13 @@ Verdicts per op:
 - ``fallback``: an opaque op got its gradient from PyTorch's autograd;
 - ``both raise``: eager's backward raises and so does ours (as required);
 - ``wrong``: outputs or gradients differ from eager's (must never happen);
-- ``failing``: we raise where eager does not (the reason is recorded).
+- ``failing``: we raise where eager does not (the reason is recorded);
+- ``skipped``: the sample is unusable (eager's forward fails, or no output is
+  differentiable): the test skips with that reason.
 
-CI runs a deterministic capped subset. Regenerate the full table with::
+CI runs the whole sweep (every OpInfo supporting autograd, ~540): ``wrong``
+and ``failing`` fail the test unless the op is in ``XFAIL`` (strict: an op
+that starts working must leave the list). Regenerate the full table with::
 
     python thunderlite/tests/test_opinfo_grad.py --write docs/opinfo_grad_coverage.md
 """
@@ -30,7 +34,28 @@ from thunderlite.executors import compile_trace  # noqa: E402
 from thunderlite.executors.autograd_function import make_differentiable  # noqa: E402
 
 DTYPE = torch.float64
-CI_CAP = 160
+
+_DATA_DEPENDENT = ("no decomposition, and PyTorch's kernel cannot run on meta tensors (its output shape or "
+                   "its argument checks depend on tensor values), so thunderlite cannot trace it")
+XFAIL: dict[str, str] = {
+    "combinations": _DATA_DEPENDENT + " (aten::combinations uses masked_select)",
+    "corrcoef": _DATA_DEPENDENT + " (cov's weight checks)",
+    "cov": _DATA_DEPENDENT + " (its weight checks)",
+    "masked_select": _DATA_DEPENDENT + " (the output size is the mask's count)",
+    "tensor_split": "the sample passes the split points as a tensor: bool(tensor) is data-dependent "
+                    "control flow, which thunderlite refuses",
+    "nn.functional.gaussian_nll_loss": _DATA_DEPENDENT + " (torch.any(var < 0) check)",
+    "linalg.lstsq": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
+    "linalg.lstsq.grad_oriented": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
+    "to_sparse": "sparse layouts are not supported (no sparse tensor proxies)",
+    "sparse.sampled_addmm": "sparse layouts are not supported (no sparse tensor proxies)",
+    "sparse.mm.reduce": "sparse layouts are not supported (no sparse tensor proxies)",
+    "nn.functional.pad.replicate_negative": "issue 15",
+    "masked.mean": "issue 15",
+    "masked.var": "issue 15",
+    "masked.std": "issue 15",
+}
+"""Ops whose gradient check fails today, each with the reason; strict xfails."""
 
 
 def grad_ops() -> list:
@@ -95,7 +120,7 @@ def check(op) -> tuple[str, str]:
     if not any(o.requires_grad for o in e_out):
         return "skipped", "no differentiable output in eager"
     gouts = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(7))
-             if o.dtype.is_floating_point else None for o in e_out]
+             if o.dtype.is_floating_point or o.dtype.is_complex else None for o in e_out]
     try:
         want = _grads(e_out, e_in, gouts)
         eager_error = None
@@ -149,16 +174,25 @@ def _short(e: Exception) -> str:
     return (s[0] if s else repr(e))[:140].replace("|", "/")
 
 
-def _ci_ops() -> list:
+def op_id(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _params() -> list:
     ops = grad_ops()
-    step = max(len(ops) // CI_CAP, 1)
-    return ops[::step][:CI_CAP]
+    unknown = set(XFAIL) - {op_id(op) for op in ops}
+    assert not unknown, f"XFAIL names no grad OpInfo: {sorted(unknown)}"
+    return [pytest.param(op, id=op_id(op), marks=pytest.mark.xfail(reason=XFAIL[op_id(op)], strict=True))
+            if op_id(op) in XFAIL else pytest.param(op, id=op_id(op)) for op in ops]
 
 
-@pytest.mark.parametrize("op", _ci_ops(), ids=lambda op: f"{op.name}.{op.variant_test_name}".rstrip("."))
+@pytest.mark.parametrize("op", _params())
 def test_opinfo_grad(op):
+    """Gradients equal eager's, or both raise; a crash where eager works fails."""
     verdict, reason = check(op)
-    assert verdict != "wrong", reason
+    if verdict == "skipped":
+        pytest.skip(reason)
+    assert verdict in ("native", "fallback", "both raise"), f"{verdict}: {reason}"
 
 
 def write_table(path: str) -> dict:
@@ -166,7 +200,7 @@ def write_table(path: str) -> dict:
     for op in grad_ops():
         verdict, reason = check(op)
         totals[verdict] = totals.get(verdict, 0) + 1
-        rows.append(f"| {op.name}{'.' + op.variant_test_name if op.variant_test_name else ''} | {verdict} | {reason} |")
+        rows.append(f"| {op_id(op)} | {verdict} | {reason} |")
     ok = totals.get("native", 0) + totals.get("fallback", 0)
     head = [f"# OpInfo gradient coverage (CPU, {DTYPE}, first sample)", "",
             f"Regenerate: `python thunderlite/tests/test_opinfo_grad.py --write {path}`", "",

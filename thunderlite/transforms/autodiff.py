@@ -77,7 +77,7 @@ from thunderlite.transforms.autodiff_function import differentiable_outputs as f
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.rematerialize import rematerialize
-from thunderlite.transforms.update_aliases import AliasGroups
+from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
 
 
 class MissingGradRuleError(NotImplementedError):
@@ -336,6 +336,7 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups) -> list[tuple]:
 def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned) -> GradSplit:
     bwd = Trace("backward", names=trace.names)
     grads: dict[str, object] = {}
+    user_backwards: list[tuple] = []      # (function bsym, first, end) of each user backward recorded
     diff_outputs, grad_args, grad_positions = [], [], []
     with tracectx(bwd):
         outs = [o for o in pytree.leaves(trace.output) if type(o) is TensorProxy]
@@ -352,14 +353,41 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             g = _output_grad(bsym, grads)
             if g is None:
                 continue
-            for arg, ga in _vjp_pairs(bsym, g, bwd, handles, groups, owned, tracked):
+            start = len(bwd.bound_symbols)
+            pairs = _vjp_pairs(bsym, g, bwd, handles, groups, owned, tracked)
+            if is_function_symbol(bsym.sym):
+                user_backwards.append((bsym, start, len(bwd.bound_symbols)))
+            for arg, ga in pairs:
                 if arg.name in tracked:
                     _accumulate(grads, arg, ga)
+        _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
                        for a, m in zip(trace.args, mask, strict=True))
         bwd.set_return(result)
     return GradSplit("functional", backward=bwd, differentiable_outputs=diff_outputs, grad_args=grad_args,
                      grad_positions=grad_positions)
+
+
+def _check_user_backward_writes(bwd: Trace, segments: list[tuple], groups: AliasGroups) -> None:
+    """A user's ``backward`` that writes in place into a forward value (a tensor
+    it saved) while a later part of the backward still reads that value: eager
+    raises "modified by an inplace operation" when the later reader unpacks
+    it; renaming would hand the reader the written value, a wrong gradient, so
+    raise the same kind of error here."""
+    bsyms = bwd.bound_symbols
+    made = {p.name for b in bsyms for p in b.proxy_outs()} | {a.name for a in bwd.args if isinstance(a, Proxy)}
+    for fn_bsym, start, end in segments:
+        written = [dst for b in bsyms[start:end] for leaf in _leaves_of(b) for dst, _ in writes(leaf)
+                   if dst.name not in made]
+        for dst in written:
+            later = next((b for b in bsyms[end:] for leaf in _leaves_of(b) for p in leaf.proxy_args()
+                          if groups.same(p.name, dst.name)), None)
+            if later is not None:
+                raise RuntimeError(
+                    f"one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: {fn_bsym.sym.name.rsplit('_', 1)[0]}.backward (applied at {_where(fn_bsym)}) "
+                    f"writes in place into the tensor {dst.name} it saved, which the backward of an earlier "
+                    f"operation still reads; write into a copy (e.g. {dst.name}.clone()) instead")
 
 
 def _vjp_pairs(bsym, g, bwd: Trace, handles, groups, owned: _Owned | None = None, tracked=frozenset()) -> list[tuple]:
@@ -570,7 +598,9 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
         body.append(BoundSymbol(UNPACK_SAVED, (holder,), {}, tuple(saved_other)))
     out.bound_symbols = body + list(bwd.bound_symbols)
     out._scopes = [out.bound_symbols]
-    return out
+    # a user's autograd.Function backward may write in place: its later reads
+    # (and the gradient it returns) must name the written value
+    return update_aliases(out)
 
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
@@ -594,7 +624,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
-    bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace))
+    overwritten = set(_first_write_after(fwd_bsyms, groups))
+    bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
+                                     overwritten)
     fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups, trace)
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
     visible = _visible_names(trace)

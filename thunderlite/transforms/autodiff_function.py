@@ -38,7 +38,10 @@ import weakref
 from thunderlite.core import pytree
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.transforms.autodiff_rules import zeros_like
+from thunderlite.transforms.update_aliases import update_aliases
 
 _symbols: dict[type, Symbol] = {}
 _by_id: dict[str, type] = {}
@@ -90,7 +93,10 @@ def function_symbol(cls: type) -> Symbol:
 
     def decomposition(*args):
         ctx = TracingCtx(args)
+        trc = current_trace()
+        scope = trc._scopes[-1]             # the decomposition's own scope, opened by record_call
         out = cls.forward(ctx, *args)
+        out = _rename_after_writes(trc, scope, out, ctx)
         for o in pytree.leaves(out):
             if isinstance(o, TensorProxy):
                 _remember(o, ctx)
@@ -103,6 +109,43 @@ def function_symbol(cls: type) -> Symbol:
     _symbols[cls] = sym
     _by_id[sym.id] = cls
     return sym
+
+
+def _free_tensors(bsyms) -> list[TensorProxy]:
+    """Tensor proxies ``bsyms`` read without defining them (the forward's inputs,
+    and tensors it reads from outside)."""
+    defined, free = set(), {}
+    for bsym in bsyms:
+        for p in bsym.tensor_args():
+            if p.name not in defined:
+                free.setdefault(p.name, p)
+        defined.update(p.name for p in bsym.proxy_outs())
+    return list(free.values())
+
+
+def _rename_after_writes(trc: Trace, scope: list, out, ctx: TracingCtx):
+    """Give the recorded forward its alias barriers (``update_aliases`` on the
+    decomposition alone), so that every read inside it, the values it returns
+    and the tensors it saves name the memory as it is when ``forward`` returns:
+    PyTorch takes the saved tensors' versions at that point, so a ``backward``
+    sees writes the forward made after ``save_for_backward``, and an input
+    written in place (``ctx.mark_dirty``) comes back under a new name."""
+    attrs = {k: v for k, v in vars(ctx).items() if type(v) is TensorProxy}
+    inner = Trace("forward", names=trc.names)
+    inner.args = _free_tensors(scope)
+    inner.bound_symbols = list(scope)
+    inner._scopes = [inner.bound_symbols]
+    with tracectx(inner):
+        inner.set_return((out, ctx.saved_tensors, attrs))
+    renamed = update_aliases(inner)
+    if renamed is inner:
+        return out
+    scope[:] = renamed.bound_symbols[:-1]
+    out, saved, attrs = renamed.output
+    object.__setattr__(ctx, "_saved", tuple(saved))
+    for k, v in attrs.items():
+        object.__setattr__(ctx, k, v)
+    return out
 
 
 def is_function_symbol(sym: Symbol) -> bool:

@@ -9,7 +9,11 @@ backward. Recomputed symbols are placed right before their first use in the
 backward, so their results live as briefly as possible.
 
 Never recomputed: random draws (the backward would see different numbers),
-anything with a side effect, and non-elementwise work (matmuls, reductions).
+anything with a side effect, non-elementwise work (matmuls, reductions), and a
+chain whose inputs some later forward symbol writes into (``overwritten``:
+after ``update_aliases`` the name of such an input means its value *before*
+the write, but at backward time its memory holds the value after it, so the
+recomputation would read the wrong numbers; the value itself is saved).
 
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
@@ -49,10 +53,10 @@ def _nbytes(p) -> int:
     return p.numel() * torch.empty((), dtype=p.dtype, device="meta").element_size()
 
 
-def _closure(name: str, producer: dict, keep: set[str]):
+def _closure(name: str, producer: dict, keep: set[str], overwritten: frozenset | set = frozenset()):
     """The cheap symbols computing ``name`` back to values in ``keep`` or to
     outputs of non-cheap symbols: ``(symbols by output name, frontier)``, or
-    None when the chain is too long or not cheap."""
+    None when the chain is too long or reads a value in ``overwritten``."""
     chain: dict[str, BoundSymbol] = {}
     frontier: dict[str, Proxy] = {}
     stack = [name]
@@ -66,6 +70,8 @@ def _closure(name: str, producer: dict, keep: set[str]):
             if a.name in chain or a.name in frontier:
                 continue
             src = producer.get(a.name)
+            if a.name in overwritten:
+                return None
             if a.name in keep or src is None or not is_cheap(src) or len(src.proxy_outs()) != 1:
                 frontier[a.name] = a
             else:
@@ -74,10 +80,12 @@ def _closure(name: str, producer: dict, keep: set[str]):
 
 
 def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], saved: list[Proxy],
-                  visible: set[str]) -> tuple[list[BoundSymbol], list[Proxy]]:
+                  visible: set[str], overwritten: frozenset | set = frozenset()
+                  ) -> tuple[list[BoundSymbol], list[Proxy]]:
     """Return the backward's symbols with recomputations inserted, and the new
     list of values to save. ``visible`` names the program's arguments and
-    outputs (always alive, so free to save).
+    outputs (always alive, so free to save); ``overwritten`` names the values
+    whose memory a later forward symbol writes (never recomputed from).
 
     Every saved intermediate made by a cheap chain is replaced by the chain's
     inputs (its *frontier*: arguments, outputs, results of non-cheap symbols)
@@ -91,7 +99,7 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
     recompute: dict[str, BoundSymbol] = {}
     frontier: dict[str, Proxy] = {}
     for p in candidates:
-        found = _closure(p.name, producer, visible)
+        found = _closure(p.name, producer, visible, overwritten)
         if found is not None:
             recompute.update(found[0])
             frontier.update(found[1])

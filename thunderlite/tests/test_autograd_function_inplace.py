@@ -1,0 +1,262 @@
+"""In-place code inside user ``torch.autograd.Function`` subclasses (issue 9):
+writes in ``forward`` after ``save_for_backward``, inputs written and marked
+dirty, tensors kept on ``ctx`` and written later, writes inside ``backward``.
+Each program is compared with eager PyTorch (outputs, every input after the
+call, gradients) with the default executors and with the reordering
+``torchcompile`` fusion executor."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.transforms.rematerialize import rematerialize
+from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+
+F64 = torch.float64
+EXECUTORS = [pytest.param(None, id="default"), pytest.param(["torchcompile", "torch"], id="torchcompile")]
+
+
+def _jit(fn, executors):
+    return thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
+
+
+def check(fn, shapes, executors, *, grad_mask=None):
+    """Run ``fn`` in eager and jitted on equal fresh inputs; compare outputs,
+    inputs afterwards and the gradients of ``sum(outputs)``."""
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(s, dtype=F64, generator=g) for s in shapes]
+    grad_mask = grad_mask or [True] * len(shapes)
+
+    def fresh():
+        return [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
+    ref, ours = fresh(), fresh()
+    jfn = _jit(fn, executors)
+    want, got = fn(*ref), jfn(*ours)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for w, h in zip(want, got, strict=True):
+        torch.testing.assert_close(h, w)
+        assert h.requires_grad == w.requires_grad
+    sum(w.sum() for w in want if w.requires_grad).backward()
+    sum(h.sum() for h in got if h.requires_grad).backward()
+    for r, o in zip(ref, ours, strict=True):
+        torch.testing.assert_close(o.detach(), r.detach())
+        torch.testing.assert_close(o.grad, r.grad)
+    return jfn
+
+
+class SaveThenWrite(torch.autograd.Function):
+    """Saves ``y`` and then writes it: PyTorch takes the saved version when
+    ``forward`` returns, so the backward sees the written value."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        y.mul_(2)
+        return y * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class ScaleDirty(torch.autograd.Function):
+    """Writes its input, marks it dirty and returns it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(3)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x * 0
+
+
+class WriteReturned(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.sin()
+        ctx.save_for_backward(x, y)
+        y.add_(1)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * x.cos() + (y - 1 - x.sin())        # y is the written value: the second term is 0
+
+
+class CtxAttribute(torch.autograd.Function):
+    """A tensor kept as a ctx attribute and written after."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.cos()
+        ctx.y = y
+        y.mul_(3)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.y
+
+
+class SwishInplaceBackward(torch.autograd.Function):
+    """Memory-saving swish: the backward reuses its saved buffers in place."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, s = ctx.saved_tensors
+        t = x * (1 - s)
+        t.add_(1)
+        return g * s.mul_(t)
+
+
+class GradInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        g.mul_(x)                       # writes the incoming gradient
+        g.mul_(2)
+        return g
+
+
+class WriteOutsideBuffer(torch.autograd.Function):
+    """Writes an argument that needs no grad (without mark_dirty) and saves it."""
+
+    @staticmethod
+    def forward(ctx, x, buf):
+        buf.add_(x.detach())
+        ctx.save_for_backward(buf)
+        return x * buf
+
+    @staticmethod
+    def backward(ctx, g):
+        (buf,) = ctx.saved_tensors
+        return g * buf, None
+
+
+PROGRAMS = {
+    "save_then_write": (lambda x: SaveThenWrite.apply(x.sin()), [(5,)]),
+    "mark_dirty_returned": (lambda x: ScaleDirty.apply(x * 1), [(5,)]),
+    "mark_dirty_then_read_input": (lambda x: (lambda h: (ScaleDirty.apply(h), h + 1))(x * 1), [(5,)]),
+    "write_returned_value": (lambda x: WriteReturned.apply(x * 2), [(4, 3)]),
+    "ctx_attribute_written": (lambda x: CtxAttribute.apply(x), [(5,)]),
+    "inplace_in_backward_on_saved": (lambda x: SwishInplaceBackward.apply(x * 2), [(6,)]),
+    "inplace_in_backward_shared_input": (lambda x: (lambda h: SwishInplaceBackward.apply(h) + h * h)(x.exp()),
+                                         [(6,)]),
+    "inplace_on_grad_in_backward": (lambda x: GradInPlace.apply(x.exp()) * 3, [(5,)]),
+}
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_inplace_in_autograd_function_matches_eager(name, executors):
+    fn, shapes = PROGRAMS[name]
+    check(fn, shapes, executors)
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_forward_writes_an_argument_that_needs_no_grad(executors):
+    def fn(x, buf):
+        before = buf * 1
+        return WriteOutsideBuffer.apply(x, buf) + before, buf * 2
+    check(fn, [(5,), (5,)], executors, grad_mask=[True, False])
+
+
+def test_no_grad_call_runs_the_forward_writes():
+    def fn(x):
+        h = x * 1
+        return ScaleDirty.apply(h), SaveThenWrite.apply(h)
+    x = torch.randn(4, dtype=F64)
+    torch.testing.assert_close(thunderlite.jit(fn)(x.clone()), fn(x.clone()))
+
+
+class WritesSavedInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return h * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (h,) = ctx.saved_tensors
+        h.mul_(0)
+        return g * 2
+
+
+def test_backward_writing_a_value_an_earlier_backward_reads_raises_like_eager():
+    """exp's backward reads its result after the user's backward zeroed it:
+    eager raises 'modified by an inplace operation'; so do we, with the line."""
+    def fn(x):
+        h = x.exp()
+        return WritesSavedInBackward.apply(h).sum() + (h * h).sum()
+    x = torch.randn(4, dtype=F64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        fn(x).backward()
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: WritesSavedInBackward\.backward "
+                                           r".*test_autograd_function_inplace\.py"):
+        thunderlite.jit(fn)(x).backward()
+
+
+def test_backward_writing_a_value_nobody_reads_later_works():
+    def fn(x):
+        h = x.sin()
+        return WritesSavedInBackward.apply(h) + h * h
+    check(fn, [(4,)], None)
+
+
+def test_forward_traces_carry_the_write_renamed():
+    jfn = check(PROGRAMS["mark_dirty_returned"][0], [(5,)], None)
+    first = str(thunderlite.last_traces(jfn)[0])
+    assert "prims.update_aliases" in first          # inside the Function's decomposition
+
+
+# --- rematerialization never recomputes from a value a later write changes ------------------------
+
+def test_rematerialize_refuses_a_chain_reading_an_overwritten_value():
+    trc = Trace()
+    with tracectx(trc):
+        x = TensorProxy((4,), name="x", dtype=F64)
+        trc.args = [x]
+        a = prims.exp(x)                 # cheap chain: exp(x) * 2, x later overwritten
+        b = prims.mul(a, 2.0)
+        w = prims.copy_(prims.neg(x), x)
+        g = TensorProxy((4,), name="g", dtype=F64)
+        use = prims.mul(g, b)
+    fwd, bwd = trc.bound_symbols[:4], trc.bound_symbols[4:]
+    _, saved = rematerialize(fwd, bwd, [b], {"x"})
+    assert {p.name for p in saved} == {"x"}                      # without the fact: recomputed from x
+    new_bwd, saved = rematerialize(fwd, bwd, [b], {"x"}, {"x", w.name})
+    assert [p.name for p in saved] == [b.name] and new_bwd == bwd
+    assert use is not None
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_value_needed_by_backward_then_its_input_overwritten(executors):
+    def fn(x, w):
+        y = (x * 2).sin() * w            # mul's backward needs sin(x * 2), a cheap chain from x
+        x.add_(1)                        # ... and x is overwritten afterwards
+        return y
+    check(fn, [(5,), (5,)], executors, grad_mask=[False, True])
