@@ -15,7 +15,9 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel"],
         "triton": ["triton"],
-        "nvfuser": ["nvfuser"],
+        # executors/nvfuser.py imports nvfuser_direct, shipped by NVIDIA's per-CUDA wheels
+        # (nvfuser-cu126, nvfuser-cu128, nvfuser-cu130...); the unsuffixed "nvfuser" is a 2023 build without it
+        "nvfuser": ["nvfuser-cu128"],
     },
     entry_points={"console_scripts": ["thunderlite-demo=thunderlite.demo:main"]},
 )

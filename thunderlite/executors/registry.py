@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from thunderlite.core.prims import check
 from thunderlite.executors.base import Executor
+from thunderlite.executors.nvfuser import nvfuser_executor
 from thunderlite.executors.torchcompile import torchcompile_executor
 from thunderlite.executors.torchex import torch_executor
 
@@ -116,3 +117,4 @@ def skipped_executors(executors=None) -> dict[str, str]:
 
 register_executor(torch_executor, default=True)
 register_executor(torchcompile_executor)
+register_executor(nvfuser_executor)

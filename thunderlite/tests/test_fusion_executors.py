@@ -86,3 +86,78 @@ def test_repeat_bounds_cuts_each_repetition():
     keys = [structure_key(p) for p in pieces[1:4]]
     assert keys[0] == keys[1] == keys[2] and structure_key(pieces[0]) != keys[0]
     assert repeat_bounds(Region(region.bsyms[:2], [], [])) == [0, 2]
+
+
+# --- nvFuser ------------------------------------------------------------------------------------
+
+def test_nvfuser_translation_table_covers_every_prim():
+    from thunderlite.core import prims
+    from thunderlite.executors.nvfuser_ops import TRANSLATIONS, UNSUPPORTED
+    names = set(prims.all_prims())
+    assert not set(TRANSLATIONS) & set(UNSUPPORTED)
+    assert sorted(names - set(TRANSLATIONS) - set(UNSUPPORTED)) == []
+    assert sorted((set(TRANSLATIONS) | set(UNSUPPORTED)) - names) == []
+    assert all(isinstance(why, str) and len(why) > 10 for why in UNSUPPORTED.values())
+    for tag_prim in ("uniform", "copy_"):
+        assert tag_prim in UNSUPPORTED
+
+
+def test_nvfuser_checker_refuses_what_it_cannot_express():
+    from thunderlite.core import prims
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.executors.nvfuser_ops import accepts
+    cuda = torch.device("cuda")
+    a = TensorProxy((4, 3), name="a", device=cuda)
+    cpu = TensorProxy((4, 3), name="c")
+    assert accepts(prims.sin.bind(a, output=a.replace(name="o")))
+    assert not accepts(prims.sin.bind(cpu, output=cpu.replace(name="o")))          # CPU tensors stay with torch
+    assert not accepts(prims.pad.bind(a, 0.0, ((0, 0, 1), (0, 0, 0)), output=a.replace(name="o")))  # interior
+    assert not accepts(prims.sum.bind(a, (), output=a.replace(name="o")))
+    assert not accepts(prims.flip.bind(a, (0,), output=a.replace(name="o")))
+
+
+def test_nvfuser_unavailable_is_skipped_with_its_reason():
+    nv = get_executor("nvfuser")
+    ok, reason = nv.is_available()
+    if ok:
+        pytest.skip("nvFuser is available here: the execution tests below cover it")
+    assert "CUDA" in reason or "nvfuser_direct" in reason
+    report = thunderlite.examine(lambda a: a.sin() + 1, torch.randn(3), executors=["nvfuser"])
+    assert report.ok and report.skipped["nvfuser"] == reason
+    assert f"executor 'nvfuser' skipped: {reason}" in str(report)
+
+
+def _nvfuser_or_skip():
+    ok, reason = get_executor("nvfuser").is_available()
+    if not ok:
+        pytest.skip(f"nvFuser executor unavailable: {reason}")
+
+
+def test_nvfuser_fuses_an_elementwise_chain_and_a_reduction():
+    _nvfuser_or_skip()
+    fn = lambda a, b: ((a * b + 1).sin() * 2).sum(-1).exp()   # noqa: E731
+    a, b = torch.randn(32, 64, device="cuda"), torch.randn(32, 64, device="cuda")
+    jfn = thunderlite.jit(fn, executors=["nvfuser", "torch"])
+    torch.testing.assert_close(jfn(a, b), fn(a, b))
+    final = thunderlite.last_traces(jfn)[-1]
+    verify_trace(final)
+    fusions = _fusions(final)
+    assert len(fusions) == 1 and fusions[0].sym.executor is get_executor("nvfuser")
+    impl = fusions[0].sym.impl
+    jfn(a, b)
+    jfn(a.t().contiguous().t(), b)                 # a new layout: a second compiled fusion
+    assert len(impl.cache) == 2
+
+
+def test_nvfuser_layer_norm_forward_and_backward_match_eager():
+    _nvfuser_or_skip()
+    ln = torch.nn.LayerNorm(64).cuda()
+    x = torch.randn(8, 64, device="cuda", requires_grad=True)
+    jln = thunderlite.jit(ln, executors=["nvfuser", "torch"])
+    out = jln(x)
+    out.sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    ln(x).sum().backward()
+    torch.testing.assert_close(out, ln(x))
+    torch.testing.assert_close(gx, x.grad)
