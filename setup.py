@@ -19,5 +19,9 @@ setup(
         # (nvfuser-cu126, nvfuser-cu128, nvfuser-cu130...); the unsuffixed "nvfuser" is a 2023 build without it
         "nvfuser": ["nvfuser-cu128"],
     },
-    entry_points={"console_scripts": ["thunderlite-demo=thunderlite.demo:main"]},
+    entry_points={
+        "console_scripts": ["thunderlite-demo=thunderlite.demo:main"],
+        # torch.compile(model, backend="thunderlite")
+        "torch_dynamo_backends": ["thunderlite = thunderlite.dynamo:thunderlite_backend"],
+    },
 )
