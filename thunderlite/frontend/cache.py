@@ -24,7 +24,7 @@ REPEATED_MISSES_TO_WARN = 3
 class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
-                 "roots", "opaque", "__weakref__")
+                 "roots", "opaque", "alias_guard", "inputs", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -35,6 +35,8 @@ class CompiledEntry:
         self.stage_ms = stage_ms
         self.total_ms = total_ms
         self.guards = guards
+        self.alias_guard = None     # alias_guard.AliasGuard: storage sharing / write verdict checks
+        self.inputs: list = []      # the provenance of each trace input (None: a constant)
 
 
 class KeyCache:
@@ -171,10 +173,23 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             now = _read(g.prov, args, kwargs)
         except Exception:  # the path itself no longer exists: that is the reason
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
+        if g.kind == "same":
+            if now is not _read(g.value, args, kwargs):
+                return g.prov.describe(), (f"{g.prov.describe()} and {g.value.describe()} were the same tensor "
+                                           "when compiled and are not now")
+            continue
         same = now is g.value if g.kind == "is" else _same_value(g, now)
         if not same:
             shown = "a different object" if g.kind == "is" else repr(now)
             return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
+    if entry.alias_guard is not None:
+        try:
+            values = [_read(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+            why = entry.alias_guard.explain(values)
+        except Exception:  # a path that no longer reads: the metadata guard said so
+            why = None
+        if why is not None:
+            return "storage sharing", why
     return "tensor metadata", "the metadata of a tensor read from a module, global or closure changed"
 
 

@@ -17,6 +17,7 @@ import torch
 from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
+from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.cache import CompiledEntry
 from thunderlite.frontend.cache_key import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
@@ -61,14 +62,20 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     traces = [trace]
-    comp, backward = run_pipeline(trace, traces, groups, executors, transforms)
+    comp, backward = run_pipeline(trace, traces, groups, executors, transforms, refused_writes(state.inputs))
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
-    entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras])
+    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups))
+    entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
+                        alias_guard)
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
     total = (time.perf_counter() - start) * 1e3
-    prologue = prologue_trace(state.inputs, state.guards, trace)
-    return CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
+    prologue = prologue_trace(state.inputs, state.guards, trace, alias_guard)
+    compiled = CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
+    if alias_guard is not None:
+        compiled.alias_guard = alias_guard
+        compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
+    return compiled
 
 
 def _param_names(fn: Callable) -> list[str]:
@@ -178,12 +185,16 @@ def _input_alias_groups(inputs: list[Input]) -> list[list[str]] | None:
     return [[tensors[i].proxy.name for i in g] for g in groups] or None
 
 
-def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = ()):
+def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
+                 refused: dict | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
-    callable running the computation and the backward traces."""
+    callable running the computation and the backward traces. ``refused``:
+    update_aliases' arguments naming inputs eager refuses to write (leaves
+    requiring grad, inference tensors...), so the error is raised here, at
+    trace time, before anything ran."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
-    t = _record(traces, update_aliases(t, groups))
+    t = _record(traces, update_aliases(t, groups, **(refused or {})))
     t = _record(traces, dce(t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]

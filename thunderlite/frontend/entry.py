@@ -25,6 +25,8 @@ import torch
 from thunderlite.core import codegen
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
+from thunderlite.frontend.alias_guard import AliasGuard, write_verdict
+from thunderlite.frontend.cache_key import alias_pattern
 from thunderlite.frontend.epilogue import Write, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
@@ -78,6 +80,8 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     v = paths.read(g.prov)
     if g.kind == "is":
         return f"{v} is not {_const(consts, g.value)}"
+    if g.kind == "same":
+        return f"{v} is not {paths.read(g.value)}"
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
     if g.kind == "keys":
@@ -94,10 +98,12 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 
 
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
-                output: str, rebuild: Callable | None, extra_names: list[str]) -> Callable:
+                output: str, rebuild: Callable | None, extra_names: list[str],
+                alias_guard: AliasGuard | None = None) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
-    (``(flat_values, extras)``, turned into the user value by ``rebuild``)."""
+    (``(flat_values, extras)``, turned into the user value by ``rebuild``).
+    ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py)."""
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
@@ -113,13 +119,17 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
         call_args.append(v)
         if inp.guard_meta:
             pro.append(f"    if {tensor_guard_source(inp, v, consts)}: return _MISS")
+    if alias_guard is not None:
+        pro += ["    " + line for line in alias_guard.lines(call_args.__getitem__, lambda v: _const(consts, v))]
     lines = ["def entry(args, kwargs):"]
     if pro:
         lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
     lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
-                 _rebuild=rebuild, __builtins__=__builtins__)
+                 _rebuild=rebuild, _alias_pattern=alias_pattern, _write_verdict=write_verdict,
+                 _inference_mode=torch.is_inference_mode_enabled,
+                 __builtins__=__builtins__)
     globs.update({name: obj for name, obj in roots.values()})
     fn = codegen.compile_source(src, "entry", globs)
     fn.__thunderlite_source__ = src
@@ -147,15 +157,18 @@ def _print_only(*args, **kwargs):
 
 _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
-_CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue") for kind in ("eq", "is", "len", "keys")}
+_CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
+          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict")}
 
 
-def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace) -> Trace:
+def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
+                   alias_guard: AliasGuard | None = None) -> Trace:
     """The prologue as a trace: which paths are read, which values are checked."""
     trc = Trace("prologue", stage="prologue", names=computation.names)
     trc.args = []
     for g in guards:
-        trc.bound_symbols.append(_CHECK[g.kind].bind(g.prov.describe(), _printable(g.value), output=None))
+        value = g.value.describe() if g.kind == "same" else _printable(g.value)
+        trc.bound_symbols.append(_CHECK[g.kind].bind(g.prov.describe(), value, output=None))
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"
         trc.bound_symbols.append(_UNPACK.bind(where, output=inp.proxy))
@@ -163,6 +176,12 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace)
             t = inp.value
             trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, tuple(t.shape), t.dtype, t.device,
                                                         t.requires_grad, output=None))
+    if alias_guard is not None:
+        if alias_guard.shared:
+            members = tuple(inputs[i].proxy for i in alias_guard.shared)
+            trc.bound_symbols.append(_CHECK["storage_sharing"].bind(members, alias_guard.pattern, output=None))
+        for i, v in alias_guard.verdicts:
+            trc.bound_symbols.append(_CHECK["write_verdict"].bind(inputs[i].proxy, v, output=None))
     trc.set_return(tuple(inp.proxy for inp in inputs))
     return trc
 

@@ -41,7 +41,8 @@ class Input:
 
 
 class Guard:
-    """``kind`` is 'eq' (value equality), 'is' (identity) or 'len'."""
+    """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys', or
+    'same' (the path yields the very object ``value``, another path, yields)."""
     __slots__ = ("prov", "kind", "value")
 
     def __init__(self, prov: Prov, kind: str, value: Any):
@@ -79,6 +80,7 @@ class TraceState:
         self._guarded: set = set()
         self.prov_of: dict[int, Prov] = {}       # id(object) -> where it came from
         self.proxy_of: dict[int, TensorProxy] = {}  # id(tensor) -> its proxy
+        self.input_of: dict[int, Input] = {}       # id(tensor) -> its Input
         self.mirror_of: dict[int, Mirror] = {}    # id(original container) -> mirror
         self.mirrors_by_copy: dict[int, Mirror] = {}
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
@@ -128,18 +130,33 @@ class TraceState:
                      name: str | None = None) -> TensorProxy:
         proxy = self.proxy_of.get(id(t))
         if proxy is not None:
+            self._guard_same_tensor(self.input_of[id(t)], prov if prov is not None else self.prov_of.get(id(t)))
             return proxy
-        known = self.prov_of.get(id(t))
-        if known is not None:
-            prov = known
+        if prov is None:
+            prov = self.prov_of.get(id(t))     # reached by iteration: its registered module path
         name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
         proxy = proxy_of_tensor(t, name=name)
         self.proxy_of[id(t)] = proxy
         self._alive.append(t)
-        self.inputs.append(Input(proxy, prov, t, guard_meta))
+        inp = Input(proxy, prov, t, guard_meta)
+        self.inputs.append(inp)
+        self.input_of[id(t)] = inp
         if isinstance(t, torch.nn.Parameter):
             self.parameters.add(proxy.name)
         return proxy
+
+    def _guard_same_tensor(self, first: Input, prov: Prov | None) -> None:
+        """One tensor reached by a second path: the trace uses one proxy for both,
+        so every call must give the same object on both paths (``f(model.weight)``
+        in a function that also reads ``model.weight``)."""
+        if prov == first.prov:
+            return
+        if first.prov is None:
+            self.add_guard(prov, "is", first.value)
+        elif prov is None:
+            self.add_guard(first.prov, "is", first.value)
+        else:
+            self.add_guard(prov, "same", first.prov)
 
     def enter(self, prov: Prov | None, value: Any) -> Any:
         """The value the program sees for ``value`` read through ``prov``."""

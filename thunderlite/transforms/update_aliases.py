@@ -27,7 +27,7 @@ write. ``ordering_edges`` lists these write-after-read edges for the one pass
 that reorders (transforms/fusion.py)."""
 from __future__ import annotations
 
-from typing import Collection
+from typing import Collection, Mapping
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.prims import check
@@ -170,16 +170,19 @@ def _last_reads(trace: Trace) -> dict[str, int]:
 
 @trace_pass("update_aliases")
 def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = None, *,
-                   leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = ()) -> Trace:
+                   leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = (),
+                   refused_view_inputs: Mapping[str, str] | None = None) -> Trace:
     """Insert a barrier after each write whose alias group is read afterwards.
 
     ``input_alias_groups`` lists groups of argument names that share storage at
     call time (the jit reads it off ``untyped_storage().data_ptr()`` and keys its
     cache on it). ``leaf_inputs`` / ``inference_inputs`` name the arguments that
-    are leaves requiring grad / inference tensors: writes into them raise
-    eager's errors (``check_writes``). Returns ``trace`` itself when nothing
-    needs renaming."""
-    check_writes(trace, leaf_inputs=leaf_inputs, inference_inputs=inference_inputs)
+    are leaves requiring grad / inference tensors, ``refused_view_inputs`` maps
+    arguments that are views eager refuses to write in grad mode to eager's
+    message: writes into them raise eager's errors (``check_writes``). Returns
+    ``trace`` itself when nothing needs renaming."""
+    check_writes(trace, leaf_inputs=leaf_inputs, inference_inputs=inference_inputs,
+                 refused_view_inputs=refused_view_inputs)
     groups = AliasGroups()
     groups.add_inputs(trace.args, input_alias_groups)
     last_read = _last_reads(trace)
@@ -310,11 +313,13 @@ _INFERENCE = ("Inplace update to inference tensor outside InferenceMode is not a
               "for more details.")
 
 
-def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = ()) -> None:
+def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = (),
+                 refused_view_inputs: Mapping[str, str] | None = None) -> None:
     """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
     requires grad (while grad mode was on: the write's result requires grad),
     into a view of one, into an inference tensor (or a view of one), or through
     an expanded view. The message names the user's line."""
+    refused_views = refused_view_inputs or {}
     base_of: dict[str, tuple[str, BoundSymbol]] = {}
     fills: set[str] = set()
     for bsym in trace.bound_symbols:
@@ -323,6 +328,7 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
             root, hops = _view_root(dst.name, base_of)
             grad_mode = new is not None and new.requires_grad
             check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
+            check(not (grad_mode and root in refused_views), lambda: _at(bsym, refused_views[root]))
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
             link = base_of.get(dst.name)
             src = w.args[0] if w.args and isinstance(w.args[0], Proxy) else None
