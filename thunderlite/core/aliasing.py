@@ -1,29 +1,44 @@
-"""What a leaf bound symbol does to memory (docs/architecture.md §5): which tensors it
-writes, and which proxies name them afterwards.
+"""What a bound symbol does to memory (docs/architecture.md §5): which of its outputs
+may share storage with which of its inputs (``views``), which tensors it
+writes (``writes``), and which proxies name them afterwards.
 
-One table keyed by symbol (CONTRIBUTING.md, style 2). Symbols not in the table follow the
-default rules:
+Facts come from their source of truth, never from a hand-kept list:
 
-- ``prims.copy_(src, dst)`` writes ``dst``; its output names ``dst`` afterwards
-  (a registered rule, below);
-- any other leaf tagged ``Tag.INPLACE`` writes its first tensor argument; its
-  first tensor output (if any) names it afterwards (the rule of torch's
-  ``x.add_(y)``-style methods).
+- a torch-language symbol (and an executor's symbol for it) mirrors a torch
+  callable: its facts are the alias annotations of that op's ATen schemas
+  (``torch.ops.aten.<name>``, every overload): a return annotated ``Tensor(a)``
+  may alias the argument annotated ``Tensor(a)``, ``Tensor(*)`` any argument;
+  an unannotated return is fresh memory;
+- a prim names the ATen op whose contract its torch implementation has
+  (``make_prim(..., aten="reshape")``, prims.py), and the same rule applies;
+- opaque ops and custom ops register a rule built from their own call
+  (torch/opaque.py: the meta run's storage sharing joined with the schema;
+  torch/custom_ops.py: the op's schema);
+- a leaf symbol nothing can decide (an executor's implementation of a symbol
+  without a torch counterpart, a hand-built symbol) *may alias every tensor it
+  reads*: never fresh memory by default. A composite without a torch
+  counterpart is described by its decomposition, which callers walk
+  (``core.symbol.walk``).
 
-A symbol whose writes follow another pattern (a custom op with several
-``Tensor(a!)`` arguments, a collective) registers a rule::
+Writes: ``prims.copy_(src, dst)`` writes ``dst``, its output names ``dst``
+afterwards; any other leaf tagged ``Tag.INPLACE`` writes its first tensor
+argument and its first tensor output (if any) names it. A symbol whose writes
+follow another pattern (several ``Tensor(a!)`` arguments, a collective)
+registers a rule::
 
     register_write_rule(my_op, lambda bsym: [(bsym.args[0], bsym.output[0])])
 
-Views need no rule: every tensor output of a ``Tag.VIEW`` symbol, or of a prim
-the torch executor runs with a view-returning torch function (``reshape``,
-``permute``, ``broadcast_in_dim``, ``slice_prim``, ``squeeze``, ``real``,
-``imag``: see prims.py), may alias the first tensor argument. The barrier symbol ``update_aliases`` inserted by
+Rules are keyed by symbol and by meta function, so an executor's symbol for a
+prim (executors/base.py ``executor_symbol``, which shares the prim's meta)
+shares the prim's rules. The barrier symbol ``update_aliases`` inserted by
 ``transforms/update_aliases.py`` lives here because every layer that runs or
 analyses traces must know it."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
+
+import torch
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
@@ -31,10 +46,9 @@ from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 
 WriteRule = Callable[[BoundSymbol], list]
-# Keyed by symbol, and by its meta function: an executor's symbol for a prim
-# (executors/base.py ``executor_symbol``) shares the prim's meta, so it shares
-# the prim's rules without the executor registering anything.
+ViewRule = Callable[[BoundSymbol], list]
 _write_rules: dict[Any, WriteRule] = {}
+_view_rules: dict[Any, ViewRule] = {}
 
 
 def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
@@ -47,6 +61,17 @@ def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
     _write_rules[sym] = rule
     if sym.meta is not None:
         _write_rules.setdefault(sym.meta, rule)
+
+
+def register_view_rule(sym: Symbol, rule: ViewRule) -> None:
+    """``rule(bsym)`` lists ``(out, base)`` pairs: an output proxy and an input
+    proxy whose storage it may share. For symbols whose facts depend on the
+    call (opaque ops) or come from a schema the symbol itself carries (custom ops)."""
+    if sym in _view_rules:
+        raise ValueError(f"a view rule for {sym.id} is already registered")
+    _view_rules[sym] = rule
+    if sym.meta is not None:
+        _view_rules.setdefault(sym.meta, rule)
 
 
 def writes(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy | None]]:
@@ -71,14 +96,180 @@ def _copy_writes(bsym: BoundSymbol) -> list:
 
 register_write_rule(prims.copy_, _copy_writes)
 
-_VIEW_METAS = frozenset(getattr(prims, n).meta for n in
-                        ("reshape", "permute", "broadcast_in_dim", "slice_prim", "squeeze", "real", "imag"))
+
+# --- schemas --------------------------------------------------------------------------------
+
+class SchemaAliases:
+    """The arguments some return of an op may alias, read off its schemas' alias
+    annotations (the union over the given overloads). ``positions``: positional
+    indices; ``names``: keyword names (``out`` of an ``.out`` overload is
+    keyword-only, so it matches by name only). ``fresh`` is True when no return
+    aliases anything."""
+    __slots__ = ("positions", "names")
+
+    def __init__(self, schemas=()):
+        self.positions: set[int] = set()
+        self.names: set[str] = set()
+        for schema in schemas:
+            self._add(schema)
+
+    def _add(self, schema) -> None:
+        sets: set[str] = set()
+        wildcard = False
+        for r in schema.returns:
+            info = r.alias_info
+            if info is not None:
+                sets |= set(info.before_set)
+                wildcard |= "*" in info.before_set
+        if not sets:
+            return
+        for i, a in enumerate(schema.arguments):
+            info = a.alias_info
+            if (wildcard and "Tensor" in str(a.type)) or (info is not None and sets & set(info.before_set)):
+                self.names.add(a.name)
+                if a.name == "self":
+                    self.names.add("input")       # torch's Python spelling of ``self``
+                if not a.kwarg_only:
+                    self.positions.add(i)
+
+    @property
+    def fresh(self) -> bool:
+        return not self.positions and not self.names
+
+    def bases_of(self, args: tuple, kwargs: dict) -> list[TensorProxy]:
+        """The tensors among a call's arguments that its outputs may alias."""
+        out = []
+        for i, a in enumerate(args):
+            if i in self.positions:
+                out.extend(_tensor_leaves(a))
+        for k, v in kwargs.items():
+            if k in self.names:
+                out.extend(_tensor_leaves(v))
+        return out
+
+
+def _tensor_leaves(x) -> list[TensorProxy]:
+    if type(x) is TensorProxy:
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for e in x for t in _tensor_leaves(e)]
+    return []
+
+
+def _torch_overloads(name: str) -> list | None:
+    """The ATen overloads named ``name`` that take a tensor (TorchScript's list
+    and string overloads share some names), or None when ATen has no such op."""
+    packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
+    if packet is None or not hasattr(packet, "overloads"):
+        return None
+    found = [getattr(packet, o) for o in packet.overloads()]
+    found = [o for o in found if any("Tensor" in str(a.type) for a in o._schema.arguments)]
+    return found or None
+
+
+def _aten_name(fn: Callable) -> str | None:
+    """The ATen op a torch callable binds: its name, with Python's dunder
+    spellings undone (``__iadd__`` is ``add_``, ``__radd__`` is ``add``)."""
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    if name.startswith("__") and name.endswith("__") and len(name) > 4:
+        core = name[2:-2]
+        if _torch_overloads(name) is None:
+            if core.startswith("i") and _torch_overloads(core[1:] + "_") is not None:
+                return core[1:] + "_"
+            if core.startswith("r") and _torch_overloads(core[1:]) is not None:
+                return core[1:]
+            return core
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def schema_aliases(name: str) -> SchemaAliases | None:
+    """``SchemaAliases`` of ``torch.ops.aten.<name>`` (all overloads), or None
+    when ATen has no op of that name."""
+    overloads = _torch_overloads(name)
+    if overloads is None:
+        return None
+    return SchemaAliases(o._schema for o in overloads)
+
+
+def callable_aliases(fn: Callable) -> SchemaAliases | None:
+    """The schema facts of the ATen op a torch callable binds, or None when it
+    binds none that can be found (then nothing can be decided from schemas)."""
+    try:
+        return _callable_aliases(fn)
+    except TypeError:              # unhashable callable
+        name = _aten_name(fn)
+        return schema_aliases(name) if name else None
+
+
+@functools.lru_cache(maxsize=None)
+def _callable_aliases(fn: Callable) -> SchemaAliases | None:
+    name = _aten_name(fn)
+    return schema_aliases(name) if name else None
+
+
+# --- views ----------------------------------------------------------------------------------
+
+def _may_alias_all(bsym: BoundSymbol) -> list:
+    ins = bsym.tensor_args()
+    return [(o, i) for o in bsym.tensor_outs() for i in ins]
+
+
+def _from_schema(bsym: BoundSymbol, facts: SchemaAliases) -> list:
+    if facts.fresh:
+        return []
+    bases = facts.bases_of(bsym.args, bsym.kwargs)
+    return [(o, b) for o in bsym.tensor_outs() for b in bases]
+
+
+def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
+    """``(out, base)`` pairs: the outputs of ``bsym`` itself (not of its
+    decomposition, which callers walk) that may share storage with an input.
+    See the module docstring for where the facts come from."""
+    sym = bsym.sym
+    if Tag.ALIAS_BARRIER in sym.tags:
+        return []                              # its members already share a group (AliasGroups)
+    rule = _view_rules.get(sym)
+    if rule is None and sym.meta is not None:
+        rule = _view_rules.get(sym.meta)
+    if rule is not None:
+        pairs = rule(bsym)
+    else:
+        facts = prim_aliases(sym)
+        if facts is None and sym.torch_fn is not None:
+            facts = callable_aliases(sym.torch_fn)
+        if facts is not None:
+            pairs = _from_schema(bsym, facts)
+        elif not sym.is_leaf or bsym.subsymbols or Tag.PRIM in sym.tags:
+            pairs = []                         # its decomposition (walked by callers) says it
+        else:
+            return _may_alias_all(bsym)        # nothing decides: may alias what it reads
+    if Tag.VIEW in sym.tags:                   # declared by an executor for its implementation
+        ins = bsym.tensor_args()
+        if ins:
+            pairs = pairs + [(o, ins[0]) for o in bsym.tensor_outs()]
+    return pairs
+
+
+def prim_aliases(sym: Symbol) -> SchemaAliases | None:
+    """The schema facts of the ATen op a prim (or an executor's symbol for it)
+    follows, or None when ``sym`` is not a prim."""
+    name = prims.aten_op_of(sym)
+    if name is None:
+        return None
+    facts = schema_aliases(name)
+    prims.check(facts is not None, lambda: f"prim {sym.name} names the ATen op {name!r}, which does not exist")
+    return facts
 
 
 def may_view(bsym: BoundSymbol) -> bool:
-    """Whether ``bsym``'s tensor outputs may share storage with its first tensor argument."""
-    sym = bsym.sym
-    return Tag.VIEW in sym.tags or (sym.is_leaf and sym.meta in _VIEW_METAS)
+    """Whether some output of ``bsym`` itself may share storage with an input."""
+    return bool(views(bsym))
+
+
+register_view_rule(prims.copy_, lambda bsym: [(bsym.output, _copy_writes(bsym)[0][0])])
 
 
 def _barrier_meta(members, after):

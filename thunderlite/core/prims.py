@@ -16,12 +16,13 @@ decomposes into them) makes every promotion and broadcast explicit in the trace:
 - reductions take an explicit tuple of dims, never "all" by omission, and
   never keep dims (the language reshapes); ``dims=()`` reduces nothing.
 
-Views. Prims are functional in the IR, but the torch executor runs
-``reshape``, ``permute``, ``broadcast_in_dim`` (``expand``), ``slice_prim``,
-``squeeze`` and ``real``/``imag`` with torch's view-returning functions, so at
-run time their results may share storage with their input, exactly where torch
-would. Aliasing is tracked on the torch-language view symbols (``Tag.VIEW``);
-a pass that writes with ``copy_`` must go through those.
+Views. Prims are functional in the IR, but the torch executor runs each prim
+as an ATen op (``reshape``, ``permute``, ``expand`` for ``broadcast_in_dim``,
+``slice``, ``squeeze``, ``real``/``imag``/``conj``, ``to`` for
+``convert_element_type``...), so at run time a result may share storage with
+an input exactly where that op's would. Each prim names that op
+(``make_prim(..., aten=...)``, default: its own name) and core/aliasing.py
+reads the aliasing from the op's schema annotations (``Tensor(a)``).
 
 Random numbers (``uniform``, ``normal``, ``bernoulli``, ``randint``). They draw
 from torch's generator implicitly: the generator of the output's device, or an
@@ -56,12 +57,24 @@ from thunderlite.core.tags import Tag
 _registry: dict[str, Symbol] = {}
 
 
-def make_prim(name: str, meta: Callable, tags=()) -> Symbol:
+_aten_of: dict[Callable, str] = {}      # prim meta -> the ATen op whose alias contract it has
+
+
+def make_prim(name: str, meta: Callable, tags=(), aten: str | None = None) -> Symbol:
+    """``aten``: the ATen op (``torch.ops.aten.<aten>``, default ``name``) whose
+    schema states the prim's aliasing: the torch executor runs the prim as that
+    op (or one with the same contract), and core/aliasing.py reads the schema."""
     if name in _registry:
         raise ValueError(f"prim {name!r} is defined twice")
     sym = Symbol(name, meta=meta, module="prims", tags={Tag.PRIM, *tags})
     _registry[name] = sym
+    _aten_of[meta] = aten or name
     return sym
+
+
+def aten_op_of(sym: Symbol) -> str | None:
+    """The ATen op a prim (or an executor's symbol sharing its meta) follows."""
+    return _aten_of.get(sym.meta) if sym.meta is not None else None
 
 
 def all_prims() -> dict[str, Symbol]:
@@ -173,9 +186,11 @@ def _out_dtype_fn(name: str):
     return lambda d: d
 
 
+_ATEN_NAME = {"zeta": "special_zeta"}
 _g = globals()
 for _name in UNARY + BINARY + TERNARY:
-    _g[_name] = make_prim(_name, _elementwise_meta(_out_dtype_fn(_name), _name, _name in _INEXACT_ONLY))
+    _g[_name] = make_prim(_name, _elementwise_meta(_out_dtype_fn(_name), _name, _name in _INEXACT_ONLY),
+                         aten=_ATEN_NAME.get(_name))
 """``polygamma(n, a)`` takes the int order first, as torch.polygamma does."""
 
 
@@ -202,7 +217,7 @@ def _convert_element_type_meta(a, dtype: torch.dtype):
     return a.replace(dtype=dtype, requires_grad=a.requires_grad and dtypes.is_inexact(dtype))
 
 
-convert_element_type = make_prim("convert_element_type", _convert_element_type_meta)
+convert_element_type = make_prim("convert_element_type", _convert_element_type_meta, aten="to")
 
 
 def _device_put_meta(a, device):
@@ -210,7 +225,7 @@ def _device_put_meta(a, device):
     return a.replace(device=devices.to_device(device))
 
 
-device_put = make_prim("device_put", _device_put_meta)
+device_put = make_prim("device_put", _device_put_meta, aten="to")
 """``device_put(a, device)``: ``a`` on ``device`` (a copy unless already there)."""
 
 
@@ -228,7 +243,7 @@ def _broadcast_in_dim_meta(a, shape, broadcast_dims):
     return a.replace(shape=shape)
 
 
-broadcast_in_dim = make_prim("broadcast_in_dim", _broadcast_in_dim_meta)
+broadcast_in_dim = make_prim("broadcast_in_dim", _broadcast_in_dim_meta, aten="expand")
 
 
 def _reshape_meta(a, shape):
@@ -265,7 +280,7 @@ def _slice_meta(a, start_indices, end_indices, strides=None):
     return a.replace(shape=tuple(shape))
 
 
-slice_prim = make_prim("slice_prim", _slice_meta)
+slice_prim = make_prim("slice_prim", _slice_meta, aten="slice")
 """``slice_prim(a, start_indices, end_indices, strides=None)``: a strided view with
 ``0 <= start <= end <= size`` and ``stride >= 1`` per dim (canonical: the language
 clamps and normalizes Python slices)."""
@@ -319,7 +334,7 @@ def _pad_meta(a, padding_value, padding_config):
     return a.replace(shape=tuple(shape))
 
 
-pad = make_prim("pad", _pad_meta)
+pad = make_prim("pad", _pad_meta, aten="constant_pad_nd")
 """``pad(a, padding_value, padding_config)``: per dim ``(lo, hi, interior)``;
 ``lo``/``hi`` may be negative (cropping), ``interior`` inserts that many
 ``padding_value`` elements between neighbours (XLA's pad)."""
@@ -346,7 +361,7 @@ def _take_along_axis_meta(a, index, dim):
     return TensorProxy(shape=index.shape, dtype=a.dtype, device=a.device, requires_grad=_grad(a))
 
 
-take_along_axis = make_prim("take_along_axis", _take_along_axis_meta)
+take_along_axis = make_prim("take_along_axis", _take_along_axis_meta, aten="take_along_dim")
 
 
 def _index_select_meta(a, dim, index):
@@ -572,7 +587,7 @@ def _iota_meta(length, *, start, step, device, dtype):
     return TensorProxy(shape=(length,), dtype=dtype, device=devices.to_device(device))
 
 
-iota = make_prim("iota", _iota_meta)
+iota = make_prim("iota", _iota_meta, aten="arange")
 """``iota(length, *, start, step, device, dtype)``: ``start + step * arange(length)``."""
 
 

@@ -149,3 +149,14 @@ class BoundSymbol:
 
     def __repr__(self):
         return bsym_line(self, {})
+
+
+def walk(bsym: BoundSymbol):
+    """``bsym`` and every bound symbol nested in its decomposition, outermost
+    first (pre-order): the one traversal passes use to look inside composites."""
+    stack = [bsym]
+    while stack:
+        b = stack.pop()
+        yield b
+        if b.subsymbols:
+            stack.extend(reversed(b.subsymbols))

@@ -119,7 +119,7 @@ def pad(a, padding_value, padding_config):
 
 def _no_reduction(a, output_dtype):
     """``dims=()`` reduces nothing (torch would reduce every dim)."""
-    return a.to(output_dtype) if output_dtype is not None else a.clone()
+    return a.clone() if output_dtype in (None, a.dtype) else a.to(output_dtype)   # fresh, as aten::sum
 
 
 def sum(a, dims, *, output_dtype=None):

@@ -41,7 +41,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
 from thunderlite.core import pytree
-from thunderlite.core.aliasing import register_write_rule
+from thunderlite.core.aliasing import SchemaAliases, register_view_rule, register_write_rule
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -161,6 +161,9 @@ def _make(overload: OpOverload) -> Callable:
     sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags)
     if schema.written:
         register_write_rule(sym, lambda bsym: _writes(bsym, schema, hidden))
+    facts = SchemaAliases([overload._schema])
+    register_view_rule(sym, lambda bsym: [(o, b) for o in pytree.leaves(bsym.output[1]) if type(o) is TensorProxy
+                                          for b in facts.bases_of(bsym.args, {})])
 
     def record(*args, **kwargs):
         return sym(*schema.bind(args, kwargs))[1]

@@ -6,6 +6,15 @@ proxies (so a model never fails just because one op lacks a decomposition).
 The symbols are tagged ``Tag.OPAQUE``: fusion executors skip them and
 ``examine`` lists them.
 
+Aliasing is never guessed. Which tensor outputs may share storage with which
+tensor arguments is read per call: the meta run's own storage sharing (the C++
+code that decides it runs on meta tensors too, so ``detach``, ``.data``,
+``as_strided``, ``view_as_real`` and ops whose schema under-states it, like
+``unsafe_split``, are seen) joined with the alias annotations of the ATen op
+the callable binds (``Tensor(a)``: ``contiguous``/``reshape`` alias or not
+depending on strides the meta run cannot know). Each pattern gets its own leaf
+symbol with a view rule (core/aliasing.py), so passes read it like any fact.
+
 Mutation is never silent. The meta run reveals which tensor arguments ``fn``
 writes (their version counters move, which covers ``add_``, ``out=``,
 ``inplace=True`` and custom ops alike); such a call is recorded functionally
@@ -20,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from thunderlite.core import prims, pytree
+from thunderlite.core.aliasing import callable_aliases, register_view_rule
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import DataDependentError, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -93,6 +103,49 @@ def _run_meta(fn, args, kwargs):
     return out, pairs, written
 
 
+Pattern = tuple   # per tensor output: the sorted indices of the tensor arguments it may alias
+
+
+def _alias_pattern(fn, args, kwargs, out, pairs) -> Pattern:
+    """Which tensor arguments each tensor output may share storage with: the
+    meta run's storage sharing joined with the ATen schema's annotations."""
+    storages = [_storage(m) for _, m in pairs]
+    facts = callable_aliases(fn)
+    declared: set[int] = set()
+    if facts is not None and not facts.fresh:
+        names = {p.name for p in facts.bases_of(args, kwargs)}
+        declared = {j for j, (p, _) in enumerate(pairs) if p.name in names}
+    pattern = []
+    for o in pytree.leaves(out):
+        if isinstance(o, torch.Tensor):
+            s = _storage(o)
+            shared = {j for j, t in enumerate(storages) if s is not None and t == s}
+            pattern.append(tuple(sorted(shared | declared)))
+    return tuple(pattern) if any(pattern) else ()     # () : every output is fresh
+
+
+def _storage(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):   # sparse and other storage-less layouts
+        return None
+
+
+def _pattern_rule(pattern: Pattern, skip_outs: int = 0):
+    """The view rule of a symbol whose tensor outputs alias per ``pattern``
+    (``skip_outs``: trailing tensor outputs not covered, fresh)."""
+    def rule(bsym) -> list:
+        if not any(pattern):
+            return []
+        outs, ins = bsym.tensor_outs(), bsym.tensor_args()
+        if skip_outs:
+            outs = outs[:len(outs) - skip_outs]
+        if len(outs) != len(pattern):          # unexpected structure: may alias everything
+            return [(o, i) for o in outs for i in ins]
+        return [(o, ins[j]) for o, js in zip(outs, pattern, strict=True) for j in js]
+    return rule
+
+
 def _fn_name(fn) -> str:
     return public_name(fn)
 
@@ -160,31 +213,53 @@ class OpaqueOp:
         self.fn = fn
         name = _unique_name(fn)
         tags = {Tag.OPAQUE} | ({Tag.RANDOM, Tag.DONT_DCE} if _is_random(fn) else set())
-        self.symbol = Symbol(name, meta=self._meta, module="opaque", tags=tags, torch_fn=fn)
+        self._name = name
+        self._tags = tags
+        self._plain: dict[Pattern, Symbol] = {}
+        self.symbol = self._plain_symbol(())
         self._functional: dict[tuple, Symbol] = {}
         self._inplace: dict[tuple, Symbol] = {}
 
     def __repr__(self):
         return f"<opaque op {self.symbol.id} for {_fn_name(self.fn)}>"
 
-    def _meta(self, *args, **kwargs):
-        out, _, _ = _run_meta(self.fn, args, kwargs)
-        rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
-        return _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(self.fn, args, kwargs))
+    def _plain_symbol(self, pattern: Pattern) -> Symbol:
+        """The leaf recording a call whose outputs alias the arguments per
+        ``pattern`` (one symbol per pattern, each with its own meta function so
+        executors' symbols for it share its rule)."""
+        sym = self._plain.get(pattern)
+        if sym is not None:
+            return sym
+        fn = self.fn
+
+        def meta(*args, **kwargs):
+            out, _, _ = _run_meta(fn, args, kwargs)
+            rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
+            return _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(fn, args, kwargs))
+        name = self._name
+        if self._plain:
+            name = f"{self._name}_view" if any(pattern) else f"{self._name}_fresh"
+            name = _unique_name(_Named(name))
+        sym = Symbol(name, meta=meta, module="opaque", tags=self._tags, torch_fn=fn)
+        register_view_rule(sym, _pattern_rule(pattern))
+        self._plain[pattern] = sym
+        return sym
 
     def __call__(self, *args, **kwargs):
         out, pairs, written = _run_meta(self.fn, args, kwargs)
+        pattern = _alias_pattern(self.fn, args, kwargs, out, pairs)
         if not written:
-            return self.symbol(*args, **kwargs)
-        key = tuple(written)
+            return self._plain_symbol(pattern)(*args, **kwargs)
+        key = (tuple(written), pattern)
         sym = self._inplace.get(key)
         if sym is None:
             sym = self._inplace[key] = self._make_inplace(key, pairs, out)
         return sym(*args, **kwargs)
 
-    def _make_inplace(self, written: tuple, pairs, meta_out) -> Symbol:
+    def _make_inplace(self, key: tuple, pairs, meta_out) -> Symbol:
         """Composite: functional leaf (clones written args) then copy_ into each."""
-        functional = self._make_functional(written)
+        written, _ = key
+        functional = self._make_functional(key)
         # Which output (if any) is a written argument itself (add_ returns self).
         returns_arg = None
         if isinstance(meta_out, torch.Tensor):
@@ -199,14 +274,17 @@ class OpaqueOp:
             if returns_arg is not None:
                 return updated[written.index(returns_arg)]
             return result
-        name = f"{self.symbol.name}_mutating_{'_'.join(map(str, written))}"
-        _names.add(name)
+        name = _unique_name(_Named(f"{self.symbol.name}_mutating_{'_'.join(map(str, written))}"))
         return Symbol(name, decomposition=decomposition, module="opaque", tags={Tag.OPAQUE, Tag.INPLACE})
 
-    def _make_functional(self, written: tuple) -> Symbol:
-        sym = self._functional.get(written)
+    def _make_functional(self, key: tuple) -> Symbol:
+        """The leaf running ``fn`` on clones of the written arguments. Its
+        results may alias the other arguments as the call's did; the written
+        arguments' new values (the clones) are fresh."""
+        sym = self._functional.get(key)
         if sym is not None:
             return sym
+        written, pattern = key
         fn = self.fn
 
         def run_on_clones(*args, **kwargs):
@@ -221,10 +299,11 @@ class OpaqueOp:
             rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
             result = _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(fn, args, kwargs))
             return result, tuple(pairs[i][0].replace() for i in written)
-        name = f"{self.symbol.name}_functional_{'_'.join(map(str, written))}"
-        _names.add(name)
+        name = _unique_name(_Named(f"{self.symbol.name}_functional_{'_'.join(map(str, written))}"))
         sym = Symbol(name, meta=meta, module="opaque", tags=self.symbol.tags, torch_fn=run_on_clones)
-        self._functional[written] = sym
+        kept = tuple(tuple(j for j in js if j not in written) for js in pattern)
+        register_view_rule(sym, _pattern_rule(kept, skip_outs=len(written)))
+        self._functional[key] = sym
         return sym
 
 
@@ -246,4 +325,10 @@ def opaque_symbol_for(fn: Callable) -> OpaqueOp:
 
 def opaque_symbols() -> list[Symbol]:
     """Every opaque leaf symbol made so far (for examine/reporting)."""
-    return [op.symbol for op in _cache.values()]
+    return [sym for op in _cache.values() for sym in op._plain.values()]
+
+
+class _Named:
+    """A stand-in carrying a name for ``_unique_name``."""
+    def __init__(self, name: str):
+        self.__name__ = name

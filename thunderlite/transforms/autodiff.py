@@ -63,10 +63,10 @@ from dataclasses import dataclass, field
 import torch
 
 from thunderlite.core import dtypes, prims, pytree
-from thunderlite.core.aliasing import writes
+from thunderlite.core.aliasing import views, writes
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
@@ -265,9 +265,9 @@ def _where(bsym: BoundSymbol) -> str:
 def _shared_roots(bsyms, groups: AliasGroups, roots: set[str]) -> None:
     """Add the alias groups that hold a view (looking through decompositions)."""
     for bsym in bsyms:
-        if Tag.VIEW in bsym.sym.tags:
-            roots.update(groups.find(o.name) for o in bsym.tensor_outs())
-        _shared_roots(bsym.subsymbols, groups, roots)
+        for b in walk(bsym):
+            if Tag.INPLACE not in b.sym.tags:       # an in-place op's result is the written tensor itself
+                roots.update(groups.find(out.name) for out, _ in views(b))
 
 
 def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> bool:

@@ -31,9 +31,9 @@ from typing import Collection, Mapping
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.prims import check
-from thunderlite.core.aliasing import BARRIER, may_view, writes
+from thunderlite.core.aliasing import BARRIER, views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 
@@ -104,40 +104,32 @@ class AliasGroups:
             self.add_member(o)
 
     def _link(self, bsym: BoundSymbol) -> None:
-        tags = bsym.sym.tags
-        if Tag.ALIAS_BARRIER in tags:
-            # members share storage by construction: a trace that went through
-            # update_aliases carries that even where a pass is not told the input groups
-            members = bsym.args[0]
-            for m, n in zip(members, bsym.output, strict=True):
-                self.union(members[0].name, m.name)
-                self.union(m.name, n.name)
-            return
-        if may_view(bsym):
-            base = bsym.tensor_args()
-            if base:
-                for o in bsym.tensor_outs():
-                    self.union(base[0].name, o.name)
-        for dst, new in writes(bsym):
-            if new is not None:
-                self.union(dst.name, new.name)
-        for sub in bsym.subsymbols:
-            self._link(sub)
+        for b in walk(bsym):
+            if Tag.ALIAS_BARRIER in b.sym.tags:
+                # members share storage by construction: a trace that went through
+                # update_aliases carries that even where a pass is not told the input groups
+                members = b.args[0]
+                for m, n in zip(members, b.output, strict=True):
+                    self.union(members[0].name, m.name)
+                    self.union(m.name, n.name)
+                continue
+            for out, base in views(b):
+                self.union(base.name, out.name)
+            for dst, new in writes(b):
+                if new is not None:
+                    self.union(dst.name, new.name)
 
 
 def written(bsym: BoundSymbol) -> list[TensorProxy]:
     """Every tensor ``bsym`` writes, looking through its decomposition (a write
     into a name internal to the decomposition is listed too: the caller decides,
     through alias groups, whether anything outside can see it)."""
-    out = [dst for dst, _ in writes(bsym)]
-    for sub in bsym.subsymbols:
-        out.extend(written(sub))
-    return out
+    return [dst for b in walk(bsym) for dst, _ in writes(b)]
 
 
 def has_tag_deep(bsym: BoundSymbol, tag: Tag) -> bool:
     """``tag`` on ``bsym`` or anywhere in its decomposition."""
-    return tag in bsym.sym.tags or any(has_tag_deep(s, tag) for s in bsym.subsymbols)
+    return any(tag in b.sym.tags for b in walk(bsym))
 
 
 def _substitute(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
@@ -152,9 +144,8 @@ def _substitute(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
 
 
 def _all_reads(bsym: BoundSymbol):
-    yield from bsym.flat_args()
-    for s in bsym.subsymbols:
-        yield from _all_reads(s)
+    for b in walk(bsym):
+        yield from b.flat_args()
 
 
 def _last_reads(trace: Trace) -> dict[str, int]:
@@ -250,10 +241,9 @@ def _write_results(writer: BoundSymbol) -> tuple:
 
 
 def _written_pairs(bsym: BoundSymbol):
-    for _, new in writes(bsym):
-        yield new
-    for sub in bsym.subsymbols:
-        yield from _written_pairs(sub)
+    for b in walk(bsym):
+        for _, new in writes(b):
+            yield new
 
 
 def _retire(groups: AliasGroups, stale) -> None:
@@ -338,24 +328,19 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
 
 
 def _all_writes(bsym: BoundSymbol):
-    for pair in writes(bsym):
-        yield bsym, pair
-    for sub in bsym.subsymbols:
-        yield from _all_writes(sub)
+    for b in walk(bsym):
+        for pair in writes(b):
+            yield b, pair
 
 
 def _note_views(bsym: BoundSymbol, base_of: dict, fills: set) -> None:
     """Record view links, and the values made by ``prims.full``: eager allows
     filling an expanded view (``fill_``, ``zero_``, ``x[i] = 0.0``)."""
-    if may_view(bsym):
-        base = bsym.tensor_args()
-        if base:
-            for o in bsym.tensor_outs():
-                base_of[o.name] = (base[0].name, bsym)
-    if bsym.sym.meta is prims.full.meta:
-        fills.add(bsym.output.name)
-    for sub in bsym.subsymbols:
-        _note_views(sub, base_of, fills)
+    for b in walk(bsym):
+        for out, base in views(b):
+            base_of[out.name] = (base.name, b)
+        if b.sym.meta is prims.full.meta:
+            fills.add(b.output.name)
 
 
 def _view_root(name: str, base_of: dict) -> tuple[str, int]:
