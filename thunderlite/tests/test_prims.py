@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from thunderlite.core import prims, pytree
+from thunderlite.core.aliasing import views
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -32,6 +33,7 @@ def check_prim(prim, args, kwargs=None, ref=None):
     kwargs = kwargs or {}
     trc, tensors, meta_out = _record(prim, args, kwargs)
     got = run_trace(trc, tensors)
+    _check_aliasing_declared(trc, tensors, meta_out, got)
     for m, g in zip(pytree.leaves(meta_out), pytree.leaves(got), strict=True):
         if isinstance(m, TensorProxy):
             assert tuple(g.shape) == m.shape and g.dtype == m.dtype, (prim, m, g.shape, g.dtype)
@@ -43,6 +45,18 @@ def check_prim(prim, args, kwargs=None, ref=None):
         for w, g in zip(pytree.leaves(want), pytree.leaves(got), strict=True):
             torch.testing.assert_close(g, w, equal_nan=True)
     return got
+
+
+def _check_aliasing_declared(trc, tensors, meta_out, got) -> None:
+    """The torch executor runs a prim within its declared ATen contract: an
+    output sharing storage with an input is one ``views`` lists (core/aliasing.py)."""
+    declared = {(o.name, b.name) for bsym in trc.bound_symbols for o, b in views(bsym)}
+    pairs = [(m, g) for m, g in zip(pytree.leaves(meta_out), pytree.leaves(got), strict=True)
+             if isinstance(m, TensorProxy)]
+    for m, g in pairs:
+        for p, t in zip(trc.args, tensors, strict=True):
+            if g.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and t.numel():
+                assert (m.name, p.name) in declared, f"{trc.bound_symbols[0].sym.id}: {m.name} aliases {p.name}"
 
 
 def _t(*shape, dtype=torch.float32, low=-2.0, high=2.0):

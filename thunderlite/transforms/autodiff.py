@@ -319,13 +319,20 @@ def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict) -> list[tuple]:
     return list(zip(inputs, in_grads, strict=True))
 
 
-def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups) -> list[tuple]:
+def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -> list[tuple]:
     """In a group without views every member is the written tensor itself, so a
-    renamed member's value is the write's result (``after``), not its old value."""
+    renamed member's value is the write's result (``after``), not its old value.
+    A write autograd does not see (into a ``detach()``/``.data`` alias: its
+    result is not tracked) leaves every member's history as it was: the
+    renamed member's gradient is its old name's, as in eager."""
     members, after = bsym.args
+    unseen = not any(a.name in tracked for a in after)
     pairs = []
     for m, gm in zip(members, g, strict=True):
         if gm is None:
+            continue
+        if unseen:
+            pairs.append((m, gm))
             continue
         target = next((a for a in after if groups.same(a.name, m.name)), None)
         check(target is not None, lambda: f"alias barrier {bsym!r}: no write result for {m.name}")
@@ -399,7 +406,7 @@ def _vjp_pairs(bsym, g, bwd: Trace, handles, groups, owned: _Owned | None = None
     if is_function_symbol(bsym.sym):
         return function_vjp(bsym, g)
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
-        return _barrier_vjp(bsym, g, groups)
+        return _barrier_vjp(bsym, g, groups, tracked)
     if Tag.OPAQUE in bsym.sym.tags:
         return _opaque_vjp(bsym, g, bwd, handles)
     return rules.apply_rule(bsym, g)
@@ -427,7 +434,7 @@ def _decomposition_vjp(bsym, g, bwd: Trace, handles, groups, tracked) -> list[tu
         gb = _output_grad(b, local)
         if gb is None:
             continue
-        for arg, ga in _vjp_pairs(b, gb, bwd, handles, groups):
+        for arg, ga in _vjp_pairs(b, gb, bwd, handles, groups, tracked=local_tracked):
             if arg.name in local_tracked:
                 _accumulate(local, arg, ga)
     return [(a, local[a.name]) for a in bsym.tensor_args() if a.name in local]
