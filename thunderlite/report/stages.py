@@ -180,6 +180,6 @@ def stage_data(group: str, traces: list[Trace], sources: SourceTable, decomps: D
             ms = stage_ms.get(trc.stage)
         out.append({"id": f"{group}-{i}", "group": group, "index": i, "stage": trc.stage or trc.name,
                     "name": trc.name, "args": args, "ms": ms, "rows": rows, "diff": _diff(prev_rows, rows),
-                    "regions": sorted({r["region"] for r in rows if r["region"]})})
+                    "regions": list(dict.fromkeys(r["region"] for r in rows if r["region"]))})
         prev_rows = rows
     return out

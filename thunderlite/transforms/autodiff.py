@@ -360,6 +360,7 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             g = _output_grad(bsym, grads)
             if g is None:
                 continue
+            bwd.source = bsym.source        # a gradient's symbols name the line of the op they differentiate
             start = len(bwd.bound_symbols)
             pairs = _vjp_pairs(bsym, g, bwd, handles, groups, owned, tracked)
             if is_function_symbol(bsym.sym):
@@ -367,6 +368,7 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             for arg, ga in pairs:
                 if arg.name in tracked:
                     _accumulate(grads, arg, ga)
+        bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
                        for a, m in zip(trace.args, mask, strict=True))

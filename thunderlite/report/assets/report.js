@@ -12,6 +12,7 @@
   var activeRegion = null;
   var CONTEXT = 3;
   var OWN_COLOR = "#b9bfcb";
+  var MAX_CHIPS = 8;
 
   function el(tag, attrs, children) {
     var e = document.createElement(tag);
@@ -253,14 +254,19 @@
     var sub = "stage " + (s.index + 1) + " of " + group.stages.length + " · " + s.rows.length + " symbols" +
               (s.ms !== null ? " · " + s.ms.toFixed(2) + " ms" : "");
     var regionBox = el("div", { "class": "regions" });
-    s.regions.forEach(function (rid) {
+    s.regions.forEach(function (rid, k) {
       var n = s.rows.filter(function (r) { return r.region === rid && r.kind !== "fusion"; }).length;
       var f = s.rows.filter(function (r) { return r.region === rid && r.kind === "fusion"; })[0];
       var count = f ? f.members.length : n;
       regionBox.appendChild(el("span", { "class": "region-chip", "data-region": rid, style: "--rc:" + D.regions[rid],
         title: "click: highlight the symbols of this region", onclick: function () { highlightRegion(rid); } },
         [rid + " · " + count + " symbols"]));
+      if (k >= MAX_CHIPS) regionBox.lastChild.classList.add("extra");
     });
+    if (s.regions.length > MAX_CHIPS) {
+      regionBox.appendChild(el("span", { "class": "region-more", text: "+" + (s.regions.length - MAX_CHIPS) + " more",
+        onclick: function (e) { regionBox.classList.add("all"); e.target.remove(); } }));
+    }
     view.appendChild(el("div", { "class": "stagehead" }, [
       el("h2", { text: group.label + ": " + s.stage }), el("span", { "class": "sub", text: sub }), controls, regionBox]));
     view.appendChild(el("div", { "class": "args", title: s.args.join("\n"), text: "def " + s.name + "(" + s.args.join(", ") + ")" }));
@@ -368,6 +374,10 @@
           toggleSubs(td, side.rows[+td.getAttribute("data-i")]);
         }
       });
+    }
+    if (activeRegion) {
+      var chip = view.querySelector('.region-chip.extra[data-region="' + activeRegion + '"]');
+      if (chip) chip.parentNode.classList.add("all");
     }
     view.querySelectorAll("[data-region]").forEach(function (n) {
       n.classList.toggle("hl", n.getAttribute("data-region") === activeRegion);
