@@ -1,4 +1,4 @@
-"""The trace report: one self-contained HTML page about a jitted function's last call.
+"""The trace report (docs/architecture.md §13): one self-contained HTML page about a jitted function's last call.
 
 ``thunderlite.trace_report(jfn, path)`` writes every stage of the forward,
 backward and prologue traces side by side with the diff to the stage before,

@@ -1,7 +1,7 @@
 """The execution transform (docs/architecture.md §7): executors claim the trace.
 
 Priority is the user's list order, for operator and fusion executors alike
-(DESIGN.md §6). Each executor, in order, gets one pass over what is still
+(docs/architecture.md §6). Each executor, in order, gets one pass over what is still
 unclaimed:
 
 - a fusion executor replaces regions of unclaimed symbols by fusion symbols
