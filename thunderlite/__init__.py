@@ -27,6 +27,7 @@ _LAZY = {
     "compile_stats": ("thunderlite.api", "compile_stats"),
     "examine": ("thunderlite.api", "examine"),
     "trace_report": ("thunderlite.report", "trace_report"),
+    "kernel_source": ("thunderlite.executors.tritonex", "kernel_source"),
     "CACHE_MODES": ("thunderlite.api", "CACHE_MODES"),
     "ThunderliteModule": ("thunderlite.api", "ThunderliteModule"),
     "DataDependentError": ("thunderlite.core.proxies", "DataDependentError"),

@@ -12,6 +12,7 @@ from thunderlite.executors.base import Executor
 from thunderlite.executors.nvfuser import nvfuser_executor
 from thunderlite.executors.torchcompile import torchcompile_executor
 from thunderlite.executors.torchex import torch_executor
+from thunderlite.executors.tritonex import triton_executor
 
 _executors: dict[str, Executor] = {}
 _default_names: list[str] = []
@@ -118,3 +119,4 @@ def skipped_executors(executors=None) -> dict[str, str]:
 register_executor(torch_executor, default=True)
 register_executor(torchcompile_executor)
 register_executor(nvfuser_executor)
+register_executor(triton_executor)

@@ -1,0 +1,107 @@
+"""Loading and launching generated Triton kernels (the only module of the
+Triton executor that imports ``triton``).
+
+Native or interpreted. Triton picks its mode when ``triton.jit`` decorates a
+function: with ``TRITON_INTERPRET=1`` in the environment it builds an
+``InterpretedFunction`` (numpy on the CPU, slow: a correctness tool), otherwise
+a ``JITFunction`` compiled for the GPU. The mode is chosen once, when this
+module is imported:
+
+- ``TRITON_INTERPRET=1`` already set by the user: interpreter;
+- no CUDA device: interpreter (the only way Triton runs on a CPU);
+- otherwise: native.
+
+The variable is set only around each ``triton.jit`` call that decorates one of
+our kernels and restored right after, so nothing else in the process (Inductor,
+the user's own kernels) sees a changed environment. The generated kernels call
+only Triton builtins (``tl.load``, ``tl.where``, ``tl.reduce`` ...), never the
+``@triton.jit`` helpers of ``triton.language.standard`` (``tl.sum``,
+``tl.zeros``): those were decorated when ``triton`` was first imported, perhaps
+natively by ``torch.compile``, and an interpreted kernel cannot call them.
+Reductions pass Triton's own combine functions to ``tl.reduce`` (the
+interpreter runs those as numpy reductions).
+
+Kernels are cached by their source text, which encodes the region's structure,
+dtypes and shape class (sizes and strides are runtime arguments).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import linecache
+import os
+import types
+from typing import Callable
+
+import torch
+
+try:
+    import triton
+    import triton.language  # noqa: F401 - the generated source imports it
+    _IMPORT_ERROR: str | None = None
+except ImportError as e:   # the executor then reports itself unavailable
+    triton = None
+    _IMPORT_ERROR = f"triton is not installed ({e}); pip install 'thunderlite[triton]'"
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available()
+"""Whether kernels run under the Triton interpreter (on CPU tensors) instead of natively (on CUDA tensors)."""
+
+DEVICE_TYPE: str = "cpu" if INTERPRET else "cuda"
+"""The device type of the tensors the kernels accept."""
+
+_kernels: dict[str, Callable] = {}
+
+
+def availability() -> tuple[bool, str]:
+    if triton is None:
+        return False, _IMPORT_ERROR
+    return True, ""
+
+
+@contextlib.contextmanager
+def _interpret_env(on: bool):
+    """``TRITON_INTERPRET`` as ``on`` for the duration of one decoration, then as before."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def load_kernel(source: str, fn_name: str, do_not_specialize: tuple = ()) -> Callable:
+    """The ``triton.jit`` kernel ``fn_name`` defined by ``source``, compiled once per
+    distinct source. The source is registered with ``linecache`` under a stable
+    file name so Triton (which reads a kernel's source) and tracebacks see it.
+    ``do_not_specialize``: integer arguments the kernel uses as values (sizes), which
+    native Triton would otherwise turn into constants when they equal 1."""
+    kernel = _kernels.get(source)
+    if kernel is not None:
+        return kernel
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    filename = f"<thunderlite-triton-{digest}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(f"thunderlite_triton_{digest}")
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    with _interpret_env(INTERPRET):
+        kernel = triton.jit(getattr(module, fn_name), do_not_specialize=list(do_not_specialize))
+    _kernels[source] = kernel
+    return kernel
+
+
+def launch(kernel: Callable, grid: tuple, args: list, constexprs: dict, num_warps: int) -> None:
+    if INTERPRET:
+        import numpy as np
+        # Masked-off lanes compute on filler values (log(0), 0/0); numpy must not warn about them.
+        with np.errstate(all="ignore"):
+            kernel[grid](*args, **constexprs)
+    else:
+        kernel[grid](*args, **constexprs, num_warps=num_warps)
+
+
+def cached_kernel_count() -> int:
+    return len(_kernels)
