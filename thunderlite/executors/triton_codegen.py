@@ -33,15 +33,18 @@ TL_DTYPES = {torch.bool: "tl.int1", torch.uint8: "tl.uint8", torch.int8: "tl.int
              torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32", torch.float64: "tl.float64"}
 
 _NAN_MAX = ", propagate_nan=tl.PropagateNan.ALL"
+# DIV( and SQRT( are IEEE-rounded division and square root: tl.div_rn/tl.sqrt_rn for float32
+# (Triton's "/" and tl.sqrt are approximate there), "/" and tl.sqrt for float64 (exact; the
+# _rn forms take float32 only). See _ieee.
 EXPRESSIONS = {
     "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})",
-    "log2": "tl.log2({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.div_rn(1.0, tl.sqrt_rn({0}))",
+    "log2": "tl.log2({0})", "sqrt": "SQRT({0})", "rsqrt": "DIV(1.0, SQRT({0}))",
     "sin": "tl.sin({0})", "cos": "tl.cos({0})", "erf": "tl.erf({0})",
-    "sigmoid": "tl.div_rn(1.0, 1.0 + tl.exp(-{0}))", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
-    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))", "reciprocal": "tl.div_rn(1.0, {0})",
+    "sigmoid": "DIV(1.0, 1.0 + tl.exp(-{0}))", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
+    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))", "reciprocal": "DIV(1.0, {0})",
     "bitwise_not": "~{0}", "logical_not": "{0} == 0", "isnan": "{0} != {0}",
     "isfinite": "tl.abs({0}) < float(\"inf\")", "isinf": "tl.abs({0}) == float(\"inf\")",
-    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "tl.div_rn({0}, {1})",
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "DIV({0}, {1})",
     "bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
     "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}", "gt": "{0} > {1}",
     "ge": "{0} >= {1}", "logical_and": "({0} != 0) & ({1} != 0)", "logical_or": "({0} != 0) | ({1} != 0)",
@@ -50,7 +53,7 @@ EXPRESSIONS = {
     "lerp": "tl.where(tl.abs({2}) < 0.5, {0} + {2} * ({1} - {0}), {1} - ({1} - {0}) * (1.0 - {2}))",
 }
 _POW = {0: "tl.where({0} == {0}, 1, 1)", 1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}",
-        0.5: "tl.sqrt_rn({0})", -1: "tl.div_rn(1.0, {0})", -2: "tl.div_rn(1.0, {0} * {0})"}
+        0.5: "SQRT({0})", -1: "DIV(1.0, {0})", -2: "DIV(1.0, {0} * {0})"}
 _COMBINE = {"sum": "_sum_combine", "amax": "_elementwise_max", "amin": "_elementwise_min"}
 
 _HEADER = """import triton
@@ -66,6 +69,21 @@ class KernelSpec:
     def __init__(self, **kw):
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+def _ieee(expr: str, ctx: torch.dtype) -> str:
+    """Spell DIV(a, b) and SQRT(a) for the compute dtype (see EXPRESSIONS)."""
+    if ctx != torch.float64:
+        return expr.replace("DIV(", "tl.div_rn(").replace("SQRT(", "tl.sqrt_rn(")
+    expr = expr.replace("SQRT(", "tl.sqrt(")
+    while "DIV(" in expr:     # DIV(a, b) -> tl.fdiv(a, b, True): IEEE-rounded for float64
+        start = expr.index("DIV(") + 4
+        depth, i = 1, start
+        while depth:
+            depth += {"(": 1, ")": -1}.get(expr[i], 0)
+            i += 1
+        expr = expr[:start - 4] + "tl.fdiv(" + expr[start:i - 1] + ", True)" + expr[i:]
+    return expr
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -278,7 +296,7 @@ def _elementwise(w: _Writer, op: Op) -> None:
         template = fn + "({0}, {1}" + (_NAN_MAX if ctx.is_floating_point else "") + ")"
     else:
         template = EXPRESSIONS[op.name]
-    expr = template.format(*args)
+    expr = _ieee(template.format(*args), ctx)
     if _compute_dtype(out.dtype) != out.dtype:
         expr = f"({expr}).to({TL_DTYPES[out.dtype]})"
     w.emit(f"{w.var[out.name]} = {expr}")
@@ -324,10 +342,10 @@ def _variance(w: _Writer, op: Op) -> None:
     x = w.fresh()
     w.emit(f"{x} = tl.where({mask}, {w.var[a.name]}.to({tl_ctx}), 0)")
     mean, d, var = w.fresh(), w.fresh(), w.fresh()
-    w.emit(f"{mean} = tl.div_rn({_reduce(w, x, 'sum', 1)}, N.to({tl_ctx}))")
+    w.emit(_ieee(f"{mean} = DIV({_reduce(w, x, 'sum', 1)}, N.to({tl_ctx}))", ctx))
     w.emit(f"{d} = tl.where({mask}, {x} - {mean}, 0)")
-    w.emit(f"{var} = tl.div_rn({_reduce(w, f'{d} * {d}', 'sum', 1)}, "
-           f"tl.maximum(N.to({tl_ctx}) - {_literal(correction, ctx)}, 0.0))")
+    w.emit(_ieee(f"{var} = DIV({_reduce(w, f'{d} * {d}', 'sum', 1)}, "
+                 f"tl.maximum(N.to({tl_ctx}) - {_literal(correction, ctx)}, 0.0))", ctx))
     _finish(w, op.outs[0], var)
     if op.name == "var_mean":
         _finish(w, op.outs[1], mean)

@@ -106,6 +106,7 @@ class Plan:
         self.domain: tuple = ()
         self.rdims: tuple = ()
         self.looped = False
+        self.dtypes = SUPPORTED_DTYPES
 
     @property
     def kdims(self) -> tuple:
@@ -147,9 +148,12 @@ def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
     return out
 
 
-def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequence) -> Plan:
-    """Analyse ``bsyms`` (reading ``inputs``, producing ``outputs``) as one kernel, or raise Unsupported."""
+def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequence,
+                dtypes: frozenset = SUPPORTED_DTYPES) -> Plan:
+    """Analyse ``bsyms`` (reading ``inputs``, producing ``outputs``) as one kernel, or raise
+    Unsupported. ``dtypes``: the tensor dtypes allowed (the interpreter rounds bfloat16 wrongly)."""
     plan = Plan()
+    plan.dtypes = dtypes
     for p in inputs:
         if not isinstance(p, TensorProxy):
             raise Unsupported(f"input {p} is not a tensor")
@@ -172,7 +176,7 @@ def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequenc
 
 
 def _new_value(plan: Plan, p: TensorProxy, kind: str, const=None) -> Value:
-    if p.dtype not in SUPPORTED_DTYPES:
+    if p.dtype not in plan.dtypes:
         raise Unsupported(f"dtype {p.dtype}")
     if p.memory is not None:
         raise Unsupported(f"tensor in {p.memory!r} memory")

@@ -49,6 +49,12 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cu
 DEVICE_TYPE: str = "cpu" if INTERPRET else "cuda"
 """The device type of the tensors the kernels accept."""
 
+DTYPES: frozenset = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                               torch.float16, torch.float32, torch.float64}
+                              | (set() if INTERPRET else {torch.bfloat16}))
+"""Tensor dtypes the kernels take: the interpreter (numpy) truncates float32 to bfloat16
+instead of rounding to nearest even, so bfloat16 runs only natively."""
+
 _kernels: dict[str, Callable] = {}
 
 

@@ -92,7 +92,7 @@ class TritonExecutor(FusionExecutor):
         if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
             return False
         try:
-            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs())
+            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES)
         except Unsupported:
             return False
         return True
@@ -121,7 +121,7 @@ class TritonExecutor(FusionExecutor):
         defined = {p.name for b in bsyms for p in b.proxy_outs()}
         inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
         try:
-            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()])
+            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES)
         except Unsupported:
             return False
         return len(plan.ops) <= self.max_prims
@@ -129,7 +129,7 @@ class TritonExecutor(FusionExecutor):
     def make_fusion(self, region) -> BoundSymbol:
         from thunderlite.executors.triton_codegen import generate
         rt = self._runtime()
-        plan = plan_region(region.bsyms, region.inputs, region.outputs)
+        plan = plan_region(region.bsyms, region.inputs, region.outputs, rt.DTYPES)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
         sym = self.fusion_symbol(f"fusion{next(self._counter)}", TritonKernel(spec, kernel, rt.launch))

@@ -198,10 +198,12 @@ def compare_trace_output(out, expected, atol, rtol, metadata_only: bool) -> None
     compare(got[:len(want)], want, atol, rtol, metadata_only)
 
 
-def check(op, dtype) -> tuple[str, str]:
+def check(op, dtype, executors=None, inspect=None) -> tuple[str, str]:
     """(verdict, reason) for the first sample of ``op`` at ``dtype``, run through
     ``thunderlite.jit``: the jitted call, the final trace recompiled from its
-    source, and (for ``native``) the prim-level decomposition all match eager."""
+    source, and (for ``native``) the prim-level decomposition all match eager.
+    ``executors`` goes to the jit; ``inspect(jfn)`` is called after the jitted
+    call matched (e.g. to look at which executor ran what)."""
     sample = first_sample(op, dtype)
     if sample is None:
         return "failing", "no sample input"
@@ -215,7 +217,7 @@ def check(op, dtype) -> tuple[str, str]:
     atol, rtol = tolerance(op, dtype)
     rnd = values_undefined(op)
     _fill_linecache()
-    jfn = thunderlite.jit(_caller(op.op))
+    jfn = thunderlite.jit(_caller(op.op), executors=executors)
     jit_args, jit_kwargs = _clone(args), _clone(kwargs)
     try:
         torch.manual_seed(0)
@@ -223,6 +225,8 @@ def check(op, dtype) -> tuple[str, str]:
         compare(tensors_of(jit_args, jit_kwargs), tensors_of(eager_args, eager_kwargs), atol, rtol, rnd)
     except Exception as e:  # noqa: BLE001 - reported in the coverage table
         return "failing", f"jit: {type(e).__name__}: {_short(e)}"
+    if inspect is not None:
+        inspect(jfn)
     traces = thunderlite.last_traces(jfn)
     try:
         inputs = _inputs_for(traces[-1], _clone(args), _clone(kwargs))   # distinct tensors, as the jit saw
@@ -255,11 +259,11 @@ def ops_for(dtype):
     return [op for op in op_db() if dtype in op.supported_dtypes("cpu")]
 
 
-def sweep(dtypes, ops=None):
+def sweep(dtypes, ops=None, executors=None):
     results = []
     for dtype in dtypes:
         for op in (ops or ops_for(dtype)):
             if dtype not in op.supported_dtypes("cpu"):
                 continue
-            results.append((op.name, op.variant_test_name, dtype, *check(op, dtype)))
+            results.append((op.name, op.variant_test_name, dtype, *check(op, dtype, executors)))
     return results
