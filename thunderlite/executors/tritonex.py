@@ -27,15 +27,24 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.torchex import torch_executor
 from thunderlite.executors.triton_plan import Plan, Unsupported, plan_region
+from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.fusion import fusion_regions, reorder
 
 
 class TritonKernel:
-    """The callable of one fusion symbol: allocates the outputs and launches the kernel."""
+    """The callable of one fusion symbol: allocates the outputs and launches the kernel.
 
-    def __init__(self, spec, kernel: Callable, launch: Callable):
+    A kernel is not differentiable. When autograd is recording (grad mode on and an
+    input requiring grad: an eager-mode program, see executors/autograd_function.py)
+    the region runs as its torch calls (``torch_fallback``) so that autograd records
+    it as eager would. A differentiable jit call runs its forward with grad mode off,
+    so the kernel runs there."""
+
+    def __init__(self, spec, kernel: Callable, launch: Callable, torch_fallback: Callable):
         self.spec = spec
+        self.torch_fallback = torch_fallback
         self.source: str = spec.source
         self._kernel = kernel
         self._launch = launch
@@ -50,6 +59,8 @@ class TritonKernel:
         return f"<TritonKernel {self.spec.fn_name}>"
 
     def __call__(self, *tensors: torch.Tensor):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.torch_fallback(*tensors)
         device = tensors[0].device
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in self._outputs]
         strides = []
@@ -126,15 +137,26 @@ class TritonExecutor(FusionExecutor):
             return False
         return len(plan.ops) <= self.max_prims
 
-    def make_fusion(self, region) -> BoundSymbol:
+    def make_fusion(self, trace: Trace, region) -> BoundSymbol:
         from thunderlite.executors.triton_codegen import generate
         rt = self._runtime()
         plan = plan_region(region.bsyms, region.inputs, region.outputs, rt.DTYPES)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
-        sym = self.fusion_symbol(f"fusion{next(self._counter)}", TritonKernel(spec, kernel, rt.launch))
+        name = f"fusion{next(self._counter)}"
+        fallback = _torch_callable(trace, region, name)
+        sym = self.fusion_symbol(name, TritonKernel(spec, kernel, rt.launch, fallback))
         return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
+
+
+def _torch_callable(trace: Trace, region, name: str) -> Callable:
+    """The region as a program of torch calls (what runs while autograd records)."""
+    sub = Trace(name, stage="triton region (torch fallback)", names=trace.names)
+    sub.args = list(region.inputs)
+    sub.bound_symbols[:] = region.bsyms
+    sub.set_return(tuple(region.outputs))
+    return claim_executors(sub, [torch_executor]).python_callable()
 
 
 def _unique(proxies: list) -> list:
@@ -164,7 +186,7 @@ def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) ->
         for piece in ex.pieces(region.bsyms):
             ids = {id(b) for b in piece}
             (exact,) = fusion_regions(ordered, lambda b: id(b) in ids)    # the piece's own inputs/outputs
-            fused[id(piece[0])] = ex.make_fusion(exact)
+            fused[id(piece[0])] = ex.make_fusion(ordered, exact)
             skip.update(ids)
     if not fused:
         return trace

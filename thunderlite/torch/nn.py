@@ -194,9 +194,8 @@ def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.div(ew.exp(ew.sub(x, x)), ew.exp(ew.sub(x, x))), out_dtype)
-    m = red.amax(x, dim, True)
-    m = ew.where(ew.isinf(m), 0, m)
-    e = ew.exp(ew.sub(x, m))
+    # no masking of an infinite max: a row holding +inf or only -inf is all NaN, as in eager
+    e = ew.exp(ew.sub(x, red.amax(x, dim, True)))
     return convert(ew.div(e, red.sum(e, dim, True)), out_dtype)
 
 
@@ -208,7 +207,10 @@ def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.sub(x, x), out_dtype)
-    return convert(ew.sub(x, red.logsumexp(x, dim, True)), out_dtype)
+    # eager's formula (x - max) - log(sum(exp(x - max))): an infinite max makes the row NaN,
+    # where x - logsumexp(x) would give -inf beside a +inf
+    shifted = ew.sub(x, red.amax(x, dim, True))
+    return convert(ew.sub(shifted, ew.log(red.sum(ew.exp(shifted), dim, True))), out_dtype)
 
 
 @torchsymbol(F.softmin)
