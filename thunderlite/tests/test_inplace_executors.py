@@ -10,12 +10,14 @@ AOTAutograd trace each region exactly as with Inductor (the same region
 former, the same graph capture, the same alias handling), only Inductor's code
 generation is skipped; ``test_fuzz_with_inductor`` runs a few fuzz seeds with
 real Inductor. nvFuser runs where it is available (CUDA + nvfuser_direct) and
-is skipped with the reason otherwise.
+is skipped with the reason otherwise. Triton runs natively on a GPU and under
+its interpreter on CPU (skipped with the reason when triton is not installed).
 """
 import pytest
 
 from thunderlite.executors.nvfuser import NvFuserExecutor
 from thunderlite.executors.torchcompile import TorchCompileExecutor
+from thunderlite.executors.tritonex import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
 from thunderlite.tests.test_fuzz_inplace_jit import check_seed
 from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (re-collected once per executor)
@@ -23,6 +25,7 @@ from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (re-collect
 _EXECUTORS = {
     "torchcompile": TorchCompileExecutor("torchcompile_aot_eager", compile_options={"backend": "aot_eager"}),
     "nvfuser": NvFuserExecutor("nvfuser_inplace"),
+    "triton": TritonExecutor("triton_inplace"),
 }
 
 

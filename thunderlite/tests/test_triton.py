@@ -1,10 +1,11 @@
 """The Triton executor (executors/tritonex.py): generated kernels equal eager
-PyTorch, one kernel per region, what it refuses falls through to torch, and the
-in-place suites and the alias fuzzer still hold with ``executors=["triton", "torch"]``.
+PyTorch, one kernel per region, what it refuses falls through to torch. The
+in-place suite and the alias fuzzer with ``executors=["triton", "torch"]`` run in
+test_inplace_executors.py, the OpInfo sweep in test_triton_opinfo.py.
 
 Without a GPU the kernels run under the Triton interpreter (slow: shapes stay
 small here); on a GPU the same tests run natively. Skipped, with the reason,
-when triton is not installed. The OpInfo sweep is test_triton_opinfo.py."""
+when triton is not installed."""
 from __future__ import annotations
 
 import os
@@ -185,39 +186,3 @@ def test_interpreter_mode_does_not_leak_into_the_environment():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(not torch.cuda.is_available()), "None"]
-
-
-# --- in-place suites and the alias fuzzer with ["triton", "torch"] ----------------------------------
-
-def _inplace_cases():
-    from thunderlite.tests import test_inplace_jit as suite
-    cases = []
-    for name, fn in vars(suite).items():
-        if not name.startswith("test_") or not callable(fn):
-            continue
-        marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-        if not marks:
-            cases.append(pytest.param(fn, {}, id=name))
-            continue
-        argname, values = marks[0].args[0], marks[0].args[1]
-        for v in values:
-            cases.append(pytest.param(fn, {argname: v}, id=f"{name}[{v}]"))
-    return cases
-
-
-@pytest.mark.parametrize("case, kwargs", _inplace_cases())
-def test_inplace_suite_with_triton(case, kwargs, monkeypatch):
-    """test_inplace_jit.py, every test, with the jit's default executors set to ["triton", "torch"]."""
-    jit = thunderlite.jit
-
-    def jit_with_triton(fn, *, executors=None, **kw):
-        return jit(fn, executors=EXECUTORS if executors is None else executors, **kw)
-    monkeypatch.setattr(thunderlite, "jit", jit_with_triton)
-    case(**kwargs)
-
-
-@pytest.mark.parametrize("chunk", range(2))
-def test_alias_fuzzer_with_triton(chunk):
-    from thunderlite.tests.test_fuzz_inplace_jit import check_seed
-    for seed in range(chunk * 20, (chunk + 1) * 20):
-        check_seed(seed, executors=EXECUTORS)
