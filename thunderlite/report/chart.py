@@ -4,6 +4,7 @@ the numbers). Each step carries ``data-stage``/``data-row`` so a click on the
 chart can show the symbol in its trace."""
 from __future__ import annotations
 
+import math
 from html import escape
 
 from thunderlite.report.memory import MemoryTimeline
@@ -16,9 +17,22 @@ COLORS = {"forward": "#3b7dd8", "backward": "#e07b39"}
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def nice_top(peak: float) -> float:
+    """The chart's top: ``peak`` rounded up to a round number of its unit (1.8 MiB -> 2 MiB)."""
+    if peak <= 0:
+        return 1.0
+    unit = 1
+    while peak / unit >= 1024 and unit < 1024 ** 3:
+        unit *= 1024
+    v = peak / unit
+    scale = 10 ** math.floor(math.log10(v))
+    step = next(m for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * scale >= v)
+    return step * scale * unit
 
 
 def memory_svg(series: list[tuple[str, str, MemoryTimeline]]) -> str:
@@ -26,7 +40,7 @@ def memory_svg(series: list[tuple[str, str, MemoryTimeline]]) -> str:
     n = sum(len(tl.points) for _, _, tl in series)
     if n == 0:
         return '<p class="empty">No tensor is computed by the final traces.</p>'
-    top = max(max((p.live_bytes for p in tl.points), default=0) for _, _, tl in series) or 1
+    top = nice_top(max(max((p.live_bytes for p in tl.points), default=0) for _, _, tl in series))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     step = plot_w / n
 

@@ -4,10 +4,14 @@ The trace report charts it; it answers "which symbol holds the most memory,
 and what is alive then" without running anything. The model:
 
 - every tensor a symbol outputs is a new buffer of ``numel * itemsize`` bytes,
-  except outputs that name memory that already exists: views
-  (``core.aliasing.may_view``: they share the first tensor argument's buffer),
-  in-place results (``core.aliasing.writes``: the new name of the written
-  tensor), and the renamed members of an alias barrier;
+  except outputs that name memory that already exists: in-place results
+  (``core.aliasing.writes``: the new name of the written tensor), the renamed
+  members of an alias barrier, and views: outputs the alias facts
+  (``core.aliasing.views``) pair with exactly one input of the same item size.
+  Those facts are conservative ("may alias"); for an estimate, an output that
+  may alias several inputs (an op nothing can see into, such as an
+  ``autodiff.*`` backward kernel) or whose item size differs (a conversion
+  to another dtype) is counted as new memory;
 - a buffer is freed when the last name referring to it is deleted (``del``
   statements inserted by ``del_last_used``); names never deleted stay alive to
   the end (the returned tensors, and tensors saved for backward);
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from thunderlite.core.aliasing import may_view, writes
+from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -107,11 +111,13 @@ def _origin(bsym: BoundSymbol, out: TensorProxy, known: dict) -> str | None:
     for dst, new in writes(bsym):
         if new is out:
             return dst.name
-    if may_view(bsym):
-        firsts = bsym.tensor_args()
-        if firsts and firsts[0].name in known:
-            return firsts[0].name
-    return None
+    bases = {base.name: base for o, base in views(bsym) if o is out and base.name in known}
+    if len(bases) != 1:
+        return None         # fresh, or an op that may alias any of several inputs: counted as new
+    base = next(iter(bases.values()))
+    if out.dtype.itemsize != base.dtype.itemsize:
+        return None         # a conversion (to float64...), not a view of it
+    return base.name
 
 
 def _label(bsym: BoundSymbol) -> str:

@@ -21,9 +21,12 @@ symbol itself, and its members in the stages before fusion.
 from __future__ import annotations
 
 import difflib
+import linecache
 import os
 import sysconfig
 from typing import Any
+
+import torch
 
 from thunderlite.core.codegen import bsym_parts
 from thunderlite.core.symbol import BoundSymbol
@@ -33,7 +36,7 @@ from thunderlite.transforms.del_last_used import is_del
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import torch
+    """Where library code lives (torch, the standard library, installed packages)."""
     paths = sysconfig.get_paths()
     dirs = {os.path.dirname(torch.__file__), paths["stdlib"], paths["purelib"], paths["platlib"]}
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
@@ -49,7 +52,6 @@ class SourceTable:
         self._lines: dict[tuple[str, int], str] = {}
 
     def _text(self, fname: str, lineno: int) -> str:
-        import linecache
         key = (fname, lineno)
         if key not in self._lines:
             self._lines[key] = linecache.getline(fname, lineno).strip()

@@ -6,6 +6,7 @@ import torch
 import thunderlite
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.report.memory import live_memory, tensor_bytes
@@ -128,3 +129,24 @@ def test_forward_keeps_saved_tensors_alive_and_backward_frees_them():
     # backward returns the grad of w (64x64 f32 = 16 KiB) and holds at least that at its peak
     assert bw.end_bytes == 64 * 64 * 4
     assert bw.peak_bytes >= 64 * 64 * 4
+
+
+def test_chart_scale_and_byte_labels():
+    from thunderlite.report.chart import human_bytes, nice_top
+    assert human_bytes(900) == "900 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(2 ** 20) == "1 MiB"
+    assert nice_top(1.8 * 2 ** 20) == 2 * 2 ** 20          # 1.8 MiB peak: the axis tops at 2 MiB
+    assert nice_top(900) == 1000 and nice_top(5000) == 5 * 1024
+    assert nice_top(0) == 1.0
+
+
+def test_expanded_view_allocates_nothing_and_an_opaque_multi_input_result_does():
+    # broadcast_in_dim (expand) is a view even though it is larger than its base
+    def body(a, b):
+        e = prims.broadcast_in_dim(prims.sin(a), (4, 8), (1,))     # sin: 32 B; the expand: 0 B
+        return prims.add(e, b)                                      # 128 B
+    tl = live_memory(_trace(body, ("a", (8,), torch.float32), ("b", (4, 8), torch.float32)))
+    assert _series(tl) == [32, 32, 160]
+    # a leaf nothing can see into "may alias" both its inputs: for the estimate it is new memory
+    mystery = Symbol("mystery", meta=lambda x, y: x.replace(), impl=lambda x, y: x + y, module="userex")
+    tl = live_memory(_trace(lambda a, b: mystery(a, b), ("a", (8,), torch.float32), ("b", (8,), torch.float32)))
+    assert _series(tl) == [32]
