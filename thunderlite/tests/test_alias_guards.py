@@ -1,6 +1,6 @@
 """Aliasing between arguments and the tensors a program reads from globals,
-closures and modules (DESIGN.md §9), and eager's refusals of writes, raised at
-trace time (DESIGN.md §5).
+closures and modules (docs/architecture.md §8), and eager's refusals of writes, raised at
+trace time (docs/architecture.md §5).
 
 A cached entry compiled with separate tensors must not be reused when the
 same tensor (or storage) comes back through two paths, and an entry compiled
