@@ -25,6 +25,7 @@ Example, a user executor that runs ``prims.sin`` ahead of torch::
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -269,7 +270,8 @@ def traced_in_place(bsym: BoundSymbol, fn: Callable, what: str) -> list[BoundSym
     """The symbols ``fn(*bsym.args, **bsym.kwargs)`` records in ``bsym``'s place."""
     trc = current_trace()     # claim_executors makes one sharing the claimed trace's names
     prims.check(trc is not None, lambda: f"{what} can only be traced while claiming a trace", RuntimeError)
-    return retrace(bsym, fn, names=trc.names, what=what, allow_self=False)[0]
+    recorded = retrace(bsym, fn, names=trc.names, what=what, allow_self=False)[0]
+    return [b if b.source is not None else b.replace(source=bsym.source) for b in recorded]
 
 
 def check_print_path(path: str, impl: Callable) -> None:
@@ -303,4 +305,16 @@ class FusionExecutor(Executor):
         raise NotImplementedError(f"fusion executor {self.name!r} does not implement fusion_pass")
 
     def fusion_symbol(self, name: str, impl: Callable) -> Symbol:
-        return Symbol(name, impl=impl, module=self.name, tags={Tag.FUSION}, executor=self)
+        """The symbol of one fused region, printed as ``<executor>.<name>``; a
+        name already used for another callable gets a numeric suffix (a
+        printed trace binds each name to one callable)."""
+        names = self.__dict__.setdefault("_fusion_names", weakref.WeakValueDictionary())
+        candidate, n = name, 0
+        while names.get(candidate, impl) is not impl:
+            n += 1
+            candidate = f"{name}_{n}"
+        try:
+            names[candidate] = impl        # weakly: a dropped fusion frees its name
+        except TypeError:
+            pass                           # not weakly referenceable: not tracked
+        return Symbol(candidate, impl=impl, module=self.name, tags={Tag.FUSION}, executor=self)

@@ -341,3 +341,34 @@ def test_transforms_are_validated():
 def test_register_executor_refuses_non_executors():
     with pytest.raises(TypeError, match="expects an Executor"):
         register_executor("myex")
+
+
+# --- the notebook -----------------------------------------------------------------------------
+
+def test_extending_notebook_is_committed_with_outputs_and_executes():
+    import json
+    from pathlib import Path
+    nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "extending.ipynb"
+    committed = json.loads(path.read_text())
+    code = [c for c in committed["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("id") for c in committed["cells"])
+    assert code and all(c["outputs"] for c in code), "commit the notebook executed, with its outputs"
+    assert all(o.get("output_type") != "error" for c in code for o in c["outputs"])
+    try:
+        from nbclient import NotebookClient
+        import ipykernel  # noqa: F401
+    except ImportError:
+        NotebookClient = None
+    if NotebookClient is not None:
+        nb = nbformat.read(path, as_version=4)
+        try:
+            NotebookClient(nb, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parents[1])}}).execute()
+            return
+        except Exception as e:  # no usable kernel here: run the same cells in-process below
+            if "kernel" not in str(e).lower():
+                raise
+    namespace: dict = {}
+    for c in code:
+        exec(compile("".join(c["source"]), "extending.ipynb", "exec"), namespace)

@@ -161,3 +161,25 @@ def test_nvfuser_layer_norm_forward_and_backward_match_eager():
     ln(x).sum().backward()
     torch.testing.assert_close(out, ln(x))
     torch.testing.assert_close(gx, x.grad)
+
+
+def test_nvfuser_extra_installs_what_the_executor_imports():
+    import ast
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    setup = ast.parse((root / "setup.py").read_text())
+    extras = next(ast.literal_eval(kw.value) for node in ast.walk(setup) if isinstance(node, ast.Call)
+                  for kw in node.keywords if kw.arg == "extras_require")
+    imported = set()
+    for name in ("nvfuser.py", "nvfuser_ops.py"):
+        for node in ast.walk(ast.parse((root / "thunderlite" / "executors" / name).read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"torch", "thunderlite", "__future__"}
+    assert third_party == {"nvfuser_direct"}
+    # nvfuser_direct ships in NVIDIA's per-CUDA wheels (nvfuser-cu1XY); the bare "nvfuser" wheel predates it
+    (dist,) = extras["nvfuser"]
+    assert dist.startswith("nvfuser-cu")

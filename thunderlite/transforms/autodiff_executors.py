@@ -108,6 +108,7 @@ def split_grad_transform(bsym: BoundSymbol, grad_transform, trace: Trace) -> Gra
     outs = {p.name for p in bsym.proxy_outs()}
     stray = [n for n in grads_in if n not in outs]
     check(not stray, lambda: f"{what}: get_grad of {stray}, which are not outputs of the symbol", ValueError)
+    recorded = [b if b.source is not None else b.replace(source=bsym.source) for b in recorded]
     backward_names = {g.name for g in grads_in.values()}
     forward, backward = [], []
     for b in recorded:

@@ -1,4 +1,4 @@
-"""User trace transforms: ``jit(fn, transforms=[...])`` (docs/architecture.md §10).
+"""User trace transforms: ``jit(fn, transforms=[...])`` (docs/architecture.md §7).
 
 A ``Transform`` has one method per named point of the pipeline; each gets the
 trace(s) at that point and returns them, changed or not (return the input
