@@ -289,7 +289,11 @@ def _elementwise(w: _Writer, op: Op) -> None:
         args = [w.operand(op.args[0], torch.bool)] + [w.operand(a, ctx) for a in op.args[1:]]
     else:
         args = [w.operand(a, ctx) for a in op.args]
-    if op.name == "pow":
+    if op.name in _MULTI_LINE:
+        x = w.fresh()
+        w.emit(f"{x} = {args[0]}")
+        template = _MULTI_LINE[op.name](w, x, ctx)
+    elif op.name == "pow":
         template = _POW[op.args[1]]
     elif op.name in ("maximum", "minimum"):
         fn = "tl.maximum" if op.name == "maximum" else "tl.minimum"
@@ -300,6 +304,35 @@ def _elementwise(w: _Writer, op: Op) -> None:
     if _compute_dtype(out.dtype) != out.dtype:
         expr = f"({expr}).to({TL_DTYPES[out.dtype]})"
     w.emit(f"{w.var[out.name]} = {expr}")
+
+
+def _expm1(w: _Writer, x: str, ctx: torch.dtype) -> str:
+    """Kahan's expm1, (e^x - 1) * (x / log(e^x)): accurate near 0 without libdevice
+    (which the interpreter lacks)."""
+    u, r = w.fresh(), w.fresh()
+    w.emit(f"{u} = tl.exp({x})")
+    w.emit(_ieee(f"{r} = tl.where({u} == 1.0, {x}, tl.where({u} - 1.0 == -1.0, -1.0, "
+                 f"({u} - 1.0) * DIV({x}, tl.log({u}))))", ctx))
+    return f'tl.where({u} == float("inf"), {u}, {r})'
+
+
+def _log1p(w: _Writer, x: str, ctx: torch.dtype) -> str:
+    """Kahan's log1p, log(1 + x) * x / ((1 + x) - 1)."""
+    u = w.fresh()
+    w.emit(f"{u} = 1.0 + {x}")
+    return _ieee(f'tl.where(({u} == 1.0) | ({x} == float("inf")), {x}, DIV(tl.log({u}) * {x}, {u} - 1.0))', ctx)
+
+
+def _tanh(w: _Writer, x: str, ctx: torch.dtype) -> str:
+    """tanh|x| = -expm1(-2|x|) / (2 + expm1(-2|x|)), sign restored."""
+    a, t, r = w.fresh(), w.fresh(), w.fresh()
+    w.emit(f"{a} = -2.0 * tl.abs({x})")
+    w.emit(f"{t} = {_expm1(w, a, ctx)}")
+    w.emit(_ieee(f"{r} = DIV(-{t}, 2.0 + {t})", ctx))
+    return f"tl.where({x} < 0, -{r}, {r})"
+
+
+_MULTI_LINE = {"expm1": _expm1, "log1p": _log1p, "tanh": _tanh}
 
 
 def _reduce(w: _Writer, tile: str, name: str, axis: int) -> str:

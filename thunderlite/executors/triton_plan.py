@@ -49,10 +49,10 @@ ELEMENTWISE = frozenset({
     "trunc", "reciprocal", "bitwise_not", "logical_not", "isfinite", "isnan", "isinf",
     "add", "sub", "mul", "div", "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "lerp", "pow",
-    "where", "convert_element_type"})
-"""Elementwise prims the code generator translates (triton_codegen.EXPRESSIONS)."""
+    "where", "convert_element_type", "expm1", "log1p", "tanh"})
+"""Elementwise prims the code generator translates (triton_codegen.EXPRESSIONS and _MULTI_LINE)."""
 
-FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid",
+FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid", "expm1", "log1p", "tanh",
                         "reciprocal", "div", "lerp", "floor", "ceil", "trunc"})
 INT_ONLY = frozenset({"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"})
 POW_EXPONENTS = frozenset({0, 1, 2, 3, 0.5, -1, -2})

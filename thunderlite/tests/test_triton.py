@@ -116,6 +116,15 @@ def test_nan_and_inf_like_eager():
     _run(lambda x: (x.amax(-1), x.amin(-1), torch.softmax(x, -1), torch.maximum(x, x.flip((0,))), x.isnan()), x)
 
 
+def test_expm1_log1p_tanh_accurate_near_zero_and_at_the_edges():
+    """Built from exp/log (the interpreter has no libdevice) with Kahan's corrections."""
+    x = torch.cat([_randn(200), _randn(200) * 1e-5, _randn(50) * 30,
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.7, -104.0, float("inf"), float("-inf"), float("nan")],
+                                device=_device())])
+    jfn = _run(lambda x: (torch.expm1(x), torch.log1p(x.abs()), torch.tanh(x), F.gelu(x, approximate="tanh")), x)
+    assert len(_kernels(jfn)) == 1
+
+
 def test_unsupported_ops_fall_through_to_torch():
     """matmul, a row too long for one program and an out-of-row reduction are torch's;
     the pointwise pieces around them are still kernels."""

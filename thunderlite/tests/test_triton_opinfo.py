@@ -37,7 +37,8 @@ CI_OPS = {
     "rsqrt", "reciprocal", "square", "sigmoid", "erf", "floor", "ceil", "trunc", "clamp", "clamp_min", "clamp_max",
     "maximum", "minimum", "fmax", "fmin", "where", "lerp", "addcmul", "addcdiv", "eq", "ne", "lt", "le", "gt",
     "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite", "masked_fill",
-    "nan_to_num", "xlogy", "double", "half", "bool",
+    "nan_to_num", "xlogy", "double", "half", "bool", "tanh", "expm1", "log1p", "nn.functional.softplus",
+    "nn.functional.mish",
     "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.leaky_relu",
     "nn.functional.hardtanh", "nn.functional.hardswish",
     # row and full reductions

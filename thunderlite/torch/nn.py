@@ -105,10 +105,13 @@ def mish(input, inplace: bool = False):
 
 @torchsymbol(F.softplus)
 def softplus(input, beta: float = 1.0, threshold: float = 20.0):
-    scaled = ew.mul(input, beta) if beta != 1 else input
+    # float16/bfloat16 compute in float32 and round once, as eager's kernel does
+    # (exp rounded to float16 would overflow from x > 11)
+    x = _upcast(input)
+    scaled = ew.mul(x, beta) if beta != 1 else x
     soft = ew.log1p(ew.exp(scaled))
     soft = ew.div(soft, beta) if beta != 1 else soft
-    return ew.where(ew.gt(scaled, threshold), input, soft)
+    return convert(ew.where(ew.gt(scaled, threshold), x, soft), input.dtype)
 
 
 @torchsymbol(F.softsign)
