@@ -180,7 +180,8 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             continue
         same = now is g.value if g.kind == "is" else _same_value(g, now)
         if not same:
-            shown = "a different object" if g.kind == "is" else repr(now)
+            shown = "a different object" if g.kind == "is" else _short(now if g.kind == "eq" else
+                                                                        tuple(now) if g.kind == "keys" else len(now))
             return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
     if entry.alias_guard is not None:
         try:
@@ -216,6 +217,8 @@ def _read(prov, args: tuple, kwargs: dict) -> Any:
         return prov.root[prov.key]
     if k == "cell":
         return prov.root.cell_contents
+    if k == "object":
+        return prov.root
     base = _read(prov.parent, args, kwargs)
     if k == "attr":
         return getattr(base, prov.module_slot)[prov.key] if prov.module_slot else getattr(base, prov.key)

@@ -48,6 +48,14 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     state = TraceState(trace)
     hooks = TracingHooks(state)
     state.note_closure(fn)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(fn, types.MethodType) and owner is not None:
+        # ``jit(optimizer.step)``: what the method reads from ``self`` has a path
+        # (guarded, unpacked on every call, written back), like an argument's attributes
+        if isinstance(owner, torch.nn.Module):
+            state.register_module_tree(owner, Prov.object(owner))
+        else:
+            state.note(owner, Prov.object(owner))
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
         result = _interpret(fn, hooks, pargs, pkwargs)

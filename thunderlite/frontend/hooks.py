@@ -241,9 +241,36 @@ class TracingHooks(InterpreterHooks):
                 raise KeyError(key)
             return w[1]
         parent = st.prov_of.get(id(container))
-        if parent is None or not _is_atom(key):
+        if parent is None or not _is_path_key(key):
             return st.enter(None, value) if isinstance(value, torch.Tensor) else value
         return st.enter(parent.item(key), value)
+
+    def input_grad(self, proxy: TensorProxy, value: Any) -> Any:
+        """``p.grad`` of an input tensor (an optimizer reading its parameters'
+        gradients): the real ``.grad``, read through the input's path on every call."""
+        inp = self.state.input_by_name(proxy.name)
+        if inp is None:
+            return value
+        prov = inp.prov.attr("grad") if inp.prov is not None else None
+        grad = inp.value.grad
+        if grad is None:
+            if prov is not None:
+                self.state.add_guard(prov, "eq", None)
+            return None
+        return self.state.enter(prov, grad)
+
+    def subscr_key(self, container: Any, key: Any) -> Any:
+        """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
+        looks up the tensor it stands for; the entry then holds only for that
+        very tensor (an identity guard on the proxy's path)."""
+        if type(key) is not TensorProxy or not isinstance(container, dict):
+            return key
+        inp = self.state.input_by_name(key.name)
+        if inp is None:
+            return key
+        if inp.prov is not None:
+            self.state.add_guard(inp.prov, "is", inp.value)
+        return inp.value
 
     def load_deref(self, cell, value: Any) -> Any:
         w = self.state.cell_writes.get(id(cell))
@@ -302,6 +329,11 @@ def _key(fn):
 
 def _is_atom(key) -> bool:
     return type(key) in (int, str)
+
+
+def _is_path_key(key) -> bool:
+    """A key a provenance path can hold: an atom, or a tensor (by identity)."""
+    return type(key) in (int, str) or isinstance(key, torch.Tensor)
 
 
 def _module_slot(obj: Any, name: str) -> str | None:

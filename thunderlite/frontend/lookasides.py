@@ -5,11 +5,13 @@ must answer as they would for the real tensor."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 from typing import Any, Callable
 
 import torch
 
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.torch import opaque_symbol_for
 
 _CREATION_NAMES = frozenset({
@@ -93,8 +95,36 @@ class Lookasides:
         # Libraries (HF transformers) skip data-dependent Python checks when compiling.
         return True
 
+    def proxy_getattr(self, proxy, name: str):
+        # ``p.grad`` of an input tensor is the real gradient, read through p's path
+        if name == "grad":
+            return self.hooks.input_grad(proxy, None)
+        if name == "backward":
+            return self.backward
+        return TensorProxy.__getattr__(proxy, name)
+
+    def backward(self, *args, **kwargs):
+        # the compiled program has no autograd graph of its own to run backward through
+        loc = self.hooks.locate()
+        where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
+        raise NotImplementedError(
+            f"thunderlite cannot compile a backward pass started inside the jitted function{where}: jit the "
+            "forward (or the model) and call loss.backward() outside it; an optimizer step can be jitted on "
+            "its own: thunderlite.jit(optimizer.step)")
+
+    @staticmethod
+    def record_function(*args, **kwargs):
+        # a profiler range (``optimizer.step`` opens one) is a run-time annotation
+        # with no effect on values: tracing skips it (its C op returns a ScriptObject)
+        return contextlib.nullcontext()
+
     def table(self) -> dict:
+        foreach = {f: foreach_lookaside(f, self.hooks.lookaside) for f in _FOREACH}
         return {
+            **foreach,
+            torch.autograd.profiler.record_function: self.record_function,
+            TensorProxy.__getattr__: self.proxy_getattr,
+            torch.autograd.backward: self.backward,
             torch.compiler.is_compiling: self.is_compiling,
             torch.overrides.has_torch_function: self.has_torch_function,
             torch.overrides.has_torch_function_unary: self.has_torch_function,
@@ -110,6 +140,9 @@ class Lookasides:
             torch.is_tensor: self.is_tensor,
             torch._C._set_grad_enabled: self.set_grad_enabled,
         }
+
+
+_FOREACH = foreach_functions()
 
 
 def proxy_aware_builtins(hooks) -> dict:

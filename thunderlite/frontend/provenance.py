@@ -49,6 +49,11 @@ class Prov:
     def cell(cell) -> "Prov":
         return Prov("cell", None, None, root=cell)
 
+    @staticmethod
+    def object(obj) -> "Prov":
+        """An object held by the jitted callable itself (the ``self`` of a bound method)."""
+        return Prov("object", None, None, root=obj)
+
     def attr(self, name: str, module_slot: str | None = None) -> "Prov":
         return Prov("attr", self, name, module_slot=module_slot)
 
@@ -74,6 +79,8 @@ class Prov:
             return f"{_root_name(self.root, roots, 'G')}[{self.key!r}]"
         if k == "cell":
             return f"{_root_name(self.root, roots, 'C')}.cell_contents"
+        if k == "object":
+            return _root_name(self.root, roots, "O")
         base = self.parent.expr(roots)
         if k == "attr":
             if self.module_slot is not None:
@@ -81,7 +88,7 @@ class Prov:
             if self.key.isidentifier() and not self.key.startswith("__"):
                 return f"{base}.{self.key}"
             return f"getattr({base}, {self.key!r})"
-        return f"{base}[{self.key!r}]"
+        return f"{base}[{key_expr(self.key, roots)}]"
 
     def describe(self) -> str:
         """A readable name for messages: ``args[0].fc.weight``, ``global SCALE``."""
@@ -95,19 +102,31 @@ class Prov:
             return f"global {mod}.{self.key}"
         if k == "cell":
             return "a closure variable"
+        if k == "object":
+            return f"the bound {type(self.root).__name__}"
         base = self.parent.describe()
-        return f"{base}.{self.key}" if k == "attr" else f"{base}[{self.key!r}]"
+        if k == "attr":
+            return f"{base}.{self.key}"
+        return f"{base}[{self.key!r}]" if is_atom(self.key) else f"{base}[<{type(self.key).__name__}>]"
 
     def __repr__(self):
         return f"<Prov {self.describe()}>"
 
 
+def is_atom(key: Any) -> bool:
+    """Keys a path spells out by value; any other key (a tensor keying an
+    optimizer's ``state``) is the very object, compared by identity."""
+    return type(key) in (int, str)
+
+
+def key_expr(key: Any, roots: dict) -> str:
+    return repr(key) if is_atom(key) else _root_name(key, roots, "R")
+
+
 def _hashable(key: Any) -> Any:
-    try:
-        hash(key)
+    if is_atom(key) or key is None:
         return key
-    except TypeError:
-        return repr(key)
+    return ("object", id(key))
 
 
 def _root_name(obj: Any, roots: dict, prefix: str) -> str:

@@ -145,6 +145,13 @@ class TraceState:
             self.parameters.add(proxy.name)
         return proxy
 
+    def input_by_name(self, name: str) -> Input | None:
+        """The input whose proxy is named ``name`` (None for values the trace made)."""
+        for inp in self.inputs:
+            if inp.proxy.name == name:
+                return inp
+        return None
+
     def _guard_same_tensor(self, first: Input, prov: Prov | None) -> None:
         """One tensor reached by a second path: the trace uses one proxy for both,
         so every call must give the same object on both paths (``f(model.weight)``

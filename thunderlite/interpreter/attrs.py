@@ -217,6 +217,8 @@ def delete_attr(rt, obj, name):
 
 
 def load_subscr(rt, container, key):
+    if rt.subscr_key is not None:
+        key = rt.subscr_key(container, key)
     tp = type(container)
     if tp.__flags__ & HEAPTYPE:
         m = lookup(tp, "__getitem__")
@@ -232,6 +234,8 @@ def load_subscr(rt, container, key):
 
 
 def store_subscr(rt, container, key, value):
+    if rt.subscr_key is not None:
+        key = rt.subscr_key(container, key)
     tp = type(container)
     if tp.__flags__ & HEAPTYPE:
         m = lookup(tp, "__setitem__")
@@ -250,6 +254,8 @@ def store_subscr(rt, container, key, value):
 
 
 def delete_subscr(rt, container, key):
+    if rt.subscr_key is not None:
+        key = rt.subscr_key(container, key)
     tp = type(container)
     if tp.__flags__ & HEAPTYPE:
         m = lookup(tp, "__delitem__")

@@ -38,6 +38,8 @@ class InterpreterHooks:
     - ``store_*``/``delete_*``: called before the native write; True means handled.
       ``store_deref``/``delete_deref`` see writes to closure cells (``nonlocal x; x = v``),
       including the frame's own cells (a subclass tells them apart by the cell).
+    - ``subscr_key(container, key)``: the key a native ``container[key]`` read, write or
+      delete uses (a tracer maps a stand-in value to the object it stands for).
 
     Example::
 
@@ -67,6 +69,9 @@ class InterpreterHooks:
     def delete_attr(self, obj, name):
         return False
 
+    def subscr_key(self, container, key):
+        return key
+
     def load_subscr(self, container, key, value):
         return value
 
@@ -88,5 +93,5 @@ class InterpreterHooks:
 
 HOOK_NAMES = (
     "lookaside", "load_global", "store_global", "load_attr", "store_attr", "delete_attr",
-    "load_subscr", "store_subscr", "delete_subscr", "load_deref", "store_deref", "delete_deref",
+    "subscr_key", "load_subscr", "store_subscr", "delete_subscr", "load_deref", "store_deref", "delete_deref",
 )
