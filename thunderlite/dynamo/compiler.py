@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from thunderlite.api import _jitted, jit
+from thunderlite.api import jit
 from thunderlite.dynamo.splitter import Piece, split
 
 FALLBACKS = ("inductor", "eager")
@@ -53,17 +53,18 @@ def _compile_fallback(gm: torch.fx.GraphModule, fallback: str, args: list) -> Ca
     return gm
 
 
-class PieceRunner(torch.nn.Module):
-    """Runs one piece: thunderlite's jitted graph, or the fallback compiler's."""
+class PieceRunner:
+    """Runs one piece: thunderlite's jitted graph, or the fallback compiler's.
+    A plain callable (not a module) and the graph's bound ``forward`` jitted,
+    so a cached call pays for no ``nn.Module.__call__`` on the way."""
 
     def __init__(self, gm: torch.fx.GraphModule, piece: Piece, fallback: str, jit_options: dict,
                  example_inputs: list | None = None):
-        super().__init__()
         _realize(gm)
         self.gm = gm
         self.piece = piece
         self.fallback = fallback
-        self.jfn = jit(gm, **jit_options) if piece.thunder else None
+        self.jfn = jit(gm.forward, **jit_options) if piece.thunder else None
         self.fallback_fn: Callable | None = None
         if not piece.thunder and example_inputs is not None:
             # at backend time, under dynamo's fake mode: Inductor sees the sizes dynamo saw
@@ -73,7 +74,7 @@ class PieceRunner(torch.nn.Module):
     def runs_thunder(self) -> bool:
         return self.jfn is not None
 
-    def forward(self, *args: Any) -> Any:
+    def __call__(self, *args: Any) -> Any:
         if self.jfn is not None:
             return self._thunder_call(args)
         if self.fallback_fn is None:
@@ -81,10 +82,10 @@ class PieceRunner(torch.nn.Module):
         return self.fallback_fn(*args)
 
     def _thunder_call(self, args: tuple) -> Any:
-        j = _jitted(self.jfn)
+        j = self.jfn
         misses, last = j.info.misses, j.last
         try:
-            return self.jfn(*args)
+            return j(*args)
         except Exception as e:
             if j.info.misses == misses or j.last is not last:
                 raise                           # the compiled program itself raised: as eager would
