@@ -28,6 +28,8 @@ _LAZY = {
     "examine": ("thunderlite.api", "examine"),
     "trace_report": ("thunderlite.report", "trace_report"),
     "kernel_source": ("thunderlite.executors.tritonex", "kernel_source"),
+    "thunderfx": ("thunderlite.dynamo", "thunderfx"),
+    "ThunderCompiler": ("thunderlite.dynamo", "ThunderCompiler"),
     "CACHE_MODES": ("thunderlite.api", "CACHE_MODES"),
     "ThunderliteModule": ("thunderlite.api", "ThunderliteModule"),
     "DataDependentError": ("thunderlite.core.proxies", "DataDependentError"),
@@ -36,7 +38,7 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-_SUBMODULES = ("extend",)
+_SUBMODULES = ("extend", "dynamo")
 
 
 def __getattr__(name: str):
