@@ -115,17 +115,19 @@ class SchemaAliases:
 
     def _add(self, schema) -> None:
         sets: set[str] = set()
-        wildcard = False
+        wildcard = listed = False
         for r in schema.returns:
             info = r.alias_info
             if info is not None:
                 sets |= set(info.before_set)
                 wildcard |= "*" in info.before_set
-        if not sets:
+                # ``Tensor(a)[]``: the binding shows the list's annotation, not its elements'
+                listed |= not info.before_set
+        if not sets and not listed:
             return
         for i, a in enumerate(schema.arguments):
             info = a.alias_info
-            if (wildcard and "Tensor" in str(a.type)) or (info is not None and sets & set(info.before_set)):
+            if (wildcard and "Tensor" in str(a.type)) or (info is not None and (listed or sets & set(info.before_set))):
                 self.names.add(a.name)
                 if a.name == "self":
                     self.names.add("input")       # torch's Python spelling of ``self``

@@ -16,7 +16,6 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.symbol import BoundSymbol, Symbol
-from thunderlite.core.tags import Tag
 from thunderlite.executors.base import OperatorExecutor
 
 
@@ -51,12 +50,10 @@ ex = torch_executor
 
 # --- elementwise: torch functions with the prims' signatures -----------------------------
 
-# Prims whose implementation here returns a view of the first argument where torch would.
-VIEW_PRIMS = frozenset({"reshape", "permute", "broadcast_in_dim", "slice_prim", "squeeze", "real", "imag"})
-
-
+# Whether an implementation here may return a view is the prim's declared ATen op's
+# schema (prims.make_prim(aten=...)); test_prims checks every implementation keeps to it.
 def _register(name: str, impl) -> None:
-    ex.register_implementation(getattr(prims, name), impl, extra_tags={Tag.VIEW} if name in VIEW_PRIMS else ())
+    ex.register_implementation(getattr(prims, name), impl)
 
 
 _TORCH_NAME = {"zeta": torch.special.zeta}

@@ -1,6 +1,8 @@
 """Differential fuzzer for in-place ops and aliasing (issue 5).
 
-Random programs of views, writes (plain ``copy_`` and writes hidden inside a
+Random programs of views (view prims, and views made by opaque and
+torch-language ops: ``detach``, ``.data``, ``as_strided``, ``unflatten``,
+``narrow``, ``unbind``, ``split``), writes (plain ``copy_`` and writes hidden inside a
 composite), random draws and reads over inputs that may share storage are run
 twice: as recorded (the trace run in order by the torch executor is
 exactly eager PyTorch: real views, real writes) and after the alias pipeline
@@ -24,6 +26,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.run import compile_trace
+from thunderlite.torch import opaque_symbol_for, shapes, tensor_attribute_fallback
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.fusion import dependencies, fuse
@@ -71,6 +74,31 @@ def _random_view(rng: random.Random, t: TensorProxy) -> TensorProxy:
     return prims.slice_prim(t, tuple(starts), tuple(ends), tuple(steps))
 
 
+def _alias_view(rng: random.Random, t: TensorProxy) -> TensorProxy:
+    """A view made by an op without a view prim (issue 9): opaque ``detach``,
+    ``.data``, ``as_strided``, or a torch-language ``unflatten``/``narrow``/
+    ``unbind``/``split`` element; the alias facts come from ATen schemas."""
+    kinds = ["detach", "data"]
+    if t.numel():
+        kinds.append("as_strided")
+    if t.ndim and t.shape[0]:
+        kinds += ["unflatten", "narrow", "unbind", "split"]
+    kind = rng.choice(kinds)
+    if kind == "detach":
+        return opaque_symbol_for(torch.Tensor.detach)(t)
+    if kind == "data":
+        return tensor_attribute_fallback(t, "data")
+    if kind == "as_strided":
+        return opaque_symbol_for(torch.Tensor.as_strided)(t, (1,), (1,))
+    if kind == "unflatten":
+        return shapes.unflatten(t, 0, (1, t.shape[0]))
+    if kind == "narrow":
+        return shapes.narrow(t, 0, rng.randrange(t.shape[0]), 1)
+    if kind == "unbind":
+        return rng.choice(shapes.unbind(t, 0))
+    return rng.choice(shapes.split(t, 1, 0))
+
+
 def _fresh_from(rng: random.Random, pool: list[TensorProxy], shape: tuple) -> TensorProxy:
     """A value of ``shape`` in fresh memory computed from the pool (or a constant)."""
     same = [p for p in pool if p.shape == shape]
@@ -102,7 +130,8 @@ def generate(seed: int) -> Program:
         for _ in range(rng.randint(3, 14)):
             r = rng.random()
             if r < 0.3:
-                pool.append(_random_view(rng, rng.choice(pool)))
+                view = _alias_view if rng.random() < 0.4 else _random_view
+                pool.append(view(rng, rng.choice(pool)))
             elif r < 0.6:
                 dst = rng.choice(pool)
                 pool.append(prims.copy_(_fresh_from(rng, pool, dst.shape), dst))
@@ -217,7 +246,7 @@ def test_fuzz_inplace(chunk):
 def test_fuzzer_generates_writes_views_and_aliased_inputs():
     """The generator is not vacuous: across seeds it makes every kind of step."""
     seen = set()
-    for seed in range(40):
+    for seed in range(120):
         prog = generate(seed)
         for b in prog.trace.bound_symbols:
             seen.add(b.sym.name)
@@ -225,4 +254,5 @@ def test_fuzzer_generates_writes_views_and_aliased_inputs():
             seen.add("aliased inputs")
         if any(b.has_tag(Tag.ALIAS_BARRIER) for b in update_aliases(prog.trace, prog.alias_groups).bound_symbols):
             seen.add("barrier")
-    assert {"copy_", "slice_prim", "permute", "uniform", "fuzz_scale_and_read", "aliased inputs", "barrier"} <= seen
+    assert {"copy_", "slice_prim", "permute", "uniform", "fuzz_scale_and_read", "aliased inputs", "barrier",
+            "detach", "data", "as_strided", "unflatten", "narrow", "unbind", "split"} <= seen

@@ -8,7 +8,10 @@ trace's dependencies alone.
 
 Programs are built statement by statement; a candidate statement eager PyTorch
 rejects (shape mismatch, overlapping write) is dropped, so every program is one
-eager runs. ``scripts/fuzz_inplace.py --jit --seeds N`` runs many seeds.
+eager runs. The menu of views includes those made by ops without a view symbol
+(``detach``, ``.data``, ``as_strided``, ``view_as_real``/``view_as_complex``,
+``unbind``/``split``/``unflatten``/``narrow`` results, ``aten.alias``,
+``unsafe_split``, ops returning their input when nothing changes). ``scripts/fuzz_inplace.py --jit --seeds N`` runs many seeds.
 
 Left out of the menu until the torch language handles it (reported): opaque
 in-place ops (``index_fill_``) on expanded views, which the opaque fallback runs
@@ -32,6 +35,17 @@ from thunderlite.tests.test_fuzz_inplace import ToyFusion
 _VIEWS = ["{x}[{i}:{j}]", "{x}.t()", "{x}.transpose(0, 1)", "{x}.reshape(-1)", "{x}.view(-1)",
           "{x}.unsqueeze(0)", "{x}[{i}]", "{x}.narrow(0, {i}, 1)", "{x}.diagonal()", "{x}[:, ::2]",
           "{x}.unsqueeze(0).expand(2, *{x}.shape)", "{x}.squeeze()", "{x}.flatten()", "{x}[..., {i}]"]
+# Views made by ops without a view symbol of their own (issue 9): opaque ops, ops whose
+# schema under-states their aliasing, ops that return their input when nothing changes.
+_ALIAS_VIEWS = ["{x}.detach()", "{x}.data", "{x}.detach()[{i}]", "{x}.data[..., {i}:{j}]",
+                "{x}.as_strided((2,), (1,))", "{x}.as_strided((1, 2), (2, 1), 1)",
+                "torch.view_as_real(torch.view_as_complex({x}))", "{x}.unflatten(0, (1, -1))",
+                "{x}.unflatten(-1, (-1, 1))", "{x}.unbind(0)[{i}]", "{x}.unbind(-1)[0]", "{x}.split(1)[{i}]",
+                "{x}.split(2, -1)[-1]", "{x}.narrow(-1, 0, 1)", "{x}.chunk(2)[-1]", "torch.ops.aten.alias({x})",
+                "{x}.unsafe_split(1)[0]", "{x}.view_as({x})", "{x}.contiguous()",
+                "{x}.reshape({x}.shape)", "{x}.expand_as({x})", "{x}.swapaxes(0, -1)",
+                "{x}.sum_to_size({x}.shape)", "{x}.type_as({x})", "{x}.to({x}.dtype)", "{x}.float()",
+                "{x}.detach().unflatten(0, (1, -1)).narrow(1, 0, 1)"]
 _WRITES = ["{x}.add_({y})", "{x}.mul_({s})", "{x}.sin_()", "{x}.copy_({y})", "{x}.fill_({s})", "{x}.zero_()",
            "{x}[{i}] = {s}", "{x}[{i}:{j}] += {y}", "{x}[{i}:{j}] = {y}", "{x}.clamp_(-0.5, 0.5)",
            "torch.relu_({x})", "{x}.masked_fill_({x} > 0.2, {s})", "{x}.addcmul_({y}, {y})", "{x} += {y}",
@@ -114,7 +128,8 @@ def _candidate(rng: random.Random, env: dict, names: list[str], count: int):
     r = rng.random()
     if r < 0.3:
         new = f"v{count}"
-        return f"{new} = {rng.choice(_VIEWS).format(**fill)}", new
+        menu = _ALIAS_VIEWS if rng.random() < 0.4 else _VIEWS
+        return f"{new} = {rng.choice(menu).format(**fill)}", new
     if r < 0.7:
         return rng.choice(_WRITES).format(**fill), None
     new = f"r{count}"
@@ -179,8 +194,9 @@ def test_fuzz_inplace_jit(chunk):
 
 def test_generated_programs_mutate_and_alias():
     """The generator is not vacuous: writes, views and aliased inputs all occur."""
-    text = "".join(generate(s).source for s in range(30))
-    for piece in ("_(", "] = ", "+= ", ".t()", "[:, ::2]"):
+    text = "".join(generate(s).source for s in range(150))
+    for piece in ("_(", "] = ", "+= ", ".t()", "[:, ::2]", ".detach()", ".data", ".as_strided(", ".unbind(",
+                  ".split(", ".unflatten(", ".narrow(", "view_as_complex"):
         assert piece in text
     shared = set()
     for s in range(30):

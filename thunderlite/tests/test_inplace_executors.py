@@ -12,6 +12,10 @@ generation is skipped; ``test_fuzz_with_inductor`` runs a few fuzz seeds with
 real Inductor. nvFuser runs where it is available (CUDA + nvfuser_direct) and
 is skipped with the reason otherwise. Triton runs natively on a GPU and under
 its interpreter on CPU (skipped with the reason when triton is not installed).
+The fuzzer's randomly reordering fusion
+executor (``shuffle``) runs the suite too, so the order of every write and the
+reads around it must be carried by the trace's dependencies alone (the
+"return is last" test included).
 """
 import pytest
 
@@ -19,13 +23,14 @@ from thunderlite.executors.nvfuser import NvFuserExecutor
 from thunderlite.executors.torchcompile import TorchCompileExecutor
 from thunderlite.executors.tritonex import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
-from thunderlite.tests.test_fuzz_inplace_jit import check_seed
+from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, check_seed
 from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (re-collected once per executor)
 
 _EXECUTORS = {
     "torchcompile": TorchCompileExecutor("torchcompile_aot_eager", compile_options={"backend": "aot_eager"}),
     "nvfuser": NvFuserExecutor("nvfuser_inplace"),
     "triton": TritonExecutor("triton_inplace"),
+    "shuffle": ShuffleFusion(1_000_003),     # fuses a random choice of symbols in a random valid order
 }
 
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
-from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg  # noqa: F401 - registers matmul, reflected below
 from thunderlite.torch import reductions as red
@@ -59,19 +58,19 @@ def _real_only(a, name: str) -> None:
     decomposable(not dtypes.is_complex(a.dtype), lambda: f"{name} of a complex tensor is not decomposed")
 
 
-@torchsymbol(torch.conj, T.conj, method_name="conj", tags={Tag.VIEW})
+@torchsymbol(torch.conj, T.conj, method_name="conj")
 def conj(a):
     _real_only(a, "conj")
     return a
 
 
-@torchsymbol(torch.resolve_conj, T.resolve_conj, method_name="resolve_conj", tags={Tag.VIEW})
+@torchsymbol(torch.resolve_conj, T.resolve_conj, method_name="resolve_conj")
 def resolve_conj(a):
     _real_only(a, "resolve_conj")
     return a
 
 
-@torchsymbol(torch.resolve_neg, T.resolve_neg, method_name="resolve_neg", tags={Tag.VIEW})
+@torchsymbol(torch.resolve_neg, T.resolve_neg, method_name="resolve_neg")
 def resolve_neg(a):
     _real_only(a, "resolve_neg")
     return a
@@ -95,17 +94,17 @@ def _atleast(n: int, tensors):
     return one(tensors[0]) if len(tensors) == 1 else tuple(one(a) for a in tensors)
 
 
-@torchsymbol(torch.atleast_1d, tags={Tag.VIEW})
+@torchsymbol(torch.atleast_1d)
 def atleast_1d(*tensors):
     return _atleast(1, tensors)
 
 
-@torchsymbol(torch.atleast_2d, tags={Tag.VIEW})
+@torchsymbol(torch.atleast_2d)
 def atleast_2d(*tensors):
     return _atleast(2, tensors)
 
 
-@torchsymbol(torch.atleast_3d, tags={Tag.VIEW})
+@torchsymbol(torch.atleast_3d)
 def atleast_3d(*tensors):
     return _atleast(3, tensors)
 
@@ -120,17 +119,17 @@ def _nsplit(a, sections, dim: int, name: str, min_ndim: int):
     return shapes.tensor_split(a, sections, dim)
 
 
-@torchsymbol(torch.hsplit, T.hsplit, method_name="hsplit", tags={Tag.VIEW})
+@torchsymbol(torch.hsplit, T.hsplit, method_name="hsplit")
 def hsplit(a, sections):
     return _nsplit(a, sections, 1 if a.ndim > 1 else 0, "hsplit", 1)
 
 
-@torchsymbol(torch.vsplit, T.vsplit, method_name="vsplit", tags={Tag.VIEW})
+@torchsymbol(torch.vsplit, T.vsplit, method_name="vsplit")
 def vsplit(a, sections):
     return _nsplit(a, sections, 0, "vsplit", 2)
 
 
-@torchsymbol(torch.dsplit, T.dsplit, method_name="dsplit", tags={Tag.VIEW})
+@torchsymbol(torch.dsplit, T.dsplit, method_name="dsplit")
 def dsplit(a, sections):
     return _nsplit(a, sections, 2, "dsplit", 3)
 
@@ -323,7 +322,7 @@ def fill(input, value):
     return ew.where(everywhere, value, input)
 
 
-@torchsymbol(torch.meshgrid, tags={Tag.VIEW})
+@torchsymbol(torch.meshgrid)
 def meshgrid(*tensors, indexing: str | None = None):
     ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
     indexing = "ij" if indexing is None else indexing
@@ -452,7 +451,7 @@ def vdot(input, other):
     return red.sum(ew.mul(input, other))
 
 
-@torchsymbol(torch.linalg.diagonal, tags={Tag.VIEW})
+@torchsymbol(torch.linalg.diagonal)
 def linalg_diagonal(A, *, offset: int = 0, dim1: int = -2, dim2: int = -1):
     return shapes.diagonal(A, offset, dim1, dim2)
 
@@ -517,7 +516,7 @@ def trapezoid(y, x=None, *, dx=None, dim: int = -1):
     return ew.div(red.sum(ew.mul(avg, widths), d), 2)
 
 
-@torchsymbol(T.unfold, method_name="unfold", tags={Tag.VIEW})
+@torchsymbol(T.unfold, method_name="unfold")
 def tensor_unfold(input, dimension: int, size: int, step: int):
     """Windows of ``size`` every ``step`` along a dim, as a new last dim: one
     index_select with indices start*step + offset."""

@@ -95,7 +95,7 @@ def _advanced(x, advanced):
     return out
 
 
-@torchsymbol(T.__getitem__, operators=("__getitem__",), tags={Tag.VIEW})
+@torchsymbol(T.__getitem__, operators=("__getitem__",))
 def getitem(a, key):
     view, advanced = _basic(a, _normalize_key(key))
     return _advanced(view, advanced) if advanced else view

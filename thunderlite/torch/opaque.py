@@ -216,12 +216,16 @@ class OpaqueOp:
         self._name = name
         self._tags = tags
         self._plain: dict[Pattern, Symbol] = {}
-        self.symbol = self._plain_symbol(())
         self._functional: dict[tuple, Symbol] = {}
         self._inplace: dict[tuple, Symbol] = {}
 
     def __repr__(self):
         return f"<opaque op {self.symbol.id} for {_fn_name(self.fn)}>"
+
+    @property
+    def symbol(self) -> Symbol:
+        """The leaf of the first call pattern recorded (fresh outputs if none yet)."""
+        return next(iter(self._plain.values())) if self._plain else self._plain_symbol(())
 
     def _plain_symbol(self, pattern: Pattern) -> Symbol:
         """The leaf recording a call whose outputs alias the arguments per
@@ -274,7 +278,7 @@ class OpaqueOp:
             if returns_arg is not None:
                 return updated[written.index(returns_arg)]
             return result
-        name = _unique_name(_Named(f"{self.symbol.name}_mutating_{'_'.join(map(str, written))}"))
+        name = _unique_name(_Named(f"{self._name}_mutating_{'_'.join(map(str, written))}"))
         return Symbol(name, decomposition=decomposition, module="opaque", tags={Tag.OPAQUE, Tag.INPLACE})
 
     def _make_functional(self, key: tuple) -> Symbol:
@@ -299,8 +303,8 @@ class OpaqueOp:
             rg = any(type(x) is TensorProxy and x.requires_grad for x in pytree.leaves((args, kwargs)))
             result = _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(fn, args, kwargs))
             return result, tuple(pairs[i][0].replace() for i in written)
-        name = _unique_name(_Named(f"{self.symbol.name}_functional_{'_'.join(map(str, written))}"))
-        sym = Symbol(name, meta=meta, module="opaque", tags=self.symbol.tags, torch_fn=run_on_clones)
+        name = _unique_name(_Named(f"{self._name}_functional_{'_'.join(map(str, written))}"))
+        sym = Symbol(name, meta=meta, module="opaque", tags=self._tags, torch_fn=run_on_clones)
         kept = tuple(tuple(j for j in js if j not in written) for js in pattern)
         register_view_rule(sym, _pattern_rule(kept, skip_outs=len(written)))
         self._functional[key] = sym

@@ -1,8 +1,9 @@
 """Shape and view ops: view/reshape, permute/transpose, expand, squeeze/
 unsqueeze, flatten, narrow/select/slicing, split/chunk/unbind, cat/stack,
 flip/roll/repeat, diagonal, tril/triu, gather/scatter/index ops.
-View ops carry ``Tag.VIEW`` (their output aliases their first tensor
-argument): update_aliases builds alias groups from it. Indexing
+Which outputs alias which inputs is not written here: core/aliasing.py reads it
+from each op's ATen schema (``Tensor(a)``) and from the view prims the
+decompositions use. Indexing
 (``__getitem__``/``__setitem__``) lives in indexing.py."""
 from __future__ import annotations
 
@@ -14,13 +15,11 @@ from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method
 from thunderlite.core.symbol import Symbol
-from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch.registry import _register_symbol, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast_shapes, canonical_dim, canonical_dims, convert, expand_to, is_tensor
 
 T = torch.Tensor
-VIEW = {Tag.VIEW}
 
 
 def _shape_arg(shape) -> tuple:
@@ -52,7 +51,7 @@ def _reshape(a, shape):
     return a if shape == a.shape else prims.reshape(a, shape)
 
 
-@torchsymbol(T.view, method_name="view", tags=VIEW)
+@torchsymbol(T.view, method_name="view")
 def view(a, *shape):
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
         decomposable(shape[0] == a.dtype, lambda: "view(dtype) that reinterprets bits is not supported by the decomposition")
@@ -60,27 +59,27 @@ def view(a, *shape):
     return _reshape(a, _shape_arg(shape))
 
 
-@torchsymbol(T.reshape, torch.reshape, method_name="reshape", tags=VIEW)
+@torchsymbol(T.reshape, torch.reshape, method_name="reshape")
 def reshape(a, *shape):
     return _reshape(a, _shape_arg(shape))
 
 
-@torchsymbol(T.view_as, method_name="view_as", tags=VIEW)
+@torchsymbol(T.view_as, method_name="view_as")
 def view_as(a, other):
     return _reshape(a, other.shape)
 
 
-@torchsymbol(T.reshape_as, method_name="reshape_as", tags=VIEW)
+@torchsymbol(T.reshape_as, method_name="reshape_as")
 def reshape_as(a, other):
     return _reshape(a, other.shape)
 
 
-@torchsymbol(torch.ravel, T.ravel, method_name="ravel", tags=VIEW)
+@torchsymbol(torch.ravel, T.ravel, method_name="ravel")
 def ravel(a):
     return _reshape(a, (a.numel(),))
 
 
-@torchsymbol(torch.flatten, T.flatten, method_name="flatten", tags=VIEW)
+@torchsymbol(torch.flatten, T.flatten, method_name="flatten")
 def flatten(a, start_dim: int = 0, end_dim: int = -1):
     if a.ndim == 0:
         return _reshape(a, (1,))
@@ -92,14 +91,14 @@ def flatten(a, start_dim: int = 0, end_dim: int = -1):
     return _reshape(a, a.shape[:s] + (n,) + a.shape[e + 1:])
 
 
-@torchsymbol(torch.unflatten, T.unflatten, method_name="unflatten", tags=VIEW)
+@torchsymbol(torch.unflatten, T.unflatten, method_name="unflatten")
 def unflatten(a, dim: int, sizes):
     d = canonical_dim(dim, a.ndim)
     sizes = infer_shape(sizes, a.shape[d])
     return _reshape(a, a.shape[:d] + tuple(sizes) + a.shape[d + 1:])
 
 
-@torchsymbol(T.permute, torch.permute, method_name="permute", tags=VIEW)
+@torchsymbol(T.permute, torch.permute, method_name="permute")
 def permute(a, *dims):
     dims = canonical_dims(_shape_arg(dims), a.ndim)
     check(len(dims) == a.ndim, lambda: f"permute(): number of dims don't match in permute")
@@ -107,7 +106,7 @@ def permute(a, *dims):
 
 
 @torchsymbol(torch.transpose, T.transpose, torch.swapaxes, T.swapaxes, torch.swapdims, T.swapdims,
-             method_name=("transpose", "swapaxes", "swapdims"), tags=VIEW)
+             method_name=("transpose", "swapaxes", "swapdims"))
 def transpose(a, dim0: int, dim1: int):
     if a.ndim == 0:
         return a
@@ -117,13 +116,13 @@ def transpose(a, dim0: int, dim1: int):
     return permute(a, perm)
 
 
-@torchsymbol(torch.t, T.t, method_name="t", tags=VIEW)
+@torchsymbol(torch.t, T.t, method_name="t")
 def t(a):
     check(a.ndim <= 2, lambda: f"t() expects a tensor with <= 2 dimensions, but self is {a.ndim}D")
     return transpose(a, 0, 1) if a.ndim == 2 else a
 
 
-@torchsymbol(torch.adjoint, T.adjoint, method_name="adjoint", tags=VIEW)
+@torchsymbol(torch.adjoint, T.adjoint, method_name="adjoint")
 def adjoint(a):
     out = transpose(a, -2, -1)
     return ew.conj(out) if out.dtype.is_complex else out
@@ -147,13 +146,13 @@ def _H(a):
     return adjoint(a) if a.ndim == 2 else a
 
 
-matrix_H = torchsymbol(name="H_property", properties=("H",), tags=VIEW, no_torch_fn=True)(_H)
-matrix_mH = torchsymbol(name="mH_property", properties=("mH",), tags=VIEW, no_torch_fn=True)(_mH)
-matrix_T = torchsymbol(name="T_property", properties=("T",), tags=VIEW, no_torch_fn=True)(_T)
-matrix_mT = torchsymbol(name="mT_property", properties=("mT",), tags=VIEW, no_torch_fn=True)(_mT)
+matrix_H = torchsymbol(name="H_property", properties=("H",), no_torch_fn=True)(_H)
+matrix_mH = torchsymbol(name="mH_property", properties=("mH",), no_torch_fn=True)(_mH)
+matrix_T = torchsymbol(name="T_property", properties=("T",), no_torch_fn=True)(_T)
+matrix_mT = torchsymbol(name="mT_property", properties=("mT",), no_torch_fn=True)(_mT)
 
 
-@torchsymbol(torch.movedim, T.movedim, torch.moveaxis, T.moveaxis, method_name=("movedim", "moveaxis"), tags=VIEW)
+@torchsymbol(torch.movedim, T.movedim, torch.moveaxis, T.moveaxis, method_name=("movedim", "moveaxis"))
 def movedim(a, source, destination):
     src = canonical_dims(source, a.ndim)
     dst = canonical_dims(destination, a.ndim)
@@ -166,7 +165,7 @@ def movedim(a, source, destination):
     return permute(a, perm)
 
 
-@torchsymbol(T.expand, method_name="expand", tags=VIEW)
+@torchsymbol(T.expand, method_name="expand")
 def expand(a, *sizes):
     sizes = _shape_arg(sizes)
     check(len(sizes) >= a.ndim, lambda: f"expand: the number of sizes provided ({len(sizes)}) must be greater or "
@@ -179,12 +178,12 @@ def expand(a, *sizes):
     return expand_to(a, shape)
 
 
-@torchsymbol(T.expand_as, method_name="expand_as", tags=VIEW)
+@torchsymbol(T.expand_as, method_name="expand_as")
 def expand_as(a, other):
     return expand(a, other.shape)
 
 
-@torchsymbol(torch.broadcast_to, T.broadcast_to, method_name="broadcast_to", tags=VIEW)
+@torchsymbol(torch.broadcast_to, T.broadcast_to, method_name="broadcast_to")
 def broadcast_to(a, size):
     return expand(a, tuple(size))
 
@@ -195,7 +194,7 @@ def broadcast_tensors(*tensors):
     return tuple(expand_to(x, shape) for x in tensors)
 
 
-@torchsymbol(torch.squeeze, T.squeeze, method_name="squeeze", tags=VIEW)
+@torchsymbol(torch.squeeze, T.squeeze, method_name="squeeze")
 def squeeze(a, dim=None):
     if dim is None:
         dims = tuple(i for i, s in enumerate(a.shape) if s == 1)
@@ -204,7 +203,7 @@ def squeeze(a, dim=None):
     return prims.squeeze(a, dims) if dims else a
 
 
-@torchsymbol(torch.unsqueeze, T.unsqueeze, method_name="unsqueeze", tags=VIEW)
+@torchsymbol(torch.unsqueeze, T.unsqueeze, method_name="unsqueeze")
 def unsqueeze(a, dim: int):
     d = canonical_dim(dim, a.ndim + 1)
     return prims.reshape(a, a.shape[:d] + (1,) + a.shape[d:])
@@ -221,7 +220,7 @@ def slice_dim(a, dim: int, start: int, stop: int, step: int = 1):
     return prims.slice_prim(a, starts, ends, strides)
 
 
-@torchsymbol(torch.narrow, T.narrow, method_name="narrow", tags=VIEW)
+@torchsymbol(torch.narrow, T.narrow, method_name="narrow")
 def narrow(a, dim: int, start: int, length: int):
     d = canonical_dim(dim, a.ndim)
     start = start + a.shape[d] if start < 0 else start
@@ -230,7 +229,7 @@ def narrow(a, dim: int, start: int, length: int):
     return slice_dim(a, d, start, start + length)
 
 
-@torchsymbol(torch.select, T.select, method_name="select", tags=VIEW)
+@torchsymbol(torch.select, T.select, method_name="select")
 def select(a, dim: int, index: int):
     d = canonical_dim(dim, a.ndim)
     size = a.shape[d]
@@ -247,7 +246,7 @@ def _split_sizes(total: int, split_size: int) -> list[int]:
     return [split_size] * (n - 1) + [total - split_size * (n - 1)]
 
 
-@torchsymbol(torch.split, T.split, method_name="split", tags=VIEW)
+@torchsymbol(torch.split, T.split, method_name="split")
 def split(a, split_size_or_sections, dim: int = 0):
     d = canonical_dim(dim, a.ndim)
     sizes = (_split_sizes(a.shape[d], split_size_or_sections) if isinstance(split_size_or_sections, int)
@@ -261,12 +260,12 @@ def split(a, split_size_or_sections, dim: int = 0):
     return tuple(out)
 
 
-@torchsymbol(T.split_with_sizes, method_name="split_with_sizes", tags=VIEW)
+@torchsymbol(T.split_with_sizes, method_name="split_with_sizes")
 def split_with_sizes(a, split_sizes, dim: int = 0):
     return split(a, list(split_sizes), dim)
 
 
-@torchsymbol(torch.chunk, T.chunk, method_name="chunk", tags=VIEW)
+@torchsymbol(torch.chunk, T.chunk, method_name="chunk")
 def chunk(a, chunks: int, dim: int = 0):
     check(chunks > 0, lambda: "chunk expects `chunks` to be greater than 0")
     d = canonical_dim(dim, a.ndim)
@@ -274,7 +273,7 @@ def chunk(a, chunks: int, dim: int = 0):
     return split(a, size, d)
 
 
-@torchsymbol(torch.tensor_split, T.tensor_split, method_name="tensor_split", tags=VIEW)
+@torchsymbol(torch.tensor_split, T.tensor_split, method_name="tensor_split")
 def tensor_split(a, indices_or_sections, dim: int = 0):
     d = canonical_dim(dim, a.ndim)
     n = a.shape[d]
@@ -292,14 +291,14 @@ def tensor_split(a, indices_or_sections, dim: int = 0):
     return tuple(slice_dim(a, d, lo, hi) for lo, hi in bounds)
 
 
-@torchsymbol(torch.unbind, T.unbind, method_name="unbind", tags=VIEW)
+@torchsymbol(torch.unbind, T.unbind, method_name="unbind")
 def unbind(a, dim: int = 0):
     check(a.ndim > 0, lambda: "Dimension specified as 0 but tensor has no dimensions", IndexError)
     d = canonical_dim(dim, a.ndim)
     return tuple(select(a, d, i) for i in range(a.shape[d]))
 
 
-@torchsymbol(torch.diagonal, T.diagonal, method_name="diagonal", tags=VIEW)
+@torchsymbol(torch.diagonal, T.diagonal, method_name="diagonal")
 def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1):
     d1, d2 = canonical_dim(dim1, a.ndim), canonical_dim(dim2, a.ndim)
     check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
@@ -481,9 +480,8 @@ def _contiguous_meta(a, memory_format=torch.contiguous_format):
 
 # A leaf, not a no-op: eager's contiguous() changes the layout later views depend on
 # (x.t().contiguous().view(-1)), so it must run. It returns its input when that is
-# already contiguous, hence Tag.VIEW (may alias).
-contiguous = Symbol("contiguous", meta=_contiguous_meta, module="ltorch", tags={Tag.VIEW},
-                    torch_fn=T.contiguous)
+# already contiguous: its schema says so (``Tensor(a)``: may alias).
+contiguous = Symbol("contiguous", meta=_contiguous_meta, module="ltorch", torch_fn=T.contiguous)
 _register_symbol(contiguous)
 register_torch_callable(T.contiguous, contiguous)
 register_method("contiguous", contiguous)

@@ -365,9 +365,15 @@ def _refuses_overlap(bsym: BoundSymbol) -> bool:
 
 
 def _expands(view: BoundSymbol) -> bool:
-    """A view whose output has more elements than its input (expand, broadcast)."""
+    """A view whose output covers more bytes than its input (expand, broadcast;
+    not ``view_as_real``, whose output has twice the elements of half the size)."""
     outs, ins = view.tensor_outs(), view.tensor_args()
-    return bool(outs and ins) and outs[0].numel() > ins[0].numel()
+    grows = bool(outs and ins) and outs[0].numel() * outs[0].dtype.itemsize > ins[0].numel() * ins[0].dtype.itemsize
+    if grows and getattr(view.sym.torch_fn, "__name__", None) == "as_strided":
+        # eager refuses only zero strides; as_strided may reach past its input without overlapping
+        stride = view.args[2] if len(view.args) > 2 else view.kwargs.get("stride", ())
+        return 0 in tuple(stride)
+    return grows
 
 
 def _at(bsym: BoundSymbol, msg: str) -> str:
