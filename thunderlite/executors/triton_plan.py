@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -58,12 +59,11 @@ INT_ONLY = frozenset({"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"}
 POW_EXPONENTS = frozenset({0, 1, 2, 3, 0.5, -1, -2})
 ROW_REDUCTIONS = frozenset({"sum", "amax", "amin", "var", "var_mean"})
 TOTAL_REDUCTIONS = frozenset({"sum", "amax", "amin"})
-VIEWLIKE = frozenset({"reshape", "squeeze", "broadcast_in_dim"})
 _UNCLAIMABLE_TAGS = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN,
                                Tag.ORDER_BARRIER, Tag.OPAQUE})
 # A view returned to the user must share its input's storage, which a kernel's fresh
-# output cannot: view symbols are claimed only inside a composite (where they are internal).
-_TOP_LEVEL_REFUSED = frozenset({Tag.VIEW}) | _UNCLAIMABLE_TAGS
+# output cannot: a symbol whose output may alias an input (its ATen schema says so,
+# core/aliasing.py) is claimed only inside a composite (where it is internal).
 
 
 class Unsupported(Exception):
@@ -132,10 +132,10 @@ def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
     out: list[BoundSymbol] = []
 
     def visit(b: BoundSymbol, top: bool = False) -> None:
-        if b.sym.tags & (_TOP_LEVEL_REFUSED if top else _UNCLAIMABLE_TAGS) or b.sym.executor is not None:
+        if b.sym.tags & _UNCLAIMABLE_TAGS or b.sym.executor is not None:
             raise Unsupported(f"{b.sym.id} is tagged {sorted(t.name for t in b.sym.tags)} or already claimed")
-        if top and b.sym.name in VIEWLIKE and Tag.PRIM in b.sym.tags:
-            raise Unsupported(f"{b.sym.id} at top level returns a view")
+        if top and may_view(b):
+            raise Unsupported(f"{b.sym.id} at top level may return a view")
         if Tag.PRIM in b.sym.tags:
             out.append(b)
         elif b.sym.decomposition is not None and b.subsymbols:
