@@ -129,6 +129,7 @@ class CompiledGraph:
     pieces: list[Piece]
     runners: list[PieceRunner] = field(default_factory=list)
     split_gm: torch.fx.GraphModule | None = None
+    dynamic: list[str] = field(default_factory=list)      # placeholders dynamo made symbolic sizes
 
 
 class ThunderCompiler:
@@ -151,8 +152,10 @@ class ThunderCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         _realize(gm)
         split_gm, pieces = split(gm)
+        dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+                   and isinstance(n.meta.get("example_value"), (torch.SymInt, torch.SymFloat))]
         graph = CompiledGraph(index=len(self.graphs), num_nodes=len(gm.graph.nodes), pieces=pieces,
-                              split_gm=split_gm)
+                              split_gm=split_gm, dynamic=dynamic)
         self.graphs.append(graph)
         if split_gm is None:
             runner = PieceRunner(gm, pieces[0], self.fallback, self.jit_options)
@@ -196,6 +199,9 @@ class ThunderCompiler:
         lines = [f"ThunderCompiler(fallback={self.fallback!r}): {len(self.graphs)} graph(s)"]
         for g in self.graphs:
             lines.append(f"graph {g.index}: {g.num_nodes} nodes, {len(g.pieces)} piece(s)")
+            if g.dynamic:
+                lines.append(f"  dynamic sizes {', '.join(g.dynamic)}: thunderlite pieces compile once "
+                             "per concrete size (their cache keys on it)")
             for p in g.pieces:
                 who = "thunderlite" if p.thunder else self.fallback
                 ops = ", ".join(dict.fromkeys(p.ops))

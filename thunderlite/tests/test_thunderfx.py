@@ -204,6 +204,9 @@ def test_dynamic_sizes_match_eager_across_lengths():
         x = torch.randn(2, n)
         torch.testing.assert_close(cf(x), f(x))
     _ran_thunder(cf)
+    graphs = cf.thunder_compiler.graphs
+    assert any(g.dynamic for g in graphs), "dynamo marked the length dynamic after the second size"
+    assert "dynamic sizes" in report(cf)
 
 
 # --- models --------------------------------------------------------------------------------------
