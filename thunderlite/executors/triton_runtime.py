@@ -100,13 +100,15 @@ def load_kernel(source: str, fn_name: str, do_not_specialize: tuple = ()) -> Cal
 
 
 def launch(kernel: Callable, grid: tuple, args: list, constexprs: dict, num_warps: int) -> None:
+    """Run ``kernel`` on ``grid``; ``args[0]`` is a tensor on the device to run on."""
     if INTERPRET:
         import numpy as np
         # Masked-off lanes compute on filler values (log(0), 0/0); numpy must not warn about them.
         with np.errstate(all="ignore"):
             kernel[grid](*args, **constexprs)
     else:
-        kernel[grid](*args, **constexprs, num_warps=num_warps)
+        with torch.cuda.device(args[0].device):     # Triton launches on the current device
+            kernel[grid](*args, **constexprs, num_warps=num_warps)
 
 
 def cached_kernel_count() -> int:
