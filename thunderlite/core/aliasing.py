@@ -42,7 +42,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.tags import Tag
 
 WriteRule = Callable[[BoundSymbol], list]
@@ -253,6 +253,24 @@ def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
         if ins:
             pairs = pairs + [(o, ins[0]) for o in bsym.tensor_outs()]
     return pairs
+
+
+def call_views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
+    """The ``(out, base)`` pairs of this call as it ran: a symbol with a
+    decomposition is described by its leaves, exact for these arguments (``to``
+    with a new dtype is fresh although its schema says it may alias), a leaf by
+    ``views``. For decisions a "may alias" must not make (eager's errors on
+    writes into views of leaves, whether a fused kernel would return a view)."""
+    return [pair for b in walk(bsym) if not b.subsymbols for pair in views(b)]
+
+
+def output_aliases_input(bsym: BoundSymbol) -> bool:
+    """Whether some output of this call may share storage with one of its inputs."""
+    reach = {a.name for a in bsym.tensor_args()}
+    for out, base in call_views(bsym):
+        if base.name in reach:
+            reach.add(out.name)
+    return any(o.name in reach for o in bsym.tensor_outs())
 
 
 def prim_aliases(sym: Symbol) -> SchemaAliases | None:

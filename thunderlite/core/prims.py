@@ -18,8 +18,8 @@ decomposes into them) makes every promotion and broadcast explicit in the trace:
 
 Views. Prims are functional in the IR, but the torch executor runs each prim
 as an ATen op (``reshape``, ``permute``, ``expand`` for ``broadcast_in_dim``,
-``slice``, ``squeeze``, ``real``/``imag``/``conj``, ``to`` for
-``convert_element_type``...), so at run time a result may share storage with
+``slice``, ``squeeze``, ``real``/``imag``/``conj``; ``_to_copy``, always fresh,
+for ``convert_element_type`` and ``device_put``...), so at run time a result may share storage with
 an input exactly where that op's would. Each prim names that op
 (``make_prim(..., aten=...)``, default: its own name) and core/aliasing.py
 reads the aliasing from the op's schema annotations (``Tensor(a)``).
@@ -217,7 +217,7 @@ def _convert_element_type_meta(a, dtype: torch.dtype):
     return a.replace(dtype=dtype, requires_grad=a.requires_grad and dtypes.is_inexact(dtype))
 
 
-convert_element_type = make_prim("convert_element_type", _convert_element_type_meta, aten="to")
+convert_element_type = make_prim("convert_element_type", _convert_element_type_meta, aten="_to_copy")
 
 
 def _device_put_meta(a, device):
@@ -225,7 +225,7 @@ def _device_put_meta(a, device):
     return a.replace(device=devices.to_device(device))
 
 
-device_put = make_prim("device_put", _device_put_meta, aten="to")
+device_put = make_prim("device_put", _device_put_meta, aten="_to_copy")
 """``device_put(a, device)``: ``a`` on ``device`` (a copy unless already there)."""
 
 

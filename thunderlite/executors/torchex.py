@@ -78,12 +78,12 @@ for _name, _fn in _DIRECT.items():
 
 def convert_element_type(a, dtype):
     if isinstance(a, torch.Tensor):
-        return a.to(dtype)
+        return a.to(dtype, copy=True)         # fresh, as aten::_to_copy (prims.py), even for the same dtype
     return dtypes.python_type_of(dtype)(a)
 
 
 def device_put(a, device):
-    return a.to(device)
+    return a.to(device, copy=True)
 
 
 def broadcast_in_dim(a, shape, broadcast_dims):

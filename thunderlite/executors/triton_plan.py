@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from thunderlite.core.aliasing import may_view
+from thunderlite.core.aliasing import output_aliases_input
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -134,7 +134,7 @@ def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
     def visit(b: BoundSymbol, top: bool = False) -> None:
         if b.sym.tags & _UNCLAIMABLE_TAGS or b.sym.executor is not None:
             raise Unsupported(f"{b.sym.id} is tagged {sorted(t.name for t in b.sym.tags)} or already claimed")
-        if top and may_view(b):
+        if top and output_aliases_input(b):
             raise Unsupported(f"{b.sym.id} at top level may return a view")
         if Tag.PRIM in b.sym.tags:
             out.append(b)

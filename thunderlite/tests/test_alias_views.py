@@ -339,7 +339,7 @@ def test_prim_facts_come_from_their_aten_op():
     reshape, sin, convert = trc.bound_symbols
     assert [(o.name, i.name) for o, i in views(reshape)] == [(r.name, "a")]
     assert views(sin) == [] and s is sin.output
-    assert views(convert) == [(c, a)]             # torch's ``to`` returns its input when nothing changes
+    assert views(convert) == [] and c is convert.output   # aten::_to_copy: always fresh
     assert prims.aten_op_of(prims.broadcast_in_dim) == "expand"
 
 
@@ -351,3 +351,30 @@ def test_undecidable_leaf_may_alias_every_input():
         a, b = TensorProxy((2,), name="a"), TensorProxy((2,), name="b")
         out = mystery(a, b)
     assert {(o.name, i.name) for o, i in views(trc.bound_symbols[0])} == {(out.name, "a"), (out.name, "b")}
+
+
+def test_write_after_dtype_change_is_no_view_write():
+    """``to``'s schema says it may alias, but with a new dtype it is fresh: a
+    write into the result is neither eager's "view of a leaf" error nor a
+    reason to leave the functional backward (the decomposition decides)."""
+    def f(x, w):
+        h = (x @ w).to(torch.float64)
+        h.mul_(2)
+        y = x.double()
+        y.add_(1)
+        z = (x * 1).float()
+        z.mul_(3)
+        return h.sum() + y.sum() + z.sum()
+    check_program(f, lambda: (torch.randn(3, 3), torch.randn(3, 3)), None, requires_grad=True)
+    jf = thunderlite.jit(f)
+    jf(torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)).backward()
+    assert thunderlite.last_backward_traces(jf)
+
+
+def test_write_into_same_dtype_to_of_leaf_raises_as_eager():
+    """``x.float()`` of a float32 leaf is the leaf itself: eager refuses the write."""
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        x.float().add_(1)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        thunderlite.jit(lambda a: a.float().add_(1))(x)

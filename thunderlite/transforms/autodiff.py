@@ -266,7 +266,7 @@ def _shared_roots(bsyms, groups: AliasGroups, roots: set[str]) -> None:
     """Add the alias groups that hold a view (looking through decompositions)."""
     for bsym in bsyms:
         for b in walk(bsym):
-            if Tag.INPLACE not in b.sym.tags:       # an in-place op's result is the written tensor itself
+            if Tag.INPLACE not in b.sym.tags and not b.subsymbols:   # leaves: the views this call made
                 roots.update(groups.find(out.name) for out, _ in views(b))
 
 

@@ -337,7 +337,7 @@ def _note_views(bsym: BoundSymbol, base_of: dict, fills: set) -> None:
     """Record view links, and the values made by ``prims.full``: eager allows
     filling an expanded view (``fill_``, ``zero_``, ``x[i] = 0.0``)."""
     for b in walk(bsym):
-        for out, base in views(b):
+        for out, base in ([] if b.subsymbols else views(b)):     # as the call ran: see call_views
             base_of[out.name] = (base.name, b)
         if b.sym.meta is prims.full.meta:
             fills.add(b.output.name)
@@ -365,10 +365,12 @@ def _refuses_overlap(bsym: BoundSymbol) -> bool:
 
 
 def _expands(view: BoundSymbol) -> bool:
-    """A view whose output covers more bytes than its input (expand, broadcast;
-    not ``view_as_real``, whose output has twice the elements of half the size)."""
+    """A view whose output has more elements covering more bytes than its input
+    (expand, broadcast; not ``view_as_real``, whose output has twice the elements
+    of half the size, nor a ``to`` that may return its input)."""
     outs, ins = view.tensor_outs(), view.tensor_args()
-    grows = bool(outs and ins) and outs[0].numel() * outs[0].dtype.itemsize > ins[0].numel() * ins[0].dtype.itemsize
+    grows = bool(outs and ins) and outs[0].numel() > ins[0].numel() and \
+        outs[0].numel() * outs[0].dtype.itemsize > ins[0].numel() * ins[0].dtype.itemsize
     if grows and getattr(view.sym.torch_fn, "__name__", None) == "as_strided":
         # eager refuses only zero strides; as_strided may reach past its input without overlapping
         stride = view.args[2] if len(view.args) > 2 else view.kwargs.get("stride", ())
