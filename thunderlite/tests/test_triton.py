@@ -158,6 +158,16 @@ def test_same_structure_shares_one_compiled_kernel():
     assert k1.sym.impl._kernel is k2.sym.impl._kernel
 
 
+def test_block_sizes_and_grid_come_from_the_shapes():
+    jfn = _run(lambda x: torch.softmax(x, -1), _randn(7, 30))
+    (k,) = _kernels(jfn)
+    spec = k.sym.impl.spec
+    assert spec.BN == 32 and spec.BM >= 1 and spec.grid == ((7 + spec.BM - 1) // spec.BM,)
+    jfn = _run(lambda x, t: F.cross_entropy(x, t), _randn(9, 5), torch.randint(0, 5, (9,), device=_device()))
+    (k,) = _kernels(jfn)
+    assert k.sym.impl.spec.grid == (1,) and k.sym.impl.spec.plan.looped      # the batch mean: one looping program
+
+
 def test_kernel_source_and_trace_show_the_fusion():
     jfn = _run(lambda x, w: F.rms_norm(x, (16,), w) + 1, _randn(4, 16), _randn(16))
     src = thunderlite.kernel_source(jfn)
