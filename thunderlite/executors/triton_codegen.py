@@ -113,6 +113,8 @@ def _neutral(name: str, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         return 'float("-inf")' if name == "amax" else 'float("inf")'
     info = torch.iinfo(dtype)
+    if name == "amax" and dtype == torch.int64:
+        return f"({info.min + 1} - 1)"     # the literal 9223372036854775808 would not fit an int64
     return str(info.min if name == "amax" else info.max)
 
 
