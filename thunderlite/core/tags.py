@@ -8,7 +8,7 @@ class Tag(enum.Enum):
     INPLACE = "inplace"           # writes into one of its arguments (copy_ and friends)
     RANDOM = "random"             # draws from a random generator
     ALIAS_BARRIER = "alias_barrier"  # inserted by update_aliases
-    VIEW = "view"                 # output aliases the storage of its first tensor argument
+    VIEW = "view"                 # declared (executor impl, custom op): output may alias its first tensor arg
     DONT_DCE = "dont_dce"         # has an effect DCE cannot see (prints, collectives...)
     RETURN = "return"
     FUSION = "fusion"             # a region compiled by a fusion executor
