@@ -33,6 +33,7 @@ from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES
 from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
+from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.update_aliases import update_aliases
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
@@ -233,6 +234,7 @@ def finalize(trace: Trace, executors: list, groups, steps: list | None = None, t
     t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), force=True)
     t = _record(steps, update_aliases(t, groups))
     t = _record(steps, dce(t, groups))
+    t = _record(steps, schedule_collectives(t, groups))
     t = apply_hook(transforms, "after_claiming", t, steps)
     return _record(steps, del_last_used(t), force=True)
 

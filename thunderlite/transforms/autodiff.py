@@ -73,6 +73,7 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms import autodiff_executors as ad_executors
 from thunderlite.transforms import autodiff_rules as rules
 from thunderlite.transforms import autodiff_rules_torch  # noqa: F401  (registers the torch-level rules)
+from thunderlite.transforms import autodiff_rules_dist  # noqa: F401  (registers the collectives' rules)
 from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED

@@ -39,12 +39,20 @@ from thunderlite.transforms.update_aliases import has_tag_deep, ordering_edges
 CanFuse = Callable[[BoundSymbol], bool]
 
 
-def dependencies(trace: Trace, input_alias_groups=None) -> list[set[int]]:
-    """For each symbol, the indices of the symbols that must run before it."""
+def effect_chain(bsym: BoundSymbol) -> str | None:
+    """Symbols with effects outside the trace keep their relative order (one chain)."""
+    return "effect" if has_tag_deep(bsym, Tag.RANDOM) or Tag.DONT_DCE in bsym.sym.tags else None
+
+
+def dependencies(trace: Trace, input_alias_groups=None,
+                 chain: Callable[[BoundSymbol], str | None] = effect_chain) -> list[set[int]]:
+    """For each symbol, the indices of the symbols that must run before it.
+    ``chain(bsym)`` names the chain of effects a symbol keeps its order in (None: none)."""
     bsyms = trace.bound_symbols
     producer: dict[str, int] = {}
     preds: list[set[int]] = [set() for _ in bsyms]
-    last_effect = last_barrier = -1
+    last_in_chain: dict[str, int] = {}
+    last_barrier = -1
     for i, bsym in enumerate(bsyms):
         if Tag.ORDER_BARRIER in bsym.sym.tags:
             preds[i].update(range(last_barrier + 1, i))
@@ -57,10 +65,11 @@ def dependencies(trace: Trace, input_alias_groups=None) -> list[set[int]]:
                 preds[i].add(j)
         for p in bsym.proxy_outs():
             producer[p.name] = i
-        if has_tag_deep(bsym, Tag.RANDOM) or Tag.DONT_DCE in bsym.sym.tags:
-            if last_effect >= 0:
-                preds[i].add(last_effect)
-            last_effect = i
+        key = chain(bsym)
+        if key is not None:
+            if key in last_in_chain:
+                preds[i].add(last_in_chain[key])
+            last_in_chain[key] = i
     for reader, writer in ordering_edges(trace, input_alias_groups):
         preds[writer].add(reader)
     return preds
