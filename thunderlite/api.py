@@ -181,6 +181,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     instead of key values), or 'no caching' (retrace every call).
     ``transforms``: ``thunderlite.extend.Transform`` objects whose hooks run at
     named points of the pipeline (after tracing, after autodiff, after claiming)."""
+    # a module may carry its own transforms (thunderlite.distributed.ddp): they run first
+    own = getattr(fn, "_thunderlite_transforms", None)
+    if own:
+        transforms = [*own, *(transforms or ())]
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms)
     _check_jittable(fn)

@@ -70,6 +70,10 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
         trace.set_return(ret)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
+    if transforms:
+        values = {inp.proxy.name: inp.value for inp in state.inputs}
+        for tr in transforms:
+            tr.bind_inputs(values)
     traces = [trace]
     comp, backward = run_pipeline(trace, traces, groups, executors, transforms, refused_writes(state.inputs))
     if torch._C._is_any_autocast_enabled():

@@ -38,6 +38,11 @@ HOOKS = ("after_tracing", "after_autodiff", "after_claiming")
 class Transform:
     """Base class of user trace transforms; override the hooks you need."""
 
+    def bind_inputs(self, values: dict) -> None:
+        """Before the hooks of one compile: the trace's input values by proxy name,
+        for transforms that pick inputs by identity (``ddp``: the module's
+        parameters). Keep no reference past the compile."""
+
     def after_tracing(self, trace: Trace) -> Trace:
         return trace
 

@@ -1,0 +1,169 @@
+"""``ddp(module)``: data parallelism with the gradient all-reduce in the
+backward trace (docs/architecture.md §15).
+
+The returned ``DDPModule`` wraps the module (parameters and buffers are
+broadcast from rank 0 first, so every replica starts equal) and carries a
+``DDPTransform``, which ``thunderlite.jit`` runs after autodiff: in the
+backward trace, the gradients of the wrapped module's parameters are grouped
+into buckets in the order the backward produces them (up to
+``bucket_size_mb``); each bucket is flattened into one tensor, all-reduced
+(sum, then divided by the group size) and split back. The
+``schedule_collectives`` pass issues each bucket's all-reduce right after its
+last gradient is computed and waits at the end, so communication overlaps the
+rest of the backward.
+
+``with model.no_sync():`` skips the all-reduce (gradient accumulation): the
+flag is read by the traced ``forward``, so the jit guards it and compiles the
+two cases separately; leaving the block averages what was accumulated in it. Example::
+
+    model = thunderlite.jit(ddp(Net()))
+    loss_fn(model(x), y).backward()      # grads are averaged across ranks
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
+from thunderlite.torch import distributed as d
+from thunderlite.torch import symbol_for
+from thunderlite.transforms.user import Transform
+
+
+class DDPTransform(Transform):
+    """Inserts the bucketed gradient all-reduce into the backward trace."""
+
+    def __init__(self, module: "DDPModule", group: Any, bucket_size_mb: float):
+        self.module = module
+        self.group = group
+        self.bucket_bytes = int(bucket_size_mb * 2**20)
+        self._param_names: set[str] = set()
+
+    def bind_inputs(self, values: dict[str, Any]) -> None:
+        ids = {id(p) for p in self.module.module.parameters()}
+        self._param_names = {name for name, v in values.items() if id(v) in ids}
+
+    def after_autodiff(self, forward: Trace, backward: Trace) -> tuple[Trace, Trace]:
+        if not self.module.require_backward_grad_sync or not self._param_names:
+            return forward, backward
+        return forward, _allreduce_grads(backward, forward.args, self._param_names, self.group, self.bucket_bytes)
+
+
+def _allreduce_grads(backward: Trace, arg_proxies: list, params: set[str], group: Any, bucket_bytes: int) -> Trace:
+    name, world = d.group_of(group)
+    ret = backward.return_bsym
+    grads = list(ret.args[0])
+    slots = [i for i, (a, g) in enumerate(zip(arg_proxies, grads, strict=True))
+             if getattr(a, "name", None) in params and type(g) is TensorProxy]
+    if not slots:
+        return backward
+    body = backward.bound_symbols[:-1]
+    produced = {p.name: k for k, b in enumerate(body) for p in b.proxy_outs()}
+    slots.sort(key=lambda i: produced.get(grads[i].name, -1))
+    buckets: list[list[int]] = []
+    size = bucket_bytes
+    for i in slots:
+        g = grads[i]
+        nbytes = g.numel() * g.element_size()
+        if size + nbytes > bucket_bytes or g.dtype != grads[buckets[-1][0]].dtype:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    after: dict[int, list[list[int]]] = {}
+    for bucket in buckets:
+        last = max(produced.get(grads[i].name, -1) for i in bucket)
+        after.setdefault(last, []).append(bucket)
+    new = backward.from_trace("DDP gradient all-reduce")
+    cat, mul = symbol_for(torch.cat), symbol_for(torch.mul)
+    with tracectx(new):
+        for bucket in after.get(-1, []):
+            _bucket(bucket, grads, name, world, cat, mul)
+        for k, b in enumerate(body):
+            new.add_bound_symbol(b)
+            for bucket in after.get(k, []):
+                _bucket(bucket, grads, name, world, cat, mul)
+        new.set_return(type(ret.args[0])(grads))
+    return new
+
+
+def _bucket(bucket: list[int], grads: list, group: str, world: int, cat, mul) -> None:
+    flat = [prims.reshape(grads[i], (grads[i].numel(),)) for i in bucket]
+    joined = cat(flat, 0) if len(flat) > 1 else flat[0]
+    reduced = mul(d.wait(d.all_reduce(joined, "sum", group)), 1.0 / world)
+    start = 0
+    for i in bucket:
+        n = grads[i].numel()
+        grads[i] = prims.reshape(prims.slice_prim(reduced, (start,), (start + n,), (1,)), grads[i].shape)
+        start += n
+
+
+class DDPModule(torch.nn.Module):
+    """A module whose gradients are averaged across the ranks of ``group`` when
+    it runs under ``thunderlite.jit`` (its transform; the module alone, run
+    eagerly, does no communication). ``module`` is the wrapped module."""
+
+    def __init__(self, module: torch.nn.Module, *, group: Any = None, bucket_size_mb: float = 25.0,
+                 broadcast_from: int = 0):
+        super().__init__()
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("thunderlite.distributed.ddp needs an initialized process group "
+                               "(torch.distributed.init_process_group)")
+        self.module = module
+        self.group = group
+        self.require_backward_grad_sync = True
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, broadcast_from, group=group)
+        self._thunderlite_transforms = (DDPTransform(self, group, bucket_size_mb),)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.require_backward_grad_sync:      # read while tracing: the jit guards the flag
+            return self.module(*args, **kwargs)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip the gradient all-reduce inside the block (gradient accumulation).
+
+        On leaving the block the gradients accumulated in it are averaged across
+        ranks (one all-reduce per dtype), so after the next synced backward each
+        ``.grad`` is the average of every rank's accumulated gradient, as with
+        ``torch.nn.parallel.DistributedDataParallel``; that one all-reduce runs
+        eagerly, not overlapped with a backward."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+            if old:
+                self._average_accumulated_grads()
+
+    @torch.no_grad()
+    def _average_accumulated_grads(self) -> None:
+        world = dist.get_world_size(self.group)
+        by_dtype: dict = {}
+        for p in self.module.parameters():
+            if p.grad is not None:
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(world)
+            start = 0
+            for g in grads:
+                g.copy_(flat[start:start + g.numel()].view_as(g))
+                start += g.numel()
+
+
+def ddp(module: torch.nn.Module, *, group: Any = None, bucket_size_mb: float = 25.0,
+        broadcast_from: int = 0) -> DDPModule:
+    """Wrap ``module`` for data-parallel training under ``thunderlite.jit``."""
+    return DDPModule(module, group=group, bucket_size_mb=bucket_size_mb, broadcast_from=broadcast_from)

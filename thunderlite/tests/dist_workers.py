@@ -1,0 +1,130 @@
+"""Worker functions for test_distributed.py: each runs in one rank of a gloo
+group on localhost (spawned processes) and asserts its own results; the test
+process only checks that every rank exited cleanly."""
+from __future__ import annotations
+
+import copy
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import thunderlite
+from thunderlite.distributed import ddp
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+
+
+def _program(x, y, out, shards):
+    z = x * 2
+    dist.all_reduce(z)
+    dist.all_gather_into_tensor(out, x + y)
+    work = dist.all_reduce(y, op=dist.ReduceOp.MAX, async_op=True)
+    q = z.sin()                          # runs while y's all-reduce is in flight
+    work.wait()
+    dist.reduce_scatter_tensor(shards, out * 3)
+    b = x.clone()
+    dist.broadcast(b, src=1)
+    f = funcol.all_reduce(x + 1, "sum", dist.group.WORLD)
+    g = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+    return z, q + y, b, f, g
+
+
+def collectives_in_jitted_code(rank: int, world: int, port: int) -> None:
+    _init(rank, world, port)
+    try:
+        x = torch.arange(6.).reshape(2, 3) + rank
+        y = torch.full((2, 3), float(rank + 1))
+
+        def fresh():
+            return x.clone(), y.clone(), torch.empty(2 * world, 3), torch.empty(2, 3)
+        want_args, got_args = fresh(), fresh()
+        want = _program(*want_args)
+        jf = thunderlite.jit(_program)
+        got = jf(*got_args)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_args, want_args)       # every written argument as eager left it
+        again_args = fresh()
+        torch.testing.assert_close(jf(*again_args), want)     # the cached program
+        final = str(thunderlite.last_traces(jf)[-1])
+        assert "dist.all_reduce" in final and "dist.wait" in final and "dist.reduce_scatter" in final
+    finally:
+        dist.destroy_process_group()
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4))
+
+
+def ddp_matches_single_process(rank: int, world: int, port: int) -> None:
+    _init(rank, world, port)
+    try:
+        net = _net()
+        ref = copy.deepcopy(net)
+        g = torch.Generator().manual_seed(1)
+        xs, ys = torch.randn(3, 8, 8, generator=g), torch.randn(3, 8, 4, generator=g)
+        model = thunderlite.jit(ddp(net, bucket_size_mb=0.001))     # small buckets: several all-reduces
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        for s in range(3):
+            x, y = xs[s].chunk(world)[rank], ys[s].chunk(world)[rank]
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            ropt.zero_grad()
+            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()     # one process, the whole batch
+            ropt.step()
+        for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+        bwd = str(thunderlite.last_backward_traces(model)[-1])
+        assert bwd.count("dist.all_reduce(") >= 2, bwd              # bucketed
+        lines = bwd.splitlines()
+        first_wait = next(i for i, ln in enumerate(lines) if "dist.wait(" in ln)
+        last_issue = max(i for i, ln in enumerate(lines) if "dist.all_reduce(" in ln)
+        assert last_issue < first_wait, "every bucket is issued before the first wait (overlap)"
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_no_sync_accumulation(rank: int, world: int, port: int) -> None:
+    _init(rank, world, port)
+    try:
+        net = _net()
+        ref = copy.deepcopy(net)
+        g = torch.Generator().manual_seed(2)
+        xs, ys = torch.randn(2, 8, 8, generator=g), torch.randn(2, 8, 4, generator=g)
+        model = thunderlite.jit(ddp(net))
+        with model.no_sync():                         # micro-batch 1: local gradients only
+            ((model(xs[0].chunk(world)[rank]) - ys[0].chunk(world)[rank]) ** 2).mean().backward()
+        assert "dist.all_reduce" not in str(thunderlite.last_backward_traces(model)[-1])
+        ((model(xs[1].chunk(world)[rank]) - ys[1].chunk(world)[rank]) ** 2).mean().backward()
+        for s in range(2):
+            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()
+        # DDP semantics: each .grad is the average over ranks of the accumulated gradient,
+        # which for equal chunks is the full-batch gradient summed over both micro-steps
+        for p, r in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, r.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+def functional_collectives_gradients(rank: int, world: int, port: int) -> None:
+    _init(rank, world, port)
+    try:
+        def f(w):
+            full = funcol.all_gather_tensor_autograd(w, 0, dist.group.WORLD)
+            return (full * torch.arange(full.numel(), dtype=full.dtype).reshape(full.shape)).sum()
+        w = torch.full((3,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+        we = w.detach().clone().requires_grad_()
+        thunderlite.jit(f)(w).backward()
+        f(we).backward()
+        torch.testing.assert_close(w.grad, we.grad)
+    finally:
+        dist.destroy_process_group()
