@@ -358,7 +358,7 @@
       b.classList.toggle("active", b.getAttribute("data-stage") === id);
     });
     render(id);
-    if (history.replaceState) history.replaceState(null, "", "#" + id);
+    try { history.replaceState(null, "", "#" + id); } catch (e) { /* some browsers refuse it on file:// pages */ }
   }
 
   function applyRegion() {
