@@ -214,6 +214,8 @@ def test_memory_chart_and_source_lines_link_to_symbols(page_of, fused):
                  if b.source is not None and b.source[2].startswith("h = torch.tanh(x @ w1)")]
     assert len(from_line) == 2                          # matmul and tanh
     assert page.locator("#view td.c.srchl").count() == len(from_line)
+    title = page.locator("#view td.c.srchl").first.get_attribute("title")
+    assert f"from {__file__}:{from_line[0].source[1]}" in title       # each symbol names its line
     assert problems == []
 
 

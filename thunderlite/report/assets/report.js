@@ -149,11 +149,19 @@
     else if (n === 4) header.via.textContent += ", …";
   }
 
+  function sourceTitle(i) {
+    if (i < 0) return "";
+    var s = D.sources[i];
+    var out = "\nfrom " + s.file + ":" + s.line + "  " + s.text;
+    if (s.library && s.user) out += "\ncalled from " + s.user[0] + ":" + s.user[1] + "  " + s.user[2];
+    return out;
+  }
+
   function codeCell(row, side, idx, cls) {
     if (!row) return el("td", { "class": "c none " + side });
     var attrs = { "class": "c " + side + (cls ? " " + cls : "") + (row.kind === "fusion" ? " fusion" : ""),
                   "data-i": idx, "data-user": sourceKey(row.src),
-                  title: row.code + (row.meta ? "\n" + row.meta : "") + (row.ex ? "\nexecutor: " + row.ex : "") };
+                  title: row.code + (row.meta ? "\n" + row.meta : "") + (row.ex ? "\nexecutor: " + row.ex : "") + sourceTitle(row.src) };
     if (row.region) { attrs["data-region"] = row.region; attrs.style = "--rc:" + D.regions[row.region]; }
     var td = el("td", attrs);
     var tog = null;
