@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import weakref
 
-from thunderlite.core import pytree
+from thunderlite.core import prims, pytree
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.trace import Trace
@@ -97,6 +97,7 @@ def function_symbol(cls: type) -> Symbol:
         scope = trc._scopes[-1]             # the decomposition's own scope, opened by record_call
         out = cls.forward(ctx, *args)
         out = _rename_after_writes(trc, scope, out, ctx)
+        out = _outputs_are_new_tensors(out, args)
         for o in pytree.leaves(out):
             if isinstance(o, TensorProxy):
                 _remember(o, ctx)
@@ -109,6 +110,19 @@ def function_symbol(cls: type) -> Symbol:
     _symbols[cls] = sym
     _by_id[sym.id] = cls
     return sym
+
+
+def _outputs_are_new_tensors(out, args):
+    """An input returned as it is (``return x``, ``x.view_as(x)``) comes out of
+    ``apply`` as a new tensor aliasing it, as in PyTorch: without its own proxy
+    the Function would record nothing and its backward would be lost."""
+    inputs = {id(a) for a in pytree.leaves(args) if type(a) is TensorProxy}
+
+    def fresh(o):
+        if type(o) is TensorProxy and id(o) in inputs:
+            return prims.reshape(o, tuple(o.shape))
+        return o
+    return pytree.tree_map(fresh, out)
 
 
 def _free_tensors(bsyms) -> list[TensorProxy]:
