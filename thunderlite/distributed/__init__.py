@@ -3,6 +3,9 @@
 - ``ddp(module)``: gradients all-reduced inside the backward trace, bucketed
   and overlapped with the rest of the backward; ``no_sync()`` for gradient
   accumulation (``ddp.py``).
+- ``fsdp(module)``: parameters sharded (ZeRO-3), gathered where the forward
+  uses them and again in the backward (or kept: ``reshard_after_forward=False``),
+  gradients reduce-scattered; ``full_state_dict`` (``fsdp.py``).
 
 The collectives themselves (``torch.distributed.all_reduce`` and friends,
 functional collectives) are traced as symbols by the torch language
@@ -12,5 +15,6 @@ jitted function. Launch on CPU with gloo::
     torchrun --nproc-per-node 2 train.py
 """
 from thunderlite.distributed.ddp import DDPModule, DDPTransform, ddp
+from thunderlite.distributed.fsdp import FSDPModule, FSDPTransform, fsdp, full_state_dict
 
-__all__ = ["ddp", "DDPModule", "DDPTransform"]
+__all__ = ["ddp", "DDPModule", "DDPTransform", "fsdp", "FSDPModule", "FSDPTransform", "full_state_dict"]

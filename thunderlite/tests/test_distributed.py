@@ -1,6 +1,6 @@
 """Distributed (issue 13): collectives traced as symbols, run by gloo in two
-processes on localhost, and ``thunderlite.distributed.ddp`` against a
-single-process eager model trained on the full batch. Each case spawns its
+processes on localhost, and ``thunderlite.distributed.ddp`` / ``fsdp`` against
+a single-process eager model trained on the full batch. Each case spawns its
 ranks (bounded in time; every rank exits on its own) and passes when every
 rank's own assertions held. Trace-level checks of the scheduling pass run in
 one process on a one-rank group."""
@@ -44,7 +44,8 @@ def _spawn(worker) -> None:
 
 @pytest.mark.parametrize("worker", [dist_workers.collectives_in_jitted_code, dist_workers.ddp_matches_single_process,
                                     dist_workers.ddp_no_sync_accumulation,
-                                    dist_workers.functional_collectives_gradients],
+                                    dist_workers.functional_collectives_gradients,
+                                    dist_workers.fsdp_matches_single_process],
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
@@ -106,9 +107,27 @@ def test_collective_symbols_are_never_dead_code(one_rank_group):
     assert "dist.all_reduce(" in str(thunderlite.last_traces(jf)[-1])
 
 
-def test_ddp_requires_a_process_group():
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_wrappers_require_a_process_group(wrap):
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
-    from thunderlite.distributed import ddp
+    import thunderlite.distributed as td
     with pytest.raises(RuntimeError, match="init_process_group"):
-        ddp(torch.nn.Linear(2, 2))
+        getattr(td, wrap)(torch.nn.Linear(2, 2))
+
+
+def test_fsdp_one_rank_gathers_where_used_and_matches_eager(one_rank_group):
+    import copy
+    from thunderlite.distributed import fsdp, full_state_dict
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    ref = copy.deepcopy(net)
+    model = thunderlite.jit(fsdp(net))
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(model(x), ref(x))
+    model(x).sum().backward()
+    ref(x).sum().backward()
+    grads = {n.removeprefix("module.").replace("_fsdp_shard_", ""): p.grad for n, p in model.named_parameters()}
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(grads[n].view(p.shape), p.grad)     # one rank: the shard is everything
+    assert set(full_state_dict(model)) == set(ref.state_dict())
