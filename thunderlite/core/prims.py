@@ -343,8 +343,11 @@ pad = make_prim("pad", _pad_meta, aten="constant_pad_nd")
 # --- indexing -------------------------------------------------------------------------------
 
 def _gather_meta(a, dim, index):
-    _check_index(index, "gather")
     _canon_dim(dim, a.ndim, "gather")
+    if index.numel() == 0:        # eager accepts an empty index of any dtype and rank
+        _check_tensor(index, "gather")
+        return TensorProxy(shape=index.shape, dtype=a.dtype, device=a.device, requires_grad=_grad(a))
+    _check_index(index, "gather")
     check(index.ndim == a.ndim or (a.ndim == 0 and index.ndim <= 1),
           lambda: f"gather: index rank {index.ndim} differs from input rank {a.ndim}")
     return TensorProxy(shape=index.shape, dtype=a.dtype, device=a.device, requires_grad=_grad(a))

@@ -22,11 +22,6 @@ _KNOWN = {
     "unsqueeze": "shape-changing in-place op (unsqueeze_), refused as t_",
     "resize_": "resize_ to another size is refused as t_ (it changes a tensor's size and storage)",
     "as_strided.partial_views": "as_strided_ changes a tensor's view metadata; refused as t_",
-    "polygamma.polygamma_n_0": "torch language: polygamma_ decomposition reads a tensor value (data-dependent)",
-    "polygamma.polygamma_n_1": "as polygamma_n_0",
-    "polygamma.polygamma_n_2": "as polygamma_n_0",
-    "polygamma.polygamma_n_3": "as polygamma_n_0",
-    "polygamma.polygamma_n_4": "as polygamma_n_0",
 }
 
 

@@ -35,7 +35,6 @@ KNOWN_FAILING = {
     ("linalg.lstsq", "grad_oriented"): _DATA_DEPENDENT, ("tensor_split", ""): _DATA_DEPENDENT,
     ("sparse.sampled_addmm", ""): _SPARSE, ("sparse.mm", "reduce"): _SPARSE, ("to_sparse", ""): _SPARSE,
     ("resize_", ""): "resize_ changes the shape of its argument in place",
-    ("nn.functional.pad", "replicate_negative"): "replicate padding with crops larger than the input",
     ("jiterator_unary", ""): _CUDA_ONLY, ("jiterator_binary", ""): _CUDA_ONLY,
     ("jiterator_4inputs_with_extra_args", ""): _CUDA_ONLY, ("jiterator_binary_return_by_ref", ""): _CUDA_ONLY,
     ("jiterator_2inputs_2outputs", ""): _CUDA_ONLY,

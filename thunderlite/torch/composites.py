@@ -342,6 +342,18 @@ def tensordot(a, b, dims=2, out=None):
     else:
         da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
     da, db = [canonical_dim(d, a.ndim) for d in da], [canonical_dim(d, b.ndim) for d in db]
+    check(len(da) == len(db), lambda: "both dimension lists should have same length")
+    # a contracted dim of size 1 broadcasts against the other side's (as in eager):
+    # the other side is summed over it first
+    for i, j in zip(da, db, strict=True):
+        if a.shape[i] != b.shape[j]:
+            check(1 in (a.shape[i], b.shape[j]), lambda: f"contracted dimensions need to match, but first has "
+                                                         f"size {a.shape[i]} in dim {i} and second has size "
+                                                         f"{b.shape[j]} in dim {j}")
+            if a.shape[i] == 1:
+                b = red.sum(b, j, True)
+            else:
+                a = red.sum(a, i, True)
     fa, fb = [d for d in range(a.ndim) if d not in da], [d for d in range(b.ndim) if d not in db]
     k = 1
     for d in da:

@@ -199,7 +199,11 @@ def take_along_dim(input, indices, dim=None):
     if dim is None:
         return prims.take_along_axis(shapes.ravel(input), shapes.ravel(indices), 0)
     d = canonical_dim(dim, input.ndim)
-    shape = list(torch.broadcast_shapes(input.shape, indices.shape))
+    check(input.ndim == indices.ndim, lambda: "torch.take_along_dim(): input and indices should have the same "
+                                              f"number of dimensions, but got {input.ndim} and {indices.ndim}")
+    # every dim broadcasts except ``d``, where each keeps its own size
+    shape = list(torch.broadcast_shapes(*(tuple(1 if k == d else n for k, n in enumerate(t.shape))
+                                          for t in (input, indices))))
     a_shape, i_shape = list(shape), list(shape)
     a_shape[d], i_shape[d] = input.shape[d], indices.shape[d]
     return prims.take_along_axis(expand_to(input, a_shape), expand_to(indices, i_shape), d)

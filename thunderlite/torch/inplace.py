@@ -56,7 +56,7 @@ _NAMES = [
     "addr", "index_add", "index_put", "scatter", "scatter_add", "tril", "triu", "clip", "sgn", "heaviside",
     "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "fix",
     "multiply", "subtract", "divide", "arctan2", "not_equal", "greater", "less", "greater_equal",
-    "less_equal", "polygamma", "mvlgamma", "cumsum", "cumprod", "t", "transpose", "squeeze", "unsqueeze",
+    "less_equal", "mvlgamma", "cumsum", "cumprod", "t", "transpose", "squeeze", "unsqueeze",
     "swapaxes", "swapdims", "exponent",
 ]
 _SHAPE_INPLACE = {"t", "transpose", "squeeze", "unsqueeze", "swapaxes", "swapdims"}
@@ -76,6 +76,13 @@ def _generate():
 
 
 globals().update(_generate())
+
+
+@torchsymbol(T.polygamma_, name="polygamma_", method_name="polygamma_", tags=INPLACE,
+             inplace_of=all_symbols()["polygamma"])
+def polygamma_(a, n: int):
+    # the method takes (self, n) while torch.polygamma takes (n, input)
+    return write_into(a, all_symbols()["polygamma"](n, a))
 
 
 @torchsymbol(T.fill_, torch.fill_, method_name="fill_", tags=INPLACE)

@@ -264,7 +264,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if training or running_mean is None:
         var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
         if training and running_mean is not None:
-            n = x.numel() // x.shape[1]
+            n = x.numel() // max(x.shape[1] if x.ndim > 1 else 1, 1)     # values per channel
             new_mean = ew.add(ew.mul(running_mean, 1 - momentum), ew.mul(shapes.reshape(mean, (-1,)), momentum))
             unbiased = ew.mul(shapes.reshape(var, (-1,)), n / max(n - 1, 1))
             new_var = ew.add(ew.mul(running_var, 1 - momentum), ew.mul(unbiased, momentum))
@@ -630,6 +630,8 @@ def pad(input, pad, mode: str = "constant", value=None):
 
 def _pad_dim(x, d: int, lo: int, hi: int, mode: str):
     """Pad (or crop, for negative amounts) one dim by slicing and concatenating."""
+    if mode == "replicate":
+        return _replicate_dim(x, d, lo, hi)
     n = x.shape[d]
     if lo < 0:
         x, n, lo = shapes.slice_dim(x, d, -lo, n), n + lo, 0
@@ -642,6 +644,27 @@ def _pad_dim(x, d: int, lo: int, hi: int, mode: str):
     if hi:
         parts.append(_edge(x, d, n, hi, mode, low=False))
     return prims.cat(parts, d) if len(parts) > 1 else x
+
+
+def _replicate_dim(x, d: int, lo: int, hi: int):
+    """Replicate padding as eager defines it, crops included: output element ``j``
+    (of ``n + lo + hi``) is input element ``clamp(j - lo, 0, n - 1)``. So the output
+    is ``a`` copies of the first element, a middle slice, ``b`` copies of the last,
+    where a crop larger than the input leaves only copies of one edge."""
+    n = x.shape[d]
+    m = n + lo + hi
+    check(m >= 0, lambda: f"padding {(lo, hi)} leaves a negative size for dim {d} (size {n})")
+    if m == 0:
+        return shapes.slice_dim(x, d, 0, 0)
+    a, b = min(max(lo, 0), m), min(max(hi, 0), m)
+    parts = []
+    if a:
+        parts.append(_edge(x, d, n, a, "replicate", low=True))
+    if m - a - b > 0:
+        parts.append(shapes.slice_dim(x, d, max(0, -lo), n + min(hi, 0)))
+    if b:
+        parts.append(_edge(x, d, n, b, "replicate", low=False))
+    return prims.cat(parts, d) if len(parts) > 1 else parts[0]
 
 
 def _edge(x, d: int, n: int, k: int, mode: str, low: bool):

@@ -61,6 +61,8 @@ def prod(input, dim=None, keepdim: bool = False, *, dtype=None):
 
 
 def _numel(a, dims) -> int:
+    if a.ndim == 0:
+        return 1              # a 0-d tensor accepts dim 0 / -1 and reduces nothing
     n = 1
     for d in dims:
         n *= a.shape[d]
@@ -212,7 +214,9 @@ def vector_norm(x, ord=2, dim=None, keepdim: bool = False, *, dtype=None):
     if ord == -math.inf:
         return amin(a, () if dim is None else dim, keepdim)
     if ord == 0:
-        return sum(convert(ew.ne(a, 0), a.dtype), dim, keepdim)
+        # the count of non-zeros, written with sign (zero gradient) rather than a
+        # comparison, so the result requires grad (with zero gradient) as in eager
+        return sum(ew.where(ew.isnan(a), 1.0, ew.sign(a)), dim, keepdim)
     if ord == 1:
         return sum(a, dim, keepdim)
     if ord == 2:

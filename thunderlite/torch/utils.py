@@ -11,7 +11,8 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.core.symbol import Symbol
 
 
 def is_tensor(x) -> bool:
@@ -105,9 +106,23 @@ def promote(args, kind: Promotion = Promotion.DEFAULT) -> tuple[torch.dtype, tor
     return compute, dt
 
 
+def _constant_meta(t: torch.Tensor) -> TensorProxy:
+    p = proxy_of_tensor(t)
+    p.requires_grad = False
+    return p
+
+
+# A concrete tensor made by code that runs while tracing without the jit's hooks
+# (``torch.masked.mean``'s element count, in a hand-built trace): a trace value
+# holding a copy of it, so prims see a tensor, never a "scalar" tensor object.
+TENSOR_CONSTANT = Symbol("tensor_constant", meta=_constant_meta, impl=lambda t: t.clone(), module="ltorch")
+
+
 def elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, upcast: bool = True):
     """Apply an elementwise prim torch-style: promote, broadcast, compute
     (half precision in float32), and cast the result back."""
+    if any(isinstance(a, torch.Tensor) for a in args):
+        args = tuple(TENSOR_CONSTANT(a) if isinstance(a, torch.Tensor) else a for a in args)
     compute, result = promote(args, kind)
     if not upcast and kind is not Promotion.ALWAYS_BOOL:
         compute = result if kind is not Promotion.COMPLEX_TO_FLOAT else compute

@@ -524,11 +524,16 @@ def _pad(g, out, a, padding_value, padding_config):
 
 @register_vjp(prims.gather)
 def _gather(g, out, a, dim, index):
+    if index.numel() == 0:         # nothing gathered (eager accepts any dtype and rank here)
+        return zeros_like(a), None, None
     return prims.scatter_add(zeros_like(a), dim, index, g), None, None
 
 
 @register_vjp(prims.take_along_axis)
 def _take_along_axis(g, out, a, index, dim):
+    # take_along_dim wraps negative indices (gather does not): so must its gradient
+    size = a.shape[dim] if a.ndim else 1
+    index = prims.where(prims.lt(index, 0), prims.add(index, size), index)
     return prims.scatter_add(zeros_like(a), dim, index, g), None, None
 
 
