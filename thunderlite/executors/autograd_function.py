@@ -51,6 +51,15 @@ def _stages(finalize: Callable, trace: Trace) -> list[Trace]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _distinct(traces: list[Trace]) -> list[Trace]:
+    """Each stage once: a pass that returned its input is not a new stage."""
+    out: list[Trace] = []
+    for t in traces:
+        if not any(t is seen for seen in out):
+            out.append(t)
+    return out
+
+
 def _zeros(p) -> torch.Tensor:
     return torch.zeros(p.shape, dtype=p.dtype, device=p.device)
 
@@ -101,7 +110,7 @@ class DifferentiableProgram:
         self.trace_args = list(trace.args)
         if split.mode == "eager":
             stages = _stages(finalize, split.eager_trace)
-            self.forward_traces = ([split.eager_trace] if split.eager_trace is not trace else []) + stages
+            self.forward_traces = _distinct(([split.eager_trace] if split.eager_trace is not trace else []) + stages)
             self.backward_traces: list[Trace] = []
             self._eager_fn = stages[-1].python_callable()
             return
@@ -109,9 +118,8 @@ class DifferentiableProgram:
         if after_split is not None:       # user transforms' after_autodiff hook (transforms/user.py)
             forward, backward = after_split(forward, backward)
         fwd_stages, bwd_stages = _stages(finalize, forward), _stages(finalize, backward)
-        self.forward_traces = [split.forward, *([forward] if forward is not split.forward else []), *fwd_stages]
-        self.backward_traces = [split.backward, *([backward] if backward is not split.backward else []),
-                                *bwd_stages]
+        self.forward_traces = _distinct([split.forward, forward, *fwd_stages])
+        self.backward_traces = _distinct([split.backward, backward, *bwd_stages])
         self.forward_fn = fwd_stages[-1].python_callable()
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None

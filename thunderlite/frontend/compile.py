@@ -214,8 +214,8 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
-            finalize(tr, exs, groups, steps, transforms)
-            return steps
+            final = finalize(tr, exs, groups, steps, transforms)
+            return steps or [final]     # no pass changed it: the input itself runs
         after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
         program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs)
         traces += program.forward_traces
@@ -235,16 +235,18 @@ def finalize(trace: Trace, executors: list, groups, steps: list | None = None, t
     """The execution transform, the alias/DCE re-run it may need, the user
     transforms' ``after_claiming``, del_last_used."""
     steps = [] if steps is None else steps
-    t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), force=True)
-    t = _record(steps, update_aliases(t, groups))
-    t = _record(steps, dce(t, groups))
-    t = _record(steps, schedule_collectives(t, groups))
+    t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), trace)
+    t = _record(steps, update_aliases(t, groups), t)
+    t = _record(steps, dce(t, groups), t)
+    t = _record(steps, schedule_collectives(t, groups), t)
     t = apply_hook(transforms, "after_claiming", t, steps)
-    return _record(steps, del_last_used(t), force=True)
+    return _record(steps, del_last_used(t), t)
 
 
-def _record(traces: list[Trace], t: Trace, force: bool = False) -> Trace:
-    """Append ``t`` unless the pass returned its input unchanged (already recorded)."""
-    if force or not traces or traces[-1] is not t:
+def _record(traces: list[Trace], t: Trace, before: Trace | None = None) -> Trace:
+    """Append ``t`` unless the pass returned its input (``before``, or the last
+    recorded trace) unchanged: each stage is listed once, under its own pass's name."""
+    if t is not (before if before is not None else (traces[-1] if traces else None)) and \
+            not (traces and traces[-1] is t):
         traces.append(t)
     return t

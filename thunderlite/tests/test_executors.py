@@ -46,7 +46,7 @@ def test_final_trace_calls_torch_directly():
     claimed, fn = compile_trace(_trace(_example, (2, 3), (2, 3)))
     verify_trace(claimed)
     src = str(claimed)
-    assert "# Constructed by Transform for execution" in src
+    assert "# Constructed by claim_executors" in src
     for line in ("t0 = torch.mul(a, b)", "t1 = torch.add(t0, 1.0)", "t2 = torch.sin(t1)", "t3 = torch.sum(t2)"):
         assert line in src, src
     assert "# user.py:12: return (a * b + 1).sin().sum()" in src

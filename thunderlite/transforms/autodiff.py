@@ -556,7 +556,7 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
     return [deps.get(outs[pos].name, frozenset()) for pos in grad_positions]
 
 
-@trace_pass("Detach no-grad values (autodiff, eager mode)")
+@trace_pass("split_forward_backward (eager mode: no-grad values detached)")
 def _detach_cuts(trace: Trace, tracked: set[str]) -> Trace:
     """Eager mode runs every symbol with autograd on; values the program made
     under ``torch.no_grad()`` (inexact outputs of symbols reading tracked values
@@ -589,7 +589,7 @@ def _visible_names(trace: Trace) -> set[str]:
     return names
 
 
-@trace_pass("Forward/backward split (autodiff)")
+@trace_pass("split_forward_backward (forward)")
 def _forward_trace(trace: Trace, bsyms, saved_tensors, saved_other) -> Trace:
     fwd = trace.with_bound_symbols("", bsyms)
     fwd.name = "forward"
@@ -598,7 +598,7 @@ def _forward_trace(trace: Trace, bsyms, saved_tensors, saved_other) -> Trace:
     return fwd
 
 
-@trace_pass("Backward (autodiff)")
+@trace_pass("split_forward_backward (backward)")
 def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
     out = Trace("backward", names=bwd.names)
     holder = Proxy(name=bwd.fresh_name("saved"))

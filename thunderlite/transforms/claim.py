@@ -32,7 +32,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 
-STAGE = "Transform for execution"
+STAGE = "claim_executors"
 
 
 class ClaimError(NotImplementedError):
