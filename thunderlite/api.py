@@ -44,10 +44,12 @@ MAX_ALTERNATES = 8
 class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
-    def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None):
+    def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
+                 progress: bool | None = None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         self.fn = fn
+        self.progress = progress
         self.executors = executors
         self.transforms = check_transforms(transforms)
         self.cache_mode = cache
@@ -91,7 +93,8 @@ class ThunderliteFunction:
         try:
             entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
                                  executors=self.executors, symbolic_numbers=symbolic,
-                                 transforms=self.transforms)
+                                 transforms=self.transforms, progress=self.progress,
+                                 name=self.__name__)
         except (TypeError, DataDependentError) as e:
             if not symbolic:
                 raise
@@ -139,6 +142,7 @@ class ThunderliteModule(torch.nn.Module):
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
         self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
+        self.__dict__["_jitted"].__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
 
     def forward(self, *args, **kwargs):
@@ -172,7 +176,8 @@ class ThunderliteModule(torch.nn.Module):
         return f"ThunderliteModule({self._model!r})"
 
 
-def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None):
+def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
+        progress: bool | None = None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -180,15 +185,17 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     Python scalars, the default), 'symbolic values' (floats become trace inputs
     instead of key values), or 'no caching' (retrace every call).
     ``transforms``: ``thunderlite.extend.Transform`` objects whose hooks run at
-    named points of the pipeline (after tracing, after autodiff, after claiming)."""
+    named points of the pipeline (after tracing, after autodiff, after claiming).
+    ``progress``: a compile that takes more than ~2 s shows its stage and symbol
+    count on stderr; None (default) when stderr is a terminal, False never, True always."""
     # a module may carry its own transforms (thunderlite.distributed.ddp): they run first
     own = getattr(fn, "_thunderlite_transforms", None)
     if own:
         transforms = [*own, *(transforms or ())]
     if isinstance(fn, torch.nn.Module):
-        return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms)
+        return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress)
     _check_jittable(fn)
-    return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms)
+    return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress)
 
 
 def _check_jittable(fn: Any) -> None:

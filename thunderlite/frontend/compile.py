@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, TensorProxy
-from thunderlite.core.trace import Trace
+from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.cache import CompiledEntry
@@ -24,6 +24,7 @@ from thunderlite.frontend.entry import build_entry, prologue_trace
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
+from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.executors.autograd_function import make_differentiable
@@ -42,8 +43,16 @@ INTERPRETATION_STAGE = "interpretation"
 
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
-                 symbolic_numbers: bool = False, transforms: tuple = ()) -> CompiledEntry:
-    """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it."""
+                 symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
+                 name: str | None = None) -> CompiledEntry:
+    """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
+    showing progress on stderr when it takes long (frontend/progress.py)."""
+    with compile_progress(name or getattr(fn, "__qualname__", "function"), progress):
+        return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms)
+
+
+def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
+                  transforms: tuple) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
@@ -57,6 +66,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
             state.register_module_tree(owner, Prov.object(owner))
         else:
             state.note(owner, Prov.object(owner))
+    note(INTERPRETATION_STAGE, trace)
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
         result = _interpret(fn, hooks, pargs, pkwargs)
@@ -207,8 +217,8 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     requiring grad, inference tensors...), so the error is raised here, at
     trace time, before anything ran."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
-    t = _record(traces, update_aliases(t, groups, **(refused or {})))
-    t = _record(traces, dce(t, groups))
+    t = _record(traces, _step(update_aliases, t, groups, **(refused or {})))
+    t = _record(traces, _step(dce, t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
     if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
@@ -217,6 +227,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
             final = finalize(tr, exs, groups, steps, transforms)
             return steps or [final]     # no pass changed it: the input itself runs
         after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
+        note("split_forward_backward", t)
         program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs)
         traces += program.forward_traces
         return program, list(program.backward_traces)
@@ -235,12 +246,18 @@ def finalize(trace: Trace, executors: list, groups, steps: list | None = None, t
     """The execution transform, the alias/DCE re-run it may need, the user
     transforms' ``after_claiming``, del_last_used."""
     steps = [] if steps is None else steps
-    t = _record(steps, claim_executors(trace, executors, input_alias_groups=groups), trace)
-    t = _record(steps, update_aliases(t, groups), t)
-    t = _record(steps, dce(t, groups), t)
-    t = _record(steps, schedule_collectives(t, groups), t)
+    t = _record(steps, _step(claim_executors, trace, executors, input_alias_groups=groups), trace)
+    t = _record(steps, _step(update_aliases, t, groups), t)
+    t = _record(steps, _step(dce, t, groups), t)
+    t = _record(steps, _step(schedule_collectives, t, groups), t)
     t = apply_hook(transforms, "after_claiming", t, steps)
-    return _record(steps, del_last_used(t), t)
+    return _record(steps, _step(del_last_used, t), t)
+
+
+def _step(trace_pass: TracePass, trace: Trace, *args, **kwargs) -> Trace:
+    """Run one pass, telling the progress reporter which (frontend/progress.py)."""
+    note(trace_pass.stage, trace)
+    return trace_pass(trace, *args, **kwargs)
 
 
 def _record(traces: list[Trace], t: Trace, before: Trace | None = None) -> Trace:
