@@ -1,8 +1,9 @@
 """The main demo: a small GPT-style model jitted on CPU.
 
 Run ``python -m thunderlite.demo``: it checks the jitted model against eager,
-prints the final trace (the program that actually runs), and times the cached
-forward against eager PyTorch.
+prints the first lines of the final trace (the program that actually runs;
+``--full`` prints all of it), then a summary: the cached forward timed against
+eager PyTorch and ``torch.compile``, and which executor ran how many symbols.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ class GPT(nn.Module):
 
 
 def _time_ms(fn, *args, iters: int = 50) -> float:
-    fn(*args)
+    for _ in range(3):
+        fn(*args)
     best = math.inf
     for _ in range(5):
         start = time.perf_counter()
@@ -93,10 +95,55 @@ def _time_ms(fn, *args, iters: int = 50) -> float:
     return best * 1e3
 
 
+EXCERPT_LINES = 16
+
+
+def trace_excerpt(trace, full: bool = False) -> str:
+    """The trace's header, signature and first statements (or all of it), saying
+    how much was left out; the return line is always shown."""
+    lines = str(trace).splitlines()
+    if full:
+        return "\n".join(lines)
+    start = next(i for i, line in enumerate(lines) if line.startswith("def "))
+    body = start + 1
+    while body < len(lines) and lines[body].startswith("  # ") and '"' in lines[body]:
+        body += 1                       # the inputs' metadata comments
+    signature = lines[start] if len(lines[start]) <= 100 else lines[start][:96] + " ...):"
+    shown = lines[body:body + EXCERPT_LINES]
+    left = len(lines) - 1 - body - len(shown)
+    tail = [f"  # ... {left} more lines (python -m thunderlite.demo --full prints them all)"] if left > 0 else []
+    return "\n".join(lines[:start] + [signature] + shown + tail + lines[-1:])
+
+
+def where_it_ran(trace) -> dict[str, int]:
+    """Symbols of the final trace per executor (fusion regions count as one)."""
+    counts: dict[str, int] = {}
+    for bsym in trace.bound_symbols:
+        ex = bsym.sym.executor
+        if ex is not None:
+            name = getattr(ex, "name", str(ex))
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _torch_compile(model, idx, iters: int):
+    """(first call ms, cached ms) of ``torch.compile(model)``, or the reason it cannot run here."""
+    try:
+        compiled = torch.compile(model)
+        start = time.perf_counter()
+        compiled(idx)
+        first = (time.perf_counter() - start) * 1e3
+        return first, _time_ms(compiled, idx, iters=iters)
+    except Exception as e:  # noqa: BLE001 - e.g. no C++ compiler for Inductor: reported, not fatal
+        return f"unavailable here ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--full", action="store_true", help="print the whole final trace, not an excerpt")
     parser.add_argument("--no-trace", action="store_true", help="do not print the final trace")
+    parser.add_argument("--no-torch-compile", action="store_true", help="do not time torch.compile")
     parser.add_argument("--iters", type=int, default=50, help="timed calls per repetition")
     opts = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -109,14 +156,27 @@ def main(argv=None) -> int:
         first_ms = (time.perf_counter() - start) * 1e3
         expected = model(idx)
         torch.testing.assert_close(out, expected)
+        final = thunderlite.last_traces(jmodel)[-1]
         if not opts.no_trace:
-            print(thunderlite.last_traces(jmodel)[-1])
+            print(trace_excerpt(final, opts.full))
+            print()
         eager_ms = _time_ms(model, idx, iters=opts.iters)
         jit_ms = _time_ms(jmodel, idx, iters=opts.iters)
-    print(f"GPT ({opts.layers} layers) forward on CPU, output matches eager: {tuple(out.shape)}")
-    print(f"  first call (trace + compile): {first_ms:8.2f} ms")
+        compiled = None if opts.no_torch_compile else _torch_compile(model, idx, opts.iters)
+    print(f"GPT ({opts.layers} layers) forward on CPU, no_grad, output {tuple(out.shape)} matches eager")
     print(f"  eager forward:                {eager_ms:8.3f} ms")
-    print(f"  thunderlite forward (cached): {jit_ms:8.3f} ms  ({jit_ms / eager_ms:.2f}x eager)")
+    print(f"  thunderlite forward (cached): {jit_ms:8.3f} ms  ({jit_ms / eager_ms:.2f}x eager)   "
+          f"first call (trace + compile) {first_ms:.0f} ms")
+    if isinstance(compiled, tuple):
+        print(f"  torch.compile forward:        {compiled[1]:8.3f} ms  ({compiled[1] / eager_ms:.2f}x eager)   "
+              f"first call (compile) {compiled[0]:.0f} ms")
+    elif compiled is not None:
+        print(f"  torch.compile: {compiled}")
+    ran = where_it_ran(final)
+    frees = sum(b.sym.name == "del" for b in final.bound_symbols)
+    opaque = thunderlite.examine(model, idx).opaque
+    print(f"  what ran where: {', '.join(f'{n} symbols by the {name} executor' for name, n in ran.items())}"
+          f" ({frees} del statements free buffers early; {len(opaque)} opaque torch calls)")
     print(f"  cache: {thunderlite.cache_info(jmodel)}")
     return 0
 

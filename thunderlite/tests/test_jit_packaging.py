@@ -31,11 +31,24 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert "-eq 5" in ci          # "no tests ran" is a failure
 
 
-def test_demo_runs_and_matches_eager(capsys):
+def test_demo_prints_its_summary_after_a_short_trace_excerpt(capsys):
     from thunderlite.demo import main
     assert main(["--layers", "1", "--iters", "2"]) == 0
     out = capsys.readouterr().out
-    assert "# Constructed by" in out and "x eager" in out
+    excerpt, summary = out.split("\nGPT (1 layers)", 1)
+    assert excerpt.startswith("# Constructed by") and "--full prints them all" in excerpt
+    assert len(excerpt.splitlines()) < 40 and excerpt.rstrip().splitlines()[-1].startswith("  return ")
+    assert "matches eager" in summary and "x eager" in summary
+    assert "torch.compile" in summary and "what ran where:" in summary and "torch executor" in summary
+
+
+def test_demo_full_prints_the_whole_trace(capsys):
+    from thunderlite.demo import main
+    assert main(["--layers", "1", "--iters", "1", "--full", "--no-torch-compile"]) == 0
+    out = capsys.readouterr().out
+    trace = out.split("\nGPT (1 layers)", 1)[0]
+    assert "more lines" not in trace and len(trace.splitlines()) > 100
+    assert "torch.compile" not in out.split("\nGPT (1 layers)", 1)[1]
 
 
 def _code_cells() -> list[str]:
