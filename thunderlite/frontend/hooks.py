@@ -30,7 +30,6 @@ from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
 from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
-from thunderlite.torch.names import public_name
 from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -149,11 +148,8 @@ class TracingHooks(InterpreterHooks):
         """A torch C function with no symbol: opaque when it touches proxies or
         creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
         def call(*args, **kwargs):
-            name = getattr(fn, "__name__", "")
-            if name in _DATA_DEPENDENT_METHODS and (_has_proxy(args) or _has_proxy((getattr(fn, "__self__", None),))):
-                if name == "numpy":
-                    raise self.not_traced("Tensor.numpy()")
-                raise self.data_dependent(f"{public_name(fn)}()")
+            if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
+                raise self.not_traced("Tensor.numpy()")
             if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             out = fn(*args, **kwargs)

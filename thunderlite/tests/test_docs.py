@@ -47,3 +47,18 @@ def test_references_to_architecture_sections_exist():
 def test_readme_and_contributing_point_to_the_architecture():
     for name in ("README.md", "CONTRIBUTING.md"):
         assert "docs/architecture.md" in (ROOT / name).read_text(), name
+
+
+def test_readme_lists_every_public_name_and_links_what_exists():
+    import thunderlite
+    readme = (ROOT / "README.md").read_text()
+    api = readme[readme.index("## Public API"):readme.index("## How it compares")]
+    missing = [n for n in thunderlite.__all__ if n != "__version__" and f"`{n}" not in api]
+    assert missing == []
+    for sub in ("thunderlite.extend", "thunderlite.dynamo"):
+        assert f"`{sub}`" in api
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert {"docs/architecture.md", "notebooks/getting_started.ipynb", "benchmarks/"} <= set(links)
+    assert [link for link in links if not (ROOT / link).exists()] == []
+    compares = readme[readme.index("## How it compares"):]
+    assert "Lightning Thunder" in compares and "torch.compile" in compares and "bench_overhead.py" in compares

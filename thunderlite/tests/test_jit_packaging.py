@@ -56,6 +56,20 @@ def _code_cells() -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_committed_executed_with_outputs_and_cell_ids(path):
+    """Readable on a web viewer: nbformat 4.5+, every cell has an id, every code
+    cell ran in order (scripts/execute_notebooks.py) and none raised."""
+    nb = json.loads(path.read_text())
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5)
+    assert all(c.get("id") for c in nb["cells"])
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and [c["execution_count"] for c in code] == list(range(1, len(code) + 1)), \
+        "run python scripts/execute_notebooks.py and commit the result"
+    assert all(c["outputs"] for c in code), "every code cell shows what it did"
+    assert all(o["output_type"] != "error" for c in code for o in c["outputs"])
+
+
 def test_getting_started_notebook_executes():
     nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
     try:

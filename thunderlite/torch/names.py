@@ -54,5 +54,8 @@ def public_name(fn: Callable) -> str:
     objclass = getattr(fn, "__objclass__", None)
     if objclass is not None and issubclass(objclass, torch._C.TensorBase):
         return f"Tensor.{fn.__name__}"
+    qualname = getattr(fn, "__qualname__", "") or ""
+    if qualname.startswith("_VariableFunctionsClass."):    # a C function behind a Python wrapper
+        return f"torch.{fn.__name__}"
     mod = getattr(fn, "__module__", None) or ""
     return f"{mod}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}".lstrip(".")
