@@ -162,7 +162,7 @@ def _interpret(fn: Callable, hooks: TracingHooks, pargs: tuple, pkwargs: dict) -
     except DataDependentError as e:
         if " (at " in str(e):
             raise
-        loc = hooks.user_location()
+        loc = hooks.user_location(e)
         where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
         raise type(e)(f"{e}{where}") from None
     except Exception as e:

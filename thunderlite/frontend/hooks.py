@@ -29,6 +29,7 @@ from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
+from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
 from thunderlite.transforms.autodiff_function import function_symbol
 
@@ -75,10 +76,12 @@ class TracingHooks(InterpreterHooks):
         loc = self.user_location()
         return type(e)(f"{e} (at {loc[0]}:{loc[1]}: {loc[2]})") if loc else e
 
-    def user_location(self) -> tuple | None:
+    def user_location(self, exc: BaseException | None = None) -> tuple | None:
         """The innermost interpreted line outside torch's own Python code: where the
-        user called the torch function that failed (``torch.unique`` -> ``torch._unique2``)."""
-        for fname, lineno in reversed(source_locations()):
+        user called the torch function that failed (``torch.unique`` -> ``torch._unique2``).
+        Once the frames are gone, the ones ``exc`` recorded while it propagated."""
+        frames = source_locations() or (interpreted_frames(exc) if exc is not None else [])
+        for fname, lineno in reversed(frames):
             if not fname.startswith(_TORCH_DIR):
                 return fname, lineno, linecache.getline(fname, lineno).strip()
         return self.locate()

@@ -31,6 +31,7 @@ import types
 
 NOTE_HEADER = "Traceback of the interpreted code (most recent call last):"
 _FRAMES_ATTR = "_thunderlite_interpreted_frames"
+_SHOWN_ATTR = "_thunderlite_shown_frames"
 # Instructions that re-raise without a new traceback entry (CPython jumps past
 # PyTraceBack_Here): the frame keeps the line where the exception first arose.
 _NO_TRACEBACK_ENTRY = frozenset(("RERAISE", "END_ASYNC_FOR", "CLEANUP_THROW"))
@@ -51,6 +52,13 @@ def record_raise(exc: BaseException, f) -> None:
     except AttributeError:  # an exception type without instance attributes
         return
     frames.append((f.code, f.lineno))
+
+
+def interpreted_frames(exc: BaseException) -> list[tuple[str, int]]:
+    """(filename, lineno) of the interpreted frames ``exc`` passed through, outermost first."""
+    d = getattr(exc, "__dict__", {})
+    frames = d.get(_FRAMES_ATTR) or d.get(_SHOWN_ATTR) or ()
+    return [(code.co_filename, lineno) for code, lineno in reversed(frames)]
 
 
 def _is_internal(tb) -> bool:
@@ -100,6 +108,8 @@ def make_user_facing(exc: BaseException) -> None:
         frames = None
         if hasattr(e, "__dict__"):
             frames = e.__dict__.pop(_FRAMES_ATTR, None)
+            if frames:
+                e.__dict__[_SHOWN_ATTR] = frames     # kept for interpreted_frames
         _strip(e)
         if frames and hasattr(e, "add_note"):
             e.add_note(format_frames(frames))
