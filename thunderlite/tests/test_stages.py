@@ -8,7 +8,7 @@ import torch
 
 import thunderlite
 
-PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "del_last_used",
+PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used",
           "split_forward_backward (forward)", "split_forward_backward (backward)",
           "split_forward_backward (eager mode: no-grad values detached)"}
 
