@@ -259,3 +259,178 @@ def test_custom_ops_through_jit_without_registration():
     i = next(i for i, b in enumerate(bsyms) if b.sym.name == "tl_aliasing_split_update_default")
     (_,), (_, unused) = bsyms[i].output
     assert is_del(bsyms[i + 1]) and unused.name in {p.name for p in bsyms[i + 1].args}
+
+
+# --- custom ops through jit with gradients (issue 9), compared with eager ------------------------
+
+import thunderlite  # noqa: E402
+
+F64 = torch.float64
+EXECUTORS = [pytest.param(None, id="default"), pytest.param(["torchcompile", "torch"], id="torchcompile")]
+
+
+@torch.library.custom_op("tl_autograd::scaled_sin", mutates_args=())
+def scaled_sin(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x.sin() * scale
+
+
+@scaled_sin.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def _sin_setup(ctx, inputs, output):
+    x, scale = inputs
+    ctx.save_for_backward(x)
+    ctx.scale = scale
+
+
+def _sin_backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    if ctx.scale > 0:                                # data-independent Python in the user's backward
+        return g * x.cos() * ctx.scale, None
+    return g * 0, None
+
+
+scaled_sin.register_autograd(_sin_backward, setup_context=_sin_setup)
+
+
+@torch.library.custom_op("tl_autograd::no_formula", mutates_args=())
+def no_formula(x: torch.Tensor) -> torch.Tensor:
+    return x.exp()
+
+
+@no_formula.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tl_autograd::mix_", mutates_args={"h"})
+def mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    h.add_(y)
+    return y * 2
+
+
+@mix_.register_fake
+def _(h, y):
+    return torch.empty_like(y)
+
+
+_ag_lib = torch.library.Library("tl_autograd_def", "DEF")
+_ag_lib.define("cube(Tensor x) -> Tensor")
+_ag_lib.define("scale_all_(Tensor(a!)[] xs, float s) -> ()")
+_ag_lib.define("add_maybe_(Tensor(a!) x, Tensor? y, Tensor(b!)? out) -> ()")
+_ag_lib.define("scale_all_ret_(Tensor(a!)[] xs, float s) -> Tensor(a!)[]")
+_ag_lib.impl("cube", lambda x: x * x * x, "CPU")
+_ag_lib.impl("cube", lambda x: torch.empty_like(x), "Meta")
+torch.library.register_autograd(
+    "tl_autograd_def::cube", lambda ctx, g: g * 3 * ctx.saved_tensors[0] ** 2,
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]), lib=_ag_lib)
+
+
+def _scale_all_(xs, s):
+    for x in xs:
+        x.mul_(s)
+
+
+def _scale_all_ret_(xs, s):
+    _scale_all_(xs, s)
+    return list(xs)
+
+
+def _add_maybe_(x, y, out):
+    if y is not None:
+        x.add_(y)
+    if out is not None:
+        out.copy_(x * 2)
+
+
+_ag_lib.impl("scale_all_", _scale_all_, "CompositeExplicitAutograd")
+_ag_lib.impl("scale_all_", lambda xs, s: None, "Meta")
+_ag_lib.impl("scale_all_ret_", _scale_all_ret_, "CompositeExplicitAutograd")
+_ag_lib.impl("scale_all_ret_", lambda xs, s: list(xs), "Meta")
+_ag_lib.impl("add_maybe_", _add_maybe_, "CompositeExplicitAutograd")
+_ag_lib.impl("add_maybe_", lambda x, y, out: None, "Meta")
+cube = torch.ops.tl_autograd_def.cube.default
+scale_all_ = torch.ops.tl_autograd_def.scale_all_.default
+scale_all_ret_ = torch.ops.tl_autograd_def.scale_all_ret_.default
+add_maybe_ = torch.ops.tl_autograd_def.add_maybe_.default
+
+
+def _compare(fn, shapes, executors, grad_mask=None):
+    """Outputs, inputs after the call and the gradients of sum(outputs) equal eager's."""
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(s, dtype=F64, generator=g) for s in shapes]
+    grad_mask = grad_mask or [True] * len(shapes)
+    ref = [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
+    ours = [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
+    jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
+    want, got = fn(*ref), jfn(*ours)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for w, h in zip(want, got, strict=True):
+        torch.testing.assert_close(h, w)
+        assert h.requires_grad == w.requires_grad
+    if any(w.requires_grad for w in want):
+        sum(w.sum() for w in want if w.requires_grad).backward()
+        sum(h.sum() for h in got if h.requires_grad).backward()
+    for r, o in zip(ref, ours, strict=True):
+        torch.testing.assert_close(o.detach(), r.detach())
+        torch.testing.assert_close(o.grad, r.grad)
+    return jfn
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_custom_op_with_registered_autograd_is_differentiable(executors):
+    def fn(x, y):
+        return scaled_sin(x * 2, 3.0) * y, cube(y.cos())
+    jfn = _compare(fn, [(4, 3), (4, 3)], executors)
+    assert thunderlite.last_backward_traces(jfn)
+
+
+def test_custom_op_without_formula_raises_eagers_error_at_backward():
+    def fn(x):
+        return no_formula(x * 2).sum()
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no autograd formula was registered") as eager:
+        fn(x).backward()
+    out = thunderlite.jit(fn)(x)
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula was registered") as ours:
+        out.backward()
+    assert type(ours.value) is type(eager.value)
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_mutating_custom_op_on_a_gradient_path(executors):
+    """Eager: the write is invisible to autograd (h keeps its history); the
+    fresh output has no formula, so it is detached before the loss."""
+    def fn(x, y):
+        h = x * 2
+        r = mix_(h, y.detach())
+        return h.sin(), r.detach() * 2
+    _compare(fn, [(5,), (5,)], executors)
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_written_tensor_lists_and_optional_tensors(executors):
+    def fn(a, b, c):
+        h, k = a * 1, b * 1
+        before = h.sum() + k.sum()
+        scale_all_([h, k], 3.0)                       # Tensor(a!)[] xs -> ()
+        out = torch.empty_like(c)
+        add_maybe_(h, c, out)                         # Tensor? y given, Tensor(b!)? out given
+        add_maybe_(k, None, None)                     # both optional tensors absent
+        m, n = scale_all_ret_([h, k], 0.5)            # -> Tensor(a!)[]: returns the written list
+        return before, h.exp(), k * 2, out, m + n
+    _compare(fn, [(3,), (3,), (3,)], executors, grad_mask=[True, True, False])
+
+
+def test_written_tensor_lists_without_grad_write_the_callers_tensors():
+    def fn(a, b):
+        scale_all_([a, b], 2.0)
+        return a + b
+    x, y = torch.randn(3), torch.randn(3)
+    rx, ry = x.clone(), y.clone()
+    torch.testing.assert_close(thunderlite.jit(fn)(x, y), fn(rx, ry))
+    torch.testing.assert_close((x, y), (rx, ry))

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch._library.custom_ops import CustomOpDef
+from torch._library.custom_ops import OPDEFS, CustomOpDef
 from torch._ops import OpOverload, OpOverloadPacket
 from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
@@ -89,10 +89,15 @@ def _overload_of(fn) -> OpOverload:
     return fn
 
 
+_TENSOR, _LIST, _OPTIONAL, _OPTIONAL_LIST = "Tensor", "List[Tensor]", "Optional[Tensor]", "List[Optional[Tensor]]"
+_ALIASABLE = frozenset({_TENSOR, _LIST, _OPTIONAL, _OPTIONAL_LIST})
+
+
 class _Schema:
     """What the trace needs from an op's schema: argument names, which are
-    written, and for each return the argument it aliases (or None)."""
-    __slots__ = ("names", "kwarg_only", "defaults", "written", "return_alias", "is_view", "n_returns")
+    written (a ``Tensor(a!)``, ``Tensor(a!)?`` or ``Tensor(a!)[]`` argument), and
+    for each return the written argument it names or the argument it views."""
+    __slots__ = ("names", "kwarg_only", "defaults", "written", "return_alias", "views", "n_returns")
 
     def __init__(self, overload: OpOverload):
         schema = overload._schema
@@ -100,27 +105,35 @@ class _Schema:
         self.kwarg_only = {a.name for a in schema.arguments if a.kwarg_only}
         self.defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
         sets: dict[str, int] = {}
+        types = [str(a.type) for a in schema.arguments]
         self.written: list[int] = []
         for i, a in enumerate(schema.arguments):
             info = a.alias_info
             if info is None:
                 continue
-            check(str(a.type) == "Tensor", lambda: f"{overload}: aliasing annotations on {a.type} "
-                                                   f"arguments are not supported", NotImplementedError)
+            check(types[i] in _ALIASABLE, lambda: f"{overload}: aliasing annotations on {a.type} "
+                                                  f"arguments are not supported", NotImplementedError)
             for s in info.before_set:
                 sets[s] = i
             if info.is_write:
                 self.written.append(i)
         self.return_alias: list[int | None] = []      # written argument a return names
-        self.is_view = False                          # some return is a view of the first argument
+        self.views: list[int | None] = []             # argument a return views (Tensor(a), no write)
         for r in schema.returns:
             info = r.alias_info
-            src = None if info is None else sets[next(iter(info.before_set))]
+            src = None
+            if info is not None:
+                # a list's annotation sits on its elements: the set is empty, match the written list by type
+                src = (sets[next(iter(info.before_set))] if info.before_set else
+                       next(i for i in self.written if types[i] == str(r.type)))
+            view = None
             if info is not None and not info.is_write:
-                check(src == 0, lambda: f"{overload}: a return that views an argument other than the "
-                                        f"first is not supported", NotImplementedError)
-                self.is_view, src = True, None
+                check(src == 0 and types[0] == _TENSOR,
+                      lambda: f"{overload}: a return that views an argument other than the first tensor "
+                              f"is not supported", NotImplementedError)
+                view, src = src, None
             self.return_alias.append(src)
+            self.views.append(view)
         self.n_returns = len(schema.returns)
 
     def bind(self, args: tuple, kwargs: dict) -> list:
@@ -131,9 +144,38 @@ class _Schema:
         return vals
 
 
+def _renamed(v, requires_grad: bool = False):
+    """New proxies naming a written argument after the call (a tensor, a list of
+    them, or None for an optional tensor not given); ``requires_grad``: the
+    write may make it require grad."""
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        return tuple(_renamed(x, requires_grad) for x in v)
+    return v.replace(requires_grad=v.requires_grad or requires_grad)
+
+
+def _writes_seen_by_autograd(overload: OpOverload) -> bool:
+    """``torch.library.custom_op`` runs its function below autograd: its writes
+    are invisible to autograd (a written tensor keeps its history). A
+    ``Library.define`` op's Python kernel runs with autograd on, so the ops
+    inside it record their writes as eager in-place ops do."""
+    return overload._schema.name not in OPDEFS
+
+
+def _pairs(before, after) -> list:
+    """``(dst, new)`` for every tensor of a written argument and its new name."""
+    if before is None:
+        return []
+    if isinstance(before, (list, tuple)):
+        return [p for b, a in zip(before, after, strict=True) for p in _pairs(b, a)]
+    return [(before, after)]
+
+
 def _make(overload: OpOverload) -> Callable:
     schema = _Schema(overload)
     hidden = [i for i in schema.written if i not in schema.return_alias]
+    recorded = bool(schema.written) and _writes_seen_by_autograd(overload)
 
     def call_op(*vals):
         pos = [v for n, v in zip(schema.names, vals, strict=True) if n not in schema.kwarg_only]
@@ -146,19 +188,25 @@ def _make(overload: OpOverload) -> Callable:
     def meta(*vals):
         results = _fake_run(overload, call_op, vals)
         outs = tuple(results) if schema.n_returns > 1 else ((results,) if schema.n_returns == 1 else ())
+        grad = recorded and torch.is_grad_enabled() and any(
+            type(p) is TensorProxy and p.requires_grad for p in pytree.leaves(vals))
         new = []
         for out, alias in zip(outs, schema.return_alias, strict=True):
-            new.append(vals[alias].replace() if alias is not None else _proxy_like(out))
+            new.append(_renamed(vals[alias], grad) if alias is not None else _proxy_like(out))
         ret = tuple(new) if schema.n_returns > 1 else (new[0] if new else None)
-        return tuple(vals[i].replace() for i in hidden), ret
+        return tuple(_renamed(vals[i], grad) for i in hidden), ret
 
     name = str(overload).replace("::", "_").replace(".", "_")
-    tags = {Tag.INPLACE, Tag.DONT_DCE} if schema.written else {Tag.OPAQUE}
-    if schema.is_view:
+    # one torch call the jit cannot see into: autodiff runs it under PyTorch's
+    # autograd (the op's registered formula, or eager's error when it has none)
+    tags = {Tag.OPAQUE}
+    if schema.written:
+        tags |= {Tag.INPLACE, Tag.DONT_DCE}
+    if any(v is not None for v in schema.views):
         tags.add(Tag.VIEW)
     if schema.n_returns == 0:
         tags.add(Tag.DONT_DCE)           # returns nothing: called for an effect
-    sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags)
+    sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags, torch_fn=impl)
     if schema.written:
         register_write_rule(sym, lambda bsym: _writes(bsym, schema, hidden))
     facts = SchemaAliases([overload._schema])
@@ -175,14 +223,16 @@ def _make(overload: OpOverload) -> Callable:
 def _writes(bsym, schema: _Schema, hidden: list[int]) -> list:
     hidden_new, ret = bsym.output
     rets = ret if schema.n_returns > 1 else (ret,)
-    pairs = [(bsym.args[i], n) for i, n in zip(hidden, hidden_new, strict=True)]
+    pairs = [p for i, n in zip(hidden, hidden_new, strict=True) for p in _pairs(bsym.args[i], n)]
     for r, alias in zip(rets, schema.return_alias):
         if alias is not None:
-            pairs.append((bsym.args[alias], r))
+            pairs.extend(_pairs(bsym.args[alias], r))
     return pairs
 
 
 def _fake_run(overload: OpOverload, call_op: Callable, vals: tuple):
+    """The op on fake tensors that require grad as the proxies do, so its
+    outputs' ``requires_grad`` is PyTorch's answer (a formula registered or not)."""
     try:
         with FakeTensorMode():
             return call_op(*pytree.tree_map(_fake, vals))
@@ -194,11 +244,15 @@ def _fake_run(overload: OpOverload, call_op: Callable, vals: tuple):
 
 def _fake(v):
     if type(v) is TensorProxy:
-        return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        return torch.empty(v.shape, dtype=v.dtype, device=v.device, requires_grad=v.requires_grad)
     return v.value if isinstance(v, NumberProxy) else v
 
 
-def _proxy_like(t) -> TensorProxy:
+def _proxy_like(t):
+    if isinstance(t, (list, tuple)):
+        return tuple(_proxy_like(x) for x in t)
+    if t is None:
+        return None
     check(isinstance(t, torch.Tensor), lambda: f"custom op returned {type(t).__name__}; only tensor "
                                               f"returns are supported", NotImplementedError)
-    return TensorProxy(shape=tuple(t.shape), dtype=t.dtype, device=t.device)
+    return TensorProxy(shape=tuple(t.shape), dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)

@@ -193,7 +193,7 @@ def _track_opaque_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
         _track_outputs(bsym, tracked)
         return
     for o, f in zip(outs, flags, strict=True):
-        if f and dtypes.is_inexact(o.dtype):
+        if (f or _is_diff_tensor(o)) and dtypes.is_inexact(o.dtype):   # the symbol's meta may know better
             tracked.add(o.name)
 
 
@@ -459,10 +459,14 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
         if Tag.OPAQUE not in bsym.sym.tags or not _on_path(bsym, tracked):
             out.append(bsym)
             continue
-        inputs = [p for p in bsym.tensor_args() if p.name in tracked]
+        # a tensor a mutating custom op writes: see opaque_with_graph; it joins the
+        # graph when it needs a gradient before the write or carries one after it
+        written = {dst.name for dst, new in writes(bsym) if dst.name in tracked or (new is not None and
+                                                                                     new.name in tracked)}
+        mask = tuple(2 if p.name in written else int(p.name in tracked) for p in bsym.tensor_args())
+        inputs = [p for p, m in zip(bsym.tensor_args(), mask, strict=True) if m]
         handle = Proxy(name=trace.fresh_name("graph"))
         handles[id(bsym)] = (handle, inputs)
-        mask = tuple(p.name in tracked for p in bsym.tensor_args())
         out.append(BoundSymbol(OPAQUE_WITH_GRAPH, (bsym.sym.torch_fn, bsym.args, bsym.kwargs, mask), {},
                                (bsym.output, handle), (), bsym.source))
     return out, handles

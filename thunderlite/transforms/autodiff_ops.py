@@ -31,22 +31,39 @@ UNPACK_SAVED = Symbol("unpack_saved", meta=_no_meta, impl=_unpack_saved_impl, mo
 
 def _opaque_with_graph_impl(fn, args, kwargs, mask):
     """Run an opaque op with autograd on, on detached copies of its inputs
-    (``mask`` says which tensor inputs need a gradient). Returns the detached
-    outputs and the handle ``[inputs, outputs]`` holding the op's graph."""
+    (``mask`` says which tensor inputs need a gradient; 2: a gradient, and the op
+    writes it). Returns the detached outputs and the handle ``[inputs, outputs]``
+    holding the op's graph.
+
+    A written input goes in as a clone of its detached leaf (a write into a leaf
+    that requires grad is an error, into a non-leaf it is recorded as eager
+    records it), and the clone's new value is copied back into the caller's
+    tensor; an output that is the clone comes back as that tensor."""
     flags = iter(mask)
-    inputs = []
+    inputs, written = [], []
 
     def prep(x):
-        if isinstance(x, torch.Tensor) and next(flags):
-            d = x.detach().requires_grad_(True)
-            inputs.append(d)
-            return d
-        return x
+        flag = next(flags) if isinstance(x, torch.Tensor) else 0
+        if not flag:
+            return x
+        d = x.detach().requires_grad_(True)
+        inputs.append(d)
+        if flag == 2:
+            c = d.clone()
+            written.append((c, x))
+            return c
+        return d
     with torch.enable_grad():
         args2, kwargs2 = pytree.tree_map(prep, (args, kwargs))
         out = fn(*args2, **kwargs2)
+    real = {}
+    with torch.no_grad():
+        for c, x in written:
+            x.copy_(c)
+            real[id(c)] = x
     outs = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
-    detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
+    detached = pytree.tree_map(lambda o: (real[id(o)].detach() if id(o) in real else o.detach())
+                               if isinstance(o, torch.Tensor) else o, out)
     return detached, [inputs, outs]
 
 
@@ -59,7 +76,7 @@ def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
     inputs, outs = handle
     handle.clear()
     pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
-    if not pairs:
+    if not pairs or not inputs:
         return tuple(torch.zeros_like(i) for i in inputs)
     res = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
     return tuple(torch.zeros_like(i) if r is None else r for i, r in zip(inputs, res, strict=True))
