@@ -24,6 +24,7 @@ import shutil
 
 import torch
 
+from thunderlite.core.aliasing import views
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -58,6 +59,8 @@ class TorchCompileExecutor(FusionExecutor):
             return False
         if not all(type(o) is TensorProxy for o in bsym.flat_outs()):
             return False
+        if bsym.sym.module == "custom" and views(bsym):
+            return False           # Inductor cannot functionalize a non-ATen op whose output aliases an input
         if torch_executor.claim(bsym) is not None:
             return True
         return bsym.sym.decomposition is not None and bool(bsym.subsymbols) and all(

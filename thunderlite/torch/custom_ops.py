@@ -8,14 +8,27 @@ torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
 
 - shapes come from the op's fake (``register_fake``) or Meta kernel, run under
   ``FakeTensorMode``;
-- the schema is the truth about memory. ``Tensor(a!) x`` is written: the
-  symbol is tagged ``Tag.INPLACE`` and ``Tag.DONT_DCE`` (an op may have effects
-  besides the write, so it is never dropped) and its trace output carries a new
-  proxy naming ``x`` after the call, which ``update_aliases`` treats like a
-  ``copy_`` result. A return annotated ``Tensor(a!)`` is that new proxy itself
-  (the op mutates and returns an alias: torch.compile refuses these). A return
-  annotated ``Tensor(a)`` (no ``!``) is a view of the first argument (``Tag.VIEW``).
-  A return without annotation is fresh memory.
+- the schema is the truth about memory. ``Tensor(a!) x`` is written (also
+  ``Tensor(a!)? x``, written when given, and ``Tensor(a!)[] xs``, every tensor
+  of the list): the symbol is tagged ``Tag.INPLACE`` and ``Tag.DONT_DCE`` (an
+  op may have effects besides the write, so it is never dropped) and its trace
+  output carries a new proxy naming ``x`` after the call (a tuple of them for a
+  list), which ``update_aliases`` treats like a ``copy_`` result. A return
+  annotated ``Tensor(a!)`` (or ``Tensor(a!)[]``) is that new proxy itself (the
+  op mutates and returns an alias: torch.compile refuses these). A return
+  annotated ``Tensor(a)`` (no ``!``) may view the argument annotated
+  ``Tensor(a)``, whichever position it has (the view rule below, from
+  ``core.aliasing.SchemaAliases``). A return without annotation is fresh memory;
+- gradients: every custom op is ``Tag.OPAQUE`` with ``torch_fn``, so on a
+  gradient path autodiff runs it under PyTorch's autograd (transforms/autodiff.py,
+  ``opaque_with_graph``): the op's ``register_autograd`` formula (setup_context
+  and backward, arbitrary user code) runs exactly as in eager, and an op without
+  one raises eager's "no autograd formula was registered" at backward. Outputs
+  require grad as the fake run with grad-requiring inputs says. Writes: a
+  ``custom_op`` runs below autograd, so a written tensor keeps its history (its
+  gradient passes through the write unchanged); a ``Library.define`` op's Python
+  kernel runs with autograd on, so its writes are recorded and a written tensor
+  may start requiring grad (``_writes_seen_by_autograd``).
 
 In the trace a call prints as ``((x1,), t5) = custom.mylib_op_default(x, y)``:
 the first element names the written arguments that the op does not return,
@@ -128,9 +141,6 @@ class _Schema:
                        next(i for i in self.written if types[i] == str(r.type)))
             view = None
             if info is not None and not info.is_write:
-                check(src == 0 and types[0] == _TENSOR,
-                      lambda: f"{overload}: a return that views an argument other than the first tensor "
-                              f"is not supported", NotImplementedError)
                 view, src = src, None
             self.return_alias.append(src)
             self.views.append(view)
@@ -202,8 +212,6 @@ def _make(overload: OpOverload) -> Callable:
     tags = {Tag.OPAQUE}
     if schema.written:
         tags |= {Tag.INPLACE, Tag.DONT_DCE}
-    if any(v is not None for v in schema.views):
-        tags.add(Tag.VIEW)
     if schema.n_returns == 0:
         tags.add(Tag.DONT_DCE)           # returns nothing: called for an effect
     sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags, torch_fn=impl)
