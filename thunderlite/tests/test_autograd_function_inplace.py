@@ -157,6 +157,20 @@ class WriteOutsideBuffer(torch.autograd.Function):
         return g * buf, None
 
 
+class WriteInputWithoutDirty(torch.autograd.Function):
+    """Writes its input without mark_dirty: PyTorch runs forward without
+    recording, so the input keeps its history and later reads see the write."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
 PROGRAMS = {
     "save_then_write": (lambda x: SaveThenWrite.apply(x.sin()), [(5,)]),
     "mark_dirty_returned": (lambda x: ScaleDirty.apply(x * 1), [(5,)]),
@@ -167,6 +181,8 @@ PROGRAMS = {
     "inplace_in_backward_shared_input": (lambda x: (lambda h: SwishInplaceBackward.apply(h) + h * h)(x.exp()),
                                          [(6,)]),
     "inplace_on_grad_in_backward": (lambda x: GradInPlace.apply(x.exp()) * 3, [(5,)]),
+    "input_written_without_mark_dirty": (lambda x: (lambda h: (WriteInputWithoutDirty.apply(h), h * h))(x * 1),
+                                         [(4,)]),
 }
 
 

@@ -64,7 +64,6 @@ import torch
 
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.aliasing import views, writes
-from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
@@ -325,7 +324,10 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -
     renamed member's value is the write's result (``after``), not its old value.
     A write autograd does not see (into a ``detach()``/``.data`` alias: its
     result is not tracked) leaves every member's history as it was: the
-    renamed member's gradient is its old name's, as in eager."""
+    renamed member's gradient is its old name's, as in eager. So does a write
+    whose result is not among ``after`` at all: one made inside a user
+    ``autograd.Function``'s forward into an input it did not return (PyTorch
+    runs that forward without recording)."""
     members, after = bsym.args
     unseen = not any(a.name in tracked for a in after)
     pairs = []
@@ -336,8 +338,7 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -
             pairs.append((m, gm))
             continue
         target = next((a for a in after if groups.same(a.name, m.name)), None)
-        check(target is not None, lambda: f"alias barrier {bsym!r}: no write result for {m.name}")
-        pairs.append((target, gm))
+        pairs.append((target if target is not None else m, gm))
     return pairs
 
 
