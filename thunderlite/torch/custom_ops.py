@@ -17,8 +17,8 @@ torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
   annotated ``Tensor(a!)`` (or ``Tensor(a!)[]``) is that new proxy itself (the
   op mutates and returns an alias: torch.compile refuses these). A return
   annotated ``Tensor(a)`` (no ``!``) may view the argument annotated
-  ``Tensor(a)``, whichever position it has (the view rule below, from
-  ``core.aliasing.SchemaAliases``). A return without annotation is fresh memory;
+  ``Tensor(a)``, whichever position it has (``_views``, the symbol's view rule).
+  A return without annotation is fresh memory;
 - gradients: every custom op is ``Tag.OPAQUE`` with ``torch_fn``, so on a
   gradient path autodiff runs it under PyTorch's autograd (transforms/autodiff.py,
   ``opaque_with_graph``): the op's ``register_autograd`` formula (setup_context
@@ -54,7 +54,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
 
 from thunderlite.core import pytree
-from thunderlite.core.aliasing import SchemaAliases, register_view_rule, register_write_rule
+from thunderlite.core.aliasing import register_view_rule, register_write_rule
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -217,9 +217,7 @@ def _make(overload: OpOverload) -> Callable:
     sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags, torch_fn=impl)
     if schema.written:
         register_write_rule(sym, lambda bsym: _writes(bsym, schema, hidden))
-    facts = SchemaAliases([overload._schema])
-    register_view_rule(sym, lambda bsym: [(o, b) for o in pytree.leaves(bsym.output[1]) if type(o) is TensorProxy
-                                          for b in facts.bases_of(bsym.args, {})])
+    register_view_rule(sym, lambda bsym: _views(bsym, schema))
 
     def record(*args, **kwargs):
         return sym(*schema.bind(args, kwargs))[1]
@@ -235,6 +233,23 @@ def _writes(bsym, schema: _Schema, hidden: list[int]) -> list:
     for r, alias in zip(rets, schema.return_alias):
         if alias is not None:
             pairs.extend(_pairs(bsym.args[alias], r))
+    return pairs
+
+
+def _views(bsym, schema: _Schema) -> list:
+    """``(out, base)`` pairs of the op's returns: a written argument it returns
+    names that argument's tensors one for one (so a ``Tensor(a!)[]`` list does not
+    merge the alias groups of its elements); a ``Tensor(a)`` return may view
+    every tensor of the argument annotated ``Tensor(a)``."""
+    _, ret = bsym.output
+    rets = ret if schema.n_returns > 1 else ((ret,) if schema.n_returns == 1 else ())
+    pairs = []
+    for r, alias, view in zip(rets, schema.return_alias, schema.views, strict=True):
+        if alias is not None:
+            pairs.extend((new, dst) for dst, new in _pairs(bsym.args[alias], r))
+        elif view is not None:
+            bases = [b for b in pytree.leaves(bsym.args[view]) if type(b) is TensorProxy]
+            pairs.extend((o, b) for o in pytree.leaves(r) if type(o) is TensorProxy for b in bases)
     return pairs
 
 
