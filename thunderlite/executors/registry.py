@@ -55,7 +55,10 @@ def add_default_executor(ex: Executor | str) -> None:
     list: it claims ahead of every other default executor."""
     if not isinstance(ex, str) and ex.name not in _executors:
         register_executor(ex)
-    name = get_executor(ex if isinstance(ex, str) else ex.name).name
+    name = ex if isinstance(ex, str) else ex.name
+    check(isinstance(ex, str) or _executors[name] is ex,
+          lambda: f"another executor named {name!r} is already registered", ValueError)
+    get_executor(name)
     if name in _default_names:
         _default_names.remove(name)
     _default_names.insert(0, name)

@@ -372,3 +372,10 @@ def test_extending_notebook_is_committed_with_outputs_and_executes():
     namespace: dict = {}
     for c in code:
         exec(compile("".join(c["source"]), "extending.ipynb", "exec"), namespace)
+
+
+def test_add_default_executor_refuses_a_second_executor_of_a_registered_name():
+    with pytest.raises(ValueError, match="another executor named 'torchcompile'"):
+        add_default_executor(OperatorExecutor("torchcompile"))
+    with pytest.raises(KeyError, match="unknown executor"):
+        add_default_executor("no_such_executor")
