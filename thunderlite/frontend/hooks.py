@@ -42,7 +42,7 @@ class NotTracedError(RuntimeError):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-_DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "nonzero_static", "numpy"})
+_DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "numpy"})   # nonzero_static has a static size: opaque
 
 
 class TracingHooks(InterpreterHooks):
