@@ -29,16 +29,35 @@ import torch.fx
 
 from thunderlite.api import jit
 from thunderlite.dynamo.splitter import Piece, split
+from thunderlite.dynamo.support import user_frame
+from thunderlite.frontend.source_map import register_source_map
 
 FALLBACKS = ("inductor", "eager")
 
 
 def _realize(gm: torch.fx.GraphModule) -> None:
     """Lazy graph modules generate ``forward`` on first call, through code the
-    interpreter would have to trace; generate it now."""
+    interpreter would have to trace; generate it now, and tell the tracer which
+    user line each line of that code stands for (so traces name the user's lines)."""
     real = getattr(gm, "real_recompile", None)
     if real is not None:
         real()
+    _register_lines(gm)
+
+
+def _register_lines(gm: torch.fx.GraphModule) -> None:
+    lineno_map = getattr(gm, "_lineno_map", None)
+    code = getattr(getattr(gm, "forward", None), "__code__", None)
+    if not lineno_map or code is None:
+        return
+    nodes = list(gm.graph.nodes)
+    start = getattr(gm, "_prologue_start", 0)
+    mapping = {}
+    for line, idx in lineno_map.items():
+        frame = user_frame(nodes[idx]) if idx is not None and idx < len(nodes) else None
+        if frame is not None:
+            mapping[line + start] = frame
+    register_source_map(code.co_filename, mapping)
 
 
 def _compile_fallback(gm: torch.fx.GraphModule, fallback: str, args: list) -> Callable:

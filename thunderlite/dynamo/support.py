@@ -36,13 +36,19 @@ class Verdict:
     source: str = ""          # the user's line, "file:line: code"
 
 
-def source_of(node: torch.fx.Node) -> str:
-    """The innermost user frame of the node's stack trace, as ``file:line: code``."""
+def user_frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
+    """The innermost user frame of the node's stack trace: (file, line, code)."""
     hits = _SOURCE.findall(node.meta.get("stack_trace") or "")
     if not hits:
-        return ""
+        return None
     file, line, _fn, code = hits[-1]
-    return f"{file}:{line}: {code.strip()}"
+    return file, int(line), code.strip()
+
+
+def source_of(node: torch.fx.Node) -> str:
+    """The innermost user frame of the node's stack trace, as ``file:line: code``."""
+    frame = user_frame(node)
+    return f"{frame[0]}:{frame[1]}: {frame[2]}" if frame else ""
 
 
 def op_name(node: torch.fx.Node) -> str:

@@ -105,7 +105,8 @@ def _param_names(fn: Callable) -> list[str]:
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    return list(code.co_varnames[:code.co_argcount])
+    names = list(code.co_varnames[:code.co_argcount])
+    return names[1:] if isinstance(fn, types.MethodType) else names     # a bound method's self is no argument
 
 
 def proxy_arguments(state: TraceState, args: tuple, kwargs: dict, sig: tuple, names: list[str]):

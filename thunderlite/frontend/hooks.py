@@ -26,6 +26,7 @@ from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMeth
 from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
+from thunderlite.frontend.source_map import mapped_line
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
@@ -65,7 +66,8 @@ class TracingHooks(InterpreterHooks):
         last = self.last_location
         if last is not None and last[0] == fname and last[1] == lineno and last.callers == stack[:-1]:
             return last
-        src = SourceLine((fname, lineno, linecache.getline(fname, lineno).strip()), stack[:-1])
+        user = mapped_line(fname, lineno)         # generated code standing for the user's (FX graphs)
+        src = SourceLine(user or (fname, lineno, linecache.getline(fname, lineno).strip()), stack[:-1])
         self.last_location = src
         return src
 
@@ -83,7 +85,7 @@ class TracingHooks(InterpreterHooks):
         frames = source_locations() or (interpreted_frames(exc) if exc is not None else [])
         for fname, lineno in reversed(frames):
             if not fname.startswith(_TORCH_DIR):
-                return fname, lineno, linecache.getline(fname, lineno).strip()
+                return mapped_line(fname, lineno) or (fname, lineno, linecache.getline(fname, lineno).strip())
         return self.locate()
 
     # --- calls --------------------------------------------------------------------------------

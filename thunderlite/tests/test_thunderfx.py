@@ -291,3 +291,17 @@ def test_vmap_region_goes_to_the_fallback_whole():
     pieces = cf.thunder_compiler.graphs[0].pieces
     assert [p.thunder for p in pieces] == [True, False, True], report(cf)
     assert "torch.func transform" in report(cf)
+
+
+def _two_lines(x):
+    y = x.sin()
+    return y * 2
+
+
+def test_piece_traces_name_the_users_lines_and_arguments():
+    cf = thunderfx(_two_lines)
+    cf(torch.randn(3))
+    text = str(last_traces(cf)[0][-1])
+    assert "test_thunderfx.py" in text and "y = x.sin()" in text and "return y * 2" in text
+    assert "<eval_with_key>" not in text
+    assert "def computation(L_x_)" in text          # the graph's own argument name, not 'self'
