@@ -55,7 +55,7 @@ def test_readme_lists_every_public_name_and_links_what_exists():
     api = readme[readme.index("## Public API"):readme.index("## How it compares")]
     missing = [n for n in thunderlite.__all__ if n != "__version__" and f"`{n}" not in api]
     assert missing == []
-    for sub in ("thunderlite.extend", "thunderlite.dynamo"):
+    for sub in ("thunderlite.extend", "thunderlite.dynamo", "thunderlite.distributed"):
         assert f"`{sub}`" in api
     links = re.findall(r"\]\(([^)#]+)\)", readme)
     assert {"docs/architecture.md", "notebooks/getting_started.ipynb", "benchmarks/"} <= set(links)
