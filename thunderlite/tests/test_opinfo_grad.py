@@ -50,10 +50,6 @@ XFAIL: dict[str, str] = {
     "to_sparse": "sparse layouts are not supported (no sparse tensor proxies)",
     "sparse.sampled_addmm": "sparse layouts are not supported (no sparse tensor proxies)",
     "sparse.mm.reduce": "sparse layouts are not supported (no sparse tensor proxies)",
-    "nn.functional.pad.replicate_negative": "issue 15",
-    "masked.mean": "issue 15",
-    "masked.var": "issue 15",
-    "masked.std": "issue 15",
 }
 """Ops whose gradient check fails today, each with the reason; strict xfails."""
 
