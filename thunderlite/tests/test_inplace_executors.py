@@ -9,11 +9,10 @@ torch.compile executor runs with the ``aot_eager`` backend: Dynamo and
 AOTAutograd trace each region exactly as with Inductor (the same region
 former, the same graph capture, the same alias handling), only Inductor's code
 generation is skipped; ``test_fuzz_with_inductor`` runs a few fuzz seeds with
-real Inductor. Triton runs its generated kernels (under Triton's interpreter on
-CPU). nvFuser runs where it is available (CUDA + nvfuser_direct) and is skipped
-with the reason otherwise. Triton runs natively on a GPU and under
-its interpreter on CPU (skipped with the reason when triton is not installed).
-The fuzzer's randomly reordering fusion
+real Inductor. Triton runs its generated kernels natively on a GPU and under
+Triton's interpreter on CPU (skipped with the reason when triton is not
+installed). nvFuser runs where it is available (CUDA + nvfuser_direct) and is
+skipped with the reason otherwise. The fuzzer's randomly reordering fusion
 executor (``shuffle``) runs the suite too, so the order of every write and the
 reads around it must be carried by the trace's dependencies alone (the
 "return is last" test included).
@@ -22,7 +21,6 @@ import pytest
 
 from thunderlite.executors.nvfuser import NvFuserExecutor
 from thunderlite.executors.torchcompile import TorchCompileExecutor
-from thunderlite.executors.tritonex import TritonExecutor
 from thunderlite.executors.tritonex import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, check_seed
