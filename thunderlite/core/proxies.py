@@ -182,7 +182,8 @@ class TensorProxy(Proxy):
 
     def type_string(self) -> str:
         dims = ", ".join(str(s) for s in self.shape)
-        return f"{devices.short_name(self.device)} {dtypes.short_name(self.dtype)}[{dims}]"
+        where = f" in {self.memory}" if self.memory else ""
+        return f"{devices.short_name(self.device)} {dtypes.short_name(self.dtype)}[{dims}]{where}"
 
     def __repr__(self):
         return f"<TensorProxy {self.name}: {self.type_string()}>"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from thunderlite.core.prims import check
 from thunderlite.executors.base import Executor
 from thunderlite.executors.nvfuser import nvfuser_executor
+from thunderlite.executors.symm_memex import symm_mem_executor
 from thunderlite.executors.torchcompile import torchcompile_executor
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.executors.tritonex import triton_executor
@@ -123,3 +124,4 @@ register_executor(torch_executor, default=True)
 register_executor(torchcompile_executor)
 register_executor(nvfuser_executor)
 register_executor(triton_executor)
+register_executor(symm_mem_executor)

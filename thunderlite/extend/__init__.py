@@ -20,15 +20,22 @@ named points of the pipeline. Both plug in without touching thunderlite::
   ``after_claiming``; ``jit(fn, transforms=[...])``.
 - The registry: ``register_executor``, ``get_executor``, ``get_all_executors``,
   ``get_default_executors``, ``add_default_executor``, ``remove_default_executor``.
+- Symmetric memory: ``SymmMemExecutor(backend=...)`` (the ``symm_mem`` executor
+  with another backend, e.g. a fake one in tests), ``declare_symm_mem_args``
+  (thunderlite's own declarations beside torch's ``register_symm_mem_args``),
+  ``symm_mem_args`` (what an op declares).
 
 ``notebooks/extending.ipynb`` walks through all of it.
 """
 from thunderlite.executors.base import Executor, FusionExecutor, Implementation, OperatorExecutor
 from thunderlite.executors.registry import (add_default_executor, get_all_executors, get_default_executors,
                                             get_executor, register_executor, remove_default_executor)
+from thunderlite.executors.symm_mem_plan import declare_symm_mem_args, symm_mem_args
+from thunderlite.executors.symm_memex import SymmMemBackend, SymmMemExecutor
 from thunderlite.transforms.autodiff_executors import get_grad, put_grad
 from thunderlite.transforms.user import Transform
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Implementation", "Transform", "register_executor",
            "get_executor", "get_default_executors", "add_default_executor", "remove_default_executor",
-           "get_all_executors", "get_grad", "put_grad"]
+           "get_all_executors", "get_grad", "put_grad", "SymmMemExecutor", "SymmMemBackend",
+           "declare_symm_mem_args", "symm_mem_args"]

@@ -62,6 +62,26 @@ from thunderlite.core.tags import Tag
 
 _CUSTOM_TYPES = (OpOverload, OpOverloadPacket, CustomOpDef)
 _callables: dict[OpOverload, Callable] = {}
+_symbol_overloads: dict[Symbol, OpOverload] = {}
+_fake_fallbacks: dict[str, Callable] = {}
+
+
+def overload_of_symbol(sym: Symbol) -> OpOverload | None:
+    """The ``torch.library`` overload a custom-op symbol records, or None."""
+    return _symbol_overloads.get(sym)
+
+
+def schema_argument_names(sym: Symbol) -> list[str] | None:
+    """A custom-op symbol's argument names in schema order (its bound args), or None."""
+    overload = _symbol_overloads.get(sym)
+    return None if overload is None else [a.name for a in overload._schema.arguments]
+
+
+def register_fake_fallback(qualname: str, fn: Callable) -> None:
+    """Output shapes for an op whose fake/Meta kernel this torch build lacks
+    (``symm_mem::two_shot_all_reduce_`` on a CPU build): ``fn`` is called with
+    fake tensors, as a fake kernel would be, only when torch's own fails."""
+    _fake_fallbacks[qualname] = fn
 
 
 _BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim"})
@@ -223,6 +243,7 @@ def _make(overload: OpOverload) -> Callable:
         return sym(*schema.bind(args, kwargs))[1]
     record.__name__ = name
     record.symbol = sym
+    _symbol_overloads[sym] = overload
     return record
 
 
@@ -260,6 +281,10 @@ def _fake_run(overload: OpOverload, call_op: Callable, vals: tuple):
         with FakeTensorMode():
             return call_op(*pytree.tree_map(_fake, vals))
     except (UnsupportedOperatorException, NotImplementedError) as err:
+        fallback = _fake_fallbacks.get(overload.name())
+        if fallback is not None:
+            with FakeTensorMode():
+                return fallback(*pytree.tree_map(_fake, vals))
         raise NotImplementedError(
             f"thunderlite needs the shapes of {overload}'s outputs: give it a fake kernel "
             f"(@op.register_fake, or torch.library.register_fake) or a Meta kernel ({err})") from err
