@@ -142,8 +142,10 @@ def plan_symm_mem(trace: Trace, *, buffer_symbol: Symbol, into_symbol: Callable[
             if not isinstance(p, TensorProxy) or p.memory == tag:
                 continue
             if p.name in in_buffer:
-                args[pos] = in_buffer[p.name]
-                continue
+                p = in_buffer[p.name]
+                if p.memory == tag:
+                    args[pos] = p
+                    continue                 # produced into a buffer of another group: copied below
             buf = TensorProxy(shape=p.shape, dtype=p.dtype, device=p.device, memory=tag)
             alloc = buffer_symbol.bind(p.shape, p.dtype, p.device, group, site, output=buf, source=b.source)
             site += 1

@@ -132,7 +132,8 @@ def test_unavailable_without_cuda_with_reason():
     assert get_executor("symm_mem").is_available() == (False, reason)
     jf = thunderlite.jit(lambda a: a + 1, executors=["symm_mem"])
     jf(torch.randn(2))
-    assert "symm_mem" in str(thunderlite.examine(lambda a: a + 1, torch.randn(2), executors=["symm_mem"]))
+    report = str(thunderlite.examine(lambda a: a + 1, torch.randn(2), executors=["symm_mem"]))
+    assert f"executor 'symm_mem' skipped: {reason}" in report
 
 
 def test_declared_argument_is_produced_into_a_symmetric_buffer():
@@ -182,6 +183,26 @@ def test_undeclared_op_and_op_without_group_untouched():
     a = torch.randn(3)
     torch.testing.assert_close(jf(a), f(a))
     assert not backend.allocated and "buffer" not in str(_final(jf))
+
+
+def test_views_copied_and_groups_kept_apart():
+    ex, backend = _fake_executor(groups=(GROUP, "other"))
+
+    def f(a, b):
+        x = torch.mul(a, b)
+        u = scale(x, 2.0, GROUP)                 # x produced into a GROUP buffer
+        v = scale(x, 3.0, "other")               # the same value for another group: copied
+        w = scale(a[1:], 4.0, GROUP)             # a view of an input: copied
+        return u, v, w
+    a, b = torch.randn(5), torch.randn(5)
+    jf = thunderlite.jit(f, executors=[ex])
+    torch.testing.assert_close(jf(a, b), f(a, b))
+    trace = _final(jf)
+    calls = _bsyms_named(trace, "tlsymm_scale")
+    assert [c.args[0].memory for c in calls] == [f"symm_mem:{GROUP}", "symm_mem:other", f"symm_mem:{GROUP}"]
+    copies = [b for b in trace.bound_symbols if b.sym.name == "copy_"]
+    assert [c.output.name for c in copies] == [calls[1].args[0].name, calls[2].args[0].name]
+    assert sorted(g for _, g in backend.rendezvous_calls) == sorted([GROUP, "other", GROUP])
 
 
 def _mutating_program(a, b):
