@@ -145,6 +145,12 @@ class SymmMemExecutor(OperatorExecutor):
             self.buffers[key] = buf
         return buf
 
+    def clear_buffers(self) -> None:
+        """Forget the cached buffers (call before destroying the groups they were
+        rendezvoused with: a later group may reuse the name)."""
+        self.buffers.clear()
+        self.handles.clear()
+
     def _one_shot(self, tensor, reduce_op, group):
         return self.backend.one_shot_all_reduce(tensor, reduce_op, group)
 
