@@ -384,9 +384,10 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
 @torchsymbol(F.huber_loss)
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None):
     decomposable(weight is None, lambda: "huber_loss(weight=) is not decomposed")
-    d = ew.abs(ew.sub(input, target))
+    # float16/bfloat16: the elementwise loss is computed in float32 and rounded once, as eager's kernel
+    d = ew.abs(ew.sub(_upcast(input), _upcast(target)))
     loss = ew.where(ew.lt(d, delta), ew.mul(ew.mul(d, d), 0.5), ew.mul(ew.sub(d, 0.5 * delta), delta))
-    return _reduce_loss(loss, reduction)
+    return _reduce_loss(convert(loss, torch.promote_types(input.dtype, target.dtype)), reduction)
 
 
 @torchsymbol(F.nll_loss)
