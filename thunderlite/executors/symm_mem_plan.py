@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from thunderlite.core import prims
-from thunderlite.core.aliasing import views, writes
+from thunderlite.core.aliasing import call_views, views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.retrace import rename_bsym
 from thunderlite.core.symbol import BoundSymbol, Symbol
@@ -118,11 +118,6 @@ def plan_symm_mem(trace: Trace, *, buffer_symbol: Symbol, into_symbol: Callable[
         for o in b.flat_outs():
             if isinstance(o, Proxy):
                 producer.setdefault(o.name, i)
-    readers: dict[str, int] = {}
-    for b in bsyms:
-        for a in b.flat_args():
-            if isinstance(a, Proxy):
-                readers[a.name] = readers.get(a.name, 0) + 1
     before: dict[int, list[BoundSymbol]] = {}
     after: dict[int, list[BoundSymbol]] = {}
     replaced: dict[int, BoundSymbol] = {}
@@ -193,7 +188,7 @@ def _clone_escaping(bsyms: list[BoundSymbol], clone_symbol: Symbol) -> list[Boun
             for m, n in zip(b.args[0], b.output):
                 if m.name in aliasing:
                     aliasing.add(n.name)
-        for out, base in views(b):
+        for out, base in views(b) + call_views(b):      # a fused region: what its leaves say
             if base.name in aliasing:
                 aliasing.add(out.name)
         for dst, new in writes(b):

@@ -265,15 +265,26 @@ def _write_back_program(a, b):
     return y, a * b, r + 1
 
 
+def _escaping_program(a, b):
+    x = a * b                       # produced into the buffer
+    r = bump_(x, GROUP)
+    return r[1:], x.view(2, 3), x   # views of the buffer and the buffer itself leave the trace
+
+
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("program", [_mutating_program, _write_back_program], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("program", [_mutating_program, _write_back_program, _escaping_program],
+                         ids=lambda p: p.__name__)
 def test_mutating_op_under_reordering_executor(seed, program):
     ex, backend = _fake_executor(f"symm_fake{seed}")
     a, b = torch.randn(6), torch.randn(6)
     ra, rb = a.clone(), b.clone()
     jf = thunderlite.jit(program, executors=[ex, ShuffleFusion(seed)])
-    torch.testing.assert_close(jf(a, b), program(ra, rb))
+    got = jf(a, b)
+    torch.testing.assert_close(got, program(ra, rb))
     torch.testing.assert_close((a, b), (ra, rb))
+    saved = [t.clone() for t in got]
+    jf(torch.randn(6), torch.randn(6))                 # reuses the cached buffers
+    torch.testing.assert_close(list(got), saved)       # returned tensors are not the buffers
     trace = _final(jf)
     # every reader of the written group comes after the write or reads through the barrier
     (call,) = _bsyms_named(trace, "tlsymm_bump_")
