@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from test_grad_prims import check_grad
+from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg
+from thunderlite.torch import shapes
 from thunderlite.torch import nn as lnn
 
 F64 = torch.float64
@@ -48,11 +50,12 @@ def test_softmax_family(sym):
 def test_layer_norm_and_rms_norm():
     x, w, b = _t(2, 3, 8), _t(8, seed=1), _t(8, seed=2)
     prog = check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), x, w, b)
-    assert _uses_rule(prog, "ltorch.layer_norm")
+    assert _uses_rule(prog, "aten.native_layer_norm")
     check_grad(lambda x: lnn.layer_norm(x, (3, 8)), _t(2, 3, 8))
     prog = check_grad(lambda x, w: lnn.rms_norm(x, (8,), w, 1e-6), x, w)
-    assert _uses_rule(prog, "ltorch.rms_norm")
+    assert _uses_rule(prog, "aten.fused_rms_norm")
     check_grad(lambda x: lnn.rms_norm(x, (3, 8)), _t(2, 3, 8))
+    check_grad(lambda x, w: lnn.rms_norm(x, (3, 8), w), _t(2, 3, 8), _t(3, 8, seed=1))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -70,7 +73,12 @@ def test_cross_entropy(reduction):
 def test_sdpa(causal):
     q, k, v = _t(2, 3, 4, 8), _t(2, 3, 5 if not causal else 4, 8, seed=1), _t(2, 3, 5 if not causal else 4, 8, seed=2)
     prog = check_grad(lambda q, k, v: lnn.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
-    assert _uses_rule(prog, "ltorch.scaled_dot_product_attention")
+    assert _uses_rule(prog, "aten.sdpa_flash_cpu")
+    prog = check_grad(lambda q, k, v: lnn.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3),
+                      q, k, _t(2, 3, k.shape[2], 8, seed=2, grad=False))
+    assert _uses_rule(prog, "aten.sdpa_flash_cpu")
+    prog = check_grad(lambda q, k, v: lnn.scaled_dot_product_attention(q, k, v, is_causal=causal), q[0], k[0], v[0])
+    assert _uses_rule(prog, "ltorch.scaled_dot_product_attention")     # 3-d: not the flash kernel
 
 
 def test_sdpa_masks():
@@ -79,6 +87,11 @@ def test_sdpa_masks():
     bool_mask[:, 0] = True
     check_grad(lambda q, k, v, m: lnn.scaled_dot_product_attention(q, k, v, m), q, k, v, bool_mask)
     check_grad(lambda q, k, v, m: lnn.scaled_dot_product_attention(q, k, v, m), q, k, v, _t(4, 5, seed=5))
+    q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (q, k, v))
+    for causal in (False, True):
+        prog = check_grad(lambda q, k, v, m: lnn.scaled_dot_product_attention(q, k, v, m, is_causal=causal),
+                          q4, k4, v4, _t(1, 2, 4, 5, seed=5, grad=False))
+        assert _uses_rule(prog, "aten.sdpa_flash_cpu")
 
 
 @pytest.mark.parametrize("kw", [{}, {"padding_idx": 2}, {"padding_idx": -1, "scale_grad_by_freq": True}])
@@ -94,15 +107,17 @@ def test_conv2d_through_the_convolution_prim():
     check_grad(lambda x, w: lnn.conv1d(x, w, groups=2), _t(3, 4, 9), _t(4, 2, 3, seed=1))
 
 
-def test_rule_saves_inputs_not_intermediates():
-    """layer_norm saves its inputs, never the normalized tensor or statistics."""
+def test_rule_saves_what_eager_saves():
+    """layer_norm saves its inputs and the (small) mean and rstd, as eager does,
+    never the normalized tensor."""
     x, w, b = _t(4, 8), _t(8, seed=1), _t(8, seed=2)
     prog = check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), x, w, b)
-    assert prog.split.saved_other == []
     assert {p.name for p in prog.split.saved_tensors} <= {"a0", "a1", "a2"}
+    assert [p.shape for p in prog.split.saved_other] == [(4, 1), (4, 1)]
 
 
-@pytest.mark.parametrize("sym,kw", [(lnn.gelu, {}), (lnn.gelu, {"approximate": "tanh"}), (lnn.silu, {})])
+@pytest.mark.parametrize("sym,kw", [(lnn.gelu, {}), (lnn.gelu, {"approximate": "tanh"}), (lnn.silu, {}),
+                                    (ew.tanh, {}), (ew.sigmoid, {})])
 def test_activation_kernels(sym, kw):
     prog = check_grad(lambda x: sym(x, **kw), _t(3, 5))
     assert _uses_rule(prog, sym.id)
@@ -111,3 +126,10 @@ def test_activation_kernels(sym, kw):
 def test_layer_norm_partial_grads():
     check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), _t(2, 8), _t(8, seed=1, grad=False), _t(8, seed=2))
     check_grad(lambda x, w, b: lnn.layer_norm(x, (8,), w, b), _t(2, 8, grad=False), _t(8, seed=1), _t(8, seed=2))
+
+
+@pytest.mark.parametrize("sizes,dim", [(2, 1), ([1, 3], 0), (3, -1)])
+def test_split_is_one_cat(sizes, dim):
+    prog = check_grad(lambda x: shapes.split(x, sizes, dim), _t(4, 6))
+    assert _uses_rule(prog, "ltorch.split")
+    prog = check_grad(lambda x: shapes.split(x, sizes, dim)[0], _t(4, 6))     # unused pieces get zeros

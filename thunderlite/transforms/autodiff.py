@@ -220,9 +220,11 @@ class _Owned:
         return True
 
 
-def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None) -> None:
+def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, names=None) -> None:
     """Append ``bsyms`` to ``out``, replacing composites on a gradient path that
-    have no rule (and no executor owning them) by their subsymbols (recursively)."""
+    have no rule (and no executor owning them) by their subsymbols (recursively),
+    and symbols with a registered forward by that forward (it returns what their
+    rule reads; ``names``: the trace's name pool)."""
     for bsym in bsyms:
         sym = bsym.sym
         if Tag.RETURN in sym.tags:
@@ -243,12 +245,22 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None) -
             out.append(bsym)
             _track_opaque_outputs(bsym, tracked)
             continue
-        if (owned is not None and owned.take(bsym)) or rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
+        if owned is not None and owned.take(bsym):
+            out.append(bsym)
+            _track_outputs(bsym, tracked)
+            continue
+        substitute = rules.substitute_forward(bsym, names) if names is not None else None
+        if substitute is not None:
+            for sub in substitute:
+                out.append(sub)
+                _track_outputs(sub, tracked)
+            continue
+        if rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
             continue
         if bsym.subsymbols:
-            _flatten(bsym.subsymbols, tracked, out, owned)
+            _flatten(bsym.subsymbols, tracked, out, owned, names)
             continue
         raise MissingGradRuleError(
             f"no differentiation rule for {sym.id} (a leaf symbol with no decomposition), used at "
@@ -628,7 +640,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     tracked = {a.name for a, m in zip(trace.args, mask, strict=True) if m and _is_diff_tensor(a)}
     flat: list[BoundSymbol] = []
     owned = _Owned(executors, trace)
-    _flatten(trace.bound_symbols, tracked, flat, owned)
+    _flatten(trace.bound_symbols, tracked, flat, owned, trace.names)
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     if (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
             or _no_grad_write_on_path(trace, tracked, groups)):

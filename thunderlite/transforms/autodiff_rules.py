@@ -27,15 +27,19 @@ from typing import Callable
 
 import torch
 
-from thunderlite.core import dtypes, prims
-from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import Symbol
+from thunderlite.core import dtypes, prims, pytree
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms.autodiff_ops import BACKWARD_ERROR, convolution_backward
 
 _rules: dict[str, Callable] = {}
 _signatures: dict[str, inspect.Signature] = {}
 _when: dict[str, Callable] = {}
 _non_differentiable: set[str] = set()
+_forwards: dict[str, tuple[Callable, Callable | None]] = {}
 
 
 def _sym_id(sym: Symbol | str) -> str:
@@ -112,6 +116,48 @@ def apply_rule(bsym, g) -> list[tuple]:
         else:
             pairs.append((arg, grad))
     return [(a, gr) for a, gr in pairs if isinstance(a, TensorProxy)]
+
+
+# --- forwards that save what eager saves ------------------------------------------------------
+
+def register_forward(sym: Symbol | str, when: Callable | None = None) -> Callable[[Callable], Callable]:
+    """Register ``fn(*args, **kwargs)`` that records ``sym``'s forward, on a
+    gradient path, as one op returning ``(output, *saved)``: the statistics
+    eager's kernel saves for its backward (layer_norm's mean and rstd, sdpa's
+    logsumexp). That op has its own VJP rule, which reads them instead of
+    recomputing them. ``when(bsym)`` limits it to the calls it covers."""
+    def deco(fn: Callable) -> Callable:
+        key = _sym_id(sym)
+        check(key not in _forwards, lambda: f"a forward for {key} is already registered", ValueError)
+        _forwards[key] = (fn, when)
+        return fn
+    return deco
+
+
+def substitute_forward(bsym: BoundSymbol, names) -> BoundSymbol | None:
+    """``bsym`` recorded by its registered forward (same output proxy, the
+    saved statistics as extra outputs that require no grad), or None when no
+    forward covers it. ``names`` is the trace's name pool."""
+    entry = _forwards.get(bsym.sym.id)
+    if entry is None or (entry[1] is not None and not entry[1](bsym)) or type(bsym.output) is not TensorProxy:
+        return None
+    scratch = Trace("forward", names=names)
+    with tracectx(scratch):
+        entry[0](*bsym.args, **bsym.kwargs)
+    check(len(scratch.bound_symbols) == 1, lambda: f"the forward of {bsym.sym.id} must record one symbol")
+    new = scratch.bound_symbols[0]
+    first, *saved = new.output
+    swap = {first.name: bsym.output}
+    swap.update((p.name, p.replace(name=p.name, requires_grad=False)) for p in saved)
+    return _rename(new, swap).replace(source=bsym.source)
+
+
+def _rename(bsym: BoundSymbol, swap: dict) -> BoundSymbol:
+    def sub(x):
+        return swap.get(x.name, x) if isinstance(x, Proxy) else x
+    return bsym.replace(args=pytree.tree_map(sub, bsym.args), kwargs=pytree.tree_map(sub, bsym.kwargs),
+                        output=pytree.tree_map(sub, bsym.output),
+                        subsymbols=tuple(_rename(s, swap) for s in bsym.subsymbols))
 
 
 # --- helpers rules share ----------------------------------------------------------------

@@ -23,10 +23,10 @@ from thunderlite.torch import linalg
 from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.transforms.autodiff_ops import (batch_norm_backward, cross_entropy_backward, gelu_backward, layer_norm_backward,
-                                                 log_softmax_backward, silu_backward, softmax_backward)
-from thunderlite.transforms.autodiff_rules import (backward_error, is_t, register_vjp, reshape_to, sum_to, zeros_like,
-                                                   matmul_vjp)
+from thunderlite.transforms import autodiff_kernels as kernels
+from thunderlite.transforms.autodiff_ops import batch_norm_backward, cross_entropy_backward
+from thunderlite.transforms.autodiff_rules import (backward_error, register_forward, register_vjp, reshape_to, sum_to,
+                                                   zeros_like, matmul_vjp)
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -54,6 +54,14 @@ register_vjp(linalg.matmul)(lambda g, out, input, other: matmul_vjp(g, input, ot
 def _linear_when(bsym) -> bool:
     w = _arg(bsym, 1, "weight")
     return isinstance(w, TensorProxy) and w.ndim == 2 and _float_input(bsym)
+
+
+@register_vjp(shapes.split, when=lambda b: _float_input(b) and b.tensor_args()[0].ndim > 0)
+def _split(g, out, a, split_size_or_sections, dim=0):
+    """One cat of the pieces' gradients (eager's split_backward), not a pad and
+    an add per piece."""
+    parts = [gi if gi is not None else zeros_like(o) for gi, o in zip(g, out, strict=True)]
+    return shapes.cat(parts, dim % a.ndim), None, None
 
 
 @register_vjp(shapes.contiguous)
@@ -84,47 +92,49 @@ def _softmax_when(bsym) -> bool:
 
 @register_vjp(lnn.softmax, when=_softmax_when)
 def _softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
-    return (softmax_backward(g, out, _softmax_dim(input, dim) % input.ndim),)
+    return (kernels.softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
 @register_vjp(lnn.log_softmax, when=_softmax_when)
 def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
-    return (log_softmax_backward(g, out, _softmax_dim(input, dim) % input.ndim),)
+    return (kernels.log_softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
 # --- normalization -----------------------------------------------------------------------------
 
-def _norm_dims(input, normalized_shape) -> tuple:
-    n = len(tuple(normalized_shape))
-    return tuple(range(input.ndim - n, input.ndim))
+def _norm_when(bsym) -> bool:
+    """Float inputs; weight and bias absent or tensors (aten's kernels take no numbers)."""
+    w, b = _arg(bsym, 2, "weight"), _arg(bsym, 3, "bias")
+    return _float_input(bsym) and all(x is None or isinstance(x, TensorProxy) for x in (w, b))
 
 
-def _batch_sum(x, n_norm: int):
-    lead = tuple(range(x.ndim - n_norm))
-    return red.sum(x, lead) if lead else x
+@register_forward(lnn.layer_norm, when=_norm_when)
+def _layer_norm_forward(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """native_layer_norm: the output plus the mean and rstd eager saves."""
+    return kernels.native_layer_norm(input, tuple(normalized_shape), weight, bias, eps)
 
 
-def _rms_input_grad(gxhat, xhat, rstd, dims):
-    return ew.mul(rstd, ew.sub(gxhat, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
+@register_vjp(kernels.native_layer_norm)
+def _native_layer_norm(g, out, input, normalized_shape, weight, bias, eps):
+    if g[0] is None:
+        return None, None, None, None, None
+    mask = [_wants(input), _wants(weight), _wants(bias)]
+    gi, gw, gb = kernels.native_layer_norm_backward(g[0], input, normalized_shape, out[1], out[2], weight, bias, mask)
+    return gi, None, gw, gb, None
 
 
-@register_vjp(lnn.layer_norm, when=_float_input)
-def _layer_norm(g, out, input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """aten's fused backward (statistics recomputed from the input)."""
-    mask = (_wants(input), _wants(weight), _wants(bias))
-    gi, gw, gb = layer_norm_backward(g, input, tuple(normalized_shape), weight, bias, eps, mask)
-    return (gi if mask[0] else None), None, gw, gb, None
+@register_forward(lnn.rms_norm, when=lambda b: _float_input(b) and not isinstance(_arg(b, 2, "weight", 0), float))
+def _rms_norm_forward(input, normalized_shape, weight=None, eps=None):
+    """_fused_rms_norm: the output plus the rstd eager saves."""
+    return kernels.fused_rms_norm(input, tuple(normalized_shape), weight, eps)
 
 
-@register_vjp(lnn.rms_norm, when=_float_input)
-def _rms_norm(g, out, input, normalized_shape, weight=None, eps=None):
-    dims = _norm_dims(input, normalized_shape)
-    eps = torch.finfo(input.dtype).eps if eps is None else eps
-    rstd = ew.rsqrt(ew.add(red.mean(ew.mul(input, input), dims, True), eps))
-    xhat = ew.mul(input, rstd)
-    gxhat = ew.mul(g, weight) if is_t(weight) else g
-    gi = _rms_input_grad(gxhat, xhat, rstd, dims) if _wants(input) else None
-    gw = _batch_sum(ew.mul(g, xhat), len(dims)) if _wants(weight) else None
+@register_vjp(kernels.fused_rms_norm)
+def _fused_rms_norm(g, out, input, normalized_shape, weight, eps):
+    if g[0] is None:
+        return None, None, None, None
+    gi, gw = kernels.fused_rms_norm_backward(g[0], input, normalized_shape, out[1], weight,
+                                             [_wants(input), _wants(weight)])
     return gi, None, gw, None
 
 
@@ -190,6 +200,35 @@ def _attention_probs(q, k, mask, is_causal, scale):
     return lnn.softmax(scores, -1)
 
 
+def _flash_cpu_when(bsym) -> bool:
+    """What ATen's CPU flash attention takes: 4-d q/k/v on the CPU with one
+    head size, no dropout or GQA, a float mask of q's dtype that needs no grad."""
+    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
+    mask = _arg(bsym, 3, "attn_mask")
+    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype == q.dtype and not _wants(mask))
+    return (_float_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not _arg(bsym, 7, "enable_gqa", False)
+            and mask_ok and q.dtype == k.dtype == v.dtype and q.device.type == "cpu" and q.ndim == k.ndim == v.ndim == 4
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
+
+
+@register_forward(lnn.scaled_dot_product_attention, when=_flash_cpu_when)
+def _sdpa_flash_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                        enable_gqa=False):
+    """The output plus the logsumexp eager's flash kernel saves."""
+    return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+
+
+@register_vjp(kernels.sdpa_flash_cpu)
+def _sdpa_flash(g, out, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if g[0] is None:
+        return {}
+    gq, gk, gv = kernels.sdpa_flash_cpu_backward(g[0], query, key, value, out[0], out[1], 0.0, is_causal,
+                                                 attn_mask=attn_mask, scale=scale)
+    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
+            "value": gv if _wants(value) else None}
+
+
 @register_vjp(lnn.scaled_dot_product_attention, when=_sdpa_when)
 def _sdpa(g, out, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """Recomputes the attention probabilities from q and k instead of saving them."""
@@ -215,21 +254,9 @@ def _embedding_when(bsym) -> bool:
 @register_vjp(lnn.embedding, when=_embedding_when)
 def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                scale_grad_by_freq=False, sparse=False):
-    n = input.numel()
-    num, dim = weight.shape
-    idx = reshape_to(input, (n,))
-    gflat = reshape_to(g, (n, dim))
-    keep = None
-    if padding_idx is not None:
-        pad = padding_idx if padding_idx >= 0 else padding_idx + num
-        keep = ew.ne(idx, pad)
-    if scale_grad_by_freq:
-        ones = prims.full((n,), 1, device=weight.device, dtype=weight.dtype)
-        counts = prims.index_add(prims.full((num,), 0, device=weight.device, dtype=weight.dtype), 0, idx, ones)
-        gflat = ew.div(gflat, shapes.unsqueeze(prims.index_select(counts, 0, idx), 1))
-    if keep is not None:
-        gflat = ew.where(shapes.unsqueeze(keep, 1), gflat, 0)
-    return None, prims.index_add(zeros_like(weight), 0, idx, gflat), None, None, None, None, None
+    num = weight.shape[0]
+    pad = -1 if padding_idx is None else (padding_idx if padding_idx >= 0 else padding_idx + num)
+    return None, kernels.embedding_dense_backward(g, input, num, pad, scale_grad_by_freq), None, None, None, None, None
 
 
 # --- rounding divisions: eager's derivatives differ between the two spellings -----------------------
@@ -250,12 +277,22 @@ def _floor_divide(g, out, input, other):
 
 @register_vjp(lnn.gelu, when=_float_input)
 def _gelu(g, out, input, approximate="none"):
-    return gelu_backward(g, input, approximate), None
+    return kernels.gelu_backward(g, input, approximate=approximate), None
 
 
 @register_vjp(lnn.silu, when=_float_input)
 def _silu(g, out, input, inplace=False):
-    return silu_backward(g, input), None
+    return kernels.silu_backward(g, input), None
+
+
+@register_vjp(ew.tanh, when=_float_input)
+def _tanh(g, out, a):
+    return (kernels.tanh_backward(g, out),)
+
+
+@register_vjp(ew.sigmoid, when=_float_input)
+def _sigmoid(g, out, a):
+    return (kernels.sigmoid_backward(g, out),)
 
 
 # --- special values: eager's masked formulas where the decomposition's chain rule gives nan ---------

@@ -1,0 +1,205 @@
+"""The fused-kernel symbols of transforms/autodiff_kernels.py: each one's
+decomposition (what a fusion executor runs) computes what its ATen kernel (what
+the torch executor runs) returns, in float64; and a training step's backward
+uses the kernels, one symbol each."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderlite
+from test_grad_prims import _finalize, trace_of
+from thunderlite.executors.base import OperatorExecutor
+from thunderlite.executors.torchex import torch_executor
+from thunderlite.transforms import autodiff_kernels as K
+
+F64 = torch.float64
+aten = torch.ops.aten
+
+
+def _t(*shape, seed=0, dtype=F64):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _decomposed(sym, *args, **kwargs):
+    """Run ``sym``'s decomposition (not its kernel) through the torch executor."""
+    keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    n = len(args)
+
+    def fn(*a):
+        return sym.decomposition(*a[:n], **{**kwargs, **dict(zip(keys, a[n:], strict=True))})
+    every = (*args, *(kwargs[k] for k in keys))
+    trc = trace_of(fn, every)
+    return _finalize(trc).python_callable()(*[a for a in every if isinstance(a, torch.Tensor)])
+
+
+def _same(sym, *args, **kwargs):
+    want = sym.torch_fn(*args, **kwargs)
+    got = _decomposed(sym, *args, **kwargs)
+    want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+    assert len(want) == len(got)
+    for w, g in zip(want, got, strict=True):
+        if w is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, w)
+
+
+def _causal_sdpa_inputs(L=5, S=5, E=4):
+    return _t(2, 3, L, E), _t(2, 3, S, E, seed=1), _t(2, 3, S, E, seed=2)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward(approximate):
+    _same(K.gelu_backward, _t(3, 7), _t(3, 7, seed=1), approximate=approximate)
+
+
+@pytest.mark.parametrize("sym", [K.silu_backward, K.tanh_backward, K.sigmoid_backward])
+def test_activation_backward(sym):
+    _same(sym, _t(3, 7), _t(3, 7, seed=1).tanh())
+
+
+@pytest.mark.parametrize("sym,fn", [(K.softmax_backward_data, torch.softmax),
+                                    (K.log_softmax_backward_data, torch.log_softmax)])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_softmax_backward(sym, fn, dim):
+    _same(sym, _t(2, 3, 4), fn(_t(2, 3, 4, seed=1), dim), dim, F64)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_layer_norm_forward_and_backward(weighted):
+    x, w, b = _t(2, 3, 8), _t(3, 8, seed=1) if weighted else None, _t(3, 8, seed=2) if weighted else None
+    _same(K.native_layer_norm, x, (3, 8), w, b, 1e-5)
+    _, mean, rstd = aten.native_layer_norm(x, (3, 8), w, b, 1e-5)
+    for mask in ([True, True, True], [True, False, False], [False, True, True]):
+        mask = [mask[0], mask[1] and weighted, mask[2] and weighted]      # aten: no grad for an absent weight
+        _same(K.native_layer_norm_backward, _t(2, 3, 8, seed=3), x, (3, 8), mean, rstd, w, b, mask)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_rms_norm_forward_and_backward(eps):
+    x, w = _t(2, 3, 8), _t(8, seed=1)
+    _same(K.fused_rms_norm, x, (8,), w, eps)
+    _, rstd = aten._fused_rms_norm(x, (8,), w, eps)
+    torch.testing.assert_close(aten._fused_rms_norm(x, (8,), w, eps)[0], F.rms_norm(x, (8,), w, eps))
+    for mask in ([True, True], [True, False]):
+        _same(K.fused_rms_norm_backward, _t(2, 3, 8, seed=3), x, (8,), rstd, w, mask)
+
+
+@pytest.mark.parametrize("padding_idx,freq", [(-1, False), (2, False), (1, True)])
+def test_embedding_dense_backward(padding_idx, freq):
+    idx = torch.tensor([[0, 2, 2], [5, 1, 0]])
+    _same(K.embedding_dense_backward, _t(2, 3, 4), idx, 6, padding_idx, freq)
+
+
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"mask": True}, {"mask": True, "is_causal": True}])
+@pytest.mark.parametrize("L,S", [(5, 5), (3, 6)])
+def test_flash_attention_forward_and_backward(kw, L, S):
+    q, k, v = _causal_sdpa_inputs(L, S)
+    mask = _t(1, 3, L, S, seed=4) if kw.get("mask") else None
+    causal, scale = kw.get("is_causal", False), kw.get("scale")
+    _same(K.sdpa_flash_cpu, q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    _same(K.sdpa_flash_cpu_backward, _t(2, 3, L, 4, seed=5), q, k, v, out, lse, 0.0, causal,
+          attn_mask=mask, scale=scale)
+
+
+# --- a training step's backward is made of the kernels ----------------------------------------
+
+class _Block(torch.nn.Module):
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln = torch.nn.LayerNorm(d)
+        self.qkv, self.fc = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        return x + F.gelu(self.fc(y))
+
+
+class _GPT(torch.nn.Module):
+    def __init__(self, vocab=32, d=16, layers=2):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(_Block(d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx)
+        for blk in self.blocks:
+            x = blk(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def _step_grads(model, fn, idx, targets):
+    model.zero_grad(set_to_none=True)
+    loss = fn(idx, targets)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_gpt_backward_uses_fused_kernels():
+    torch.manual_seed(0)
+    model = _GPT().to(F64)
+    idx, targets = torch.randint(0, 32, (2, 6)), torch.randint(0, 32, (2, 6))
+    want_loss, want = _step_grads(model, model, idx, targets)
+    jm = thunderlite.jit(model)
+    got_loss, got = _step_grads(model, jm, idx, targets)
+    torch.testing.assert_close(got_loss, want_loss)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name)
+    fwd, bwd = thunderlite.last_traces(jm)[-1], thunderlite.last_backward_traces(jm)[-1]
+    names = [b.sym.name for b in bwd.bound_symbols]
+    layers = len(model.blocks)
+    # attention's backward is one symbol per layer, not the dozens of ops of its formula
+    assert names.count("sdpa_flash_cpu_backward") == layers
+    assert names.count("native_layer_norm_backward") == layers
+    assert names.count("gelu_backward") == layers
+    assert names.count("embedding_dense_backward") == 1
+    assert not {"softmax", "exp", "amax", "where", "pad"} & set(names), names
+    fwd_names = [b.sym.name for b in fwd.bound_symbols]
+    assert fwd_names.count("sdpa_flash_cpu") == fwd_names.count("native_layer_norm") == layers
+    # the backward keeps each kernel's decomposition for fusion executors
+    sdpa_bwd = next(b for b in bwd.bound_symbols if b.sym.name == "sdpa_flash_cpu_backward")
+    assert sdpa_bwd.subsymbols
+
+
+class _NoKernels(OperatorExecutor):
+    """Refuses the fused kernels, so they run as their decompositions (as under
+    a fusion executor); everything else goes to the torch executor."""
+
+    def claim(self, bsym):
+        return None if bsym.sym.module == "aten" else torch_executor.claim(bsym)
+
+
+def _block(x, w, b, wqkv, idx, emb, targets):
+    """Embedding, layer_norm, attention, gelu, rms_norm, tanh, log_softmax and
+    cross_entropy (on proxies, torch functions record the torch language)."""
+    d = x.shape[-1]
+    h = x + F.embedding(idx, emb)
+    q, k, v = F.linear(F.layer_norm(h, (d,), w, b), wqkv).split(d, dim=-1)
+    q, k, v = (z.reshape(2, 5, 2, d // 2).transpose(1, 2) for z in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 5, d)
+    y = F.rms_norm(F.gelu(y) + F.silu(y).tanh(), (d,), w)
+    return F.cross_entropy(y.reshape(10, d), targets) + F.log_softmax(y, -1).sum()
+
+
+def test_decomposed_kernels_match_eager(monkeypatch):
+    """With every kernel symbol decomposed, the gradients are still eager's."""
+    import test_grad_prims
+    from test_grad_prims import check_grad
+    from thunderlite.transforms.claim import claim_executors
+
+    monkeypatch.setattr(test_grad_prims, "_finalize", lambda t: claim_executors(t, [_NoKernels("nokernels")]))
+    args = (_t(2, 5, 8), _t(8, seed=1), _t(8, seed=2), _t(24, 8, seed=3), torch.randint(0, 6, (2, 5)),
+            _t(6, 8, seed=4), torch.randint(0, 8, (10,)))
+    args = tuple(a.requires_grad_() if a.is_floating_point() else a for a in args)
+    prog = check_grad(_block, *args, ref_fn=_block)
+    fwd, bwd = prog.forward_traces[-1], prog.backward_traces[-1]
+    assert "aten.sdpa_flash_cpu" in {b.sym.id for b in prog.split.forward.bound_symbols}
+    assert not any(b.sym.module == "aten" for b in fwd.bound_symbols + bwd.bound_symbols)

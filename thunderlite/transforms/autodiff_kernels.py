@@ -1,0 +1,225 @@
+"""ATen's fused forward/backward kernels as symbols, for the VJP rules of the
+ops that dominate real models (autodiff_rules_torch.py).
+
+Each symbol mirrors one ATen op's signature and has two faces:
+
+- ``torch_fn`` is the ATen op itself, so the torch executor runs the whole
+  backward (or statistics-saving forward) as the one fused kernel eager runs;
+- ``decomposition`` is the same math in torch-language ops (down to prims), so
+  a fusion executor that does not claim the symbol can still fuse its parts.
+
+The decompositions compute exactly what the kernels return (the same saved
+statistics, in the same shapes), so a forward run by one executor and a
+backward run by another agree. Example::
+
+    out, mean, rstd = native_layer_norm(x, (d,), w, b, 1e-5)     # forward, saves stats
+    gx, gw, gb = native_layer_norm_backward(g, x, (d,), mean, rstd, w, b, (True, True, True))
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from thunderlite.core import prims
+from thunderlite.core.symbol import Symbol
+from thunderlite.torch import elementwise as ew
+from thunderlite.torch import linalg
+from thunderlite.torch import reductions as red
+from thunderlite.torch import shapes
+from thunderlite.torch.utils import convert
+
+aten = torch.ops.aten
+
+
+def _kernel(torch_fn) -> Callable[[Callable], Symbol]:
+    """Decorator: the decomposition ``fn`` becomes a symbol run as ``torch_fn``."""
+    def deco(fn: Callable) -> Symbol:
+        return Symbol(fn.__name__, decomposition=fn, module="aten", torch_fn=torch_fn)
+    return deco
+
+
+# --- elementwise activations -------------------------------------------------------------------
+
+@_kernel(aten.gelu_backward)
+def gelu_backward(grad_output, self, *, approximate: str = "none"):
+    x = self
+    if approximate == "tanh":
+        k, c = math.sqrt(2 / math.pi), 0.044715
+        inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), c)), k)
+        t = ew.tanh(inner)
+        dinner = ew.mul(ew.add(ew.mul(ew.mul(x, x), 3 * c), 1.0), k)
+        d = ew.add(ew.mul(ew.add(t, 1.0), 0.5), ew.mul(ew.mul(ew.mul(x, 0.5), ew.sub(1.0, ew.mul(t, t))), dinner))
+    else:
+        cdf = ew.mul(ew.add(ew.erf(ew.mul(x, 1 / math.sqrt(2))), 1.0), 0.5)
+        pdf = ew.mul(ew.exp(ew.mul(ew.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
+        d = ew.add(cdf, ew.mul(x, pdf))
+    return ew.mul(grad_output, d)
+
+
+@_kernel(aten.silu_backward)
+def silu_backward(grad_output, self):
+    s = ew.sigmoid(self)
+    return ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(self, ew.sub(1.0, s)), 1.0)))
+
+
+@_kernel(aten.tanh_backward)
+def tanh_backward(grad_output, output):
+    return ew.mul(grad_output, ew.sub(1.0, ew.mul(output, output)))
+
+
+@_kernel(aten.sigmoid_backward)
+def sigmoid_backward(grad_output, output):
+    return ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output)))
+
+
+# --- softmax family ----------------------------------------------------------------------------------
+
+@_kernel(aten._softmax_backward_data)
+def softmax_backward_data(grad_output, output, dim: int, input_dtype):
+    gy = ew.mul(grad_output, output)
+    return convert(ew.sub(gy, ew.mul(output, red.sum(gy, dim, True))), input_dtype)
+
+
+@_kernel(aten._log_softmax_backward_data)
+def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
+    return convert(ew.sub(grad_output, ew.mul(ew.exp(output), red.sum(grad_output, dim, True))), input_dtype)
+
+
+# --- normalization --------------------------------------------------------------------------------------
+
+def _lead(x, normalized_shape) -> tuple:
+    return tuple(range(x.ndim - len(tuple(normalized_shape))))
+
+
+def _norm_dims(x, normalized_shape) -> tuple:
+    return tuple(range(x.ndim - len(tuple(normalized_shape)), x.ndim))
+
+
+@_kernel(aten.native_layer_norm)
+def native_layer_norm(input, normalized_shape, weight, bias, eps: float):
+    """``(out, mean, rstd)``; the statistics keep the normalized dims as 1s."""
+    var, mean = red.var_mean(input, _norm_dims(input, normalized_shape), keepdim=True, correction=0)
+    rstd = ew.rsqrt(ew.add(var, eps))
+    out = ew.mul(ew.sub(input, mean), rstd)
+    if weight is not None:
+        out = ew.mul(out, weight)
+    if bias is not None:
+        out = ew.add(out, bias)
+    return out, mean, rstd
+
+
+@_kernel(aten.native_layer_norm_backward)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
+    xhat = ew.mul(ew.sub(input, mean), rstd)
+    gi = gw = gb = None
+    if output_mask[0]:
+        gxhat = ew.mul(grad_out, weight) if weight is not None else grad_out
+        centered = ew.sub(gxhat, red.mean(gxhat, dims, True))
+        gi = ew.mul(rstd, ew.sub(centered, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
+    if output_mask[1] and weight is not None:
+        gw = red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat)
+    if output_mask[2] and bias is not None:
+        gb = red.sum(grad_out, lead) if lead else grad_out
+    return gi, gw, gb
+
+
+@_kernel(aten._fused_rms_norm)
+def fused_rms_norm(input, normalized_shape, weight, eps):
+    """``(out, rstd)``; ``eps=None`` is the dtype's machine epsilon (as F.rms_norm)."""
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    rstd = ew.rsqrt(ew.add(red.mean(ew.mul(input, input), _norm_dims(input, normalized_shape), True), eps))
+    out = ew.mul(input, rstd)
+    return (ew.mul(out, weight) if weight is not None else out), rstd
+
+
+def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    """ATen's kernel where it exists (CUDA); on the CPU, which has none, the
+    formula in a few torch calls."""
+    if input.is_cuda:
+        return aten._fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask)
+    n = len(normalized_shape)
+    dims, lead = tuple(range(input.ndim - n, input.ndim)), tuple(range(input.ndim - n))
+    xhat = input * rstd
+    gi = gw = None
+    if output_mask[0]:
+        gxhat = grad_out * weight if weight is not None else grad_out
+        gi = rstd * (gxhat - xhat * (gxhat * xhat).mean(dims, keepdim=True))
+    if output_mask[1] and weight is not None:
+        gw = (grad_out * xhat).sum(lead) if lead else grad_out * xhat
+    return gi, gw
+
+
+@_kernel(_fused_rms_norm_backward_impl)
+def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
+    xhat = ew.mul(input, rstd)
+    gi = gw = None
+    if output_mask[0]:
+        gxhat = ew.mul(grad_out, weight) if weight is not None else grad_out
+        gi = ew.mul(rstd, ew.sub(gxhat, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
+    if output_mask[1] and weight is not None:
+        gw = red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat)
+    return gi, gw
+
+
+# --- embedding -------------------------------------------------------------------------------------------
+
+@_kernel(aten.embedding_dense_backward)
+def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx: int, scale_grad_by_freq: bool):
+    """``padding_idx`` is ATen's: -1 for none, else a non-negative row."""
+    n, dim = indices.numel(), grad_output.shape[-1]
+    idx = prims.reshape(indices, (n,))
+    g = prims.reshape(grad_output, (n, dim))
+    if scale_grad_by_freq:
+        ones = prims.full((n,), 1, device=g.device, dtype=g.dtype)
+        counts = prims.index_add(prims.full((num_weights,), 0, device=g.device, dtype=g.dtype), 0, idx, ones)
+        g = ew.div(g, shapes.unsqueeze(prims.index_select(counts, 0, idx), 1))
+    if padding_idx >= 0:
+        g = ew.where(shapes.unsqueeze(ew.ne(idx, padding_idx), 1), g, 0)
+    return prims.index_add(prims.full((num_weights, dim), 0, device=g.device, dtype=g.dtype), 0, idx, g)
+
+
+# --- attention (CPU flash attention) ---------------------------------------------------------------------
+
+def _scores(query, key, is_causal: bool, attn_mask, scale):
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    s = ew.mul(linalg.matmul(query, shapes.transpose(key, -2, -1)), scale)
+    if is_causal:
+        L, S = query.shape[-2], key.shape[-2]
+        rows = prims.broadcast_in_dim(prims.iota(L, start=0, step=1, device=query.device, dtype=torch.int64),
+                                      (L, S), (0,))
+        cols = prims.broadcast_in_dim(prims.iota(S, start=0, step=1, device=query.device, dtype=torch.int64),
+                                      (L, S), (1,))
+        s = ew.where(ew.ge(rows, cols), s, -math.inf)
+    if attn_mask is not None:
+        s = ew.add(s, attn_mask)
+    return s, scale
+
+
+@_kernel(aten._scaled_dot_product_flash_attention_for_cpu)
+def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
+                   scale=None):
+    """``(out, logsumexp)``: logsumexp of each query row's scaled scores, ``[B, H, L]``."""
+    s, _ = _scores(query, key, is_causal, attn_mask, scale)
+    m = red.amax(s, -1, True)
+    m = ew.where(ew.isinf(m), 0, m)
+    e = ew.exp(ew.sub(s, m))
+    total = red.sum(e, -1, True)
+    lse = ew.add(shapes.squeeze(ew.log(total), -1), shapes.squeeze(m, -1))
+    return linalg.matmul(ew.div(e, total), value), lse
+
+
+@_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
+                            attn_mask=None, scale=None):
+    """The probabilities are recomputed from q, k and the saved logsumexp."""
+    s, scale = _scores(query, key, is_causal, attn_mask, scale)
+    probs = ew.exp(ew.sub(s, shapes.unsqueeze(logsumexp, -1)))
+    gv = linalg.matmul(shapes.transpose(probs, -2, -1), grad_out)
+    gp = linalg.matmul(grad_out, shapes.transpose(value, -2, -1))
+    rowdot = red.sum(ew.mul(grad_out, out), -1, True)
+    gs = ew.mul(ew.mul(probs, ew.sub(gp, rowdot)), scale)
+    return linalg.matmul(gs, key), linalg.matmul(shapes.transpose(gs, -2, -1), query), gv
