@@ -1,27 +1,38 @@
-"""Training-step time and peak memory: eager vs thunderlite.jit vs torch.compile
-(Inductor), in the same run, on a nanoGPT-style model.
+"""Training-step time, peak memory and compile time: eager vs thunderlite.jit
+(default executors, and executors=["torchcompile", "torch"]) vs torch.compile
+(Inductor), measured in one process with the variants interleaved, on a
+nanoGPT-style model and a tiny HF transformers Llama (built from a LlamaConfig,
+no download).
 
-    python benchmarks/bench_training.py [--steps 10] [--layers 4] [--dim 256] [--seq 128] [--batch 8]
+    python benchmarks/bench_training.py [--steps 10] [--layers 2] [--models gpt,llama]
+    python benchmarks/bench_training.py --scaling 1,2,4,8     # compile time vs layers
 
-A step is forward + backward + SGD step. Time: median wall time of ``--steps``
-steps after warm-up (compilation excluded), and the median CPU time of the
-process over a step (all threads; steadier than wall time on a shared machine).
+A step is forward + backward + SGD step. Every variant trains its own copy of
+the same initial model on the same batch; the steps of the variants alternate
+(the order rotates each round) so that load from other processes on a shared
+machine hits all of them alike. Reported: the median wall time and process CPU
+time of a step, each as a ratio to eager's; the first call (trace + autodiff +
+passes + compilation) in seconds; and that every variant's parameters after
+all steps equal eager's (max abs difference).
 
-Peak memory on CPU: each variant runs in its own subprocess; after warm-up the
-kernel's high-water mark of resident memory is reset (``/proc/self/clear_refs``)
-and one step runs; the number is the high-water mark (VmHWM) minus the resident
-size at the reset, i.e. the peak of activations, saved tensors, gradients and
-temporaries above the parameters. glibc's mmap threshold is pinned
-(``MALLOC_MMAP_THRESHOLD_``) so large tensors are mapped and unmapped one by
-one and resident size follows live tensor bytes (PyTorch has no CPU allocator
-statistics, and torch.profiler's memory events miss frees inside ops). On CUDA
-the number is ``torch.cuda.max_memory_allocated`` above the allocation at the
-start of the step.
+Peak memory on CPU: before a step the kernel's high-water mark of resident
+memory is reset (``/proc/self/clear_refs``); the number is the high-water mark
+(VmHWM) minus the resident size at the reset: activations, saved tensors,
+gradients and temporaries above the parameters, min over 3 steps. glibc's mmap
+threshold is pinned (``MALLOC_MMAP_THRESHOLD_``, the script re-executes itself
+with it) so that large tensors are mapped and unmapped one by one and resident
+size follows live tensor bytes. On CUDA: ``torch.cuda.max_memory_allocated``
+above the allocation at the start of the step.
+
+``--scaling`` times the first call of the thunderlite step (a fresh process per
+size) for each number of layers, and counts the Python function calls of a
+cached step (forward + backward) to show that they do not grow with the number
+of parameters.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import copy
 import os
 import statistics
 import subprocess
@@ -68,11 +79,44 @@ class NanoGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def _step(fn, model, opt, batch):
+class LlamaLoss(nn.Module):
+    """HF LlamaForCausalLM returning its language-model loss."""
+
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, ctx: int):
+        super().__init__()
+        import transformers
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=(8 * d // 3 + 63) // 64 * 64,
+                                       num_hidden_layers=layers, num_attention_heads=heads,
+                                       num_key_value_heads=max(heads // 2, 1), max_position_embeddings=ctx,
+                                       attn_implementation="sdpa")
+        self.model = transformers.LlamaForCausalLM(cfg)
+
+    def forward(self, idx, targets):
+        return self.model(input_ids=idx, labels=targets, use_cache=False).loss
+
+
+MODELS = {"gpt": NanoGPT, "llama": LlamaLoss}
+
+
+def _variant_fn(name: str, model: nn.Module):
+    if name == "eager":
+        return model
+    if name == "thunderlite":
+        return thunderlite.jit(model)
+    if name == "thunderlite+tc":
+        return thunderlite.jit(model, executors=["torchcompile", "torch"])
+    if name == "torch.compile":
+        return torch.compile(model)
+    raise ValueError(name)
+
+
+def _step(fn, opt, batch):
     opt.zero_grad(set_to_none=True)
     loss = fn(*batch)
     loss.backward()
     opt.step()
+    if batch[0].is_cuda:
+        torch.cuda.synchronize()
     return loss
 
 
@@ -84,49 +128,102 @@ def _proc_status(field: str) -> int:
     raise RuntimeError(f"{field} is not in /proc/self/status")
 
 
-def peak_step_bytes(fn, model, opt, batch) -> int:
+def peak_step_bytes(fn, opt, batch) -> int:
     """Peak memory of one step above its start (see module docstring)."""
     if batch[0].is_cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        _step(fn, model, opt, batch)
-        torch.cuda.synchronize()
+        _step(fn, opt, batch)
         return torch.cuda.max_memory_allocated() - base
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _proc_status("VmRSS")
-    _step(fn, model, opt, batch)
+    _step(fn, opt, batch)
     return _proc_status("VmHWM") - base
 
 
-def measure(name: str, fn, model, batch, steps: int) -> dict:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    for _ in range(2):                          # warm-up: tracing / compilation happens here
-        _step(fn, model, opt, batch)
-    times, cpu = [], []
-    for _ in range(steps):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        _step(fn, model, opt, batch)
-        if batch[0].is_cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - cpu_start)
-    peak = min(peak_step_bytes(fn, model, opt, batch) for _ in range(3))
-    return {"name": name, "ms": statistics.median(times) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
-            "peak_mb": peak / 2**20}
-
-
-def run_variant(name: str, opts) -> dict:
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def run_model(kind: str, names: list[str], opts, device: str) -> list[dict]:
     torch.manual_seed(0)
-    model = NanoGPT(opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device)
+    base = MODELS[kind](opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device)
     g = torch.Generator().manual_seed(1)
     batch = tuple(torch.randint(0, opts.vocab, (opts.batch, opts.seq), generator=g).to(device) for _ in range(2))
-    fn = {"eager": lambda m: m, "thunderlite": thunderlite.jit, "torch.compile": torch.compile}[name](model)
-    return measure(name, fn, model, batch, opts.steps)
+    rows = []
+    for name in names:
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        fn = _variant_fn(name, model)
+        start = time.perf_counter()
+        _step(fn, opt, batch)                       # first call: tracing / compilation
+        first = time.perf_counter() - start
+        _step(fn, opt, batch)
+        rows.append({"name": name, "model": model, "fn": fn, "opt": opt, "first_s": first, "ms": [], "cpu": []})
+    for i in range(opts.steps):
+        k = i % len(rows)
+        for r in rows[k:] + rows[:k]:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            _step(r["fn"], r["opt"], batch)
+            r["ms"].append((time.perf_counter() - start) * 1e3)
+            r["cpu"].append((time.process_time() - cpu_start) * 1e3)
+    for r in rows:
+        r["peak_mb"] = min(peak_step_bytes(r["fn"], r["opt"], batch) for _ in range(3)) / 2**20
+    ref = dict(rows[0]["model"].named_parameters())
+    for r in rows:
+        r["param_diff"] = max((p.detach() - ref[n].detach()).abs().max().item()
+                              for n, p in r["model"].named_parameters())
+    return rows
+
+
+def print_rows(kind: str, rows: list[dict], opts, device: str) -> None:
+    print(f"\n{kind}: layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
+          f"torch {torch.__version__}, threads {torch.get_num_threads()}, {opts.steps} interleaved steps")
+    print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'peak MB':>9}{'time/eager':>12}{'cpu/eager':>11}"
+          f"{'mem/eager':>11}{'first s':>9}{'param diff':>12}")
+    e = rows[0]
+    e_ms, e_cpu = statistics.median(e["ms"]), statistics.median(e["cpu"])
+    for r in rows:
+        ms, cpu = statistics.median(r["ms"]), statistics.median(r["cpu"])
+        print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{r['peak_mb']:>9.1f}{ms / e_ms:>12.2f}{cpu / e_cpu:>11.2f}"
+              f"{r['peak_mb'] / e['peak_mb']:>11.2f}{r['first_s']:>9.1f}{r['param_diff']:>12.1e}")
+    by = {r["name"]: r for r in rows}
+    if "thunderlite+tc" in by and "torch.compile" in by:
+        tc, tl = by["torch.compile"], by["thunderlite+tc"]
+        print(f"{'thunderlite+tc / torch.compile':<32} time {statistics.median(tl['ms']) / statistics.median(tc['ms']):.2f}"
+              f"  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}")
+
+
+def python_calls_per_step(fn, batch) -> int:
+    """Python function calls (not C calls) in one cached forward + backward."""
+    count = 0
+
+    def prof(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+    loss = fn(*batch)
+    loss.backward()
+    sys.setprofile(prof)
+    try:
+        loss = fn(*batch)
+        loss.backward()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def scaling_point(opts) -> None:
+    torch.manual_seed(0)
+    model = NanoGPT(opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq)
+    batch = tuple(torch.randint(0, opts.vocab, (opts.batch, opts.seq)) for _ in range(2))
+    jm = thunderlite.jit(model)
+    start = time.perf_counter()
+    jm(*batch).backward()
+    first = time.perf_counter() - start
+    calls = python_calls_per_step(jm, batch)
+    fwd, bwd = thunderlite.last_traces(jm)[-1], thunderlite.last_backward_traces(jm)[-1]
+    nparams = len(list(model.parameters()))
+    print(f"{opts.layers:>7}{nparams:>8}{first:>10.2f}{first / opts.layers:>12.2f}{calls:>14}"
+          f"{len(fwd.bound_symbols):>11}{len(bwd.bound_symbols):>11}")
 
 
 def main() -> None:
@@ -138,29 +235,38 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--models", default="gpt,llama")
+    ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")
+    ap.add_argument("--scaling-point", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
-    if opts.variant:
-        print(json.dumps(run_variant(opts.variant, opts)))
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        sys.exit(subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if opts.scaling_point:
+        scaling_point(opts)
         return
-    names = ["eager", "thunderlite"] + ([] if opts.no_inductor else ["torch.compile"])
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    rows = []
-    for name in names:
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", name], env=env,
-                             check=True, capture_output=True, text=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+    if opts.scaling:
+        print(f"thunderlite first call (trace + autodiff + passes) of the nanoGPT training step, dim={opts.dim}; "
+              "python calls: Python function calls of one cached forward + backward")
+        print(f"{'layers':>7}{'params':>8}{'first s':>10}{'s / layer':>12}{'python calls':>14}"
+              f"{'fwd syms':>11}{'bwd syms':>11}", flush=True)
+        for n in opts.scaling.split(","):
+            args = [a for a in sys.argv[1:] if not a.startswith("--scaling")]
+            args = [a for i, a in enumerate(args) if not (i and args[i - 1] == "--layers") and a != "--layers"]
+            subprocess.run([sys.executable, __file__, *args, "--layers", n, "--scaling-point"], check=True)
+        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"nanoGPT layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
-          f"torch {torch.__version__}, threads {opts.threads or torch.get_num_threads()}; "
-          "step = forward + backward + SGD")
-    print(f"{'':<14}{'step ms':>10}{'cpu ms':>10}{'peak MB':>10}{'time/eager':>12}{'cpu/eager':>11}{'mem/eager':>11}")
-    for r in rows:
-        print(f"{r['name']:<14}{r['ms']:>10.2f}{r['cpu_ms']:>10.2f}{r['peak_mb']:>10.1f}"
-              f"{r['ms'] / rows[0]['ms']:>12.2f}{r['cpu_ms'] / rows[0]['cpu_ms']:>11.2f}"
-              f"{r['peak_mb'] / rows[0]['peak_mb']:>11.2f}")
+    names = opts.variants.split(",")
+    if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
+                                   for p in os.environ.get("PATH", "").split(os.pathsep)):
+        names = [n for n in names if n not in ("thunderlite+tc", "torch.compile")]
+        print("no C++ compiler: the Inductor variants are skipped")
+    for kind in opts.models.split(","):
+        print_rows(kind, run_model(kind, names, opts, device), opts, device)
 
 
 if __name__ == "__main__":

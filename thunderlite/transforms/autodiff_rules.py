@@ -134,22 +134,25 @@ def register_forward(sym: Symbol | str, when: Callable | None = None) -> Callabl
     return deco
 
 
-def substitute_forward(bsym: BoundSymbol, names) -> BoundSymbol | None:
+def substitute_forward(bsym: BoundSymbol, names) -> list[BoundSymbol] | None:
     """``bsym`` recorded by its registered forward (same output proxy, the
     saved statistics as extra outputs that require no grad), or None when no
-    forward covers it. ``names`` is the trace's name pool."""
+    forward covers it. The forward may record a few symbols that prepare its
+    arguments (sdpa's boolean mask made additive) before the op itself, which
+    comes last. ``names`` is the trace's name pool."""
     entry = _forwards.get(bsym.sym.id)
     if entry is None or (entry[1] is not None and not entry[1](bsym)) or type(bsym.output) is not TensorProxy:
         return None
     scratch = Trace("forward", names=names)
     with tracectx(scratch):
         entry[0](*bsym.args, **bsym.kwargs)
-    check(len(scratch.bound_symbols) == 1, lambda: f"the forward of {bsym.sym.id} must record one symbol")
-    new = scratch.bound_symbols[0]
+    *prep, new = scratch.bound_symbols
+    check(isinstance(new.output, tuple) and len(new.output) > 1,
+          lambda: f"the forward of {bsym.sym.id} must end with a symbol returning (output, *saved)")
     first, *saved = new.output
     swap = {first.name: bsym.output}
     swap.update((p.name, p.replace(name=p.name, requires_grad=False)) for p in saved)
-    return _rename(new, swap).replace(source=bsym.source)
+    return [b.replace(source=bsym.source) for b in prep] + [_rename(new, swap).replace(source=bsym.source)]
 
 
 def _rename(bsym: BoundSymbol, swap: dict) -> BoundSymbol:

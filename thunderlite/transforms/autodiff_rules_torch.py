@@ -202,10 +202,12 @@ def _attention_probs(q, k, mask, is_causal, scale):
 
 def _flash_cpu_when(bsym) -> bool:
     """What ATen's CPU flash attention takes: 4-d q/k/v on the CPU with one
-    head size, no dropout or GQA, a float mask of q's dtype that needs no grad."""
+    head size, no dropout or GQA, a boolean mask or a float mask of q's dtype
+    that needs no grad."""
     q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
     mask = _arg(bsym, 3, "attn_mask")
-    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype == q.dtype and not _wants(mask))
+    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
+                               and not _wants(mask))
     return (_float_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not _arg(bsym, 7, "enable_gqa", False)
             and mask_ok and q.dtype == k.dtype == v.dtype and q.device.type == "cpu" and q.ndim == k.ndim == v.ndim == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2]
@@ -215,7 +217,11 @@ def _flash_cpu_when(bsym) -> bool:
 @register_forward(lnn.scaled_dot_product_attention, when=_flash_cpu_when)
 def _sdpa_flash_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                         enable_gqa=False):
-    """The output plus the logsumexp eager's flash kernel saves."""
+    """The output plus the logsumexp eager's flash kernel saves. A boolean mask
+    becomes an additive one first, as eager converts it."""
+    if attn_mask is not None and attn_mask.dtype is torch.bool:
+        attn_mask = ew.where(attn_mask, 0.0, -math.inf)
+        attn_mask = attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
     return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
 
 
