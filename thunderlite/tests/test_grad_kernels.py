@@ -203,3 +203,36 @@ def test_decomposed_kernels_match_eager(monkeypatch):
     fwd, bwd = prog.forward_traces[-1], prog.backward_traces[-1]
     assert "aten.sdpa_flash_cpu" in {b.sym.id for b in prog.split.forward.bound_symbols}
     assert not any(b.sym.module == "aten" for b in fwd.bound_symbols + bwd.bound_symbols)
+
+
+# --- what the forward saves for the backward -----------------------------------------------------
+
+def _saved(prog) -> set[str]:
+    return {p.name for p in prog.split.saved_tensors + prog.split.saved_other}
+
+
+def _producer(prog, name: str) -> str:
+    return next(b.sym.name for b in prog.split.forward.bound_symbols if name in {o.name for o in b.proxy_outs()})
+
+
+def test_softmax_saves_its_output_not_its_input():
+    from test_grad_prims import check_grad
+    prog = check_grad(lambda x, w: torch.softmax(x @ w, -1) @ w, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_())
+    assert {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")} == {"softmax"}
+
+
+def test_residual_sum_is_saved_and_gelu_recomputed():
+    """A residual sum feeding layer_norm is saved (recomputing it would add a
+    kernel and keep its two summands instead); gelu's output, which the next
+    matmul's backward reads, is recomputed from its input, which gelu's own
+    backward keeps anyway."""
+    from test_grad_prims import check_grad
+
+    def fn(x, w1, w2):
+        h = x + x @ w1
+        return F.gelu(F.layer_norm(h, (5,)) @ w1) @ w2
+    prog = check_grad(fn, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_(), _t(5, 3, seed=2).requires_grad_())
+    producers = {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")}
+    assert "add" in producers and "gelu" not in producers
+    bwd = [b.sym.name for b in prog.backward_traces[-1].bound_symbols]
+    assert bwd.count("gelu") == 1 and "add" not in bwd[:bwd.index("gelu")]

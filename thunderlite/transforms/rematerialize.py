@@ -1,24 +1,27 @@
 """Rematerialization: recompute cheap values in the backward instead of saving them.
 
 A value the backward reads is normally saved by the forward and kept alive
-between the two. When it comes out of a cheap elementwise symbol (or a chain of
-them) whose own inputs are saved anyway or are program arguments/outputs (which
-the caller keeps alive regardless), recomputing it in the backward costs a
-memory-bound kernel and saves its whole buffer for the time between forward and
-backward. Recomputed symbols are placed right before their first use in the
-backward, so their results live as briefly as possible.
+between the two. When it comes out of one cheap elementwise symbol whose own
+inputs are saved anyway or are program arguments/outputs (which the caller
+keeps alive regardless), recomputing it in the backward costs one memory-bound
+kernel and saves its whole buffer for the time between forward and backward.
+Recomputed symbols are placed right before their first use in the backward, so
+their results live as briefly as possible.
 
 Never recomputed: random draws (the backward would see different numbers),
-anything with a side effect, non-elementwise work (matmuls, reductions), and a
+anything with a side effect, non-elementwise work (matmuls, reductions), a
 chain whose inputs some later forward symbol writes into (``overwritten``:
 after ``update_aliases`` the name of such an input means its value *before*
 the write, but at backward time its memory holds the value after it, so the
-recomputation would read the wrong numbers; the value itself is saved).
+recomputation would read the wrong numbers; the value itself is saved), and
+values whose recomputation would need a value that is not saved anyway (that
+trades bytes for bytes and adds a kernel).
 
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
-only ``x`` is saved. For ``gelu(x @ w)`` the three elementwise intermediates
-its backward reads are recomputed from the one saved matmul result.
+only ``x`` is saved. For ``gelu(x @ w1) @ w2`` gelu's backward keeps the matmul
+result, so gelu's output (which the second matmul's backward reads) is
+recomputed from it rather than kept as well.
 """
 from __future__ import annotations
 
@@ -79,6 +82,14 @@ def _closure(name: str, producer: dict, keep: set[str], overwritten: frozenset |
     return chain, frontier
 
 
+_MAX_RECOMPUTE = 1
+"""Longest chain recomputed for one saved value: each recomputed symbol is a
+kernel the torch executor runs in the backward. Measured on nanoGPT and a tiny
+Llama (benchmarks/bench_training.py): one symbol (gelu, silu, a product) keeps
+peak memory at 0.66-0.72x eager for 1-6% more step time; none gives eager's
+time at 0.91-1.11x its memory; four buys Llama 3% less memory for 4% more time."""
+
+
 def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], saved: list[Proxy],
                   visible: set[str], overwritten: frozenset | set = frozenset()
                   ) -> tuple[list[BoundSymbol], list[Proxy]]:
@@ -87,31 +98,33 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
     outputs (always alive, so free to save); ``overwritten`` names the values
     whose memory a later forward symbol writes (never recomputed from).
 
-    Every saved intermediate made by a cheap chain is replaced by the chain's
-    inputs (its *frontier*: arguments, outputs, results of non-cheap symbols)
-    when the bytes saved that way are no more than before; the chains share
-    frontiers (``gelu`` of a matmul saves the matmul's result once instead of
-    three elementwise intermediates)."""
+    A saved intermediate made by a short cheap chain (``_MAX_RECOMPUTE``
+    symbols) is recomputed in the backward when the chain's inputs (its
+    *frontier*) are saved anyway or visible: that strictly lowers what is kept
+    between forward and backward and never makes a new value be saved (``gelu``
+    of a matmul: the backward needs the matmul's result for gelu's own
+    backward, so gelu's output is recomputed from it instead of being kept too).
+    Otherwise the value is saved, as eager saves it (recomputing a residual sum
+    from its two summands would keep the same bytes and add a kernel)."""
     producer = {p.name: b for b in fwd_bsyms for p in b.proxy_outs()}
-    saved_names = {p.name for p in saved}
+    keep = visible | {p.name for p in saved}
     candidates = [p for p in saved if p.name not in visible and p.name in producer
                   and is_cheap(producer[p.name]) and len(producer[p.name].proxy_outs()) == 1]
     recompute: dict[str, BoundSymbol] = {}
-    frontier: dict[str, Proxy] = {}
+    inputs: dict[str, Proxy] = {}
     for p in candidates:
-        found = _closure(p.name, producer, visible, overwritten)
-        if found is not None:
-            recompute.update(found[0])
-            frontier.update(found[1])
-    frontier = {n: q for n, q in frontier.items() if n not in recompute}
+        found = _closure(p.name, producer, keep - {p.name}, overwritten)
+        if found is None:
+            continue
+        chain, frontier = found
+        if len(chain) <= _MAX_RECOMPUTE and all(n in keep for n in frontier):
+            recompute.update(chain)
+            inputs.update(frontier)
     if not recompute:
         return bwd_bsyms, saved
-    before = sum(_nbytes(p) for p in saved if p.name not in visible)
     kept = [p for p in saved if p.name not in recompute]
-    added = [q for n, q in frontier.items() if n not in saved_names]
-    after = sum(_nbytes(p) for p in kept + added if p.name not in visible)
-    if after > before:
-        return bwd_bsyms, saved
+    names = {p.name for p in kept}
+    added = [q for n, q in inputs.items() if n not in names and n not in recompute]   # visible values
     return _place(bwd_bsyms, recompute), kept + added
 
 
