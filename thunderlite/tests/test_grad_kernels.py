@@ -161,6 +161,7 @@ def test_gpt_backward_uses_fused_kernels():
     assert names.count("native_layer_norm_backward") == layers
     assert names.count("gelu_backward") == layers
     assert names.count("embedding_dense_backward") == 1
+    assert [b.sym.id for b in bwd.bound_symbols if b.sym.name == "cross_entropy_backward"] == ["torchex.cross_entropy_backward"]
     assert not {"softmax", "exp", "amax", "where", "pad"} & set(names), names
     fwd_names = [b.sym.name for b in fwd.bound_symbols]
     assert fwd_names.count("sdpa_flash_cpu") == fwd_names.count("native_layer_norm") == layers
@@ -236,3 +237,12 @@ def test_residual_sum_is_saved_and_gelu_recomputed():
     assert "add" in producers and "gelu" not in producers
     bwd = [b.sym.name for b in prog.backward_traces[-1].bound_symbols]
     assert bwd.count("gelu") == 1 and "add" not in bwd[:bwd.index("gelu")]
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_cross_entropy_forward_and_backward(reduction):
+    x, target = _t(6, 5), torch.tensor([1, 0, 4, -100, 2, 2])
+    _same(K.cross_entropy_forward, x, target, reduction, -100)
+    _, log_probs, total = K.cross_entropy_forward.torch_fn(x, target, reduction, -100)
+    grad = _t(6, seed=2) if reduction == 0 else _t(seed=2)
+    _same(K.cross_entropy_backward, grad, log_probs, target, reduction, -100, total)

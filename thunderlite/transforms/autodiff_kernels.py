@@ -25,7 +25,9 @@ import torch
 from thunderlite.core import prims
 from thunderlite.core.symbol import Symbol
 from thunderlite.torch import elementwise as ew
+from thunderlite.torch import indexing
 from thunderlite.torch import linalg
+from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.torch.utils import convert
@@ -85,6 +87,49 @@ def softmax_backward_data(grad_output, output, dim: int, input_dtype):
 @_kernel(aten._log_softmax_backward_data)
 def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
     return convert(ew.sub(grad_output, ew.mul(ew.exp(output), red.sum(grad_output, dim, True))), input_dtype)
+
+
+# --- cross entropy: log_softmax + nll_loss, as eager runs it --------------------------------------
+
+def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int):
+    log_probs = torch.log_softmax(input, 1)
+    loss, total_weight = aten.nll_loss_forward(log_probs, target, None, reduction, ignore_index)
+    return loss, log_probs, total_weight
+
+
+@_kernel(_cross_entropy_forward_impl)
+def cross_entropy_forward(input, target, reduction: int, ignore_index: int):
+    """``(loss, log_softmax(input), total_weight)`` for 2-d ``input``: what eager's
+    log_softmax and nll_loss return (``reduction``: ATen's 0 none, 1 mean, 2 sum;
+    ``total_weight`` is 0 for none)."""
+    log_probs = lnn.log_softmax(input, 1)
+    valid = ew.ne(target, ignore_index)
+    picked = indexing.gather(log_probs, 1, shapes.unsqueeze(ew.where(valid, target, 0), 1))
+    losses = ew.where(valid, ew.neg(shapes.squeeze(picked, 1)), 0)
+    count = red.sum(convert(valid, input.dtype))
+    if reduction == 0:
+        return losses, log_probs, ew.mul(count, 0)
+    total = red.sum(losses)
+    return (ew.div(total, count) if reduction == 1 else total), log_probs, count
+
+
+def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
+    g = aten.nll_loss_backward(grad, log_probs, target, None, reduction, ignore_index, total_weight)
+    return aten._log_softmax_backward_data(g, log_probs, 1, log_probs.dtype)
+
+
+@_kernel(_cross_entropy_backward_impl)
+def cross_entropy_backward(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
+    """nll_loss_backward then _log_softmax_backward_data: ``(softmax - onehot) * scale``."""
+    n, c = log_probs.shape
+    valid = ew.ne(target, ignore_index)
+    scale = {0: grad, 1: ew.div(grad, total_weight), 2: grad}[reduction]
+    scale = ew.where(valid, scale, 0)
+    classes = prims.broadcast_in_dim(prims.iota(c, start=0, step=1, device=target.device, dtype=target.dtype),
+                                     (n, c), (1,))
+    onehot = ew.eq(classes, prims.broadcast_in_dim(target, (n, c), (0,)))
+    gl = ew.where(onehot, ew.neg(shapes.unsqueeze(scale, 1)), 0)
+    return ew.sub(gl, ew.mul(ew.exp(log_probs), red.sum(gl, 1, True)))
 
 
 # --- normalization --------------------------------------------------------------------------------------

@@ -171,6 +171,24 @@ def _ce_when(bsym) -> bool:
             and not target.dtype.is_floating_point and _arg(bsym, 6, "reduction", "mean") in ("mean", "sum", "none"))
 
 
+_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
+
+
+@register_forward(lnn.cross_entropy, when=lambda b: _ce_when(b) and b.tensor_args()[0].ndim == 2
+                  and _arg(b, 1, "target").ndim == 1)
+def _cross_entropy_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                           reduction="mean", label_smoothing=0.0):
+    """log_softmax + nll_loss, saving the log-probabilities (eager's choice)."""
+    return kernels.cross_entropy_forward(input, target, _REDUCTION[reduction], ignore_index)
+
+
+@register_vjp(kernels.cross_entropy_forward)
+def _cross_entropy_kernel(g, out, input, target, reduction, ignore_index):
+    if g[0] is None:
+        return None, None, None, None
+    return kernels.cross_entropy_backward(g[0], out[1], target, reduction, ignore_index, out[2]), None, None, None
+
+
 @register_vjp(lnn.cross_entropy, when=_ce_when)
 def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                    reduction="mean", label_smoothing=0.0):
