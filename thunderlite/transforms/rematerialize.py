@@ -25,8 +25,6 @@ recomputed from it rather than kept as well.
 """
 from __future__ import annotations
 
-import torch
-
 from thunderlite.core import prims
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
@@ -48,12 +46,6 @@ def is_cheap(bsym: BoundSymbol) -> bool:
 
 
 _MAX_CHAIN = 32
-
-
-def _nbytes(p) -> int:
-    if type(p) is not TensorProxy:
-        return 0
-    return p.numel() * torch.empty((), dtype=p.dtype, device="meta").element_size()
 
 
 def _closure(name: str, producer: dict, keep: set[str], overwritten: frozenset | set = frozenset()):
