@@ -246,3 +246,25 @@ def test_cross_entropy_forward_and_backward(reduction):
     _, log_probs, total = K.cross_entropy_forward.torch_fn(x, target, reduction, -100)
     grad = _t(6, seed=2) if reduction == 0 else _t(seed=2)
     _same(K.cross_entropy_backward, grad, log_probs, target, reduction, -100, total)
+
+
+def test_dropout_saves_its_mask_and_draws_what_eager_draws():
+    def fn(x, w):
+        return F.dropout(x @ w, 0.3).sum(), F.dropout(x, 0.5, training=True) * 2
+    x, w = _t(6, 5).requires_grad_(), _t(5, 4, seed=1).requires_grad_()
+    xr, wr = (t.detach().clone().requires_grad_() for t in (x, w))
+    jfn = thunderlite.jit(fn)
+    for _ in range(2):
+        torch.manual_seed(7)
+        got = jfn(x, w)
+        torch.manual_seed(7)
+        want = fn(xr, wr)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        (got[0] + got[1].sum()).backward()
+        (want[0] + want[1].sum()).backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+        torch.testing.assert_close(w.grad, wr.grad)
+    fwd, bwd = thunderlite.last_traces(jfn)[-1], thunderlite.last_backward_traces(jfn)[-1]
+    assert sum(b.sym.name == "native_dropout" for b in fwd.bound_symbols) == 2
+    assert sum(b.sym.name == "native_dropout_backward" for b in bwd.bound_symbols) == 2
+    _same(K.native_dropout_backward, _t(3, 4), torch.rand(3, 4) > 0.5, 2.0)

@@ -24,6 +24,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import indexing
 from thunderlite.torch import linalg
@@ -35,10 +36,10 @@ from thunderlite.torch.utils import convert
 aten = torch.ops.aten
 
 
-def _kernel(torch_fn) -> Callable[[Callable], Symbol]:
+def _kernel(torch_fn, tags=()) -> Callable[[Callable], Symbol]:
     """Decorator: the decomposition ``fn`` becomes a symbol run as ``torch_fn``."""
     def deco(fn: Callable) -> Symbol:
-        return Symbol(fn.__name__, decomposition=fn, module="aten", torch_fn=torch_fn)
+        return Symbol(fn.__name__, decomposition=fn, module="aten", torch_fn=torch_fn, tags=tags)
     return deco
 
 
@@ -74,6 +75,20 @@ def tanh_backward(grad_output, output):
 @_kernel(aten.sigmoid_backward)
 def sigmoid_backward(grad_output, output):
     return ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output)))
+
+
+# --- dropout: the forward returns its mask, the backward reuses it ---------------------------------
+
+@_kernel(aten.native_dropout, tags=(Tag.RANDOM, Tag.DONT_DCE))
+def native_dropout(input, p: float, train: bool):
+    """``(output, mask)``; on the CPU the kernel draws what ``F.dropout`` draws."""
+    keep = ew.lt(prims.uniform(input.shape, 0.0, 1.0, device=input.device, dtype=input.dtype), 1.0 - p)
+    return ew.mul(ew.mul(input, keep), 1.0 / (1.0 - p)), keep
+
+
+@_kernel(aten.native_dropout_backward)
+def native_dropout_backward(grad_output, mask, scale: float):
+    return ew.mul(ew.mul(grad_output, mask), scale)
 
 
 # --- softmax family ----------------------------------------------------------------------------------

@@ -80,6 +80,27 @@ def _linear(g, out, input, weight, bias=None):
     return gi, gw, gb
 
 
+# --- dropout ------------------------------------------------------------------------------------------
+
+def _dropout_when(bsym) -> bool:
+    p, training = _arg(bsym, 1, "p", 0.5), _arg(bsym, 2, "training", True)
+    return (_float_input(bsym) and training is True and isinstance(p, float) and 0.0 < p < 1.0
+            and not _arg(bsym, 3, "inplace", False))
+
+
+@register_forward(lnn.dropout, when=_dropout_when)
+def _dropout_forward(input, p=0.5, training=True, inplace=False):
+    """native_dropout: the output and the mask its backward reuses (eager's)."""
+    return kernels.native_dropout(input, p, True)
+
+
+@register_vjp(kernels.native_dropout)
+def _native_dropout(g, out, input, p, train):
+    if g[0] is None:
+        return None, None, None
+    return kernels.native_dropout_backward(g[0], out[1], 1.0 / (1.0 - p)), None, None
+
+
 # --- softmax family ----------------------------------------------------------------------------
 
 def _softmax_dim(input, dim):
