@@ -116,60 +116,8 @@ BACKWARD_ERROR = Symbol("backward_error", meta=_backward_error_meta, impl=_backw
 backward raises the same error eager raises, when (and only if) it runs."""
 
 
-# --- backward kernels: one aten call where the formula would be many elementwise ops -------
-# Executors without fusion (the torch executor on CPU) would otherwise run each
-# op of the textbook formula as its own kernel over the whole tensor.
-
-def _like_first(*args, **kwargs):
-    ref = args[1]
-    return ref.replace(requires_grad=False)
-
-
-def _gelu_backward_impl(g, a, approximate):
-    return torch.ops.aten.gelu_backward(g, a, approximate=approximate)
-
-
-gelu_backward = Symbol("gelu_backward", meta=_like_first, impl=_gelu_backward_impl, module="autodiff")
-
-
-def _silu_backward_impl(g, a):
-    return torch.ops.aten.silu_backward(g, a)
-
-
-silu_backward = Symbol("silu_backward", meta=_like_first, impl=_silu_backward_impl, module="autodiff")
-
-
-def _softmax_backward_impl(g, out, dim):
-    return torch.ops.aten._softmax_backward_data(g, out, dim, out.dtype)
-
-
-softmax_backward = Symbol("softmax_backward", meta=_like_first, impl=_softmax_backward_impl, module="autodiff")
-
-
-def _log_softmax_backward_impl(g, out, dim):
-    return torch.ops.aten._log_softmax_backward_data(g, out, dim, out.dtype)
-
-
-log_softmax_backward = Symbol("log_softmax_backward", meta=_like_first, impl=_log_softmax_backward_impl,
-                              module="autodiff")
-
-
-def _layer_norm_backward_meta(g, a, normalized_shape, weight, bias, eps, mask):
-    return (a.replace(requires_grad=False),
-            weight.replace(requires_grad=False) if mask[1] else None,
-            bias.replace(requires_grad=False) if mask[2] else None)
-
-
-def _layer_norm_backward_impl(g, a, normalized_shape, weight, bias, eps, mask):
-    """Statistics are recomputed from the input (the forward ran F.layer_norm,
-    which does not return them), then aten's fused backward."""
-    _, mean, rstd = torch.ops.aten.native_layer_norm(a, normalized_shape, weight, bias, eps)
-    return torch.ops.aten.native_layer_norm_backward(g, a, normalized_shape, mean, rstd, weight, bias, list(mask))
-
-
-layer_norm_backward = Symbol("layer_norm_backward", meta=_layer_norm_backward_meta, impl=_layer_norm_backward_impl,
-                             module="autodiff")
-
+# --- backward kernels of the fallback rules (N-d cross_entropy, batch_norm); the main ones,
+# with decompositions for fusion executors, are in autodiff_kernels.py ---------------------
 
 def _cross_entropy_backward_meta(g, a, target, ignore_index, reduction):
     return a.replace(requires_grad=False)
