@@ -161,3 +161,16 @@ _SPECIAL = {
 def test_jit_grad_at_special_values(name):
     fn, x = _SPECIAL[name]
     _jit_grad_matches(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("beta,threshold", [(1.0, 20.0), (2.0, 20.0), (1.0, 100.0)])
+def test_softplus_low_precision_gradient_saturates_like_eager(dtype, beta, threshold):
+    """Above the threshold the gradient is 1 (not the nan of the decomposition's
+    overflowing exp), computed in float32 and rounded once."""
+    import torch.nn.functional as F
+    x = torch.tensor([1.0, 11.0, 12.0, 20.0, 50.0, 1000.0, -20.0, 0.3], dtype=dtype, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    thunderlite.jit(lambda t: F.softplus(t * 3, beta, threshold).sum())(x).backward()
+    F.softplus(xe * 3, beta, threshold).sum().backward()
+    assert torch.equal(x.grad, xe.grad)

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+import thunderlite
 import thunderlite.torch as ltorch
 from thunderlite.core import dtypes
 from thunderlite.core.aliasing import callable_aliases
@@ -411,3 +412,11 @@ def test_jit_pooling_block_with_inplace_relu():
     first = thunderlite.last_traces(jfn)[0]
     assert not [b for b in flatten_to_prims(first).bound_symbols if Tag.OPAQUE in b.sym.tags]
     assert any(Tag.INPLACE in b.sym.tags and b.sym.name == "relu_" for b in first.bound_symbols)
+
+
+@pytest.mark.parametrize("call", ["x.flip(0)", "x.flip(0, 1)", "x.flip((1,))", "x.flip([0, 1])", "torch.flip(x, (0,))",
+                                  "torch.flip(x, [1])", "x.fliplr()", "x.flipud()"])
+def test_flip_spellings_match_eager(call):
+    fn = eval(f"lambda x: {call}", {"torch": torch})
+    x = torch.randn(3, 4)
+    assert torch.equal(thunderlite.jit(fn)(x), fn(x))

@@ -316,10 +316,16 @@ def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1):
     return slice_dim(flat, flat.ndim - 1, 0, length * length, length + 1)
 
 
-@torchsymbol(torch.flip, T.flip, method_name="flip")
+@torchsymbol(torch.flip)
 def flip(a, dims):
     dims = canonical_dims(dims, a.ndim)
     return prims.flip(a, dims) if dims and a.ndim else a
+
+
+@torchsymbol(T.flip, method_name="flip", name="tensor_flip")
+def tensor_flip(a, *dims):
+    """``x.flip(0)``, ``x.flip(0, 1)``, ``x.flip((0, 1))``: the method takes dims as varargs too."""
+    return flip(a, _shape_arg(dims))
 
 
 @torchsymbol(torch.fliplr, T.fliplr, method_name="fliplr")

@@ -440,12 +440,22 @@ def _binary_cross_entropy(g, out, input, target, weight=None, size_average=None,
     return sum_to(grad, input.shape) if grad.shape != input.shape else grad, None, None, None, None, None
 
 
-@register_vjp(lnn.softplus, when=_float_input)
+def _inexact_input(bsym) -> bool:
+    first = bsym.tensor_args()
+    return bool(first) and first[0].dtype.is_floating_point
+
+
+@register_vjp(lnn.softplus, when=_inexact_input)
 def _softplus(g, out, input, beta=1.0, threshold=20.0):
     """Eager's ``sigmoid(beta x)`` below the threshold, 1 above (finite where
-    the decomposition's unused ``log1p(exp(x))`` branch overflows to nan)."""
-    scaled = ew.mul(input, beta) if beta != 1 else input
-    return ew.mul(g, ew.where(ew.gt(scaled, threshold), 1.0, ew.sigmoid(scaled))), None, None
+    the decomposition's unused ``log1p(exp(x))`` branch overflows to nan);
+    float16/bfloat16 are computed in float32 and rounded once, as eager does."""
+    low = input.dtype in (torch.float16, torch.bfloat16)
+    x = prims.convert_element_type(input, torch.float32) if low else input
+    gx = prims.convert_element_type(g, torch.float32) if low else g
+    scaled = ew.mul(x, beta) if beta != 1 else x
+    grad = ew.mul(gx, ew.where(ew.gt(scaled, threshold), 1.0, ew.sigmoid(scaled)))
+    return (prims.convert_element_type(grad, input.dtype) if low else grad), None, None
 
 
 @register_vjp(lnn.hardsigmoid, when=_float_input)
