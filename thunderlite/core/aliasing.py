@@ -104,7 +104,14 @@ class SchemaAliases:
     annotations (the union over the given overloads). ``positions``: positional
     indices; ``names``: keyword names (``out`` of an ``.out`` overload is
     keyword-only, so it matches by name only). ``fresh`` is True when no return
-    aliases anything."""
+    aliases anything.
+
+    Example::
+
+        facts = schema_aliases("narrow")   # narrow(Tensor(a) self, ...) -> Tensor(a)
+        facts.positions                    # {0}: the output may alias argument 0
+        schema_aliases("sin").positions    # set(): fresh (sin.out's ``out`` is in ``names``)
+    """
     __slots__ = ("positions", "names")
 
     def __init__(self, schemas=()):
