@@ -420,3 +420,13 @@ def test_flip_spellings_match_eager(call):
     fn = eval(f"lambda x: {call}", {"torch": torch})
     x = torch.randn(3, 4)
     assert torch.equal(thunderlite.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("call", ["x.mT", "x.movedim(0, -1)", "torch.movedim(x, [0], [-1])", "x.moveaxis(-1, 0)"])
+def test_zero_dim_mT_and_movedim_are_the_identity_as_in_eager(call):
+    import warnings
+    fn = eval(f"lambda x: {call} * 2", {"torch": torch})
+    x = torch.tensor(3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # eager deprecates mT on 0-d tensors
+        assert torch.equal(thunderlite.jit(fn)(x), fn(x))

@@ -133,6 +133,8 @@ def _T(a):
 
 
 def _mT(a):
+    if a.ndim == 0:
+        return a            # eager: the identity on 0-d tensors (deprecated there, with a warning)
     check(a.ndim >= 2, lambda: "tensor.mT is only supported on matrices or batches of matrices. Got 1-D tensor.")
     return transpose(a, -2, -1)
 
@@ -152,8 +154,16 @@ matrix_T = torchsymbol(name="T_property", properties=("T",), no_torch_fn=True)(_
 matrix_mT = torchsymbol(name="mT_property", properties=("mT",), no_torch_fn=True)(_mT)
 
 
+def _dims_tuple(d) -> tuple:
+    return (d,) if isinstance(d, int) else tuple(d)
+
+
 @torchsymbol(torch.movedim, T.movedim, torch.moveaxis, T.moveaxis, method_name=("movedim", "moveaxis"))
 def movedim(a, source, destination):
+    if a.ndim == 0:         # eager accepts dims 0 / -1 on a 0-d tensor and returns it
+        check(all(d in (0, -1) for d in (*_dims_tuple(source), *_dims_tuple(destination))),
+              lambda: "movedim: Dimension out of range (expected to be in range of [-1, 0])", IndexError)
+        return a
     src = canonical_dims(source, a.ndim)
     dst = canonical_dims(destination, a.ndim)
     check(len(src) == len(dst), lambda: "movedim: Invalid source or destination dims")
