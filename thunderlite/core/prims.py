@@ -96,6 +96,21 @@ def _grad(*tensors, dtype: torch.dtype | None = None) -> bool:
     return builtins.any(isinstance(t, TensorProxy) and t.requires_grad for t in tensors)
 
 
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """The broadcast of ``shapes`` (``torch.broadcast_shapes`` imports torch's
+    symbolic-shape machinery, and sympy with it: seconds on a first trace)."""
+    ndim = builtins.max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, d in enumerate(s, start=ndim - len(s)):
+            if d == out[i] or d == 1:
+                continue
+            check(out[i] == 1, lambda: f"The size of tensor a ({out[i]}) must match the size of tensor b ({d}) "
+                                       f"at non-singleton dimension {i}")
+            out[i] = d
+    return tuple(out)
+
+
 def _canon_dim(d: int, ndim: int, what: str) -> int:
     n = builtins.max(ndim, 1)
     check(isinstance(d, int) and -n <= d < n,
@@ -427,7 +442,7 @@ def _matmul_shape(sa: tuple, sb: tuple) -> tuple:
     a2 = (1,) + sa if len(sa) == 1 else sa
     b2 = sb + (1,) if len(sb) == 1 else sb
     check(a2[-1] == b2[-2], lambda: f"matmul: shapes {sa} and {sb} cannot be multiplied")
-    batch = torch.broadcast_shapes(a2[:-2], b2[:-2])
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
     shape = tuple(batch) + (a2[-2], b2[-1])
     if len(sb) == 1:
         shape = shape[:-1]

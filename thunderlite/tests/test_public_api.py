@@ -50,3 +50,14 @@ def test_public_names_in_pairs_in_process():
         va, vb = getattr(thunderlite, a), getattr(thunderlite, b)
         assert not isinstance(va, types.ModuleType) and not isinstance(vb, types.ModuleType)
     assert callable(thunderlite.jit)
+
+
+def test_first_trace_does_not_import_sympy():
+    """torch's symbolic-shape machinery (and sympy) cost seconds to import; a plain
+    jitted model must not pull them in (torch.broadcast_shapes did)."""
+    prog = ("import sys, torch, thunderlite\n"
+            "m = thunderlite.jit(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.GELU(), torch.nn.LayerNorm(4)))\n"
+            "m(torch.randn(2, 3)).sum().backward()\n"
+            "assert 'sympy' not in sys.modules, [k for k in sys.modules if 'symbolic' in k]\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr

@@ -202,7 +202,7 @@ def take_along_dim(input, indices, dim=None):
     check(input.ndim == indices.ndim, lambda: "torch.take_along_dim(): input and indices should have the same "
                                               f"number of dimensions, but got {input.ndim} and {indices.ndim}")
     # every dim broadcasts except ``d``, where each keeps its own size
-    shape = list(torch.broadcast_shapes(*(tuple(1 if k == d else n for k, n in enumerate(t.shape))
+    shape = list(prims.broadcast_shapes(*(tuple(1 if k == d else n for k, n in enumerate(t.shape))
                                           for t in (input, indices))))
     a_shape, i_shape = list(shape), list(shape)
     a_shape[d], i_shape[d] = input.shape[d], indices.shape[d]

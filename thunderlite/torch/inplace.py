@@ -28,7 +28,7 @@ INPLACE = {Tag.INPLACE}
 def write_into(a, result):
     """``copy_(result, a)`` after checking torch's in-place rules (same shape
     after broadcasting, a result dtype castable to ``a``'s)."""
-    check(result.shape == a.shape or torch.broadcast_shapes(result.shape, a.shape) == a.shape,
+    check(result.shape == a.shape or prims.broadcast_shapes(result.shape, a.shape) == a.shape,
           lambda: f"output with shape {list(a.shape)} doesn't match the broadcast shape {list(result.shape)}")
     check(torch.can_cast(result.dtype, a.dtype),
           lambda: f"result type {str(result.dtype).removeprefix('torch.').capitalize()} can't be cast to the "

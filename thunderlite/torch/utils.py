@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from thunderlite.core import dtypes, prims
-from thunderlite.core.prims import check
+from thunderlite.core.prims import broadcast_shapes, check  # noqa: F401  (re-exported)
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.symbol import Symbol
 
@@ -40,19 +40,6 @@ def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
     out = tuple(canonical_dim(d, ndim) for d in dims)
     check(len(set(out)) == len(out), lambda: f"dim {dims} appears multiple times in the list of dims")
     return out
-
-
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for s in shapes:
-        for i, d in enumerate(s, start=ndim - len(s)):
-            if d == out[i] or d == 1:
-                continue
-            check(out[i] == 1, lambda: f"The size of tensor a ({out[i]}) must match the size of tensor b ({d}) "
-                                       f"at non-singleton dimension {i}")
-            out[i] = d
-    return tuple(out)
 
 
 def expand_to(a, shape: Sequence[int]):

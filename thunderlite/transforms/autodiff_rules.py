@@ -618,7 +618,7 @@ def _advanced_take(g, indices):
     k = len(indices)
     lead = g.shape[:k]
     rest = g.shape[k:]
-    bshape = tuple(torch.broadcast_shapes(*(i.shape for i in indices)))
+    bshape = tuple(prims.broadcast_shapes(*(i.shape for i in indices)))
     linear, stride = None, 1
     for size, idx in reversed(list(zip(lead, indices, strict=True))):
         idx = prims.convert_element_type(idx, torch.int64) if idx.dtype != torch.int64 else idx
