@@ -101,6 +101,31 @@ class _Function(torch.autograd.Function):
         return (None, None, *program.as_eager_grads(result, reached))
 
 
+EAGER_MODE_STAGE = "autodiff fallback: eager mode"
+
+
+def eager_mode_trace(trace: Trace, reason: str) -> Trace:
+    """``trace`` under a stage header saying that PyTorch autograd, not
+    thunderlite, differentiates it, and why."""
+    named = trace.with_bound_symbols(EAGER_MODE_STAGE, trace.bound_symbols)
+    named.header_comments = [
+        "autodiff fallback: this program runs with PyTorch autograd on, which records its graph",
+        "(no thunderlite backward trace) because of " + reason]
+    return named
+
+
+def no_backward_trace(forward: Trace, reason: str) -> Trace:
+    """What ``last_backward_traces`` shows for an eager-mode program: an empty
+    trace whose header says where the backward comes from."""
+    t = Trace("backward", EAGER_MODE_STAGE, forward.names)
+    t.args = []
+    t.header_comments = [
+        "no backward trace: PyTorch autograd differentiates this program from the graph it recorded",
+        "while the forward ran (autodiff fallback: eager mode) because of " + reason]
+    t.set_return(None)
+    return t
+
+
 class DifferentiableProgram:
     """A differentiable compiled program; see the module docstring."""
 
@@ -109,16 +134,18 @@ class DifferentiableProgram:
         self.split = split
         self.trace_args = list(trace.args)
         if split.mode == "eager":
-            stages = _stages(finalize, split.eager_trace)
-            self.forward_traces = _distinct(([split.eager_trace] if split.eager_trace is not trace else []) + stages)
-            self.backward_traces: list[Trace] = []
+            named = eager_mode_trace(split.eager_trace, split.eager_reason)
+            stages = _stages(finalize, named)
+            self.forward_traces = _distinct([named] + stages)
+            self.backward_traces: list[Trace] = [no_backward_trace(named, split.eager_reason)]
             self._eager_fn = stages[-1].python_callable()
             return
         forward, backward = split.forward, split.backward
         if after_split is not None:       # user transforms' after_autodiff hook (transforms/user.py)
             forward, backward = after_split(forward, backward)
         fwd_stages, bwd_stages = _stages(finalize, forward), _stages(finalize, backward)
-        self.forward_traces = _distinct([split.forward, forward, *fwd_stages])
+        self.forward_traces = _distinct([*([split.functionalized] if split.functionalized is not None else []),
+                                         split.forward, forward, *fwd_stages])
         self.backward_traces = _distinct([split.backward, backward, *bwd_stages])
         self.forward_fn = fwd_stages[-1].python_callable()
         self.backward_fn = bwd_stages[-1].python_callable()

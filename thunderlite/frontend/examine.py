@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import Counter
 
 from thunderlite.core.tags import Tag
+from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.registry import resolve_executors, skipped_executors
+from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
 from thunderlite.frontend.unused_impls import unused_implementations
 
 
@@ -20,7 +22,8 @@ class Examination:
     def __init__(self, opaque: list[str], claimed: dict[str, int], skipped: dict[str, str],
                  error: BaseException | None, first_call_ms: float, n_symbols: int,
                  unused: list[tuple[str, str, str]] | None = None):
-        self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
+        self.unused = unused or []
+        self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)      # (executor, symbol id, reason): implementations the call did not use
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -48,6 +51,8 @@ class Examination:
             lines.append(f"  executor {ex!r} skipped: {why}")
         for ex, sym, why in self.unused:
             lines.append(f"  executor {ex!r}: implementation of {sym} not used: {why}")
+        if self.autodiff:
+            lines.append(f"  autodiff: {self.autodiff}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -70,4 +75,25 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
                 name = getattr(ex, "name", str(ex))
                 claimed[name] = claimed.get(name, 0) + 1
     unused = unused_implementations(entry, resolve_executors(executors)) if entry is not None else []
-    return Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n, unused)
+    report = Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n, unused)
+    report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
+    return report
+
+
+def _autodiff_note(traces) -> str:
+    """How the program was differentiated, when that is worth a line: the
+    eager-mode fallback (and why), or writes into views made functional."""
+    for t in traces:
+        if t.stage == EAGER_MODE_STAGE:
+            return ("eager-mode fallback: PyTorch autograd records this program's graph as it runs (no "
+                    "thunderlite backward trace) because of " + _reason(t))
+        if t.stage == FUNCTIONALIZE_STAGE:
+            return "writes into views were functionalized; thunderlite differentiates the program"
+    return ""
+
+
+def _reason(trace) -> str:
+    for c in trace.header_comments:
+        if "because of " in c:
+            return c.split("because of ", 1)[1]
+    return "(no reason recorded)"

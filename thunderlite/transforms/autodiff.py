@@ -76,6 +76,8 @@ from thunderlite.transforms import autodiff_rules_dist  # noqa: F401  (registers
 from thunderlite.transforms.autodiff_function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.dce import dce
+from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
 
@@ -97,6 +99,8 @@ class GradSplit:
     grad_positions: list[int] = field(default_factory=list)   # tensor-leaf index of each grad arg
     grad_reach: list[frozenset] = field(default_factory=list)  # argument indices each grad arg reaches
     eager_trace: Trace | None = None           # eager mode: the trace to run with autograd on
+    eager_reason: str = ""                     # eager mode: why the program could not be differentiated here
+    functionalized: Trace | None = None        # functional mode reached by functionalize.py
 
 
 def _is_diff_tensor(p) -> bool:
@@ -127,25 +131,28 @@ GRAD_MODE_ID = "ltorch.set_grad_enabled"
 forward/backward drop it; the eager-mode replay runs it."""
 
 
-def _new_leaf_needs_eager(trace: Trace, mask) -> bool:
+def _new_leaf_needs_eager(trace: Trace, mask) -> str | None:
     """``requires_grad_`` on an argument (it changes the caller's tensor), or
     ``requires_grad_(True)`` in a program none of whose arguments requires grad:
     the autograd.Function bridge cannot express these, so eager mode runs the
-    program and PyTorch records the graph."""
+    program and PyTorch records the graph. Returns the reason, or None."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
     for bsym in trace.bound_symbols:
         if bsym.sym.id != REQUIRES_GRAD_ID:
             continue
         flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
-        if bsym.args[0].name in args or (flag and not any(mask)):
-            return True
-    return False
+        if bsym.args[0].name in args:
+            return f"requires_grad_ on the program input {bsym.args[0].name} at {_where(bsym)}"
+        if flag and not any(mask):
+            return f"requires_grad_(True) starts a graph no input requires grad for, at {_where(bsym)}"
+    return None
 
 
-def _no_grad_write_on_path(trace: Trace, tracked: set[str], groups: AliasGroups) -> bool:
+def _no_grad_write_on_path(trace: Trace, tracked: set[str], groups: AliasGroups) -> str | None:
     """A write made with grad mode off into storage a tracked value lives in:
     eager keeps the destination's history as it was (the write is invisible to
-    autograd), which a functional VJP cannot express; eager mode replays it."""
+    autograd), which a functional VJP cannot express; eager mode replays it.
+    Returns the reason, or None."""
     roots = {groups.find(n) for n in tracked}
     grad = True
     for bsym in trace.bound_symbols:
@@ -153,8 +160,9 @@ def _no_grad_write_on_path(trace: Trace, tracked: set[str], groups: AliasGroups)
             grad = bool(bsym.args[0])
         elif not grad and any(groups.find(dst.name) in roots
                               for leaf in _leaves_of(bsym) for dst, _ in writes(leaf)):
-            return True
-    return False
+            return (f"a write under no_grad into storage a gradient path reads, at {_where(bsym)} (eager keeps "
+                    "the tensor's history as it was)")
+    return None
 
 
 def _mark_leaf(bsym: BoundSymbol, tracked: set[str]) -> None:
@@ -282,9 +290,10 @@ def _shared_roots(bsyms, groups: AliasGroups, roots: set[str]) -> None:
                 roots.update(groups.find(out.name) for out, _ in views(b))
 
 
-def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> bool:
-    """True when a write on a gradient path lands in a tensor that shares storage
-    with another tensor of the program (a view, a viewed base, an argument)."""
+def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> str | None:
+    """The reason (or None) when a write on a gradient path lands in a tensor that
+    shares storage with another tensor of the program (a view, a viewed base, an
+    argument)."""
     shared = {groups.find(a.name) for a in trace.args if type(a) is TensorProxy}
     _shared_roots(trace.bound_symbols, groups, shared)
     for bsym in flat:
@@ -294,8 +303,64 @@ def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> 
                 continue
             on_path = dst.name in tracked or _on_path(bsym, tracked)
             if on_path and groups.find(dst.name) in shared:
-                return True
-    return False
+                line = f" at {_where(bsym)}" if bsym.source is not None else ""
+                return (f"a write on a gradient path into {dst.name}, which shares storage with another tensor "
+                        f"of the program (a view, its base, or an input){line}")
+    return None
+
+
+def _owned_writes(flat, tracked: set[str]) -> set[str]:
+    """Names written inside composites whose own rule owns those writes
+    (batch_norm's running statistics): functionalize leaves them as they are."""
+    out = set()
+    for bsym in flat:
+        if bsym.subsymbols and rules.has_rule_for(bsym):
+            out.update(dst.name for leaf in _leaves_of(bsym) for dst, _ in writes(leaf) if dst.name not in tracked)
+    return out
+
+
+def _stale_requires_grad(trace: Trace, tracked: set[str]) -> str | None:
+    """After functionalization, a value computed (with grad mode on) from one that
+    now requires grad but whose proxy says it does not: its flag was recorded
+    before the write made its input require grad (eager's ``x.fill_(1); x.tanh()``
+    where ``x`` did not require grad before). Functional autodiff reads those
+    flags, so such programs keep the eager-mode replay."""
+    grad = True
+    for bsym in trace.bound_symbols:
+        sym = bsym.sym
+        if sym.id == GRAD_MODE_ID:
+            grad = bool(bsym.args[0])
+            continue
+        if (not grad or Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or Tag.OPAQUE in sym.tags
+                or rules.is_non_differentiable(sym) or is_function_symbol(sym) or sym is DETACH):
+            continue
+        if any(p.name in tracked for p in bsym.tensor_args()):
+            for o in bsym.tensor_outs():
+                if dtypes.is_inexact(o.dtype) and o.name not in tracked:
+                    return (f"{o.name} (at {_where(bsym)}) reads a value that a write made require grad, and its "
+                            "requires_grad was recorded before that write")
+    return None
+
+
+def _no_grad_values(trace: Trace) -> str | None:
+    """A value made with grad off from one requiring grad (``torch.no_grad()``
+    inside the program), or a grad-mode switch: functionalize.py does not
+    follow grad mode, so such programs keep the eager-mode replay."""
+    for bsym in trace.bound_symbols:
+        sym = bsym.sym
+        if sym.id == GRAD_MODE_ID:
+            return f"a grad-mode switch at {_where(bsym)}"
+        if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or rules.is_non_differentiable(sym)
+                or sym is DETACH or not any(a.requires_grad for a in bsym.tensor_args())):
+            continue
+        if any(dtypes.is_inexact(o.dtype) and not o.requires_grad for o in bsym.tensor_outs()):
+            return f"{bsym.sym.name} at {_where(bsym)} makes a value that does not require grad"
+    return None
+
+
+def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask) -> str | None:
+    return (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
+            or _no_grad_write_on_path(trace, tracked, groups))
 
 
 def _accumulate(grads: dict, p: TensorProxy, g) -> None:
@@ -576,12 +641,18 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
 @trace_pass("split_forward_backward (eager mode: no-grad values detached)")
 def _detach_cuts(trace: Trace, tracked: set[str]) -> Trace:
     """Eager mode runs every symbol with autograd on; values the program made
-    under ``torch.no_grad()`` (inexact outputs of symbols reading tracked values
-    whose proxies do not require grad) are detached right after they are made.
-    Writes keep their history, as eager's in-place ops under no_grad do."""
+    under ``torch.no_grad()`` (inexact outputs of symbols reading tracked values,
+    recorded while the program had grad mode off) are detached right after they
+    are made. Writes keep their history, as eager's in-place ops under no_grad do.
+    (A value whose inputs' flags said "no grad" when it was recorded is not one:
+    they were recorded before a write made them require grad, as in eager's
+    ``x.mul_(w); x.sum()`` for an ``x`` that did not require grad.)"""
     swap: dict[str, Proxy] = {}
     out: list[BoundSymbol] = []
+    grad = True
     for bsym in trace.bound_symbols:
+        if bsym.sym.id == GRAD_MODE_ID:
+            grad = bool(bsym.args[0])
         if swap:
             bsym = bsym.replace(args=pytree.tree_map(lambda x: swap.get(x.name, x) if isinstance(x, Proxy) else x,
                                                      bsym.args),
@@ -592,6 +663,8 @@ def _detach_cuts(trace: Trace, tracked: set[str]) -> Trace:
             continue
         if Tag.ALIAS_BARRIER in bsym.sym.tags or not _on_path(bsym, tracked):
             continue
+        if grad and not any(a.requires_grad for a in bsym.tensor_args()):
+            continue        # flags recorded before a write made an input require grad: not a no-grad value
         for o in bsym.tensor_outs():
             if not o.requires_grad and dtypes.is_inexact(o.dtype):
                 cut = o.replace(name=trace.fresh_name(o.name + "_nograd"))
@@ -637,15 +710,31 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     (priority order) may own the differentiation of symbols they implement
     (autodiff_executors.py)."""
     mask = list(requires_grad_mask)
-    tracked = {a.name for a, m in zip(trace.args, mask, strict=True) if m and _is_diff_tensor(a)}
-    flat: list[BoundSymbol] = []
-    owned = _Owned(executors, trace)
-    _flatten(trace.bound_symbols, tracked, flat, owned, trace.names)
-    groups = AliasGroups.of_trace(trace, input_alias_groups)
-    if (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
-            or _no_grad_write_on_path(trace, tracked, groups)):
+    tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
+    reason = _eager_reason(trace, flat, tracked, groups, mask)
+    functional = rewritten = None
+    if reason is not None and _needs_eager(trace, flat, tracked, groups):
+        nograd = _stale_requires_grad(trace, tracked) or _no_grad_values(trace)
+        try:
+            if nograd is not None:
+                raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
+            rewritten = functionalize(trace, _owned_writes(flat, tracked))
+            functional = dce(rewritten, input_alias_groups)
+        except NotFunctionalizable as e:
+            reason = f"{reason}; it was not functionalized: {e}"
+        except Exception as e:  # noqa: BLE001 - eager mode stays correct; the reason says what failed
+            reason = f"{reason}; functionalizing it failed ({type(e).__name__}: {e})"
+        else:
+            analysis = _analyse(functional, mask, executors, input_alias_groups)
+            reason = (_eager_reason(functional, analysis[1], analysis[0], analysis[3], mask)
+                      or _stale_requires_grad(functional, analysis[0]))
+            if reason is None:
+                trace = functional
+                tracked, flat, owned, groups = analysis
+    if reason is not None:
         return GradSplit("eager", eager_trace=_detach_cuts(trace, tracked), differentiable_outputs=[
-            o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy])
+            o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy],
+            eager_reason=reason)
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
@@ -661,4 +750,15 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     split.saved_other = [p for p in saved if not (type(p) is TensorProxy and p.name in visible)]
     split.forward = _forward_trace(trace, fwd_bsyms, split.saved_tensors, split.saved_other)
     split.backward = _backward_trace(split.backward, split.saved_tensors, split.saved_other, split.grad_args)
+    split.functionalized = rewritten if trace is functional else None
     return split
+
+
+def _analyse(trace: Trace, mask, executors, input_alias_groups):
+    """What differentiation needs to know: tracked names, the flattened program,
+    symbols owned by executors, alias groups."""
+    tracked = {a.name for a, m in zip(trace.args, mask, strict=True) if m and _is_diff_tensor(a)}
+    flat: list[BoundSymbol] = []
+    owned = _Owned(executors, trace)
+    _flatten(trace.bound_symbols, tracked, flat, owned, trace.names)
+    return tracked, flat, owned, AliasGroups.of_trace(trace, input_alias_groups)

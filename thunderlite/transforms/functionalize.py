@@ -1,0 +1,257 @@
+"""Functionalize writes into views of intermediates, so autodiff can
+differentiate them instead of replaying the program under PyTorch autograd
+(what AOTAutograd's functionalization does for Inductor).
+
+After update_aliases a write into a view ``v = y[:, 0]; v.mul_(2)`` is a
+``copy_(src, v)`` followed by a barrier that renames ``y`` and ``v``: the trace
+says *that* the group changed, not *how*. This pass says how, with functional
+prims only:
+
+- the view chain from the group's base to ``v`` (leaf view prims: slice,
+  reshape, squeeze, permute) is known from the trace;
+- the write becomes ``y1 = scatter(y, src, chain)``: walking the chain back,
+  each view's inverse puts the new value into its base (a slice is padded
+  into place and selected with ``where``; reshape/squeeze reshape back;
+  permute permutes back);
+- every renamed member is the same chain replayed on ``y1``.
+
+Where the pass cannot say how (a write into a program input, an expanding
+view, a view op with no inverse here, an opaque in-place op), it returns None
+with the reason; autodiff then keeps its eager-mode replay and names that
+reason.
+
+Example (``v = y[:, 0]; v.mul_(2); return y``)::
+
+    t1 = prims.slice_prim(y, ...); v = prims.squeeze(t1, (1,))
+    t3 = prims.mul(v, 2.0)
+    t4 = prims.reshape(t3, (3, 1)); ...pad/where...  y1 = prims.where(mask, padded, y)
+    return y1
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderlite.core import prims, pytree
+from thunderlite.core.aliasing import views, writes
+from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symbol import BoundSymbol, walk
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.core.tracectx import tracectx
+
+_INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.permute, prims.slice_prim))
+# ``prims.reshape`` is a view only when strides allow it (``x.t().reshape(-1)`` copies in
+# eager); recorded by these ops it is always a view (eager raises instead of copying)
+_ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten", "getitem", "select"})
+
+
+class NotFunctionalizable(Exception):
+    """Why a write cannot be made functional here (the eager-mode fallback's reason)."""
+
+
+def _where(bsym: BoundSymbol) -> str:
+    if bsym.source is None:
+        return ""
+    fname, lineno, text = bsym.source
+    return f" at {fname}:{lineno}" + (f" ({text.strip()})" if text else "")
+
+
+class _Rewriter:
+    """The state of one pass (see the module docstring)."""
+
+    def __init__(self, trace: Trace, keep: set[str]):
+        self.trace = trace
+        self.inputs = {a.name for a in pytree.leaves(trace.args) if isinstance(a, Proxy)}
+        self.keep = keep            # names written by composites that own their writes
+        self.swap: dict[str, Proxy] = {}
+        self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
+        self.cur: dict[str, TensorProxy] = {}  # base name -> its current functional value
+        self.base_proxy: dict[str, TensorProxy] = {}
+        self.certain: set[BoundSymbol] = set()   # view leaves that alias their input on every call
+        self.out: list[BoundSymbol] = []
+        self.changed = False
+
+    # --- emitting -------------------------------------------------------------------------------
+    def sub(self, bsym: BoundSymbol) -> BoundSymbol:
+        if not self.swap:
+            return bsym
+        f = lambda x: self.swap.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
+        return bsym.replace(args=pytree.tree_map(f, bsym.args), kwargs=pytree.tree_map(f, bsym.kwargs),
+                            subsymbols=tuple(self.sub(s) for s in bsym.subsymbols))
+
+    def record(self, source, fn, *args, **kwargs):
+        scratch = Trace("scratch", names=self.trace.names)
+        scratch.source = source
+        with tracectx(scratch):
+            result = fn(*args, **kwargs)
+        self.out.extend(scratch.bound_symbols)
+        return result
+
+    def base_of(self, name: str) -> tuple[str, tuple]:
+        return self.chain.get(name, (name, ()))
+
+    def replay(self, chain: tuple, base: TensorProxy, source) -> TensorProxy:
+        x = base
+        for v in chain:
+            x = self.record(source, v.sym, x, *v.args[1:], **v.kwargs)
+        return x
+
+    # --- the pass ---------------------------------------------------------------------------------
+    def top(self, bsym: BoundSymbol, parent: str = "") -> None:
+        bsym = self.sub(bsym)
+        if Tag.ALIAS_BARRIER in bsym.sym.tags:
+            self.barrier(bsym)
+        elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
+            for s in bsym.subsymbols:
+                self.top(s if s.source is not None else s.replace(source=bsym.source), bsym.sym.name)
+        elif bsym.subsymbols:
+            self.out.append(bsym)
+        else:
+            self.leaf(bsym, parent)
+
+    def leaf(self, bsym: BoundSymbol, parent: str = "") -> None:
+        pairs = writes(bsym)
+        if pairs:
+            if bsym.sym.meta is not prims.copy_.meta:
+                raise NotFunctionalizable(f"{bsym.sym.id} writes its argument{_where(bsym)}")
+            self.write(bsym)
+            return
+        self.out.append(bsym)
+        for o, b in views(bsym):
+            base, chain = self.base_of(b.name)
+            self.chain[o.name] = (base, chain + (bsym,))
+            if bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW:
+                self.certain.add(bsym)
+
+    def write(self, bsym: BoundSymbol) -> None:
+        src = bsym.args[0] if bsym.args else bsym.kwargs["src"]
+        dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
+        base, chain = self.base_of(dst.name)
+        if base in self.inputs:
+            raise NotFunctionalizable(f"the write into program input {base}{_where(bsym)} changes the "
+                                      "caller's tensor")
+        self.check_chain(chain, bsym)
+        for v in chain:
+            if v.sym.meta not in _INVERTIBLE:
+                raise NotFunctionalizable(f"the write through a {v.sym.id} view{_where(bsym)} has no "
+                                          "functional form here")
+        old = self.cur.get(base)
+        if old is None:
+            old = self.base_proxy.setdefault(base, dst if not chain else _first_arg(chain[0]))
+        if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
+            src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
+        if not isinstance(src, TensorProxy) or src.shape != dst.shape:
+            src = self.record(bsym.source, _broadcast_to, src, dst)
+        new = self.scatter(old, src, chain, bsym.source)
+        self.cur[base] = new
+        self.swap[bsym.output.name] = self.replay(chain, new, bsym.source) if chain else new
+        self.chain[self.swap[bsym.output.name].name] = (base, chain)
+        self.changed = True
+
+    def check_chain(self, chain: tuple, at: BoundSymbol) -> None:
+        for v in chain:
+            if v not in self.certain:
+                raise NotFunctionalizable(f"{v.sym.id} may copy instead of viewing (it depends on strides), and "
+                                          f"a write{_where(at)} changes its group")
+
+    def scatter(self, base: TensorProxy, src: TensorProxy, chain: tuple, source) -> TensorProxy:
+        new = src
+        if chain:
+            values = [base]
+            for v in chain[:-1]:
+                values.append(self.record(source, v.sym, values[-1], *v.args[1:], **v.kwargs))
+            for v, x in zip(reversed(chain), reversed(values), strict=True):
+                new = self.record(source, _inverse, v, x, new)
+        selected = bool(chain) and chain[0].sym.meta is prims.slice_prim.meta   # where(mask, new, base)
+        if base.requires_grad and not selected:
+            # eager: the overwritten tensor keeps its history (a zero gradient, still requires grad)
+            new = self.record(source, _overwrite, base, new)
+        return new
+
+    def barrier(self, bsym: BoundSymbol) -> None:
+        members, _ = bsym.args
+        bases = [self.base_of(m.name) for m in members]
+        done = [b in self.cur for b, _ in bases]
+        if not any(done):
+            self.out.append(bsym)
+            return
+        if not all(done):
+            raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
+                                      + _where(bsym))
+        for (base, chain), n in zip(bases, bsym.output, strict=True):
+            self.check_chain(chain, bsym)
+            new = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
+            self.swap[n.name] = new
+            self.chain[new.name] = (base, chain)
+
+
+def _first_arg(bsym: BoundSymbol) -> TensorProxy:
+    return bsym.tensor_args()[0]
+
+
+def _broadcast_to(src, like: TensorProxy):
+    if not isinstance(src, TensorProxy):
+        return prims.full(like.shape, src, device=like.device, dtype=like.dtype)
+    lead = len(like.shape) - len(src.shape)
+    return prims.broadcast_in_dim(src, like.shape, tuple(range(lead, len(like.shape))))
+
+
+def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorProxy:
+    """``base`` with ``new`` written where ``view`` (a leaf view prim of ``base``) looks."""
+    meta = view.sym.meta
+    if meta is prims.reshape.meta or meta is prims.squeeze.meta:
+        return prims.reshape(new, base.shape)
+    if meta is prims.permute.meta:
+        perm = list(view.args[1])
+        inv = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inv[p % len(perm)] = i
+        return prims.permute(new, tuple(inv))
+    start, end = view.args[1], view.args[2]
+    strides = view.args[3] if len(view.args) > 3 else view.kwargs.get("strides")
+    strides = (1,) * base.ndim if strides is None else strides
+    config = []
+    for size, lo, n, st in zip(base.shape, start, new.shape, strides, strict=True):
+        last = lo + (n - 1) * st if n else lo - 1
+        config.append((lo, size - 1 - last, st - 1))
+    padded = prims.pad(new, 0, config)
+    mask = prims.pad(prims.full(new.shape, True, device=new.device, dtype=torch.bool), False, config)
+    return prims.where(mask, padded, base)
+
+
+def _overwrite(base: TensorProxy, src: TensorProxy) -> TensorProxy:
+    everywhere = prims.full(base.shape, True, device=base.device, dtype=torch.bool)
+    return prims.where(everywhere, src, base)
+
+
+def _touches_memory(bsym: BoundSymbol) -> bool:
+    """A write or a view somewhere in ``bsym``'s decomposition."""
+    return any(writes(b) or views(b) for b in walk(bsym))
+
+
+def _owns_writes(bsym: BoundSymbol, keep: set[str]) -> bool:
+    return bool(keep) and any(d.name in keep for d in _written_deep(bsym))
+
+
+def _written_deep(bsym: BoundSymbol):
+    for d, _ in writes(bsym):
+        yield d
+    for s in bsym.subsymbols:
+        yield from _written_deep(s)
+
+
+FUNCTIONALIZE_STAGE = "Functionalize writes into views (autodiff)"
+
+
+@trace_pass(FUNCTIONALIZE_STAGE)
+def functionalize(trace: Trace, keep: set[str] = frozenset()) -> Trace:
+    """The trace with writes into intermediates' views made functional, or the
+    trace itself when it has none. ``keep``: names whose writes stay as they are
+    (the hidden writes of composites that own them, such as batch_norm's
+    running statistics). Raises ``NotFunctionalizable`` with the reason."""
+    rw = _Rewriter(trace, set(keep))
+    for bsym in trace.bound_symbols:
+        rw.top(bsym)
+    if not rw.changed:
+        return trace
+    return trace.with_bound_symbols("", rw.out)
