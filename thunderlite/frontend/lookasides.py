@@ -101,7 +101,7 @@ class Lookasides:
             return self.hooks.input_grad(proxy, None)
         if name == "backward":
             return self.backward
-        return TensorProxy.__getattr__(proxy, name)
+        return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
     def backward(self, *args, **kwargs):
         # the compiled program has no autograd graph of its own to run backward through

@@ -50,9 +50,12 @@ def call_no_lookaside(rt, fn, args, kwargs):
     if t is FunctionType:
         return call_py(rt, fn, args, kwargs)
     if t is MethodType:
-        # the function may have a lookaside of its own (``super().__setattr__`` is a
-        # method bound to ``nn.Module.__setattr__``, whose lookaside records the write)
-        return call(rt, fn.__func__, (fn.__self__, *args), kwargs)
+        inner = fn.__func__
+        if type(inner) is FunctionType:
+            # it may have a lookaside of its own (``super().__setattr__`` is a method
+            # bound to ``nn.Module.__setattr__``, whose lookaside records the write)
+            return call(rt, inner, (fn.__self__, *args), kwargs)
+        return call_no_lookaside(rt, inner, (fn.__self__, *args), kwargs)
     if t is BuiltinFunctionType or t is type:
         em = EMULATORS.get(fn)
         if em is not None:

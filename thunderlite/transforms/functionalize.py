@@ -43,6 +43,9 @@ _INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.per
 # ``prims.reshape`` is a view only when strides allow it (``x.t().reshape(-1)`` copies in
 # eager); recorded by these ops it is always a view (eager raises instead of copying)
 _ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten", "getitem", "select"})
+# leaf prims the torch executor always runs as views; anything else that "may alias" (an
+# opaque op whose schema cannot tell) is not replayed on a written base
+_CERTAIN = _INVERTIBLE | frozenset(p.meta for p in (prims.broadcast_in_dim, prims.real, prims.imag))
 
 
 class NotFunctionalizable(Exception):
@@ -120,7 +123,8 @@ class _Rewriter:
         for o, b in views(bsym):
             base, chain = self.base_of(b.name)
             self.chain[o.name] = (base, chain + (bsym,))
-            if bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW:
+            meta = bsym.sym.meta
+            if meta in _CERTAIN and (meta is not prims.reshape.meta or parent in _ALWAYS_VIEW):
                 self.certain.add(bsym)
 
     def write(self, bsym: BoundSymbol) -> None:
