@@ -3,8 +3,11 @@ group on localhost (spawned processes) and asserts its own results; the test
 process only checks that every rank exited cleanly."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -14,10 +17,26 @@ import thunderlite
 from thunderlite.distributed import ddp
 
 
-def _init(rank: int, world: int, port: int) -> None:
+@contextlib.contextmanager
+def _group(rank: int, world: int, port: int):
+    """A gloo group for one worker. On success the ranks meet at a barrier before
+    the group is destroyed, so no rank tears down while a peer still communicates,
+    and the process exits at once with status 0."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+        dist.barrier()
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()
+    # Every assertion has passed. Leave without interpreter teardown: gloo's threads
+    # occasionally abort it ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _program(x, y, out, shards):
@@ -36,8 +55,7 @@ def _program(x, y, out, shards):
 
 
 def collectives_in_jitted_code(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
+    with _group(rank, world, port):
         x = torch.arange(6.).reshape(2, 3) + rank
         y = torch.full((2, 3), float(rank + 1))
 
@@ -53,8 +71,6 @@ def collectives_in_jitted_code(rank: int, world: int, port: int) -> None:
         torch.testing.assert_close(jf(*again_args), want)     # the cached program
         final = str(thunderlite.last_traces(jf)[-1])
         assert "dist.all_reduce" in final and "dist.wait" in final and "dist.reduce_scatter" in final
-    finally:
-        dist.destroy_process_group()
 
 
 def _net() -> torch.nn.Module:
@@ -64,8 +80,7 @@ def _net() -> torch.nn.Module:
 
 
 def ddp_matches_single_process(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
+    with _group(rank, world, port):
         net = _net()
         ref = copy.deepcopy(net)
         g = torch.Generator().manual_seed(1)
@@ -89,13 +104,10 @@ def ddp_matches_single_process(rank: int, world: int, port: int) -> None:
         first_wait = next(i for i, ln in enumerate(lines) if "dist.wait(" in ln)
         last_issue = max(i for i, ln in enumerate(lines) if "dist.all_reduce(" in ln)
         assert last_issue < first_wait, "every bucket is issued before the first wait (overlap)"
-    finally:
-        dist.destroy_process_group()
 
 
 def ddp_no_sync_accumulation(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
+    with _group(rank, world, port):
         net = _net()
         ref = copy.deepcopy(net)
         g = torch.Generator().manual_seed(2)
@@ -111,13 +123,10 @@ def ddp_no_sync_accumulation(rank: int, world: int, port: int) -> None:
         # which for equal chunks is the full-batch gradient summed over both micro-steps
         for p, r in zip(net.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p.grad, r.grad)
-    finally:
-        dist.destroy_process_group()
 
 
 def functional_collectives_gradients(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
+    with _group(rank, world, port):
         def f(w):
             full = funcol.all_gather_tensor_autograd(w, 0, dist.group.WORLD)
             return (full * torch.arange(full.numel(), dtype=full.dtype).reshape(full.shape)).sum()
@@ -126,14 +135,11 @@ def functional_collectives_gradients(rank: int, world: int, port: int) -> None:
         thunderlite.jit(f)(w).backward()
         f(we).backward()
         torch.testing.assert_close(w.grad, we.grad)
-    finally:
-        dist.destroy_process_group()
 
 
 def fsdp_matches_single_process(rank: int, world: int, port: int) -> None:
     from thunderlite.distributed import fsdp, full_state_dict
-    _init(rank, world, port)
-    try:
+    with _group(rank, world, port):
         for reshard in (True, False):
             net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))  # 5: padded
             torch.manual_seed(0)
@@ -164,5 +170,3 @@ def fsdp_matches_single_process(rank: int, world: int, port: int) -> None:
             bwd = str(thunderlite.last_backward_traces(model)[-1])
             assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4
             assert ("dist.all_gather(" in bwd) == reshard, bwd
-    finally:
-        dist.destroy_process_group()

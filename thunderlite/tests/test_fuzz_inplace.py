@@ -13,6 +13,8 @@ Outputs and every input afterwards must match. A few hundred seeds here;
 """
 from __future__ import annotations
 
+import re
+
 import random
 
 import pytest
@@ -249,7 +251,9 @@ def test_fuzzer_generates_writes_views_and_aliased_inputs():
     for seed in range(120):
         prog = generate(seed)
         for b in prog.trace.bound_symbols:
-            seen.add(b.sym.name)
+            # opaque ops are named per call pattern, in the order a process first meets them
+            # (as_strided, as_strided_view, as_strided_1...): count the op, not the suffix
+            seen.add(re.sub(r"(_view|_fresh|_\d+)+$", "", b.sym.name))
         if prog.alias_groups:
             seen.add("aliased inputs")
         if any(b.has_tag(Tag.ALIAS_BARRIER) for b in update_aliases(prog.trace, prog.alias_groups).bound_symbols):

@@ -244,7 +244,7 @@ def _written_deep(bsym: BoundSymbol):
         yield from _written_deep(s)
 
 
-FUNCTIONALIZE_STAGE = "Functionalize writes into views (autodiff)"
+FUNCTIONALIZE_STAGE = "functionalize"
 
 
 @trace_pass(FUNCTIONALIZE_STAGE)
