@@ -124,8 +124,8 @@ class DDPModule(torch.nn.Module):
         self._thunderlite_transforms = (DDPTransform(self, group, bucket_size_mb),)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.require_backward_grad_sync:      # read while tracing: the jit guards the flag
-            return self.module(*args, **kwargs)
+        # read while tracing, so the jit guards the flag: synced and no_sync calls compile apart
+        _ = self.require_backward_grad_sync
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -89,10 +89,6 @@ class PieceRunner:
             # at backend time, under dynamo's fake mode: Inductor sees the sizes dynamo saw
             self.fallback_fn = _compile_fallback(gm, fallback, example_inputs)
 
-    @property
-    def runs_thunder(self) -> bool:
-        return self.jfn is not None
-
     def __call__(self, *args: Any) -> Any:
         if self.jfn is not None:
             return self._thunder_call(args)

@@ -22,7 +22,8 @@ from thunderlite.torch import symbol_for
 
 # Python-level functions dynamo puts in graphs that the tracer handles as they are.
 _GLOBAL_STATE = {torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.amp._exit_autocast}
-_PYTHON_MODULES = (operator, builtins)
+# modules of the Python-level callables dynamo puts in graphs (operator.add, getattr...)
+_PYTHON_MODULES = frozenset({operator.add.__module__, "operator", builtins.__name__})
 # ops whose result is a Python number/list read from tensor data
 _READS_VALUES = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
                  torch.Tensor.__float__, torch.Tensor.__index__}
@@ -99,8 +100,7 @@ class _Unbacked(Exception):
 
 def _concrete(s: Any) -> Any:
     if isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        hint = getattr(s.node, "hint", None)
-        return hint
+        return getattr(s.node, "hint", None)
     return s
 
 
@@ -149,8 +149,7 @@ def verdict(node: torch.fx.Node) -> Verdict:
         return Verdict(False, f"unknown {node.op} target {node.target!r}", source_of(node))
     if fn in _GLOBAL_STATE:
         return Verdict(True)
-    if getattr(fn, "__module__", None) in {m.__name__ for m in _PYTHON_MODULES} or \
-            isinstance(fn, type(operator.add)) and getattr(operator, getattr(fn, "__name__", ""), None) is fn:
+    if getattr(fn, "__module__", None) in _PYTHON_MODULES:
         return Verdict(True)
     if fn in _READS_VALUES:
         return Verdict(False, f"{op_name(node)} reads tensor data into a Python value, which a thunderlite "

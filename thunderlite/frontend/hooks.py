@@ -179,9 +179,12 @@ class TracingHooks(InterpreterHooks):
             return out
         return call
 
-    def not_traced(self, what: str) -> NotTracedError:
+    def _where(self) -> str:
         loc = self.locate()
-        where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+        return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+
+    def not_traced(self, what: str) -> NotTracedError:
+        where = self._where()
         return NotTracedError(
             f"numpy arrays are not traced: {what} at {where}. Write it with torch operations "
             "(most numpy functions have a torch namesake), or do the numpy work outside the "
@@ -202,8 +205,7 @@ class TracingHooks(InterpreterHooks):
         self.grad_enabled = mode
 
     def data_dependent(self, what: str) -> DataDependentError:
-        loc = self.locate()
-        where = f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+        where = self._where()
         return DataDependentError(
             f"{what} reads a tensor's values, which are not known while tracing (at {where}). "
             "thunderlite cannot follow data-dependent control flow: compute the branch with "

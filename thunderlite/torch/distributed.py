@@ -29,6 +29,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.torch import shapes
 from thunderlite.torch.registry import register_torch_callable
 
 _c10d = torch.ops._c10d_functional
@@ -215,8 +216,7 @@ def _funcol_all_gather_tensor(self, gather_dim, group, tag=""):
     if gather_dim == 0:
         return out
     chunks = [out[i * self.shape[0]:(i + 1) * self.shape[0]] for i in range(world)]
-    from thunderlite.torch import symbol_for
-    return symbol_for(torch.cat)(chunks, gather_dim)
+    return shapes.cat(chunks, gather_dim)
 
 
 def _funcol_reduce_scatter_tensor(self, reduceOp, scatter_dim, group, tag=""):
