@@ -186,12 +186,36 @@ class DifferentiableProgram:
         if self._eager_fn is not None:
             return self._eager_fn(*flat_args)
         if not torch.is_grad_enabled():
-            return self.forward_fn(*flat_args)[0]
+            return self._write_back(flat_args, self.forward_fn(*flat_args)[0])
         box: list = []
         results = _Function.apply(self, box, *flat_args)
         out, unique = box[0]
         wrapped = {id(t): r for t, r in zip(unique, results, strict=True)}
-        return pytree.tree_map(lambda o: wrapped.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
+        out = pytree.tree_map(lambda o: wrapped.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
+        return self._write_back(flat_args, out)
+
+    def _write_back(self, flat_args, out):
+        """Copy the final values of the inputs the program writes into them, as
+        eager's in-place ops would have, recorded by autograd (so each input's
+        history continues from the forward's output), and put the inputs
+        themselves where the program returns them (transforms/functionalize.py)."""
+        if not self.split.write_backs:
+            return out
+        out, values = out
+        for i, v in zip(self.split.write_backs, values, strict=True):
+            flat_args[i].copy_(v)
+        if not self.split.returned_inputs:
+            return out
+        where = dict(self.split.returned_inputs)
+        position = -1
+
+        def leaf(o):
+            nonlocal position
+            if not isinstance(o, torch.Tensor):
+                return o
+            position += 1
+            return flat_args[where[position]] if position in where else o
+        return pytree.tree_map(leaf, out)
 
 
 def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Trace], Trace],

@@ -12,7 +12,7 @@ import torch
 import thunderlite
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
-from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE, take_write_backs
 
 
 def setitem_row(x, w):
@@ -52,13 +52,38 @@ def squeeze_and_select(x, w):
     return y, z
 
 
-FUNCTIONAL = [setitem_row, write_view_read_base, strided_slices_and_transpose, view_of_view_then_base_write,
-              squeeze_and_select]
-
-
 def write_into_argument(x, w):
     x.mul_(w)
     return x.sum()
+
+
+def write_argument_through_views_and_return_it(x, w):
+    x.mul_(w)
+    x[0].add_(w[1])
+    x.t()[1:, 0] = w[0, 1:] * 2
+    return x.sum(), x
+
+
+def overwrite_argument_return_both(x, w):
+    y = w * 2
+    x.copy_(y)
+    return y, x
+
+
+def write_argument_read_before_and_after(x, w):
+    a = (x.exp() * w).sum()
+    x[1:].sub_(w[1:].exp())
+    return a + (x * w).sum()
+
+
+FUNCTIONAL = [setitem_row, write_view_read_base, strided_slices_and_transpose, view_of_view_then_base_write,
+              squeeze_and_select, write_into_argument, write_argument_through_views_and_return_it,
+              overwrite_argument_return_both, write_argument_read_before_and_after]
+
+
+def return_view_of_written_argument(x, w):
+    x.mul_(w)
+    return x[0]
 
 
 def reshape_may_copy(x, w):
@@ -68,7 +93,7 @@ def reshape_may_copy(x, w):
     return y, z
 
 
-EAGER = [write_into_argument, reshape_may_copy]
+EAGER = [return_view_of_written_argument, reshape_may_copy]
 
 
 def _run(fn, executors, seed=0):
@@ -102,7 +127,9 @@ def test_functionalized_programs_match_eager_and_have_a_backward(fn, exs):
     bwd = thunderlite.last_backward_traces(jfn)
     assert bwd and bwd[0].stage != EAGER_MODE_STAGE and bwd[-1].bound_symbols
     functional = next(t for t in thunderlite.last_traces(jfn) if t.stage == FUNCTIONALIZE_STAGE)
-    assert "prims.copy_" not in str(functional).split("def computation", 1)[1].replace("# ", "#")
+    body, write_backs, _ = take_write_backs(functional)     # only the write-backs into inputs stay writes
+    assert "prims.copy_" not in str(body).split("def computation", 1)[1].replace("# ", "#")
+    assert all(b.args[1] in functional.args for b in write_backs)
     assert "functionalized" in thunderlite.examine(fn, *(_args())).autodiff
 
 
@@ -127,9 +154,10 @@ def test_eager_mode_fallback_is_named(fn, exs):
 
 
 def test_fallback_reason_names_the_line():
-    jfn = _run(write_into_argument, None)
+    jfn = _run(return_view_of_written_argument, None)
     text = str(thunderlite.last_backward_traces(jfn)[0])
     assert "because of a write on a gradient path into x" in text and "test_functionalize.py:" in text
+    assert "returns a view of the input x it writes" in text
     text = str(next(t for t in thunderlite.last_traces(_run(reshape_may_copy, None)) if t.stage == EAGER_MODE_STAGE))
     assert "may copy instead of viewing" in text
 
@@ -155,3 +183,78 @@ def test_no_grad_program_is_untouched():
     stages = [t.stage for t in thunderlite.last_traces(jfn)]
     assert FUNCTIONALIZE_STAGE not in stages and EAGER_MODE_STAGE not in stages
     assert thunderlite.last_backward_traces(jfn) == []
+
+
+def _graph_inputs(kind: str, leaf: torch.Tensor):
+    """``x`` as the caller passes it: a non-leaf requiring grad, or a view of one
+    (eager then rewrites the base's history too), and the tensor to inspect."""
+    h = leaf * 1.5
+    if kind == "non-leaf":
+        return h, h
+    return h[1:], h
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=["default", "shuffle"])
+@pytest.mark.parametrize("kind", ["non-leaf", "view of a non-leaf"])
+@pytest.mark.parametrize("fn", [write_into_argument, write_argument_through_views_and_return_it,
+                                write_argument_read_before_and_after], ids=lambda f: f.__name__)
+def test_written_argument_requiring_grad_matches_eager(fn, kind, exs):
+    """The written argument requires grad itself (a non-leaf, or a view of one):
+    its gradient, its base's value and the gradient reaching the leaf behind it
+    are eager's, and its history continues from the program's."""
+    torch.manual_seed(1)
+    leaf, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    leaf_r, w_r = leaf.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    x, base = _graph_inputs(kind, leaf)
+    x_r, base_r = _graph_inputs(kind, leaf_r)
+    x, x_r = (x[:3], x_r[:3]) if kind == "non-leaf" else (x, x_r)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=_exs(exs))
+    out, ref = jfn(x, w), fn(x_r, w_r)
+    assert EAGER_MODE_STAGE not in [t.stage for t in thunderlite.last_traces(jfn)]
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(base, base_r)
+    assert x.requires_grad and x.grad_fn is not None
+    loss = lambda o, b: sum((t * (i + 1)).sum() for i, t in enumerate(o if isinstance(o, tuple) else (o,))) \
+        + (b * b).sum()  # noqa: E731
+    loss(out, base).backward()
+    loss(ref, base_r).backward()
+    torch.testing.assert_close(w.grad, w_r.grad)
+    torch.testing.assert_close(leaf.grad, leaf_r.grad)
+
+
+def test_returned_argument_is_the_argument():
+    """A program returning the input it writes returns that tensor (as eager),
+    and a value written into it stays a distinct tensor."""
+    x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+    y, same = thunderlite.jit(overwrite_argument_return_both)(x, w)
+    assert same is x and y is not x
+    torch.testing.assert_close(x, w * 2)
+    y.add_(1)            # y is not x's memory
+    torch.testing.assert_close(x, w * 2)
+
+
+def test_written_argument_saved_for_backward_is_the_old_value():
+    """The write-back happens after the forward: a gradient needing the
+    argument's old value gets it (saved as it was)."""
+    x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+    x0 = x.clone()
+    jfn = thunderlite.jit(write_into_argument)
+    jfn(x, w).backward()
+    torch.testing.assert_close(w.grad, x0)
+
+
+def test_write_into_argument_sharing_storage_falls_back():
+    """Two arguments sharing storage: how a write into one changes the other is
+    not in the trace, so eager mode runs it, named."""
+    def f(x, y, w):
+        x.mul_(w)
+        return (y * w).sum()
+    base = torch.randn(3, 3)
+    w = torch.randn(3, 3, requires_grad=True)
+    base_r, w_r = base.clone(), w.detach().clone().requires_grad_()
+    jfn = thunderlite.jit(f)
+    jfn(base, base[0], w).backward()
+    f(base_r, base_r[0], w_r).backward()
+    torch.testing.assert_close((base, w.grad), (base_r, w_r.grad))
+    named = [t for t in thunderlite.last_traces(jfn) if t.stage == EAGER_MODE_STAGE]
+    assert named and "shares storage with another input" in str(named[0])

@@ -77,7 +77,7 @@ from thunderlite.transforms.autodiff_function import differentiable_outputs as f
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.dce import dce
-from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize
+from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize, take_write_backs
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
 
@@ -101,6 +101,8 @@ class GradSplit:
     eager_trace: Trace | None = None           # eager mode: the trace to run with autograd on
     eager_reason: str = ""                     # eager mode: why the program could not be differentiated here
     functionalized: Trace | None = None        # functional mode reached by functionalize.py
+    write_backs: tuple = ()                    # argument indices the caller copies the extra outputs into
+    returned_inputs: tuple = ()                # (output tensor-leaf position, argument index) of returned inputs
 
 
 def _is_diff_tensor(p) -> bool:
@@ -350,8 +352,9 @@ def _no_grad_values(trace: Trace) -> str | None:
         sym = bsym.sym
         if sym.id == GRAD_MODE_ID:
             return f"a grad-mode switch at {_where(bsym)}"
-        if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or rules.is_non_differentiable(sym)
-                or sym is DETACH or not any(a.requires_grad for a in bsym.tensor_args())):
+        if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or Tag.INPLACE in sym.tags
+                or rules.is_non_differentiable(sym) or sym is DETACH
+                or not any(a.requires_grad for a in bsym.tensor_args())):
             continue
         if any(dtypes.is_inexact(o.dtype) and not o.requires_grad for o in bsym.tensor_outs()):
             return f"{bsym.sym.name} at {_where(bsym)} makes a value that does not require grad"
@@ -564,10 +567,10 @@ def _free_names(bwd: Trace) -> list[Proxy]:
     return free
 
 
-def _first_write_after(fwd_bsyms, groups: AliasGroups) -> dict[str, int]:
+def _first_write_after(fwd_bsyms, groups: AliasGroups, args=()) -> dict[str, int]:
     """For each value defined in the forward (or an argument), the index of the
     first symbol that later writes into its memory, if any."""
-    defined_at: dict[str, int] = {}
+    defined_at: dict[str, int] = {a.name: -1 for a in args if type(a) is TensorProxy}
     writers: list[tuple[int, list]] = []
     for i, bsym in enumerate(fwd_bsyms):
         dsts = [d for sub in _leaves_of(bsym) for d, _ in writes(sub)]
@@ -598,7 +601,7 @@ def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names
     a clone taken just before that write, so the backward sees the value the
     forward used (eager raises "modified by an inplace operation" here; the
     functional trace can give the correct gradient instead)."""
-    first = _first_write_after(fwd_bsyms, groups)
+    first = _first_write_after(fwd_bsyms, groups, names_of.args)
     clones: dict[int, list] = {}
     rename: dict[str, Proxy] = {}
     for p in saved:
@@ -713,13 +716,14 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
     reason = _eager_reason(trace, flat, tracked, groups, mask)
     functional = rewritten = None
+    tail, returned = [], ()
     if reason is not None and _needs_eager(trace, flat, tracked, groups):
-        nograd = _stale_requires_grad(trace, tracked) or _no_grad_values(trace)
+        nograd = _no_grad_values(trace)
         try:
             if nograd is not None:
                 raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
-            rewritten = functionalize(trace, _owned_writes(flat, tracked))
-            functional = dce(rewritten, input_alias_groups)
+            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups)
+            functional, tail, returned = take_write_backs(dce(rewritten, input_alias_groups))
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
         except Exception as e:  # noqa: BLE001 - eager mode stays correct; the reason says what failed
@@ -735,15 +739,19 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
         return GradSplit("eager", eager_trace=_detach_cuts(trace, tracked), differentiable_outputs=[
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy],
             eager_reason=reason)
+    if trace is not functional:
+        tail, returned = [], ()
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
-    overwritten = set(_first_write_after(fwd_bsyms, groups))
+    # the write-backs run after the forward: what they overwrite is saved as it was before them
+    overwritten = set(_first_write_after(fwd_bsyms + tail, groups, trace.args))
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
                                      overwritten)
-    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups, trace)
+    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace)
+    fwd_bsyms = [b for b in fwd_bsyms if not any(b is t for t in tail)]
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
     visible = _visible_names(trace)
     split.saved_tensors = [p for p in saved if type(p) is TensorProxy and p.name in visible]
@@ -751,6 +759,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     split.forward = _forward_trace(trace, fwd_bsyms, split.saved_tensors, split.saved_other)
     split.backward = _backward_trace(split.backward, split.saved_tensors, split.saved_other, split.grad_args)
     split.functionalized = rewritten if trace is functional else None
+    index = {a.name: i for i, a in enumerate(trace.args) if isinstance(a, Proxy)}
+    split.write_backs = tuple(index[b.args[1].name] for b in tail)
+    split.returned_inputs = tuple((pos, index[name]) for pos, name in returned)
     return split
 
 

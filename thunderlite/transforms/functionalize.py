@@ -60,11 +60,14 @@ def _where(bsym: BoundSymbol) -> str:
 
 
 class _Rewriter:
-    """The state of one pass (see the module docstring)."""
+    """The state of one pass (see the module docstring). Bookkeeping is keyed by
+    the input trace's names (one per value, renamed members included); what is
+    emitted reads ``swap``, their functional replacements."""
 
-    def __init__(self, trace: Trace, keep: set[str]):
+    def __init__(self, trace: Trace, keep: set[str], input_alias_groups):
         self.trace = trace
-        self.inputs = {a.name for a in pytree.leaves(trace.args) if isinstance(a, Proxy)}
+        self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
+        self.shared_inputs = {n for g in (input_alias_groups or ()) if len(g) > 1 for n in g}
         self.keep = keep            # names written by composites that own their writes
         self.swap: dict[str, Proxy] = {}
         self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
@@ -81,6 +84,23 @@ class _Rewriter:
         f = lambda x: self.swap.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
         return bsym.replace(args=pytree.tree_map(f, bsym.args), kwargs=pytree.tree_map(f, bsym.kwargs),
                             subsymbols=tuple(self.sub(s) for s in bsym.subsymbols))
+
+    def emit(self, bsym: BoundSymbol) -> None:
+        """``bsym`` reading the functional values. Where one of them requires grad
+        and the value it replaces did not (a write of a value requiring grad into
+        a tensor that did not: eager's ``x.mul_(w)``), the symbol is recorded
+        again, so its outputs' ``requires_grad`` is what eager gives them."""
+        new = self.sub(bsym)
+        if not any(n.requires_grad and not o.requires_grad
+                   for o, n in zip(bsym.tensor_args(), new.tensor_args(), strict=True)):
+            self.out.append(new)
+            return
+        if Tag.OPAQUE in bsym.sym.tags or bsym.sym.module == "autograd_function":
+            raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} reads a value that a write made require grad")
+        result = self.record(bsym.source, bsym.sym, *new.args, **new.kwargs)
+        for o, r in zip(pytree.leaves(bsym.output), pytree.leaves(result), strict=True):
+            if isinstance(o, Proxy):
+                self.swap[o.name] = r
 
     def record(self, source, fn, *args, **kwargs):
         scratch = Trace("scratch", names=self.trace.names)
@@ -101,14 +121,15 @@ class _Rewriter:
 
     # --- the pass ---------------------------------------------------------------------------------
     def top(self, bsym: BoundSymbol, parent: str = "") -> None:
-        bsym = self.sub(bsym)
-        if Tag.ALIAS_BARRIER in bsym.sym.tags:
+        if Tag.RETURN in bsym.sym.tags:
+            self.finish(bsym)
+        elif Tag.ALIAS_BARRIER in bsym.sym.tags:
             self.barrier(bsym)
         elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
             for s in bsym.subsymbols:
                 self.top(s if s.source is not None else s.replace(source=bsym.source), bsym.sym.name)
         elif bsym.subsymbols:
-            self.out.append(bsym)
+            self.emit(bsym)
         else:
             self.leaf(bsym, parent)
 
@@ -119,7 +140,7 @@ class _Rewriter:
                 raise NotFunctionalizable(f"{bsym.sym.id} writes its argument{_where(bsym)}")
             self.write(bsym)
             return
-        self.out.append(bsym)
+        self.emit(bsym)
         for o, b in views(bsym):
             base, chain = self.base_of(b.name)
             self.chain[o.name] = (base, chain + (bsym,))
@@ -128,12 +149,12 @@ class _Rewriter:
                 self.certain.add(bsym)
 
     def write(self, bsym: BoundSymbol) -> None:
-        src = bsym.args[0] if bsym.args else bsym.kwargs["src"]
+        src = self.sub(bsym).args[0] if bsym.args else self.sub(bsym).kwargs["src"]
         dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
         base, chain = self.base_of(dst.name)
-        if base in self.inputs:
-            raise NotFunctionalizable(f"the write into program input {base}{_where(bsym)} changes the "
-                                      "caller's tensor")
+        if base in self.shared_inputs:
+            raise NotFunctionalizable(f"the written input {base}{_where(bsym)} shares storage with another "
+                                      "input of the program")
         self.check_chain(chain, bsym)
         for v in chain:
             if v.sym.meta not in _INVERTIBLE:
@@ -141,16 +162,18 @@ class _Rewriter:
                                           "functional form here")
         old = self.cur.get(base)
         if old is None:
-            old = self.base_proxy.setdefault(base, dst if not chain else _first_arg(chain[0]))
+            old = self.base_proxy.setdefault(base, self.value(dst if not chain else _first_arg(chain[0])))
         if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
             src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
         if not isinstance(src, TensorProxy) or src.shape != dst.shape:
             src = self.record(bsym.source, _broadcast_to, src, dst)
-        new = self.scatter(old, src, chain, bsym.source)
-        self.cur[base] = new
-        self.swap[bsym.output.name] = self.replay(chain, new, bsym.source) if chain else new
-        self.chain[self.swap[bsym.output.name].name] = (base, chain)
+        self.cur[base] = self.scatter(old, src, chain, bsym.source)
+        self.swap[bsym.output.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
+        self.chain[bsym.output.name] = (base, chain)
         self.changed = True
+
+    def value(self, p: Proxy) -> Proxy:
+        return self.swap.get(p.name, p)
 
     def check_chain(self, chain: tuple, at: BoundSymbol) -> None:
         for v in chain:
@@ -177,16 +200,34 @@ class _Rewriter:
         bases = [self.base_of(m.name) for m in members]
         done = [b in self.cur for b, _ in bases]
         if not any(done):
-            self.out.append(bsym)
+            self.out.append(self.sub(bsym))
             return
         if not all(done):
             raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
                                       + _where(bsym))
         for (base, chain), n in zip(bases, bsym.output, strict=True):
             self.check_chain(chain, bsym)
-            new = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
-            self.swap[n.name] = new
-            self.chain[new.name] = (base, chain)
+            self.swap[n.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
+            self.chain[n.name] = (base, chain)
+
+    def finish(self, ret: BoundSymbol) -> None:
+        """Write each written input's final value back (``copy_`` right before the
+        return: the caller's tensor changes once, with the result of every write),
+        and return the input itself where the program returns it."""
+        written = [n for n in self.cur if n in self.inputs]
+        for n in written:
+            self.record(ret.source, prims.copy_, self.cur[n], self.inputs[n])
+
+        def leaf(x):
+            if not isinstance(x, TensorProxy):
+                return x
+            base, chain = self.base_of(x.name)
+            if base not in written or x.name == base:
+                return self.value(x)
+            if chain:
+                raise NotFunctionalizable(f"the program returns a view of the input {base} it writes{_where(chain[-1])}")
+            return self.inputs[base]
+        self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
 
 
 def _first_arg(bsym: BoundSymbol) -> TensorProxy:
@@ -248,14 +289,50 @@ FUNCTIONALIZE_STAGE = "functionalize"
 
 
 @trace_pass(FUNCTIONALIZE_STAGE)
-def functionalize(trace: Trace, keep: set[str] = frozenset()) -> Trace:
-    """The trace with writes into intermediates' views made functional, or the
+def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None) -> Trace:
+    """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
-    running statistics). Raises ``NotFunctionalizable`` with the reason."""
-    rw = _Rewriter(trace, set(keep))
+    running statistics). Written inputs get their final value by one ``copy_``
+    each right before the return (``write_backs`` finds them). Raises
+    ``NotFunctionalizable`` with the reason."""
+    rw = _Rewriter(trace, set(keep), input_alias_groups)
     for bsym in trace.bound_symbols:
         rw.top(bsym)
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
+
+
+def take_write_backs(trace: Trace) -> tuple[Trace, list[BoundSymbol], tuple]:
+    """Split a functionalized trace's write-backs off for autodiff: the caller
+    copies each written input's final value into it *after* the differentiated
+    forward, under autograd (as eager's in-place op, the input's history then
+    reaches the forward's output), so those values become extra outputs.
+
+    Returns the trace (output ``(output, final_values)``, an input it returned
+    replaced by its final value), the ``copy_`` symbols taken off, and the
+    ``(tensor-leaf position, input)`` pairs of the inputs the output returned."""
+    *body, ret = trace.bound_symbols
+    inputs = {a.name for a in trace.args if isinstance(a, TensorProxy)}
+    tail: list[BoundSymbol] = []
+    while body and body[-1].sym is prims.copy_ and body[-1].args[1].name in inputs:
+        tail.insert(0, body.pop())
+    if not tail:
+        return trace, [], ()
+    final = {b.args[1].name: b.args[0] for b in tail}
+    returned, position = [], 0
+
+    def leaf(x):
+        nonlocal position
+        if isinstance(x, TensorProxy):
+            position += 1
+            if x.name in final:
+                returned.append((position - 1, x.name))
+                return final[x.name]
+        return x
+    output = pytree.tree_map(leaf, trace.output)
+    out = trace.with_bound_symbols(trace.stage, body)
+    with tracectx(out):
+        out.set_return((output, tuple(b.args[0] for b in tail)))
+    return out, tail, tuple(returned)
