@@ -151,6 +151,11 @@ class DifferentiableProgram:
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
 
+    @property
+    def stride_inputs(self) -> tuple:
+        """Arguments whose strides the compiled program relies on (the caller guards them)."""
+        return self.split.stride_inputs
+
     def as_eager_grads(self, result, reached: frozenset) -> list:
         """None for arguments eager's graph does not connect to the outputs that
         got a gradient; zeros for connected ones the functional trace found no
@@ -220,10 +225,13 @@ class DifferentiableProgram:
 
 def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Trace], Trace],
                         input_alias_groups=None, *, after_split: Callable | None = None,
-                        executors=None) -> DifferentiableProgram:
+                        executors=None, input_strides: dict | None = None) -> DifferentiableProgram:
     """Split ``trace`` into forward and backward and wrap them for autograd.
     ``after_split(forward, backward) -> (forward, backward)`` runs between the
     split and ``finalize``; ``executors`` (priority order) may own the
-    differentiation of the symbols they implement (see transforms/autodiff.py)."""
-    split = split_forward_backward(trace, requires_grad_mask, input_alias_groups, executors=executors)
+    differentiation of the symbols they implement (see transforms/autodiff.py);
+    ``input_strides`` (argument name -> strides) and the program's
+    ``stride_inputs``: see ``split_forward_backward``."""
+    split = split_forward_backward(trace, requires_grad_mask, input_alias_groups, executors=executors,
+                                   input_strides=input_strides)
     return DifferentiableProgram(trace, split, finalize, after_split)

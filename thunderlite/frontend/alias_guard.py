@@ -16,6 +16,10 @@ in the entry's prologue, only for the few tensors they concern:
   inference tensor outside inference mode. The key sees ``requires_grad`` but
   not these, so each written input's verdict is checked; the compiled trace
   raised eager's error (update_aliases' ``check_writes``) when it was refused.
+- **strides** the compiled program relies on (``strides``): autodiff's
+  functionalization decided whether a ``reshape`` is a view or a copy, as eager
+  does, from the strides of the inputs it is computed from; other strides
+  recompile.
 
 Example (the generated prologue lines)::
 
@@ -94,10 +98,11 @@ class AliasGuard:
     """The prologue checks of one entry: ``shared`` are input indexes whose
     storage-sharing pattern must stay ``pattern``; ``verdicts`` pairs written
     input indexes with the verdict they were compiled with."""
-    __slots__ = ("shared", "pattern", "verdicts", "names", "requires_grad")
+    __slots__ = ("shared", "pattern", "verdicts", "names", "requires_grad", "strides")
 
     def __init__(self, shared: list[int], pattern: tuple, verdicts: list[tuple[int, int]], names: list[str],
-                 requires_grad: list[bool]):
+                 requires_grad: list[bool], strides: list[tuple[int, tuple]] = ()):
+        self.strides = list(strides)    # (input index, strides it was compiled for)
         self.shared = shared
         self.pattern = pattern
         self.verdicts = verdicts
@@ -116,6 +121,10 @@ class AliasGuard:
             if write_verdict(values[i]) != v:
                 return (f"whether eager allows writing {self.names[i]} changed (a leaf requiring grad, a view of "
                         "one, or an inference tensor)")
+        for i, st in self.strides:
+            if tuple(values[i].stride()) != st:
+                return (f"the strides of {self.names[i]} changed from {st} to {tuple(values[i].stride())} (whether "
+                        "a reshape of it is a view or a copy depends on them)")
         return None
 
     def lines(self, var_of: Callable[[int], str], const: Callable[[object], str]) -> list[str]:
@@ -135,18 +144,21 @@ class AliasGuard:
                 out.append(f"if {var_of(i)}.is_inference() and not _inference_mode(): return _MISS")
             else:
                 out.append(f"if _write_verdict({var_of(i)}) != {v}: return _MISS")
+        for i, st in self.strides:
+            out.append(f"if {var_of(i)}.stride() != {st!r}: return _MISS")
         return out
 
 
-def plan_alias_guard(inputs: list[Input], written_names: set[str]) -> AliasGuard | None:
-    """The checks an entry needs: none when the program writes no input.
+def plan_alias_guard(inputs: list[Input], written_names: set[str], strided: tuple = ()) -> AliasGuard | None:
+    """The checks an entry needs: none when the program writes no input and
+    relies on no input's strides (``strided``: their names).
 
     Sharing that involves only arguments is in the cache key already; the
     pattern covers every written input plus, when an argument is written, the
     tensors not passed as arguments, and when such a tensor is written, all
     tensor inputs (a write can only be misordered against a tensor that shares
     its storage; storage on another device never does)."""
-    if not written_names:
+    if not written_names and not strided:
         return None
     tensors = [(i, inp) for i, inp in enumerate(inputs) if isinstance(inp.value, torch.Tensor)]
     written_idx = [i for i, inp in tensors if inp.proxy.name in written_names]
@@ -161,7 +173,8 @@ def plan_alias_guard(inputs: list[Input], written_names: set[str]) -> AliasGuard
     names = [inp.prov.describe() if inp.prov is not None else f"the constant tensor {inp.proxy.name}"
              for inp in inputs]
     requires_grad = [isinstance(inp.value, torch.Tensor) and inp.value.requires_grad for inp in inputs]
-    return AliasGuard(shared, pattern, verdicts, names, requires_grad)
+    strides = [(i, tuple(inp.value.stride())) for i, inp in tensors if inp.proxy.name in strided]
+    return AliasGuard(shared, pattern, verdicts, names, requires_grad, strides)
 
 
 def is_argument(prov) -> bool:

@@ -85,10 +85,11 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         for tr in transforms:
             tr.bind_inputs(values)
     traces = [trace]
-    comp, backward = run_pipeline(trace, traces, groups, executors, transforms, refused_writes(state.inputs))
+    comp, backward = run_pipeline(trace, traces, groups, executors, transforms, refused_writes(state.inputs),
+                                  _input_strides(state.inputs))
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
-    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups))
+    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), getattr(comp, "stride_inputs", ()))
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
                         alias_guard)
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
@@ -209,14 +210,21 @@ def _input_alias_groups(inputs: list[Input]) -> list[list[str]] | None:
     return [[tensors[i].proxy.name for i in g] for g in groups] or None
 
 
+def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
+    return {inp.proxy.name: tuple(inp.value.stride()) for inp in inputs
+            if isinstance(inp.value, torch.Tensor) and inp.value.layout == torch.strided}
+
+
 def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
-                 refused: dict | None = None):
+                 refused: dict | None = None, input_strides: dict | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation and the backward traces. ``refused``:
     update_aliases' arguments naming inputs eager refuses to write (leaves
     requiring grad, inference tensors...), so the error is raised here, at
-    trace time, before anything ran."""
+    trace time, before anything ran. ``input_strides``: for autodiff's
+    functionalization (eager's view-or-copy of reshapes; see
+    ``split_forward_backward``)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
     t = _record(traces, _step(update_aliases, t, groups, **(refused or {})))
     t = _record(traces, _step(dce, t, groups))
@@ -229,7 +237,8 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
             return steps or [final]     # no pass changed it: the input itself runs
         after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
         note("split_forward_backward", t)
-        program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs)
+        program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs,
+                                      input_strides=input_strides)
         traces += program.forward_traces
         return program, list(program.backward_traces)
     steps: list[Trace] = []

@@ -158,7 +158,7 @@ def _print_only(*args, **kwargs):
 _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
-          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict")}
+          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict", "strides")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -182,6 +182,8 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
             trc.bound_symbols.append(_CHECK["storage_sharing"].bind(members, alias_guard.pattern, output=None))
         for i, v in alias_guard.verdicts:
             trc.bound_symbols.append(_CHECK["write_verdict"].bind(inputs[i].proxy, v, output=None))
+        for i, st in alias_guard.strides:
+            trc.bound_symbols.append(_CHECK["strides"].bind(inputs[i].proxy, st, output=None))
     trc.set_return(tuple(inp.proxy for inp in inputs))
     return trc
 

@@ -77,6 +77,7 @@ from thunderlite.transforms.autodiff_function import differentiable_outputs as f
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.dce import dce
+from thunderlite.transforms.eager_layout import eager_aliasing, inputs_behind
 from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize, take_write_backs
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
@@ -103,6 +104,7 @@ class GradSplit:
     functionalized: Trace | None = None        # functional mode reached by functionalize.py
     write_backs: tuple = ()                    # argument indices the caller copies the extra outputs into
     returned_inputs: tuple = ()                # (output tensor-leaf position, argument index) of returned inputs
+    stride_inputs: tuple = ()                  # arguments whose strides decided a reshape's view-or-copy
 
 
 def _is_diff_tensor(p) -> bool:
@@ -707,23 +709,27 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
-                           executors=None) -> GradSplit:
+                           executors=None, input_strides: dict | None = None) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
-    (autodiff_executors.py)."""
+    (autodiff_executors.py). ``input_strides`` (argument name -> strides of the
+    tensor compiled for) lets functionalization decide eager's view-or-copy of
+    reshapes; ``GradSplit.stride_inputs`` names the arguments it relied on."""
     mask = list(requires_grad_mask)
+    trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
     reason = _eager_reason(trace, flat, tracked, groups, mask)
     functional = rewritten = None
-    tail, returned = [], ()
+    tail, returned, used = [], (), set()
     if reason is not None and _needs_eager(trace, flat, tracked, groups):
         nograd = _no_grad_values(trace)
         try:
             if nograd is not None:
                 raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
-            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups)
-            functional, tail, returned = take_write_backs(dce(rewritten, input_alias_groups))
+            aliasing = eager_aliasing(trace, input_strides) if input_strides else {}
+            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups, aliasing, used)
+            functional, tail, returned = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
         except Exception as e:  # noqa: BLE001 - eager mode stays correct; the reason says what failed
@@ -762,6 +768,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     index = {a.name: i for i, a in enumerate(trace.args) if isinstance(a, Proxy)}
     split.write_backs = tuple(index[b.args[1].name] for b in tail)
     split.returned_inputs = tuple((pos, index[name]) for pos, name in returned)
+    split.stride_inputs = tuple(sorted(inputs_behind(trace_in, used))) if used else ()
     return split
 
 

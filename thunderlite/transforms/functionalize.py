@@ -38,6 +38,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.transforms.update_aliases import AliasGroups
 
 _INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.permute, prims.slice_prim))
 # ``prims.reshape`` is a view only when strides allow it (``x.t().reshape(-1)`` copies in
@@ -64,8 +65,12 @@ class _Rewriter:
     the input trace's names (one per value, renamed members included); what is
     emitted reads ``swap``, their functional replacements."""
 
-    def __init__(self, trace: Trace, keep: set[str], input_alias_groups):
+    def __init__(self, trace: Trace, keep: set[str], input_alias_groups, aliasing: dict[str, bool]):
         self.trace = trace
+        self.aliasing = aliasing    # eager's view-or-copy of stride-dependent calls (eager_layout.py)
+        self.decided: set[BoundSymbol] = set()   # reshapes eager_layout says are views
+        self.cut: dict[str, str] = {}            # reshapes it says copy: output name -> input name
+        self.used: set[str] = set()              # the decisions a functional write relied on
         self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
         self.shared_inputs = {n for g in (input_alias_groups or ()) if len(g) > 1 for n in g}
         self.keep = keep            # names written by composites that own their writes
@@ -142,11 +147,21 @@ class _Rewriter:
             return
         self.emit(bsym)
         for o, b in views(bsym):
+            if self.copies(bsym, o, parent):
+                self.cut[o.name] = b.name       # fresh memory in eager: a root of its own
+                continue
             base, chain = self.base_of(b.name)
             self.chain[o.name] = (base, chain + (bsym,))
-            meta = bsym.sym.meta
-            if meta in _CERTAIN and (meta is not prims.reshape.meta or parent in _ALWAYS_VIEW):
+            if bsym.sym.meta in _CERTAIN and (bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW):
                 self.certain.add(bsym)
+            elif bsym.sym.meta is prims.reshape.meta and self.aliasing.get(o.name):
+                self.certain.add(bsym)
+                self.decided.add(bsym)
+
+    def copies(self, bsym: BoundSymbol, o: TensorProxy, parent: str) -> bool:
+        """A reshape eager makes as a copy for these inputs' strides."""
+        return bsym.sym.meta is prims.reshape.meta and parent not in _ALWAYS_VIEW and \
+            self.aliasing.get(o.name) is False
 
     def write(self, bsym: BoundSymbol) -> None:
         src = self.sub(bsym).args[0] if bsym.args else self.sub(bsym).kwargs["src"]
@@ -177,6 +192,8 @@ class _Rewriter:
 
     def check_chain(self, chain: tuple, at: BoundSymbol) -> None:
         for v in chain:
+            if v in self.decided:
+                self.used.add(v.output.name)
             if v not in self.certain:
                 raise NotFunctionalizable(f"{v.sym.id} may copy instead of viewing (it depends on strides), and "
                                           f"a write{_where(at)} changes its group")
@@ -202,13 +219,34 @@ class _Rewriter:
         if not any(done):
             self.out.append(self.sub(bsym))
             return
-        if not all(done):
-            raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
-                                      + _where(bsym))
-        for (base, chain), n in zip(bases, bsym.output, strict=True):
+        apart = self.apart({b for (b, _), d in zip(bases, done, strict=True) if d})
+        for (base, chain), m, n, d in zip(bases, members, bsym.output, done, strict=True):
+            if not d and base not in apart:
+                raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
+                                          + _where(bsym))
+            if not d:                   # eager copied it: the write did not reach it
+                self.swap[n.name] = self.value(m)
+                self.chain[n.name] = (base, chain)
+                continue
             self.check_chain(chain, bsym)
             self.swap[n.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
             self.chain[n.name] = (base, chain)
+
+    def apart(self, written: set[str]) -> set[str]:
+        """Roots joined to the ``written`` roots only through reshapes eager
+        copies: their memory is their own (the decisions are recorded as used)."""
+        reach, todo = set(written), list(written)
+        while todo:
+            r = todo.pop()
+            for out, src in self.cut.items():
+                ends = (out, self.base_of(src)[0])
+                if r in ends:
+                    other = ends[1] if r == ends[0] else ends[0]
+                    self.used.add(out)
+                    if other not in reach:
+                        reach.add(other)
+                        todo.append(other)
+        return reach - written
 
     def finish(self, ret: BoundSymbol) -> None:
         """Write each written input's final value back (``copy_`` right before the
@@ -225,7 +263,8 @@ class _Rewriter:
             if base not in written or x.name == base:
                 return self.value(x)
             if chain:
-                raise NotFunctionalizable(f"the program returns a view of the input {base} it writes{_where(chain[-1])}")
+                raise NotFunctionalizable(f"the program returns a view of the input {base} it writes"
+                                          + _where(chain[-1]))
             return self.inputs[base]
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
 
@@ -289,22 +328,27 @@ FUNCTIONALIZE_STAGE = "functionalize"
 
 
 @trace_pass(FUNCTIONALIZE_STAGE)
-def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None) -> Trace:
+def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None,
+                  aliasing: dict[str, bool] | None = None, used: set[str] | None = None) -> Trace:
     """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
     running statistics). Written inputs get their final value by one ``copy_``
-    each right before the return (``write_backs`` finds them). Raises
-    ``NotFunctionalizable`` with the reason."""
-    rw = _Rewriter(trace, set(keep), input_alias_groups)
+    each right before the return (``take_write_backs`` finds them).
+    ``aliasing``: eager's view-or-copy decision for stride-dependent calls
+    (eager_layout.py); the names of those the result relies on are added to
+    ``used``. Raises ``NotFunctionalizable`` with the reason."""
+    rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {})
     for bsym in trace.bound_symbols:
         rw.top(bsym)
+    if used is not None:
+        used.update(rw.used)
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
 
 
-def take_write_backs(trace: Trace) -> tuple[Trace, list[BoundSymbol], tuple]:
+def take_write_backs(trace: Trace, input_alias_groups=None) -> tuple[Trace, list[BoundSymbol], tuple]:
     """Split a functionalized trace's write-backs off for autodiff: the caller
     copies each written input's final value into it *after* the differentiated
     forward, under autograd (as eager's in-place op, the input's history then
@@ -312,7 +356,10 @@ def take_write_backs(trace: Trace) -> tuple[Trace, list[BoundSymbol], tuple]:
 
     Returns the trace (output ``(output, final_values)``, an input it returned
     replaced by its final value), the ``copy_`` symbols taken off, and the
-    ``(tensor-leaf position, input)`` pairs of the inputs the output returned."""
+    ``(tensor-leaf position, input)`` pairs of the inputs the output returned.
+    Raises ``NotFunctionalizable`` when an output may share memory with a
+    written input when the forward runs (a reshape eager copies, that runs as
+    a view here): the write-back would change it."""
     *body, ret = trace.bound_symbols
     inputs = {a.name for a in trace.args if isinstance(a, TensorProxy)}
     tail: list[BoundSymbol] = []
@@ -333,6 +380,16 @@ def take_write_backs(trace: Trace) -> tuple[Trace, list[BoundSymbol], tuple]:
         return x
     output = pytree.tree_map(leaf, trace.output)
     out = trace.with_bound_symbols(trace.stage, body)
+    _check_apart(out, (output, tuple(final.values())), final, input_alias_groups)
     with tracectx(out):
         out.set_return((output, tuple(b.args[0] for b in tail)))
     return out, tail, tuple(returned)
+
+
+def _check_apart(trace: Trace, output, written: dict, input_alias_groups) -> None:
+    groups = AliasGroups.of_trace(trace, input_alias_groups)
+    for o in pytree.leaves(output):
+        near = isinstance(o, TensorProxy) and next((n for n in written if groups.same(o.name, n)), None)
+        if near:
+            raise NotFunctionalizable(f"the output {o.name} may share memory with the input {near} the program "
+                                      "writes")
