@@ -30,9 +30,12 @@ grad). Nor is a second
 backward through the same graph (``retain_graph=True``): the saved values are
 freed during the first one, and the second raises saying so.
 
-Programs that write into views of tensors on a gradient path run in *eager
-mode* (see transforms/autodiff.py): the finalized trace runs with autograd on
-and PyTorch records the graph, so results and errors are eager's own.
+Inputs the program writes on a gradient path get their final values as extra
+forward outputs, copied into them after the Function with autograd recording
+(``_write_back``), so their history continues from the program's as in eager.
+Programs with writes functionalize.py cannot rewrite run in *eager mode* (see
+transforms/autodiff.py): the finalized trace runs with autograd on and PyTorch
+records the graph, so results and errors are eager's own.
 """
 from __future__ import annotations
 

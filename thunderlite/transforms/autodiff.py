@@ -42,9 +42,11 @@ whose memory a later write overwrites is saved as a clone taken right before
 that write, so where eager raises "modified by an inplace operation" the
 gradient is the mathematically correct one. Writes into tensors that alias
 others (views, viewed bases, arguments) on a gradient path have no functional
-form in the trace: the barriers say *that* a group changed, not *how*. For those
-programs ``GradSplit.mode`` is ``"eager"``: the caller runs the ordinary trace
-with autograd on, so outputs, gradients and errors are exactly eager's. A
+form in the trace: the barriers say *that* a group changed, not *how*;
+functionalize.py rewrites them functionally (written arguments become extra
+outputs, ``GradSplit.write_backs``, that the caller copies in). For the programs
+it cannot rewrite ``GradSplit.mode`` is ``"eager"``: the caller runs the ordinary
+trace with autograd on, so outputs, gradients and errors are exactly eager's. A
 symbol with its own rule owns the writes hidden in its decomposition
 (batch_norm's running statistics carry no gradient, as in eager).
 

@@ -1,4 +1,4 @@
-"""Functionalize writes into views of intermediates, so autodiff can
+"""Functionalize writes into views and program inputs, so autodiff can
 differentiate them instead of replaying the program under PyTorch autograd
 (what AOTAutograd's functionalization does for Inductor).
 
@@ -8,17 +8,21 @@ says *that* the group changed, not *how*. This pass says how, with functional
 prims only:
 
 - the view chain from the group's base to ``v`` (leaf view prims: slice,
-  reshape, squeeze, permute) is known from the trace;
+  reshape, squeeze, permute) is known from the trace; a ``reshape`` is a view
+  or a copy as eager makes it for the strides compiled for (eager_layout.py);
 - the write becomes ``y1 = scatter(y, src, chain)``: walking the chain back,
   each view's inverse puts the new value into its base (a slice is padded
   into place and selected with ``where``; reshape/squeeze reshape back;
   permute permutes back);
-- every renamed member is the same chain replayed on ``y1``.
+- every renamed member is the same chain replayed on ``y1``;
+- a written program input gets its final value by one ``copy_`` right before
+  the return; autodiff takes those off (``take_write_backs``) and the caller
+  copies them in after the differentiated forward.
 
-Where the pass cannot say how (a write into a program input, an expanding
-view, a view op with no inverse here, an opaque in-place op), it returns None
-with the reason; autodiff then keeps its eager-mode replay and names that
-reason.
+Where the pass cannot say how (an input sharing storage with another input, a
+returned view of a written input, an expanding view, a view op with no inverse
+here, an opaque in-place op), it raises ``NotFunctionalizable`` with the
+reason; autodiff then keeps its eager-mode replay and names that reason.
 
 Example (``v = y[:, 0]; v.mul_(2); return y``)::
 
