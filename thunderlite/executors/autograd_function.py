@@ -45,13 +45,21 @@ import torch
 
 from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
+from thunderlite.executors.torchex import writes_out
 from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
+from thunderlite.transforms.reuse_buffers import reuse_buffers
 
 
 def _stages(finalize: Callable, trace: Trace) -> list[Trace]:
     """``finalize`` returns the final trace, or every stage's trace (last = final)."""
     out = finalize(trace)
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _reusing(stages: list[Trace]) -> list[Trace]:
+    """``stages`` plus the final trace with dying buffers reused (``out=``): both
+    sides run without autograd recording, as eager's backward accumulates."""
+    return [*stages, reuse_buffers(stages[-1], writes_out)]
 
 
 def _distinct(traces: list[Trace]) -> list[Trace]:
@@ -146,7 +154,7 @@ class DifferentiableProgram:
         forward, backward = split.forward, split.backward
         if after_split is not None:       # user transforms' after_autodiff hook (transforms/user.py)
             forward, backward = after_split(forward, backward)
-        fwd_stages, bwd_stages = _stages(finalize, forward), _stages(finalize, backward)
+        fwd_stages, bwd_stages = _reusing(_stages(finalize, forward)), _reusing(_stages(finalize, backward))
         self.forward_traces = _distinct([*([split.functionalized] if split.functionalized is not None else []),
                                          split.forward, forward, *fwd_stages])
         self.backward_traces = _distinct([split.backward, backward, *bwd_stages])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core import dtypes, prims
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.executors.base import OperatorExecutor
 
@@ -179,3 +180,22 @@ def copy_(src, dst):
 for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
             iota, uniform, normal, randint, bernoulli, sort, copy_):
     _register(_fn.__name__, _fn)
+
+
+# --- out=: where an elementwise result may be written into a dying input ------------------
+
+_NO_OUT = ("isfinite", "isnan", "isinf", "real", "imag", "conj")     # no out= (real/imag/conj are views)
+_IMPLEMENTED = {i.of: i.symbol for i in ex.implementations()}
+_WRITES_OUT = frozenset(_IMPLEMENTED[getattr(prims, n)] for n in prims.UNARY + prims.BINARY + prims.TERNARY
+                        if n not in _NO_OUT)
+_WHERE = _IMPLEMENTED[prims.where]
+
+
+def writes_out(bsym: BoundSymbol) -> bool:
+    """Whether ``bsym`` runs as a torch elementwise function taking ``out=``, so
+    that ``out=`` one of its inputs computes it in place
+    (transforms/reuse_buffers.py). The out= overloads want a tensor first
+    (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors."""
+    if bsym.sym is _WHERE:
+        return all(type(a) is TensorProxy for a in bsym.args)
+    return bsym.sym in _WRITES_OUT and bool(bsym.args) and type(bsym.args[0]) is TensorProxy

@@ -230,6 +230,7 @@ def test_finalize_may_return_every_stage():
         return [claimed, del_last_used(claimed)]
     x = _make()
     program = make_differentiable(trace_of(lambda a: prims.sum(prims.sin(a), (0, 1)), (x,)), [True], stages)
-    assert [t.stage for t in program.backward_traces][-2:] == ["claim_executors", "del_last_used"]
+    # reuse_buffers writes the gradient into cos(x), which dies there (executors/autograd_function.py)
+    assert [t.stage for t in program.backward_traces][-3:] == ["claim_executors", "del_last_used", "reuse_buffers"]
     program(x).backward()
     torch.testing.assert_close(x.grad, torch.cos(x.detach()))

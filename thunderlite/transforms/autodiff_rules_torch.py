@@ -340,6 +340,14 @@ def _sigmoid(g, out, a):
     return (kernels.sigmoid_backward(g, out),)
 
 
+@register_vjp(ew.pow, when=lambda b: _float_input(b) and isinstance(b.tensor_args()[0], TensorProxy)
+              and type(_arg(b, 1, "exponent")) in (int, float) and _arg(b, 1, "exponent") == 2)
+def _square(g, out, input, exponent):
+    """``g * 2x``, eager's pow_backward (RMSNorm's ``x.pow(2)``): two kernels,
+    where the decomposition ``x * x`` gives ``g x + g x``, three."""
+    return ew.mul(g, ew.mul(input, 2.0)), None
+
+
 # --- special values: eager's masked formulas where the decomposition's chain rule gives nan ---------
 # (sqrt'(0) * 0, a clamp's edge, 0 * log 0): each rule is eager's own backward formula.
 

@@ -1,0 +1,124 @@
+"""Write an elementwise result into an input buffer that dies there (``out=``).
+
+Eager's autograd accumulates a gradient in place when nothing else holds the
+buffer; a functional backward trace instead allocates a fresh tensor for every
+sum and every elementwise step. On a trace that ``del_last_used`` has
+finished, this pass gives such a symbol its dying input as ``out``::
+
+    t370 = torch.add(t339, t368)            # t339 is deleted right after
+    t370 = torch.add(t339, t368, out=t339)  # after this pass
+
+so the step allocates nothing and the buffer's pages stay warm.
+
+An input ``a`` of a symbol ``s`` is reused only when all of these hold:
+- ``write_out(s)``: the executor says ``s`` runs as an elementwise function
+  that accepts ``out=`` (so writing over ``a`` while reading it is the
+  in-place form of the same op);
+- ``a`` has ``s``'s output shape, dtype and device (never broadcast into it);
+- ``a`` dies at ``s`` (a ``del`` of it follows ``s``);
+- ``a`` was computed in this trace by an executor's symbol into fresh memory
+  (``core.aliasing``): not a trace input, nor a value unpacked from one (a
+  saved-for-backward list), whose storage the caller may still hold;
+- every other name that may share ``a``'s storage (its views, found through
+  each symbol's own alias facts and the leaves it is made of) died before
+  ``s``; none is a trace input.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from thunderlite.core.aliasing import call_views, views
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.transforms.del_last_used import is_del
+
+_ALIVE = float("inf")
+
+
+class _Storage:
+    """Names that may share storage (union-find over every ``(view, base)``
+    pair), and the names that are some pair's view, so own no storage."""
+
+    def __init__(self, bsyms: list[BoundSymbol]):
+        self.parent: dict[str, str] = {}
+        self.is_view: set[str] = set()
+        for b in bsyms:
+            if is_del(b) or Tag.RETURN in b.sym.tags:
+                continue
+            for out, base in views(b) + call_views(b):
+                self.is_view.add(out.name)
+                self.parent[self._find(out.name)] = self._find(base.name)
+        self.groups: dict[str, list[str]] = {}
+        for n in list(self.parent):
+            self.groups.setdefault(self._find(n), []).append(n)
+
+    def _find(self, name: str) -> str:
+        while self.parent.get(name, name) != name:
+            name = self.parent[name]
+        return name
+
+    def sharing(self, name: str) -> list[str]:
+        return [n for n in self.groups.get(self._find(name), ()) if n != name]
+
+
+def _last_uses(bsyms: list[BoundSymbol]) -> dict[str, int]:
+    """Index of the symbol each deleted name dies at (the one its ``del`` follows)."""
+    last: dict[str, int] = {}
+    for i, b in enumerate(bsyms):
+        if is_del(b):
+            for p in b.args:
+                last[p.name] = i - 1
+    return last
+
+
+class _Plan:
+    """What one trace allows; ``target(s, i)`` is the input ``s`` may write into."""
+
+    def __init__(self, trace: Trace, bsyms: list[BoundSymbol]):
+        self.last = _last_uses(bsyms)
+        self.storage = _Storage(bsyms)
+        self.inputs = {p.name for p in trace.args if isinstance(p, TensorProxy)}
+        self.made: set[str] = set()
+        self.owned: set[str] = set()
+        for b in bsyms:
+            outs = [o.name for o in b.tensor_outs()]
+            self.made.update(outs)
+            if b.sym.executor is not None and Tag.OPAQUE not in b.sym.tags:
+                self.owned.update(n for n in outs if n not in self.storage.is_view)
+
+    def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
+        outs = bsym.tensor_outs()
+        if len(outs) != 1:
+            return None
+        out = outs[0]
+        for a in bsym.tensor_args():
+            if (a.shape == out.shape and a.dtype == out.dtype and a.device == out.device
+                    and a.name in self.owned and self.last.get(a.name) == i and self._alone(a.name, i)):
+                return a
+        return None
+
+    def _alone(self, name: str, i: int) -> bool:
+        """No other name of ``name``'s storage is an input or lives at symbol ``i``
+        (names only inside a fused region or a decomposition die with their call)."""
+        for n in self.storage.sharing(name):
+            if n in self.inputs or (n in self.made and self.last.get(n, _ALIVE) >= i):
+                return False
+        return True
+
+
+@trace_pass("reuse_buffers")
+def reuse_buffers(trace: Trace, write_out: Callable[[BoundSymbol], bool]) -> Trace:
+    """See the module docstring; returns ``trace`` itself when nothing is reused."""
+    bsyms = trace.bound_symbols
+    plan = _Plan(trace, bsyms)
+    out: list[BoundSymbol] = []
+    changed = False
+    for i, b in enumerate(bsyms):
+        a = None if is_del(b) or "out" in b.kwargs or not write_out(b) else plan.target(b, i)
+        if a is not None:
+            b = b.replace(kwargs={**b.kwargs, "out": a})
+            changed = True
+        out.append(b)
+    return trace.with_bound_symbols("reuse_buffers", out) if changed else trace
