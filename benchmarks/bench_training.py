@@ -15,14 +15,19 @@ time of a step, each as a ratio to eager's; the first call (trace + autodiff +
 passes + compilation) in seconds; and that every variant's parameters after
 all steps equal eager's (max abs difference).
 
-Peak memory on CPU: before a step the kernel's high-water mark of resident
-memory is reset (``/proc/self/clear_refs``); the number is the high-water mark
-(VmHWM) minus the resident size at the reset: activations, saved tensors,
-gradients and temporaries above the parameters, min over 3 steps. glibc's mmap
-threshold is pinned (``MALLOC_MMAP_THRESHOLD_``, the script re-executes itself
-with it) so that large tensors are mapped and unmapped one by one and resident
-size follows live tensor bytes. On CUDA: ``torch.cuda.max_memory_allocated``
-above the allocation at the start of the step.
+Peak memory on CPU is measured in a second run of the script (``--pinned``,
+started by the first) with glibc's mmap threshold pinned
+(``MALLOC_MMAP_THRESHOLD_=65536``), so that large tensors are mapped and
+unmapped one by one and resident size follows live tensor bytes: before a step
+the kernel's high-water mark of resident memory is reset
+(``/proc/self/clear_refs``); the number is the high-water mark (VmHWM) minus
+the resident size at the reset (activations, saved tensors, gradients and
+temporaries above the parameters), min over 3 steps. That run's step times are
+reported too ("pinned"): there every allocation of a large tensor faults in
+fresh pages, so they charge each allocated byte, which glibc's default
+allocator (reusing freed memory, as the main run and real programs do) and
+CUDA's caching allocator do not. On CUDA one run gives both, peak memory being
+``torch.cuda.max_memory_allocated`` above the allocation at the start of the step.
 
 Measured on the shared 2-core CPU machine (load average ~12, so wall times are
 several times the CPU times; ``--threads 1``, 10-16 interleaved steps, noise
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import subprocess
@@ -155,7 +161,7 @@ def peak_step_bytes(fn, opt, batch) -> int:
     return _proc_status("VmHWM") - base
 
 
-def run_model(kind: str, names: list[str], opts, device: str) -> list[dict]:
+def run_model(kind: str, names: list[str], opts, device: str, peak: bool) -> list[dict]:
     torch.manual_seed(0)
     base = MODELS[kind](opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device)
     g = torch.Generator().manual_seed(1)
@@ -178,7 +184,7 @@ def run_model(kind: str, names: list[str], opts, device: str) -> list[dict]:
             r["ms"].append((time.perf_counter() - start) * 1e3)
             r["cpu"].append((time.process_time() - cpu_start) * 1e3)
     for r in rows:
-        r["peak_mb"] = min(peak_step_bytes(r["fn"], r["opt"], batch) for _ in range(3)) / 2**20
+        r["peak_mb"] = min(peak_step_bytes(r["fn"], r["opt"], batch) for _ in range(3)) / 2**20 if peak else None
     ref = dict(rows[0]["model"].named_parameters())
     for r in rows:
         r["param_diff"] = max((p.detach() - ref[n].detach()).abs().max().item()
@@ -186,22 +192,41 @@ def run_model(kind: str, names: list[str], opts, device: str) -> list[dict]:
     return rows
 
 
-def print_rows(kind: str, rows: list[dict], opts, device: str) -> None:
+def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> None:
+    """``pinned``: per variant, the median step ms and the peak MB measured in
+    the pinned-allocator process (see the module docstring)."""
     print(f"\n{kind}: layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}, {opts.steps} interleaved steps")
-    print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'peak MB':>9}{'time/eager':>12}{'cpu/eager':>11}"
-          f"{'mem/eager':>11}{'first s':>9}{'param diff':>12}")
+    print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'time/eager':>12}{'cpu/eager':>11}{'first s':>9}{'param diff':>12}"
+          f"{'| pinned:':>10}{'time/eager':>12}{'peak MB':>9}{'mem/eager':>11}")
     e = rows[0]
     e_ms, e_cpu = statistics.median(e["ms"]), statistics.median(e["cpu"])
+    pe = pinned[e["name"]]
     for r in rows:
         ms, cpu = statistics.median(r["ms"]), statistics.median(r["cpu"])
-        print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{r['peak_mb']:>9.1f}{ms / e_ms:>12.2f}{cpu / e_cpu:>11.2f}"
-              f"{r['peak_mb'] / e['peak_mb']:>11.2f}{r['first_s']:>9.1f}{r['param_diff']:>12.1e}")
+        p = pinned[r["name"]]
+        print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{ms / e_ms:>12.2f}{cpu / e_cpu:>11.2f}{r['first_s']:>9.1f}"
+              f"{r['param_diff']:>12.1e}{'':>10}{p['ms'] / pe['ms']:>12.2f}{p['peak_mb']:>9.1f}"
+              f"{p['peak_mb'] / pe['peak_mb']:>11.2f}")
     by = {r["name"]: r for r in rows}
     if "thunderlite+tc" in by and "torch.compile" in by:
         tc, tl = by["torch.compile"], by["thunderlite+tc"]
         print(f"{'thunderlite+tc / torch.compile':<32} time {statistics.median(tl['ms']) / statistics.median(tc['ms']):.2f}"
-              f"  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}")
+              f"  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}"
+              f"  pinned time {pinned['thunderlite+tc']['ms'] / pinned['torch.compile']['ms']:.2f}")
+
+
+def pinned_summary(rows: list[dict]) -> dict:
+    return {r["name"]: {"ms": statistics.median(r["ms"]), "peak_mb": r["peak_mb"]} for r in rows}
+
+
+def measure_pinned(opts) -> dict:
+    """Run this script again with glibc's mmap threshold pinned (``--pinned``)
+    and read back, per model and variant, its step time and peak memory."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--pinned"], env=env, check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def python_calls_per_step(fn, batch) -> int:
@@ -271,10 +296,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")
     ap.add_argument("--scaling-point", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--pinned", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        sys.exit(subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     if opts.scaling_point:
@@ -295,9 +318,16 @@ def main() -> None:
     if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
                                    for p in os.environ.get("PATH", "").split(os.pathsep)):
         names = [n for n in names if n not in ("thunderlite+tc", "torch.compile")]
-        print("no C++ compiler: the Inductor variants are skipped")
-    for kind in opts.models.split(","):
-        print_rows(kind, run_model(kind, names, opts, device), opts, device)
+        if not opts.pinned:
+            print("no C++ compiler: the Inductor variants are skipped")
+    kinds = opts.models.split(",")
+    if opts.pinned:
+        print(json.dumps({k: pinned_summary(run_model(k, names, opts, device, peak=True)) for k in kinds}))
+        return
+    results = {k: run_model(k, names, opts, device, peak=device == "cuda") for k in kinds}
+    pinned = {k: pinned_summary(rows) for k, rows in results.items()} if device == "cuda" else measure_pinned(opts)
+    for k, rows in results.items():
+        print_rows(k, rows, pinned[k], opts, device)
 
 
 if __name__ == "__main__":
