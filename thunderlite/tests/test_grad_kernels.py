@@ -105,6 +105,99 @@ def test_flash_attention_forward_and_backward(kw, L, S):
           attn_mask=mask, scale=scale)
 
 
+def _lse_rows(L: int) -> int:
+    return -(-L // 32) * 32
+
+
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"mask": True}])
+@pytest.mark.parametrize("L,S", [(5, 5), (3, 6), (40, 7)])
+def test_efficient_attention_decompositions(kw, L, S):
+    """CUDA memory-efficient attention's decompositions (what runs without a
+    GPU kernel) compute what CPU flash attention computes, in the CUDA
+    kernel's layout: float32 logsumexp padded to 32 rows, empty philox state."""
+    q, k, v = (_t(*x.shape, seed=i, dtype=torch.float32) for i, x in enumerate(_causal_sdpa_inputs(L, S)))
+    bias = _t(2, 3, L, S, seed=4, dtype=torch.float32) if kw.get("mask") else None
+    causal, scale = kw.get("is_causal", False), kw.get("scale")
+    out, lse, seed, offset = _decomposed(K.sdpa_efficient, q, k, v, bias, True, 0.0, causal, scale=scale)
+    want_out, want_lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias,
+                                                                          scale=scale)
+    torch.testing.assert_close(out, want_out)
+    assert lse.shape == (2, 3, _lse_rows(L)) and lse.dtype == torch.float32
+    torch.testing.assert_close(lse[..., :L], want_lse)
+    assert seed.shape == offset.shape == () and seed.dtype == offset.dtype == torch.int64
+    g = _t(2, 3, L, 4, seed=5, dtype=torch.float32)
+    grads = _decomposed(K.sdpa_efficient_backward, g, q, k, v, bias, out, lse, seed, offset, 0.0,
+                        [True, True, True, False], causal, scale=scale)
+    want = aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, want_out, want_lse, 0.0, causal,
+                                                                     attn_mask=bias, scale=scale)
+    for gw, gg in zip(want, grads[:3], strict=True):
+        torch.testing.assert_close(gg, gw)
+    assert grads[3] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("masked", [False, True])
+def test_efficient_attention_symbols_have_the_kernels_shapes(dtype, masked):
+    """The symbols' outputs (traced from their decompositions) have the shapes
+    and dtypes of ATen's kernels (their meta functions), argument for argument."""
+    L, S, E = 37, 32, 8
+    meta = [torch.empty(2, 3, n, E, device="meta", dtype=dtype) for n in (L, S, S)]
+    mbias = torch.empty(2, 3, L, S, device="meta", dtype=dtype) if masked else None
+    want = aten._scaled_dot_product_efficient_attention(*meta, mbias, True, 0.0, True)
+    want_b = aten._scaled_dot_product_efficient_attention_backward(want[0], *meta, mbias, *want, 0.0,
+                                                                   [True, True, True, False], True)
+    cpu = [torch.zeros(t.shape, dtype=dtype) for t in meta]
+    bias = torch.zeros(2, 3, L, S, dtype=dtype) if masked else None
+    fwd = trace_of(lambda q, k, v, b: K.sdpa_efficient(q, k, v, b, True, 0.0, True), (*cpu, bias))
+    outs = fwd.bound_symbols[-2].output
+    grads = trace_of(lambda g, q, k, v, b, o, lse, s, f: K.sdpa_efficient_backward(
+        g, q, k, v, b, o, lse, s, f, 0.0, [True, True, True, False], True),
+        (cpu[0], *cpu, bias, cpu[0], torch.zeros(want[1].shape), torch.zeros((), dtype=torch.int64),
+         torch.zeros((), dtype=torch.int64))).bound_symbols[-2].output
+    for w, got in zip((*want, *want_b), (*outs, *grads), strict=True):
+        assert (w is None) == (got is None)
+        if w is not None:
+            assert (tuple(w.shape), w.dtype) == (got.shape, got.dtype)
+
+
+def test_cuda_attention_takes_the_efficient_kernels():
+    """On CUDA proxies (no GPU needed to split) the forward records the
+    memory-efficient kernel saving its logsumexp, the backward its backward."""
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.core.trace import Trace
+    from thunderlite.core.tracectx import tracectx
+    from thunderlite.torch import nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff import split_forward_backward
+    trc = Trace()
+    with tracectx(trc):
+        q, k, v = (TensorProxy((2, 3, 32, 8), torch.float16, "cuda", requires_grad=True, name=n) for n in "qkv")
+        mask = TensorProxy((32, 32), torch.bool, "cuda", name="m")
+        trc.args = [q, k, v, mask]
+        trc.set_return(red.sum(lnn.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
+    split = split_forward_backward(trc, [True, True, True, False])
+    fwd = [b.sym.name for b in split.forward.bound_symbols]
+    bwd = [b.sym.name for b in split.backward.bound_symbols]
+    assert "sdpa_efficient" in fwd and "sdpa_flash_cpu" not in fwd, fwd
+    assert bwd.count("sdpa_efficient_backward") == 1 and "matmul" not in bwd, bwd
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA memory-efficient attention needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_attention_step_matches_eager(dtype):
+    torch.manual_seed(0)
+    model = _GPT().to("cuda", dtype)
+    idx, targets = torch.randint(0, 32, (2, 16), device="cuda"), torch.randint(0, 32, (2, 16), device="cuda")
+    want_loss, want = _step_grads(model, model, idx, targets)
+    jm = thunderlite.jit(model)
+    got_loss, got = _step_grads(model, jm, idx, targets)
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got_loss, want_loss, **tol)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol)
+    names = [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
+    assert names.count("sdpa_efficient_backward") == len(model.blocks)
+
+
 # --- a training step's backward is made of the kernels ----------------------------------------
 
 class _Block(torch.nn.Module):

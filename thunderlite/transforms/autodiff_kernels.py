@@ -242,7 +242,7 @@ def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx
     return prims.index_add(prims.full((num_weights, dim), 0, device=g.device, dtype=g.dtype), 0, idx, g)
 
 
-# --- attention (CPU flash attention) ---------------------------------------------------------------------
+# --- attention: the math both CPU flash and CUDA efficient attention compute ---------------------------------------------------------------------
 
 def _scores(query, key, is_causal: bool, attn_mask, scale):
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -259,10 +259,8 @@ def _scores(query, key, is_causal: bool, attn_mask, scale):
     return s, scale
 
 
-@_kernel(aten._scaled_dot_product_flash_attention_for_cpu)
-def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
-                   scale=None):
-    """``(out, logsumexp)``: logsumexp of each query row's scaled scores, ``[B, H, L]``."""
+def _attention(query, key, value, is_causal: bool, attn_mask, scale):
+    """``(out, logsumexp)``: the logsumexp of each query row's scaled scores, ``[B, H, L]``."""
     s, _ = _scores(query, key, is_causal, attn_mask, scale)
     m = red.amax(s, -1, True)
     m = ew.where(ew.isinf(m), 0, m)
@@ -272,10 +270,8 @@ def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = 
     return linalg.matmul(ew.div(e, total), value), lse
 
 
-@_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward)
-def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
-                            attn_mask=None, scale=None):
-    """The probabilities are recomputed from q, k and the saved logsumexp."""
+def _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal: bool, attn_mask, scale):
+    """``(gq, gk, gv)``; the probabilities are recomputed from q, k and the saved logsumexp."""
     s, scale = _scores(query, key, is_causal, attn_mask, scale)
     probs = ew.exp(ew.sub(s, shapes.unsqueeze(logsumexp, -1)))
     gv = linalg.matmul(shapes.transpose(probs, -2, -1), grad_out)
@@ -283,3 +279,52 @@ def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
     rowdot = red.sum(ew.mul(grad_out, out), -1, True)
     gs = ew.mul(ew.mul(probs, ew.sub(gp, rowdot)), scale)
     return linalg.matmul(gs, key), linalg.matmul(shapes.transpose(gs, -2, -1), query), gv
+
+
+@_kernel(aten._scaled_dot_product_flash_attention_for_cpu)
+def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
+                   scale=None):
+    """``(out, logsumexp)``, the logsumexp ``[B, H, L]``."""
+    return _attention(query, key, value, is_causal, attn_mask, scale)
+
+
+@_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
+                            attn_mask=None, scale=None):
+    return _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale)
+
+
+# --- attention (CUDA memory-efficient attention) --------------------------------------------------------
+
+_LSE_ALIGN = 32         # the CUDA kernel pads its logsumexp along the query rows to a multiple of this
+
+
+def _f32(x):
+    return x if x is None or x.dtype == torch.float32 else convert(x, torch.float32)
+
+
+@_kernel(aten._scaled_dot_product_efficient_attention)
+def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp: bool, dropout_p: float = 0.0,
+                   is_causal: bool = False, *, scale=None):
+    """``(out, logsumexp, philox_seed, philox_offset)`` as the CUDA kernel returns
+    them without dropout: the logsumexp in float32, ``[B, H, L]`` padded to a
+    multiple of 32 rows (the pad is never read), the philox state empty.
+    Computed in float32, as the kernel accumulates."""
+    out, lse = _attention(_f32(query), _f32(key), _f32(value), is_causal, _f32(attn_bias), scale)
+    L = query.shape[-2]
+    rows = -(-L // _LSE_ALIGN) * _LSE_ALIGN if compute_log_sumexp else 0
+    lse = prims.pad(lse, 0.0, ((0, 0, 0), (0, 0, 0), (0, rows - L, 0)))
+    philox = [prims.full((), 0, device=query.device, dtype=torch.int64) for _ in range(2)]
+    return convert(out, query.dtype), lse, *philox
+
+
+@_kernel(aten._scaled_dot_product_efficient_attention_backward)
+def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
+                            dropout_p: float, grad_input_mask, is_causal: bool = False, *, scale=None):
+    """``(gq, gk, gv, None)``: the bias's gradient is not asked for
+    (``grad_input_mask[3]`` is False on the paths that use this kernel)."""
+    B, H, L = logsumexp.shape[0], logsumexp.shape[1], query.shape[-2]
+    lse = prims.slice_prim(logsumexp, (0, 0, 0), (B, H, L))
+    grads = _attention_grads(_f32(grad_out_), _f32(query), _f32(key), _f32(value), _f32(out), lse, is_causal,
+                             _f32(attn_bias), scale)
+    return (*(convert(g, query.dtype) for g in grads), None)

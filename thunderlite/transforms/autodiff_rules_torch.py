@@ -253,15 +253,48 @@ def _flash_cpu_when(bsym) -> bool:
             and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
 
 
-@register_forward(lnn.scaled_dot_product_attention, when=_flash_cpu_when)
-def _sdpa_flash_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                        enable_gqa=False):
-    """The output plus the logsumexp eager's flash kernel saves. A boolean mask
-    becomes an additive one first, as eager converts it."""
-    if attn_mask is not None and attn_mask.dtype is torch.bool:
-        attn_mask = ew.where(attn_mask, 0.0, -math.inf)
-        attn_mask = attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
-    return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+_EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _efficient_cuda_when(bsym) -> bool:
+    """What ATen's CUDA memory-efficient attention takes as eager calls it: 4-d
+    q/k/v on CUDA of one half or float dtype, q and k of one head size aligned
+    to 16 bytes, no dropout or GQA, and a mask (boolean, or a float mask of q's
+    dtype that needs no grad) whose key length is a multiple of 16 (eager pads
+    other lengths first)."""
+    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
+    mask = _arg(bsym, 3, "attn_mask")
+    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
+        return False
+    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
+                               and not _wants(mask) and k.shape[-2] % 16 == 0 and mask.ndim <= 4)
+    align = 16 // q.dtype.itemsize if q.dtype in _EFFICIENT_DTYPES else 0
+    return (q.dtype in _EFFICIENT_DTYPES and q.dtype == k.dtype == v.dtype and q.ndim == k.ndim == v.ndim == 4
+            and q.shape[-1] == k.shape[-1] and q.shape[-1] % align == 0 and v.shape[-1] % align == 0
+            and q.shape[:2] == k.shape[:2] == v.shape[:2] and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
+            and not _arg(bsym, 7, "enable_gqa", False) and mask_ok
+            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
+
+
+def _additive(attn_mask, query):
+    """A boolean mask made additive (0 / -inf in q's dtype), as eager converts it."""
+    if attn_mask is None or attn_mask.dtype is not torch.bool:
+        return attn_mask
+    attn_mask = ew.where(attn_mask, 0.0, -math.inf)
+    return attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
+
+
+@register_forward(lnn.scaled_dot_product_attention, when=lambda b: _flash_cpu_when(b) or _efficient_cuda_when(b))
+def _sdpa_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The output plus the statistics eager's kernel saves: CPU flash
+    attention's logsumexp, or CUDA memory-efficient attention's logsumexp and
+    philox state (its bias expanded to ``[B, H, L, S]``, as eager passes it)."""
+    attn_mask = _additive(attn_mask, query)
+    if query.device.type == "cpu":
+        return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+    if attn_mask is not None:
+        attn_mask = shapes.expand(attn_mask, (*query.shape[:-1], key.shape[-2]))
+    return kernels.sdpa_efficient(query, key, value, attn_mask, True, 0.0, is_causal, scale=scale)
 
 
 @register_vjp(kernels.sdpa_flash_cpu)
@@ -272,6 +305,17 @@ def _sdpa_flash(g, out, query, key, value, dropout_p=0.0, is_causal=False, *, at
                                                  attn_mask=attn_mask, scale=scale)
     return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
             "value": gv if _wants(value) else None}
+
+
+@register_vjp(kernels.sdpa_efficient)
+def _sdpa_efficient(g, out, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *,
+                    scale=None):
+    if g[0] is None:
+        return {}
+    mask = (_wants(query), _wants(key), _wants(value), False)
+    gq, gk, gv, _ = kernels.sdpa_efficient_backward(g[0], query, key, value, attn_bias, out[0], out[1], out[2],
+                                                    out[3], 0.0, mask, is_causal, scale=scale)
+    return {"query": gq if mask[0] else None, "key": gk if mask[1] else None, "value": gv if mask[2] else None}
 
 
 @register_vjp(lnn.scaled_dot_product_attention, when=_sdpa_when)
