@@ -2,13 +2,16 @@
 
     python scripts/fuzz_inplace.py --seeds 5000 [--start 0] [--jit]
     python scripts/fuzz_inplace.py --jit --executors torchcompile,torch --seeds 5000
+    python scripts/fuzz_inplace.py --grad [--executors torchcompile,torch] --seeds 5000
 
 Each seed is a random program of views, writes and reads over inputs that may
 share storage, compared with eager PyTorch: a trace-level program after the
 alias pipeline in a random topological order (thunderlite/tests/test_fuzz_inplace.py),
 or with ``--jit`` a Python program through ``thunderlite.jit``, plain and with
 a randomly reordering fusion executor (thunderlite/tests/test_fuzz_inplace_jit.py),
-or with ``--executors`` through the jit with exactly those executors.
+or with ``--executors`` through the jit with exactly those executors; with
+``--grad`` the jit programs' arguments require grad and gradients are compared
+too (thunderlite/tests/test_fuzz_inplace_grad.py).
 
 With the real torchcompile executor most of the time is Inductor compiling
 each program's regions: the seeds run in one process, so regions that repeat
@@ -26,14 +29,16 @@ from functools import partial
 
 import torch
 
-from thunderlite.tests import test_fuzz_inplace, test_fuzz_inplace_jit
+from thunderlite.tests import test_fuzz_inplace, test_fuzz_inplace_grad, test_fuzz_inplace_jit
 
 
 def _checker(opts):
+    module = test_fuzz_inplace_grad if opts.grad else test_fuzz_inplace_jit if opts.jit else test_fuzz_inplace
     if opts.executors:
         torch._inductor.config.compile_threads = 1
-        return partial(test_fuzz_inplace_jit.check_seed, executors=opts.executors.split(","))
-    return (test_fuzz_inplace_jit if opts.jit else test_fuzz_inplace).check_seed
+        return partial((test_fuzz_inplace_grad if opts.grad else test_fuzz_inplace_jit).check_seed,
+                       executors=opts.executors.split(","))
+    return module.check_seed
 
 
 def main() -> int:
@@ -41,6 +46,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5000)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--jit", action="store_true", help="fuzz Python programs through thunderlite.jit")
+    parser.add_argument("--grad", action="store_true", help="jit programs whose arguments require grad")
     parser.add_argument("--executors", default="",
                         help="comma-separated executor list for the jit fuzzer (e.g. torchcompile,torch)")
     parser.add_argument("--progress", type=int, default=0, help="print progress every N seeds")

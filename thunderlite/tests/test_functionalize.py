@@ -285,3 +285,36 @@ def test_write_into_argument_sharing_storage_falls_back():
     torch.testing.assert_close((base, w.grad), (base_r, w_r.grad))
     named = [t for t in thunderlite.last_traces(jfn) if t.stage == EAGER_MODE_STAGE]
     assert named and "shares storage with another input" in str(named[0])
+
+
+def write_reading_another_view_of_itself(x, w):
+    y = x * w
+    v = y[:, ::2]                   # not dense: eager's kernel reads it while writing y, in its own order
+    y.sub_(v[:, :1], alpha=2)
+    return y
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=["default", "shuffle"])
+def test_write_reading_another_view_of_itself_keeps_eager_mode(exs):
+    jfn = _run(write_reading_another_view_of_itself, _exs(exs))
+    named = [t for t in thunderlite.last_traces(jfn) if t.stage == EAGER_MODE_STAGE]
+    assert named and "reads another view of the memory it writes" in str(named[0])
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=["default", "shuffle"])
+def test_write_through_detached_alias_keeps_requires_grad(exs):
+    """A write autograd does not see (into ``x.detach()``) changes values, not
+    which tensors require grad: the returned alias still does not."""
+    def f(a):
+        d = a.detach()
+        d.clamp_(-0.5, 0.5)
+        return d, a.reshape(-1)
+    leaf = torch.randn(2, 3, requires_grad=True)
+    leaf_r = leaf.detach().clone().requires_grad_()
+    jfn = thunderlite.jit(f) if exs is None else thunderlite.jit(f, executors=_exs(exs))
+    out, ref = jfn(leaf * 2), f(leaf_r * 2)
+    torch.testing.assert_close(out, ref)
+    assert [t.requires_grad for t in out] == [t.requires_grad for t in ref] == [False, True]
+    out[1].sum().backward()
+    ref[1].sum().backward()
+    torch.testing.assert_close(leaf.grad, leaf_r.grad)

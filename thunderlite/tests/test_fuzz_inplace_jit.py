@@ -55,12 +55,20 @@ _READS = ["{x}.sin()", "{x} + {y}", "{x}.sum(0)", "{x} * {s}", "{x}.exp()", "({x
           "{x}.clone()", "{x}.mean()", "torch.where({x} > 0, {x}, {y})"]
 
 
-def _alias_inputs(rng: random.Random, rows: int, cols: int, g: torch.Generator):
-    """Two argument tensors and the base(s) to compare afterwards."""
+def _alias_inputs(rng: random.Random, rows: int, cols: int, g: torch.Generator, leaves: list | None = None):
+    """Two argument tensors and the base(s) to compare afterwards. With
+    ``leaves`` (a list), every tensor drawn is a leaf requiring grad (appended
+    there) and the arguments are made from non-leaf copies of them, so the
+    program's writes into its arguments are on a gradient path."""
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if leaves is None:
+            return t
+        leaves.append(t.requires_grad_())
+        return t * 1.0
     mode = rng.choice(["independent", "same", "view", "overlap", "disjoint", "reshaped"])
-    base = torch.randn(rows + 2, cols, generator=g)
+    base = fresh(torch.randn(rows + 2, cols, generator=g))
     if mode == "independent":
-        other = torch.randn(rows, cols, generator=g)
+        other = fresh(torch.randn(rows, cols, generator=g))
         return (base[:rows].clone(), other), None
     if mode == "same":
         t = base[:rows].clone()
@@ -88,15 +96,17 @@ class FuzzProgram:
         return namespace["f"]
 
 
-def generate(seed: int, steps: int = 12) -> FuzzProgram:
+def generate(seed: int, steps: int = 12, grad: bool = False) -> FuzzProgram:
+    """A random program; with ``grad`` its arguments require grad (see
+    ``_alias_inputs``; ``make_args(leaves)`` fills the list with the leaves)."""
     rng = random.Random(seed)
     rows, cols = rng.randint(2, 4), rng.randint(2, 4)
     alias_mode = rng.randrange(1 << 30)
 
-    def make_args():
+    def make_args(leaves: list | None = None):
         g = torch.Generator().manual_seed(seed)
-        return _alias_inputs(random.Random(alias_mode), rows, cols, g)
-    (a, b), _ = make_args()
+        return _alias_inputs(random.Random(alias_mode), rows, cols, g, leaves)
+    (a, b), _ = make_args([] if grad else None)
     env = {"torch": torch, "a": a, "b": b}
     names = ["a", "b"]
     lines: list[str] = []

@@ -119,7 +119,14 @@ def _on_path(bsym: BoundSymbol, tracked: set[str]) -> bool:
 
 def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
     """Outputs on a gradient path require grad as their proxies say; a write
-    makes its destination require grad when the written value does (eager)."""
+    makes its destination require grad when the written value does (eager).
+    A write autograd does not see (its value is not tracked: into a
+    ``detach()``/``.data`` alias) leaves every member's flag as it was."""
+    if Tag.ALIAS_BARRIER in bsym.sym.tags and not any(a.name in tracked for a in bsym.args[1]):
+        for m, o in zip(bsym.args[0], bsym.output, strict=True):
+            if m.name in tracked:
+                tracked.add(o.name)
+        return
     writer = bsym.sym is prims.copy_ or Tag.ALIAS_BARRIER in bsym.sym.tags
     for o in bsym.tensor_outs():
         if _is_diff_tensor(o) or (writer and dtypes.is_inexact(o.dtype)):

@@ -75,6 +75,7 @@ class _Rewriter:
         self.decided: set[BoundSymbol] = set()   # reshapes eager_layout says are views
         self.cut: dict[str, str] = {}            # reshapes it says copy: output name -> input name
         self.used: set[str] = set()              # the decisions a functional write relied on
+        self.opaque: set[str] = set()            # renamed by a write this pass leaves as it is
         self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
         self.shared_inputs = {n for g in (input_alias_groups or ()) if len(g) > 1 for n in g}
         self.keep = keep            # names written by composites that own their writes
@@ -135,12 +136,35 @@ class _Rewriter:
         elif Tag.ALIAS_BARRIER in bsym.sym.tags:
             self.barrier(bsym)
         elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
+            self.check_reads(bsym)
             for s in bsym.subsymbols:
                 self.top(s if s.source is not None else s.replace(source=bsym.source), bsym.sym.name)
         elif bsym.subsymbols:
             self.emit(bsym)
         else:
             self.leaf(bsym, parent)
+
+    def check_reads(self, bsym: BoundSymbol) -> None:
+        """A write that reads another view of the memory it writes (``a.sub_(a[:, 0:1])``):
+        eager's result depends on the order its kernel visits the elements. Reading
+        exactly the elements written is fine (``y[1:] += 1`` reads ``y[1:]``)."""
+        local: dict[str, tuple] = {}
+        for leaf in walk(bsym):
+            for o, b in views(leaf):
+                root, chain = local.get(b.name) or self.geometry(b.name)
+                local[o.name] = (root, chain + (_call_key(leaf),))
+        for dst in _written_deep(bsym):
+            allowed = {self.geometry(dst.name), *local.values()}
+            for p in bsym.tensor_args():
+                other = self.geometry(p.name)
+                if other[0] == self.base_of(dst.name)[0] and other not in allowed:
+                    raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} reads another view of the memory "
+                                              "it writes")
+
+    def geometry(self, name: str) -> tuple:
+        """The root and the view calls from it (equal for two views of the same elements)."""
+        base, chain = self.base_of(name)
+        return base, tuple(_call_key(v) for v in chain)
 
     def leaf(self, bsym: BoundSymbol, parent: str = "") -> None:
         pairs = writes(bsym)
@@ -171,6 +195,8 @@ class _Rewriter:
         src = self.sub(bsym).args[0] if bsym.args else self.sub(bsym).kwargs["src"]
         dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
         base, chain = self.base_of(dst.name)
+        if base in self.opaque:
+            raise NotFunctionalizable(f"the write{_where(bsym)} lands in a tensor an earlier write left as it is")
         if base in self.shared_inputs:
             raise NotFunctionalizable(f"the written input {base}{_where(bsym)} shares storage with another "
                                       "input of the program")
@@ -217,18 +243,19 @@ class _Rewriter:
         return new
 
     def barrier(self, bsym: BoundSymbol) -> None:
-        members, _ = bsym.args
-        bases = [self.base_of(m.name) for m in members]
-        done = [b in self.cur for b, _ in bases]
-        if not any(done):
+        members, after = bsym.args
+        written = {self.base_of(a.name)[0] for a in after} & set(self.cur)
+        if not written:                 # a write left as it is (a composite's own): its group is opaque here
             self.out.append(self.sub(bsym))
+            self.opaque.update(n.name for n in bsym.output)
             return
-        apart = self.apart({b for (b, _), d in zip(bases, done, strict=True) if d})
-        for (base, chain), m, n, d in zip(bases, members, bsym.output, done, strict=True):
-            if not d and base not in apart:
+        bases = [self.base_of(m.name) for m in members]
+        apart = self.apart(written | {b for b, _ in bases if b in self.cur})
+        for (base, chain), m, n in zip(bases, members, bsym.output, strict=True):
+            if base in self.opaque or (base not in self.cur and base not in apart):
                 raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
                                           + _where(bsym))
-            if not d:                   # eager copied it: the write did not reach it
+            if base not in self.cur:    # eager copied it: the write did not reach it
                 self.swap[n.name] = self.value(m)
                 self.chain[n.name] = (base, chain)
                 continue
@@ -271,6 +298,10 @@ class _Rewriter:
                                           + _where(chain[-1]))
             return self.inputs[base]
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
+
+
+def _call_key(view: BoundSymbol) -> tuple:
+    return view.sym.id, repr(view.args[1:]), repr(view.kwargs)
 
 
 def _first_arg(bsym: BoundSymbol) -> TensorProxy:

@@ -1,0 +1,89 @@
+"""The jit in-place fuzzer (test_fuzz_inplace_jit.py) with arguments that
+require grad: the same random programs of views, writes and reads, over
+non-leaf arguments that may share storage, so writes into the arguments and
+into views of them are on a gradient path (autodiff functionalizes them, or
+runs eager mode with the reason named). Compared with eager: outputs and their
+``requires_grad``, the arguments after the call, and the gradients of the
+leaves behind the arguments, from a loss over the outputs and the arguments
+(whose history continues from the program's). Where eager's backward raises
+(a saved tensor was written), the gradients are not compared. Values are
+compared with ``rtol=1e-4``: on a gradient path composites such as
+``addcmul`` run as their decomposition, whose rounding differs from the fused
+kernel's by an ulp, and the programs chain ``exp`` enough to amplify it.
+
+``scripts/fuzz_inplace.py --grad --seeds N [--executors torchcompile,torch]``
+runs many seeds."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, _has_traces, generate
+
+
+def _grads(outputs, args, leaves):
+    """The leaves' gradients of a weighted sum of the outputs and arguments that
+    require grad (None where unreached), or the error eager's backward raised."""
+    try:
+        terms = [t.sum() * (i + 1) for i, t in enumerate(list(outputs) + list(args))
+                 if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not terms:
+            return (None,) * len(leaves)
+        return torch.autograd.grad(sum(terms), leaves, allow_unused=True)
+    except RuntimeError as err:
+        return err
+
+
+_TOL = {"rtol": 1e-4, "atol": 1e-5, "equal_nan": True}
+
+
+def _values(x):
+    """Tensors detached (a view eager invalidated raises when compared as is)."""
+    return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in x)
+
+
+def _flags(outputs) -> list:
+    return [t.requires_grad for t in outputs if isinstance(t, torch.Tensor)]
+
+
+def check_seed(seed: int, executors=None) -> None:
+    prog = generate(seed, grad=True)
+    fn = prog.function()
+    ref_leaves: list = []
+    (ra, rb), ref_base = prog.make_args(ref_leaves)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = fn(ra, rb)
+        ref_grads = _grads(expected, (ra, rb), ref_leaves)
+    for exs in ([None, [ShuffleFusion(seed), "torch"]] if executors is None else [executors]):
+        leaves: list = []
+        (a, b), base = prog.make_args(leaves)
+        jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = jfn(a, b)
+                torch.testing.assert_close(_values(got), _values(expected), **_TOL)
+                assert _flags(got) == _flags(expected), f"requires_grad {_flags(got)}, eager {_flags(expected)}"
+                torch.testing.assert_close(_values((a, b)), _values((ra, rb)), **_TOL)
+                assert _flags((a, b)) == _flags((ra, rb)), "requires_grad of the arguments differs"
+                if base is not None:
+                    torch.testing.assert_close(base.detach(), ref_base.detach(), **_TOL)
+                grads = _grads(got, (a, b), leaves)
+                if not isinstance(ref_grads, Exception):
+                    assert not isinstance(grads, Exception), f"backward raised where eager's did not: {grads}"
+                    torch.testing.assert_close(grads, ref_grads, **_TOL)
+        except Exception as err:
+            traces = thunderlite.last_traces(jfn) if _has_traces(jfn) else []
+            final = traces[-1] if traces else "(no trace)"
+            raise AssertionError(f"seed {seed} (grad, executors {exs}): {type(err).__name__}: {err}\n"
+                                 f"program:\n{prog.source}\nfinal trace:\n{final}") from None
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_fuzz_inplace_grad(chunk):
+    for seed in range(chunk * 25, (chunk + 1) * 25):
+        check_seed(seed)
