@@ -45,15 +45,18 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None):
+                 progress: bool | None = None, dynamic: bool | None = None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
+        if dynamic not in (None, True, False):
+            raise ValueError(f"dynamic={dynamic!r} must be None (automatic), True or False")
         self.fn = fn
         self.progress = progress
         self.executors = executors
         self.transforms = check_transforms(transforms)
         self.cache_mode = cache
-        self._keys = KeyCache(symbolic_numbers=cache == "symbolic values", names=parameter_names(fn))
+        self.dynamic = dynamic
+        self._keys = self._key_cache(parameter_names(fn))
         self._key_fn = self._keys.no_key
         self._entries: dict = {}
         self.info = CacheInfo()
@@ -88,13 +91,13 @@ class ThunderliteFunction:
                     self.info.hits += 1
                     self.last = entry
                     return out
+        prev = self.info.last_key(key)
         self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
+        if prev is not None and self.dynamic is None and self.cache_mode == "constant values":
+            key_fn, key = self._automatic_dynamic(key_fn, prev, key, args, kwargs)
         symbolic = self.cache_mode == "symbolic values"
         try:
-            entry = compile_call(self.fn, args, kwargs, self._keys.signature_of(key_fn),
-                                 executors=self.executors, symbolic_numbers=symbolic,
-                                 transforms=self.transforms, progress=self.progress,
-                                 name=self.__name__)
+            entry = self._compile(key_fn, args, kwargs, symbolic)
         except (TypeError, DataDependentError) as e:
             if not symbolic:
                 raise
@@ -102,12 +105,54 @@ class ThunderliteFunction:
                           "specializing on number values from now on", stacklevel=user_stacklevel())
             self._reset("constant values")
             return self._slow_call(args, kwargs)
+        if entry.sym_guards is None:      # symbolic sizes failed: compiled for these sizes
+            key_fn = self._key_fn
+            key = key_fn(args, kwargs)
+            entry.sym_guards = []
         self._store(key, entry)
         out = entry.fn(args, kwargs)
         if out is MISS:
             raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
                                "for (a guard reads a value that changes on every read)")
         return out
+
+    def _key_cache(self, names) -> KeyCache:
+        return KeyCache(symbolic_numbers=self.cache_mode == "symbolic values", names=names,
+                        symbolic_sizes=self.dynamic is True or self.cache_mode == "symbolic values")
+
+    def _automatic_dynamic(self, key_fn, prev: tuple, key: tuple, args: tuple, kwargs: dict):
+        """A recompile caused by new sizes makes those dims symbolic (as
+        torch.compile does), so the next sizes reuse one trace."""
+        changed = self._keys.changed_dims(key_fn, prev, key)
+        if not changed:
+            return key_fn, key
+        key_fn = self._keys.mark_dynamic(key_fn, changed)
+        self._key_fn = key_fn
+        key = key_fn(args, kwargs)
+        self.info.note_key(key)
+        self.info.last_miss_reason += "; the sizes that changed are symbolic from now on"
+        return key_fn, key
+
+    def _compile(self, key_fn, args: tuple, kwargs: dict, symbolic: bool) -> CompiledEntry:
+        sig = self._keys.signature_of(key_fn)
+        dynamic = self._keys.dynamic_of(sig)
+        options = dict(executors=self.executors, symbolic_numbers=symbolic, transforms=self.transforms,
+                       progress=self.progress, name=self.__name__)
+        if not dynamic:
+            return compile_call(self.fn, args, kwargs, sig, **options)
+        try:
+            return compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
+        except Exception as e:  # noqa: BLE001 - symbolic sizes must never break a program that compiles
+            why = f"{type(e).__name__}: {e}".split("\n")[0]
+        # what failed with symbolic sizes compiles for these sizes; this signature stays static
+        self._key_fn = self._keys.make_static(key_fn)
+        entry = compile_call(self.fn, args, kwargs, sig, **options)
+        entry.sym_guards = None
+        self.info.last_miss_reason += f"; compiled for these sizes (symbolic sizes failed: {why})"
+        if self.dynamic is True:
+            warnings.warn(f"thunderlite: symbolic sizes failed for this program ({why}); compiling for the "
+                          "sizes of each call", stacklevel=user_stacklevel())
+        return entry
 
     def _store(self, key: tuple, entry: CompiledEntry) -> None:
         if self.cache_mode != "no caching":
@@ -121,7 +166,7 @@ class ThunderliteFunction:
 
     def _reset(self, cache: str) -> None:
         self.cache_mode = cache
-        self._keys = KeyCache(symbolic_numbers=cache == "symbolic values", names=self._keys.names)
+        self._keys = self._key_cache(self._keys.names)
         self._key_fn = self._keys.no_key
         self._entries.clear()
         self.info.entries = 0
@@ -177,7 +222,7 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None):
+        progress: bool | None = None, dynamic: bool | None = None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -187,15 +232,21 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     ``transforms``: ``thunderlite.extend.Transform`` objects whose hooks run at
     named points of the pipeline (after tracing, after autodiff, after claiming).
     ``progress``: a compile that takes more than ~2 s shows its stage and symbol
-    count on stderr; None (default) when stderr is a terminal, False never, True always."""
+    count on stderr; None (default) when stderr is a terminal, False never, True always.
+    ``dynamic``: None (default) makes a tensor dim symbolic after a recompile
+    caused by its size changing; True makes every size of the tensor arguments
+    symbolic from the first call (as ``cache='symbolic values'`` does); False
+    compiles for each new size."""
     # a module may carry its own transforms (thunderlite.distributed.ddp): they run first
     own = getattr(fn, "_thunderlite_transforms", None)
     if own:
         transforms = [*own, *(transforms or ())]
     if isinstance(fn, torch.nn.Module):
-        return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress)
+        return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
+                                 dynamic=dynamic)
     _check_jittable(fn)
-    return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress)
+    return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
+                               dynamic=dynamic)
 
 
 def _check_jittable(fn: Any) -> None:

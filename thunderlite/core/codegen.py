@@ -16,6 +16,7 @@ import torch
 
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.pytree import leaves
+from thunderlite.core.symint import SymInt
 from thunderlite.core.tags import Tag
 
 INDENT = "  "
@@ -26,6 +27,9 @@ def value_repr(x: Any, consts: dict) -> str:
     if isinstance(x, Proxy):
         return x.name
     t = type(x)
+    if t is SymInt:
+        text = x.python()
+        return text if text.isidentifier() else f"({text})"
     if x is None or t is bool or t is int or t is str:
         return repr(x)
     if t is float or t is complex:

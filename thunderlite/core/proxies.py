@@ -132,7 +132,8 @@ class TensorProxy(Proxy):
 
     def size(self, dim: int | None = None):
         if dim is None:
-            return torch.Size(self.shape)
+            # torch.Size holds only ints: a symbolic size stays symbolic in a tuple
+            return torch.Size(self.shape) if all(type(s) is int for s in self.shape) else self.shape
         return self.shape[dim]
 
     def numel(self) -> int:

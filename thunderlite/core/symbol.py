@@ -24,6 +24,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
 from thunderlite.core import pytree
 from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symint import SymInt
 
 
 class Symbol:
@@ -123,6 +124,9 @@ class BoundSymbol:
             out = list(pytree.leaves(self.args))
             if self.kwargs:
                 out.extend(pytree.leaves(self.kwargs))
+            if any(type(a) is SymInt for a in out):
+                # a symbolic size reads the trace values (size symbols) it is made of
+                out.extend(p for a in out if type(a) is SymInt for p in a.proxies())
             self._flat_args = c = (self.args, self.kwargs, out)
         return list(c[2])
 

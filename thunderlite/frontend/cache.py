@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from thunderlite.frontend.cache_key import describe, make_key_fn
+from thunderlite.frontend.cache_key import ALL_DIMS, count_tensors, describe, make_key_fn
 
 REPEATED_MISSES_TO_WARN = 3
 
@@ -24,7 +24,7 @@ REPEATED_MISSES_TO_WARN = 3
 class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
-                 "roots", "opaque", "alias_guard", "inputs", "__weakref__")
+                 "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -37,17 +37,26 @@ class CompiledEntry:
         self.guards = guards
         self.alias_guard = None     # alias_guard.AliasGuard: storage sharing / write verdict checks
         self.inputs: list = []      # the provenance of each trace input (None: a constant)
+        self.sym_guards: list = []  # core.symint.SymGuard: what the trace assumed of symbolic sizes
+        self.input_names: list = []  # the trace name of each of ``inputs``
 
 
 class KeyCache:
-    """signature -> generated key function."""
+    """signature -> generated key function. ``symbolic_sizes``: every size of a
+    tensor argument is symbolic; otherwise ``mark_dynamic`` makes the dims that
+    changed between two compiles symbolic (automatic dynamic shapes)."""
 
-    def __init__(self, symbolic_numbers: bool = False, names: list[str] | None = None):
+    def __init__(self, symbolic_numbers: bool = False, names: list[str] | None = None,
+                 symbolic_sizes: bool = False):
         self.symbolic_numbers = symbolic_numbers
+        self.symbolic_sizes = symbolic_sizes
         self.names = names
         self._by_sig: dict[tuple, Callable] = {}
+        self._sig_id: dict[tuple, int] = {}
         self._sig_of: dict[int, tuple] = {}
         self._fn_by_sig_id: list[Callable] = []
+        self._dynamic: dict[tuple, dict] = {}     # signature -> {tensor leaf index: dims}
+        self._static: set[tuple] = set()          # signatures symbolic sizes failed for
 
     @staticmethod
     def no_key(args, kwargs):
@@ -56,12 +65,50 @@ class KeyCache:
     def key_fn_for(self, args: tuple, kwargs: dict) -> Callable:
         sig = describe(args, kwargs, self.symbolic_numbers)
         fn = self._by_sig.get(sig)
-        if fn is None:
-            fn = make_key_fn(sig, len(self._by_sig), self.names)
-            self._by_sig[sig] = fn
+        return fn if fn is not None else self._make(sig)
+
+    def _make(self, sig: tuple) -> Callable:
+        sig_id = self._sig_id.setdefault(sig, len(self._sig_id))
+        fn = make_key_fn(sig, sig_id, self.names, self.dynamic_of(sig))
+        self._by_sig[sig] = fn
+        if sig_id == len(self._fn_by_sig_id):
             self._fn_by_sig_id.append(fn)
-            self._sig_of[id(fn)] = sig
+        else:
+            self._fn_by_sig_id[sig_id] = fn
+        self._sig_of[id(fn)] = sig
         return fn
+
+    def dynamic_of(self, sig: tuple) -> dict:
+        """Tensor leaf index -> its symbolic dims, for this signature."""
+        if self.symbolic_sizes and sig not in self._static:
+            return {i: ALL_DIMS for i in range(count_tensors(sig))}
+        return self._dynamic.get(sig, {})
+
+    def changed_dims(self, key_fn: Callable, prev: tuple, key: tuple) -> dict:
+        """Tensor leaf index -> dims whose size differs between two keys of one
+        signature (same rank only)."""
+        out: dict = {}
+        for part, leaf in key_fn.shape_parts.items():
+            a, b = prev[part + 1], key[part + 1]
+            if a != b and len(a) == len(b):
+                out[leaf] = {i for i, (x, y) in enumerate(zip(a, b)) if x != y}
+        return out
+
+    def make_static(self, key_fn: Callable) -> Callable:
+        """Symbolic sizes failed for this signature: key on every size again."""
+        sig = self._sig_of[id(key_fn)]
+        self._dynamic[sig] = {}
+        if self.symbolic_sizes:
+            self._static.add(sig)
+        return self._make(sig)
+
+    def mark_dynamic(self, key_fn: Callable, dims: dict) -> Callable:
+        """Make ``dims`` (leaf index -> dims) symbolic; returns the new key function."""
+        sig = self._sig_of[id(key_fn)]
+        spec = self._dynamic.setdefault(sig, {})
+        for leaf, ds in dims.items():
+            spec[leaf] = frozenset(spec.get(leaf, frozenset()) | ds)
+        return self._make(sig)
 
     def signature_of(self, key_fn: Callable) -> tuple:
         return self._sig_of[id(key_fn)]
@@ -93,6 +140,14 @@ class CacheInfo:
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": self.entries,
                 "last_miss_reason": self.last_miss_reason}
+
+    def last_key(self, key: tuple) -> tuple | None:
+        """The key of the last miss of ``key``'s signature."""
+        return self._last_key_by_sig.get(key[0])
+
+    def note_key(self, key: tuple) -> None:
+        """The key function of a signature changed: ``key`` is its last key now."""
+        self._last_key_by_sig[key[0]] = key
 
     def forget_keys(self) -> None:
         """Key functions were regenerated: old keys are not comparable any more."""

@@ -10,7 +10,7 @@ changes traces (grad mode, autocast, default dtype). It returns None when the
 arguments do not have its signature; the slow path then describes them afresh.
 
 Leaf kinds:
-  T  a tensor (key: metadata)       V  a Python scalar keyed by value
+  T  a tensor (key: metadata; a symbolic dim keys only "0, 1 or more")       V  a Python scalar keyed by value
   S  a number kept symbolic (key: type only)
   O  any other object (key: its identity; its attributes are guarded in the prologue)
 
@@ -68,10 +68,24 @@ def leaves(sig_node: tuple, value: Any, path: str):
         yield kind, value, path
 
 
+def dynamic_shape(shape: tuple, dims) -> tuple:
+    """A shape as the key sees it when ``dims`` (a set of dims, or ``ALL_DIMS``)
+    are symbolic: their sizes only say 0, 1 or "2 or more" (sizes 0 and 1
+    specialize, as torch.compile's dynamic shapes do)."""
+    if dims is ALL_DIMS:
+        return tuple(d if d < 2 else 2 for d in shape)
+    return tuple(d if d < 2 or i not in dims else 2 for i, d in enumerate(shape))
+
+
+ALL_DIMS = "all dims"
+
+
 class _KeyGen:
     """Writes the body of one key function."""
 
-    def __init__(self):
+    def __init__(self, dynamic: dict | None = None):
+        self.dynamic = dynamic or {}       # tensor leaf index -> symbolic dims
+        self.shape_parts: dict[int, int] = {}   # key part index -> tensor leaf index
         self.lines: list[str] = []
         self.parts: list[str] = []
         self.labels: list[str] = []
@@ -104,7 +118,13 @@ class _KeyGen:
         self.lines.append(f"  {v} = {expr}")
         self.check(f"type({v}) is not {self._type_name(node[1])}")
         if kind == "T":
-            for attr in ("shape", "dtype", "device", "requires_grad"):
+            dims = self.dynamic.get(len(self.tensors))
+            self.shape_parts[len(self.parts)] = len(self.tensors)
+            if dims:
+                self.part(f"_dynamic_shape({v}.shape, {_const_ref(self, dims)})", f"{path}.shape")
+            else:
+                self.part(f"{v}.shape", f"{path}.shape")
+            for attr in ("dtype", "device", "requires_grad"):
                 self.part(f"{v}.{attr}", f"{path}.{attr}")
             self.tensors.append((v, path))
         elif kind == "V":
@@ -122,11 +142,20 @@ class _KeyGen:
                 self.node(child, f"{v}[{k!r}]", f"{path}[{k!r}]")
 
 
-def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None) -> Callable[[tuple, dict], tuple | None]:
+def _const_ref(g: _KeyGen, value) -> str:
+    name = f"_D{len(g.consts)}"
+    g.consts[name] = value
+    return name
+
+
+def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None,
+                dynamic: dict | None = None) -> Callable[[tuple, dict], tuple | None]:
     """Generate the key function of signature ``sig`` (see module docstring).
     ``names``: the function's parameter names, for readable miss reasons;
-    ``fn.labels[i]`` says what element ``i + 1`` of the key stands for."""
-    g = _KeyGen()
+    ``fn.labels[i]`` says what element ``i + 1`` of the key stands for.
+    ``dynamic``: tensor leaf index (in signature order) -> the dims whose size
+    is symbolic (a set, or ``ALL_DIMS``)."""
+    g = _KeyGen(dynamic)
     _, arg_nodes, kw_nodes = sig
     g.check(f"len(args) != {len(arg_nodes)} or len(kwargs) != {len(kw_nodes)}")
     for i, node in enumerate(arg_nodes):
@@ -146,13 +175,29 @@ def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None) -> Call
     g.part("_default_dtype()", "the default dtype")
     body = "\n".join(g.lines)
     src = f"def key_fn(args, kwargs):\n{body}\n  return ({sig_id}, {', '.join(g.parts)})\n"
-    globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _grad=torch.is_grad_enabled,
+    globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape, _grad=torch.is_grad_enabled,
                  _autocast=autocast_state, _default_dtype=torch.get_default_dtype,
                  __builtins__=__builtins__)
     fn = codegen.compile_source(src, "key_fn", globs)
     fn.__thunderlite_source__ = src
     fn.labels = g.labels
+    fn.shape_parts = g.shape_parts
     return fn
+
+
+def count_tensors(sig: tuple) -> int:
+    """How many tensor leaves a signature has."""
+    def walk(node):
+        kind = node[0]
+        if kind == "T":
+            return 1
+        if kind in ("tuple", "list"):
+            return sum(walk(c) for c in node[2])
+        if kind == "dict":
+            return sum(walk(c) for _, c in node[2])
+        return 0
+    _, arg_nodes, kw_nodes = sig
+    return sum(walk(n) for n in arg_nodes) + sum(walk(n) for _, n in kw_nodes)
 
 
 def alias_pattern(ptrs: tuple) -> tuple:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, TensorProxy
+from thunderlite.core.symint import ShapeEnv
 from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
@@ -44,18 +45,24 @@ INTERPRETATION_STAGE = "interpretation"
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
-                 name: str | None = None) -> CompiledEntry:
+                 name: str | None = None, dynamic: dict | None = None) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
-    showing progress on stderr when it takes long (frontend/progress.py)."""
+    showing progress on stderr when it takes long (frontend/progress.py).
+    ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
+    symbolic (core/symint.py); their guards join the prologue."""
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress):
-        return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms)
+        if not dynamic:
+            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, None)
+        with ShapeEnv() as env:
+            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, env, dynamic)
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
-                  transforms: tuple) -> CompiledEntry:
+                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
+    state.shape_env = env
     hooks = TracingHooks(state)
     state.note_closure(fn)
     owner = getattr(fn, "__self__", None)
@@ -68,7 +75,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
             state.note(owner, Prov.object(owner))
     note(INTERPRETATION_STAGE, trace)
     with tracectx(trace):
-        pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn))
+        pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
         writes = collect_writes(state)
@@ -90,12 +97,17 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), getattr(comp, "stride_inputs", ()))
+    sym_guards = list(env.guards) if env is not None else []
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
-                        alias_guard)
+                        alias_guard, sym_guards)
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
     total = (time.perf_counter() - start) * 1e3
-    prologue = prologue_trace(state.inputs, state.guards, trace, alias_guard)
+    prologue = prologue_trace(state.inputs, state.guards, trace, alias_guard, sym_guards)
     compiled = CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
+    compiled.sym_guards = sym_guards
+    if env is not None:
+        compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
+        compiled.input_names = [inp.proxy.name for inp in state.inputs]
     if alias_guard is not None:
         compiled.alias_guard = alias_guard
         compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
@@ -110,20 +122,37 @@ def _param_names(fn: Callable) -> list[str]:
     return names[1:] if isinstance(fn, types.MethodType) else names     # a bound method's self is no argument
 
 
-def proxy_arguments(state: TraceState, args: tuple, kwargs: dict, sig: tuple, names: list[str]):
+def proxy_arguments(state: TraceState, args: tuple, kwargs: dict, sig: tuple, names: list[str],
+                    dynamic: dict | None = None):
     """The arguments the interpreted program sees: tensors as proxies, lists and
-    dicts as copies (mutations are written back by the epilogue)."""
+    dicts as copies (mutations are written back by the epilogue). ``dynamic``:
+    see ``compile_call``."""
     _, arg_nodes, kw_nodes = sig
-    pargs = tuple(_arg_value(state, node, a, Prov.arg(i), names[i] if i < len(names) else None)
+    leaf = _TensorLeaves(dynamic or {})
+    pargs = tuple(_arg_value(state, node, a, Prov.arg(i), names[i] if i < len(names) else None, leaf)
                   for i, (node, a) in enumerate(zip(arg_nodes, args, strict=True)))
-    pkwargs = {k: _arg_value(state, node, kwargs[k], Prov.kwarg(k), k) for k, node in kw_nodes}
+    pkwargs = {k: _arg_value(state, node, kwargs[k], Prov.kwarg(k), k, leaf) for k, node in kw_nodes}
     return pargs, pkwargs
 
 
-def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str | None) -> Any:
+class _TensorLeaves:
+    """Numbers the tensor leaves in signature order (as the key function does)."""
+
+    def __init__(self, dynamic: dict):
+        self.dynamic = dynamic
+        self.n = 0
+
+    def next_dims(self):
+        dims = self.dynamic.get(self.n)
+        self.n += 1
+        return dims
+
+
+def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str | None,
+               leaf: _TensorLeaves) -> Any:
     kind = node[0]
     if kind == "T":
-        return state.tensor_input(value, prov, guard_meta=False, name=name)
+        return state.tensor_input(value, prov, guard_meta=False, name=name, symbolic_dims=leaf.next_dims())
     if kind == "V":
         return value
     if kind == "S":
@@ -131,12 +160,12 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
         state.inputs.append(Input(proxy, prov, value, guard_meta=False))
         return proxy
     if kind == "tuple":
-        return tuple(_arg_value(state, c, v, prov.item(i), None) for i, (c, v) in enumerate(zip(node[2], value)))
+        return tuple(_arg_value(state, c, v, prov.item(i), None, leaf) for i, (c, v) in enumerate(zip(node[2], value)))
     if kind == "list":
-        copy = [_arg_value(state, c, v, prov.item(i), None) for i, (c, v) in enumerate(zip(node[2], value))]
+        copy = [_arg_value(state, c, v, prov.item(i), None, leaf) for i, (c, v) in enumerate(zip(node[2], value))]
         return _register_mirror(state, value, copy, prov)
     if kind == "dict":
-        copy = {k: _arg_value(state, c, value[k], prov.item(k), None) for k, c in node[2]}
+        copy = {k: _arg_value(state, c, value[k], prov.item(k), None, leaf) for k, c in node[2]}
         return _register_mirror(state, value, copy, prov)
     if isinstance(value, torch.nn.Module):
         state.register_module_tree(value, prov)

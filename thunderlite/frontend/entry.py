@@ -99,11 +99,13 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
                 output: str, rebuild: Callable | None, extra_names: list[str],
-                alias_guard: AliasGuard | None = None) -> Callable:
+                alias_guard: AliasGuard | None = None, sym_guards: list | None = None) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
     (``(flat_values, extras)``, turned into the user value by ``rebuild``).
-    ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py)."""
+    ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py).
+    ``sym_guards``: what the trace assumed of its symbolic sizes (core/symint.py),
+    checked once the size symbols are read."""
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
@@ -119,6 +121,10 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
         call_args.append(v)
         if inp.guard_meta:
             pro.append(f"    if {tensor_guard_source(inp, v, consts)}: return _MISS")
+    if sym_guards:
+        var = {inp.proxy.name: a for inp, a in zip(inputs, call_args, strict=True)}
+        for g in sym_guards:
+            pro.append(f"    if not ({g.python(var.__getitem__)}): return _MISS")
     if alias_guard is not None:
         pro += ["    " + line for line in alias_guard.lines(call_args.__getitem__, lambda v: _const(consts, v))]
     lines = ["def entry(args, kwargs):"]
@@ -158,11 +164,12 @@ def _print_only(*args, **kwargs):
 _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
-          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict", "strides")}
+          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict", "strides",
+                       "size")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
-                   alias_guard: AliasGuard | None = None) -> Trace:
+                   alias_guard: AliasGuard | None = None, sym_guards: list | None = None) -> Trace:
     """The prologue as a trace: which paths are read, which values are checked."""
     trc = Trace("prologue", stage="prologue", names=computation.names)
     trc.args = []
@@ -176,6 +183,8 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
             t = inp.value
             trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, tuple(t.shape), t.dtype, t.device,
                                                         t.requires_grad, output=None))
+    for g in sym_guards or ():
+        trc.bound_symbols.append(_CHECK["size"].bind(g.python(), output=None))
     if alias_guard is not None:
         if alias_guard.shared:
             members = tuple(inputs[i].proxy for i in alias_guard.shared)

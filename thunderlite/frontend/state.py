@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from thunderlite.core.proxies import TensorProxy, proxy_of_tensor
-from thunderlite.frontend.cache_key import VALUE_TYPES
+from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.frontend.cache_key import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
 
 MIRROR_MAX_ITEMS = 64
@@ -89,6 +89,7 @@ class TraceState:
         self.parameters: set[str] = set()          # names of proxies standing for nn.Parameters
         self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing
+        self.shape_env = None                      # core.symint.ShapeEnv when sizes are symbolic
 
     # --- registering where things come from ---------------------------------------------
     def note_closure(self, fn: Any) -> None:
@@ -127,7 +128,10 @@ class TraceState:
 
     # --- values entering the program -------------------------------------------------------
     def tensor_input(self, t: torch.Tensor, prov: Prov | None, guard_meta: bool = True,
-                     name: str | None = None) -> TensorProxy:
+                     name: str | None = None, symbolic_dims=None) -> TensorProxy:
+        """The proxy of a tensor entering the program. ``symbolic_dims`` (a set of
+        dims or ``ALL_DIMS``): those of size 2 or more become size symbols, trace
+        inputs read from ``t.shape`` on every call."""
         proxy = self.proxy_of.get(id(t))
         if proxy is not None:
             self._guard_same_tensor(self.input_of[id(t)], prov if prov is not None else self.prov_of.get(id(t)))
@@ -136,6 +140,8 @@ class TraceState:
             prov = self.prov_of.get(id(t))     # reached by iteration: its registered module path
         name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
         proxy = proxy_of_tensor(t, name=name)
+        if symbolic_dims and prov is not None and self.shape_env is not None:
+            proxy.shape = self._symbolic_shape(t, prov, name, symbolic_dims)
         self.proxy_of[id(t)] = proxy
         self._alive.append(t)
         inp = Input(proxy, prov, t, guard_meta)
@@ -144,6 +150,16 @@ class TraceState:
         if isinstance(t, torch.nn.Parameter):
             self.parameters.add(proxy.name)
         return proxy
+
+    def _symbolic_shape(self, t: torch.Tensor, prov: Prov, name: str, dims) -> tuple:
+        shape = list(t.shape)
+        for d, size in enumerate(t.shape):
+            if size < 2 or (dims is not ALL_DIMS and d not in dims):
+                continue
+            sym = NumberProxy(size, int, name=self.trace.fresh_name("s"))
+            self.inputs.append(Input(sym, prov.attr("shape").item(d), size, guard_meta=False))
+            shape[d] = self.shape_env.size_symbol(sym, size, f"{name}.shape[{d}]")
+        return tuple(shape)
 
     def input_by_name(self, name: str) -> Input | None:
         """The input whose proxy is named ``name`` (None for values the trace made)."""

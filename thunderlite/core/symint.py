@@ -1,0 +1,565 @@
+"""Symbolic integers: tensor sizes (and int arguments) a trace keeps as variables.
+
+A ``SymInt`` is an integer expression over *atoms*: size symbols bound from the
+inputs (``s0 = x.shape[1]``, trace inputs), symbolic int arguments, and
+*unbacked* symbols that an op produces at run time (the length of
+``x[x > 0]``). Expressions are kept in a normal form (a polynomial with integer
+coefficients; ``//`` and ``%`` that do not simplify become compound atoms), so
+``view(B, -1, H)`` of a ``[B, s0 * H]`` tensor infers ``s0``, not
+``(B * s0 * H) // (B * H)``.
+
+Python code that *decides* something about a SymInt (``if n == 1``,
+``max(a, b)``, ``range(n)``) gets the answer for the value seen while tracing
+(its *hint*), and the decision is recorded as a guard in the active
+``ShapeEnv``; the prologue re-checks every guard on each call and a failed one
+recompiles. What the facts known about every atom decide (a dynamic size is at
+least 2: sizes 0 and 1 are specialized by the cache key) needs no guard. A
+decision about an unbacked symbol has no hint: it raises
+``DataDependentError``. Nothing concretizes silently: ``int(n)`` and
+``operator.index(n)`` (what C code calls) specialize with an equality guard.
+
+Example::
+
+    env = ShapeEnv()
+    with env:
+        s0 = env.size_symbol(proxy_s0, hint=128)     # proxy_s0: the trace input
+        n = s0 * 4 // 2                              # SymInt 2*s0
+        n == 1                                       # False, no guard (s0 >= 2)
+        n == 256                                     # True, guard "2*s0 == 256"
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+from thunderlite.core.proxies import DataDependentError, NumberProxy
+
+# --- expressions ---------------------------------------------------------------------------
+# An expression is a tuple of (monomial, coefficient) sorted by monomial; a
+# monomial is a sorted tuple of atom keys (a repeated key is a power). The
+# constant term has the monomial (). An atom key is a base symbol's name (str)
+# or a compound atom: ("//", expr, divisor_expr), ("%", expr, divisor_expr),
+# ("max", a, b), ("min", a, b).
+
+Expr = tuple
+
+
+def _const(c: int) -> Expr:
+    return (((), c),) if c else ()
+
+
+def _atom(key) -> Expr:
+    return (((key,), 1),)
+
+
+def _normal(terms: dict) -> Expr:
+    return tuple(sorted(((m, c) for m, c in terms.items() if c), key=lambda mc: _mono_order(mc[0])))
+
+
+def _mono_order(m: tuple) -> tuple:
+    return (not m, len(m), tuple(_atom_order(k) for k in m))      # the constant prints last
+
+
+def _atom_order(k) -> str:
+    return k if type(k) is str else repr(k)
+
+
+def _add(a: Expr, b: Expr, sign: int = 1) -> Expr:
+    terms = dict(a)
+    for m, c in b:
+        terms[m] = terms.get(m, 0) + sign * c
+    return _normal(terms)
+
+
+def _mul(a: Expr, b: Expr) -> Expr:
+    terms: dict = {}
+    for ma, ca in a:
+        for mb, cb in b:
+            m = tuple(sorted(ma + mb, key=_atom_order))
+            terms[m] = terms.get(m, 0) + ca * cb
+    return _normal(terms)
+
+
+def _constant(e: Expr) -> int | None:
+    if not e:
+        return 0
+    if len(e) == 1 and e[0][0] == ():
+        return e[0][1]
+    return None
+
+
+def _divide_exactly(e: Expr, d: Expr) -> Expr | None:
+    """``e / d`` when ``d`` is one monomial dividing every term of ``e`` exactly."""
+    if len(d) != 1:
+        return None
+    dm, dc = d[0]
+    out: dict = {}
+    for m, c in e:
+        if c % dc:
+            return None
+        rest = list(m)
+        for k in dm:
+            if k not in rest:
+                return None
+            rest.remove(k)
+        out[tuple(rest)] = c // dc
+    return _normal(out)
+
+
+def _floordiv(a: Expr, b: Expr) -> Expr:
+    ca, cb = _constant(a), _constant(b)
+    if cb == 0:
+        raise ZeroDivisionError("integer division or modulo by zero (a symbolic size)")
+    if ca is not None and cb is not None:
+        return _const(ca // cb)
+    if cb == 1:
+        return a
+    q = _divide_exactly(a, b)
+    if q is not None:
+        return q
+    return _atom(("//", a, b))
+
+
+def _mod(a: Expr, b: Expr) -> Expr:
+    ca, cb = _constant(a), _constant(b)
+    if cb == 0:
+        raise ZeroDivisionError("integer division or modulo by zero (a symbolic size)")
+    if ca is not None and cb is not None:
+        return _const(ca % cb)
+    if cb == 1 or _divide_exactly(a, b) is not None:
+        return ()
+    return _atom(("%", a, b))
+
+
+def free_atoms(e: Expr) -> set[str]:
+    """The base symbols ``e`` reads."""
+    out: set[str] = set()
+    for m, _ in e:
+        for k in m:
+            if type(k) is str:
+                out.add(k)
+            else:
+                for sub in k[1:]:
+                    out |= free_atoms(sub)
+    return out
+
+
+def evaluate(e: Expr, values: dict[str, int]) -> int | None:
+    """The value of ``e`` given each base symbol's value (None: one is unknown)."""
+    total = 0
+    for m, c in e:
+        v = c
+        for k in m:
+            x = values.get(k) if type(k) is str else _eval_compound(k, values)
+            if x is None:
+                return None
+            v *= x
+        total += v
+    return total
+
+
+_COMPOUND = {"//": operator.floordiv, "%": operator.mod, "max": max, "min": min}
+
+
+def _eval_compound(k: tuple, values: dict) -> int | None:
+    args = [evaluate(sub, values) for sub in k[1:]]
+    if any(a is None for a in args):
+        return None
+    return _COMPOUND[k[0]](*args)
+
+
+def to_python(e: Expr, name: Callable[[str], str] = str) -> str:
+    """``e`` as Python source; ``name`` spells each base symbol."""
+    if not e:
+        return "0"
+    parts = []
+    for m, c in e:
+        factors = [_atom_python(k, name) for k in m]
+        if not factors:
+            parts.append((str(abs(c)), c < 0))
+            continue
+        text = "*".join(factors)
+        if abs(c) != 1:
+            text = f"{abs(c)}*{text}"
+        parts.append((text, c < 0))
+    out = ("-" if parts[0][1] else "") + parts[0][0]
+    for text, neg in parts[1:]:
+        out += (" - " if neg else " + ") + text
+    return out
+
+
+def _atom_python(k, name) -> str:
+    if type(k) is str:
+        return name(k)
+    op, *subs = k
+    if op in ("max", "min"):
+        return f"{op}({', '.join(to_python(s, name) for s in subs)})"
+    return f"({_wrap(to_python(subs[0], name))} {op} {_wrap(to_python(subs[1], name))})"
+
+
+def _wrap(text: str) -> str:
+    return text if text.isidentifier() or text.lstrip("-").isdigit() else f"({text})"
+
+
+# --- the environment: atoms, guards, replacements -----------------------------------------
+
+class Atom:
+    """What is known about one base symbol: its proxy (the trace value that holds
+    it), its hint (None: unbacked), a lower bound, and where it came from."""
+    __slots__ = ("proxy", "hint", "lower", "origin")
+
+    def __init__(self, proxy: NumberProxy, hint: int | None, lower: int | None, origin: str):
+        self.proxy = proxy
+        self.hint = hint
+        self.lower = lower
+        self.origin = origin
+
+
+class SymGuard:
+    """``lhs op rhs``, true for the traced values, re-checked on every call."""
+    __slots__ = ("lhs", "op", "rhs", "why")
+
+    def __init__(self, lhs: Expr, op: str, rhs: Expr, why: str = ""):
+        self.lhs = lhs
+        self.op = op
+        self.rhs = rhs
+        self.why = why
+
+    def python(self, name: Callable[[str], str] = str) -> str:
+        return f"{to_python(self.lhs, name)} {self.op} {to_python(self.rhs, name)}"
+
+    def holds(self, values: dict[str, int]) -> bool:
+        return _OPS[self.op](evaluate(self.lhs, values), evaluate(self.rhs, values))
+
+    def atoms(self) -> set[str]:
+        return free_atoms(self.lhs) | free_atoms(self.rhs)
+
+    def __repr__(self):
+        return f"<SymGuard {self.python()}>"
+
+
+_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
+        ">": operator.gt, ">=": operator.ge}
+_NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+_active: list["ShapeEnv"] = []
+
+
+def active_env() -> "ShapeEnv | None":
+    return _active[-1] if _active else None
+
+
+class ShapeEnv:
+    """The symbols and guards of one compilation (active inside ``with env:``)."""
+
+    def __init__(self):
+        self.atoms: dict[str, Atom] = {}
+        self.guards: list[SymGuard] = []
+        self._guard_keys: set = set()
+        self.specialized: list[str] = []      # why a symbol was made a constant
+
+    def __enter__(self):
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _active.remove(self)
+
+    def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> "SymInt":
+        """A backed symbol (its value is known while tracing) held by ``proxy``."""
+        self.atoms[proxy.name] = Atom(proxy, hint, lower, origin)
+        return SymInt(_atom(proxy.name), self)
+
+    def unbacked_symbol(self, proxy: NumberProxy, origin: str) -> "SymInt":
+        """A symbol an op produces at run time (a data-dependent size)."""
+        self.atoms[proxy.name] = Atom(proxy, None, 0, origin)
+        return SymInt(_atom(proxy.name), self)
+
+    def hints(self) -> dict[str, int]:
+        return {n: a.hint for n, a in self.atoms.items() if a.hint is not None}
+
+    def add_guard(self, lhs: Expr, op: str, rhs: Expr, why: str = "") -> None:
+        key = (lhs, op, rhs)
+        if key not in self._guard_keys:
+            self._guard_keys.add(key)
+            self.guards.append(SymGuard(lhs, op, rhs, why))
+
+    def lower_bound(self, e: Expr) -> int | None:
+        """A lower bound of ``e`` from the atoms' bounds (None: unknown)."""
+        total = 0
+        for m, c in e:
+            if not m:
+                total += c
+                continue
+            if c < 0:
+                return None
+            prod = c
+            for k in m:
+                lb = self._atom_lower(k)
+                if lb is None or lb < 0:
+                    return None
+                prod *= lb
+            total += prod
+        return total
+
+    def _atom_lower(self, k) -> int | None:
+        if type(k) is str:
+            a = self.atoms.get(k)
+            return a.lower if a is not None else None
+        if k[0] in ("//", "%"):
+            return 0 if self.lower_bound(k[1]) is not None and (self.lower_bound(k[2]) or 0) > 0 else None
+        lbs = [self.lower_bound(s) for s in k[1:]]
+        if any(lb is None for lb in lbs):
+            return None
+        return max(lbs) if k[0] == "max" else min(lbs)
+
+    def decide(self, lhs: Expr, op: str, rhs: Expr) -> bool:
+        """``lhs op rhs``, from the facts if they decide it, else from the hints
+        (recording a guard)."""
+        diff = _add(lhs, rhs, -1)
+        c = _constant(diff)
+        if c is not None:
+            return _OPS[op](c, 0)
+        lo = self.lower_bound(diff)
+        neg_lo = self.lower_bound(_add((), diff, -1))
+        hi = -neg_lo if neg_lo is not None else None
+        known = _decide_by_bounds(op, lo, hi)
+        if known is not None:
+            return known
+        hints = self.hints()
+        a, b = evaluate(lhs, hints), evaluate(rhs, hints)
+        if a is None or b is None:
+            unknown = sorted(n for n in free_atoms(diff) if self.atoms.get(n) and self.atoms[n].hint is None)
+            origins = "; ".join(f"{n}: {self.atoms[n].origin}" for n in unknown)
+            raise DataDependentError(
+                f"deciding {to_python(lhs)} {op} {to_python(rhs)} needs a size known only when the program "
+                f"runs ({origins}); thunderlite cannot branch on it while tracing")
+        result = _OPS[op](a, b)
+        self.add_guard(lhs, op if result else _NEGATE[op], rhs)
+        return result
+
+
+def _decide_by_bounds(op: str, lo: int | None, hi: int | None) -> bool | None:
+    """``diff op 0`` when ``lo <= diff <= hi`` decides it."""
+    if lo is not None and lo > 0:
+        return {"==": False, "!=": True, "<": False, "<=": False, ">": True, ">=": True}[op]
+    if hi is not None and hi < 0:
+        return {"==": False, "!=": True, "<": True, "<=": True, ">": False, ">=": False}[op]
+    if lo == 0 and op in (">=", "<"):
+        return op == ">="
+    if hi == 0 and op in ("<=", ">"):
+        return op == "<="
+    return None
+
+
+# --- the value programs see ---------------------------------------------------------------
+
+class SymInt:
+    """An integer expression over trace symbols (module docstring). Behaves
+    like an int in arithmetic; comparisons and conversions are guarded."""
+    __slots__ = ("expr", "env")
+
+    def __init__(self, expr: Expr, env: ShapeEnv):
+        self.expr = expr
+        self.env = env
+
+    # -- what it reads, how it prints
+    def atoms(self) -> set[str]:
+        return free_atoms(self.expr)
+
+    def proxies(self) -> list[NumberProxy]:
+        """The trace values (base symbols) this expression reads."""
+        return [self.env.atoms[n].proxy for n in sorted(self.atoms())]
+
+    @property
+    def hint(self) -> int | None:
+        return evaluate(self.expr, self.env.hints())
+
+    def python(self, name: Callable[[str], str] = str) -> str:
+        return to_python(self.expr, name)
+
+    def __repr__(self):
+        return to_python(self.expr)
+
+    __str__ = __repr__
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    # -- arithmetic (never guards)
+    def _bin(self, other, fn, swap=False):
+        o = _expr_of(other)
+        if o is None:
+            return NotImplemented
+        a, b = (o, self.expr) if swap else (self.expr, o)
+        return wrap(fn(a, b), self.env)
+
+    def __add__(self, o):
+        return self._bin(o, _add)
+
+    def __radd__(self, o):
+        return self._bin(o, _add, True)
+
+    def __sub__(self, o):
+        return self._bin(o, lambda a, b: _add(a, b, -1))
+
+    def __rsub__(self, o):
+        return self._bin(o, lambda a, b: _add(a, b, -1), True)
+
+    def __mul__(self, o):
+        return self._bin(o, _mul)
+
+    def __rmul__(self, o):
+        return self._bin(o, _mul, True)
+
+    def __floordiv__(self, o):
+        return self._bin(o, _floordiv)
+
+    def __rfloordiv__(self, o):
+        return self._bin(o, _floordiv, True)
+
+    def __mod__(self, o):
+        return self._bin(o, _mod)
+
+    def __rmod__(self, o):
+        return self._bin(o, _mod, True)
+
+    def __neg__(self):
+        return wrap(_add((), self.expr, -1), self.env)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self if self >= 0 else -self
+
+    def __pow__(self, p):
+        if type(p) is int and p >= 0:
+            out: Expr = _const(1)
+            for _ in range(p):
+                out = _mul(out, self.expr)
+            return wrap(out, self.env)
+        return int(self) ** p
+
+    def __truediv__(self, o):
+        return int(self) / (int(o) if isinstance(o, SymInt) else o)
+
+    def __rtruediv__(self, o):
+        return o / int(self)
+
+    # -- decisions (guarded)
+    def _cmp(self, other, op):
+        o = _expr_of(other)
+        if o is None:
+            if isinstance(other, float):
+                return _OPS[op](int(self), other)
+            return NotImplemented
+        return self.env.decide(self.expr, op, o)
+
+    def __eq__(self, o):
+        return self._cmp(o, "==")
+
+    def __ne__(self, o):
+        return self._cmp(o, "!=")
+
+    def __lt__(self, o):
+        return self._cmp(o, "<")
+
+    def __le__(self, o):
+        return self._cmp(o, "<=")
+
+    def __gt__(self, o):
+        return self._cmp(o, ">")
+
+    def __ge__(self, o):
+        return self._cmp(o, ">=")
+
+    def __bool__(self):
+        return self._cmp(0, "!=")
+
+    def __int__(self):
+        return self.specialize("int()")
+
+    def __index__(self):
+        return self.specialize("using it as a Python int")
+
+    def __float__(self):
+        return float(self.specialize("float()"))
+
+    def specialize(self, why: str) -> int:
+        """The traced value, guarded to stay the same (the trace no longer
+        varies with it)."""
+        env = self.env
+        v = evaluate(self.expr, env.hints())
+        if v is None:
+            raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs "
+                                     f"({'; '.join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)})")
+        env.add_guard(self.expr, "==", _const(v), why)
+        env.specialized.append(f"{self} = {v}: {why}")
+        return v
+
+
+def _expr_of(x) -> Expr | None:
+    if type(x) is SymInt:
+        return x.expr
+    if type(x) is int or type(x) is bool:
+        return _const(int(x))
+    if isinstance(x, int) and not isinstance(x, float):
+        return _const(operator.index(x))
+    return None
+
+
+def wrap(e: Expr, env: ShapeEnv) -> "SymInt | int":
+    """A plain int when ``e`` is a constant, else a SymInt."""
+    c = _constant(e)
+    return c if c is not None else SymInt(e, env)
+
+
+def _env_of(*xs) -> ShapeEnv | None:
+    return next((x.env for x in xs if type(x) is SymInt), None)
+
+
+def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> bool:
+    """Whether the facts alone say which of the two is larger."""
+    for d in (_add(ea, eb, -1), _add(eb, ea, -1)):
+        lb = env.lower_bound(d)
+        if lb is not None and lb >= 0:
+            return True
+    return False
+
+
+def sym_max(a, b):
+    """``max`` that stays symbolic when the facts do not decide it."""
+    ea, eb = _expr_of(a), _expr_of(b)
+    env = _env_of(a, b)
+    if env is not None and ea is not None and eb is not None:
+        if _ordered(env, ea, eb):
+            return a if a >= b else b
+        return SymInt(_atom(("max", ea, eb)), env)
+    return max(a, b)
+
+
+def sym_min(a, b):
+    ea, eb = _expr_of(a), _expr_of(b)
+    env = _env_of(a, b)
+    if env is not None and ea is not None and eb is not None:
+        if _ordered(env, ea, eb):
+            return a if a <= b else b
+        return SymInt(_atom(("min", ea, eb)), env)
+    return min(a, b)
+
+
+def is_symbolic(x: Any) -> bool:
+    return type(x) is SymInt
+
+
+def has_symbolic(shape) -> bool:
+    return any(type(s) is SymInt for s in shape)
+
+
+def hint_of(x) -> int | None:
+    """The traced value of an int or SymInt (None: unbacked)."""
+    return x.hint if type(x) is SymInt else x
