@@ -106,8 +106,8 @@ class ThunderliteFunction:
             self._reset("constant values")
             return self._slow_call(args, kwargs)
         if entry.sym_guards is None:      # symbolic sizes failed: compiled for these sizes
-            key_fn = self._key_fn
-            key = key_fn(args, kwargs)
+            key = self._key_fn(args, kwargs)
+            self.info.note_key(key)
             entry.sym_guards = []
         self._store(key, entry)
         out = entry.fn(args, kwargs)

@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from thunderlite.core.symint import SymInt, is_int
 from thunderlite.core import devices, dtypes
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -136,7 +137,7 @@ def _check_index(index, what: str) -> None:
 
 # --- elementwise --------------------------------------------------------------------
 
-_PY_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+_PY_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3, SymInt: 1}
 
 
 def _dtype_category(dtype: torch.dtype) -> int:
@@ -265,7 +266,7 @@ def _reshape_meta(a, shape):
     shape = tuple(shape)
     n = 1
     for s in shape:
-        check(isinstance(s, int) and s >= 0, lambda: f"reshape: shape {shape} must be non-negative ints (no -1)")
+        check(is_int(s) and s >= 0, lambda: f"reshape: shape {shape} must be non-negative ints (no -1)")
         n *= s
     check(n == a.numel(), lambda: f"reshape: shape {shape} is invalid for input of size {a.numel()}")
     return a.replace(shape=shape)
@@ -582,7 +583,7 @@ sort = make_prim("sort", _sort_meta)
 
 def _shape_of(shape) -> tuple:
     shape = tuple(shape)
-    check(all(isinstance(s, int) and s >= 0 for s in shape), lambda: f"shape {shape} must be non-negative ints")
+    check(all(is_int(s) and s >= 0 for s in shape), lambda: f"shape {shape} must be non-negative ints")
     return shape
 
 
@@ -601,7 +602,7 @@ empty = make_prim("empty", _empty_meta)
 
 
 def _iota_meta(length, *, start, step, device, dtype):
-    check(isinstance(length, int) and length >= 0, lambda: f"iota: length {length} must be a non-negative int")
+    check(is_int(length) and length >= 0, lambda: f"iota: length {length} must be a non-negative int")
     return TensorProxy(shape=(length,), dtype=dtype, device=devices.to_device(device))
 
 

@@ -29,6 +29,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable
 
@@ -117,7 +118,27 @@ def _floordiv(a: Expr, b: Expr) -> Expr:
     q = _divide_exactly(a, b)
     if q is not None:
         return q
+    a, b = _cancel(a, b)
+    if _constant(b) == 1:
+        return a
     return _atom(("//", a, b))
+
+
+def _cancel(a: Expr, b: Expr) -> tuple[Expr, Expr]:
+    """``a`` and ``b`` without the factor common to all their terms (their
+    ratio is unchanged, so ``a // b`` is too)."""
+    g, common = 0, None
+    for m, c in a + b:
+        g = math.gcd(g, c)
+        if common is None:
+            common = list(m)
+        else:
+            rest = list(m)
+            common = [k for k in common if k in rest and (rest.remove(k) or True)]
+    if g <= 1 and not common:
+        return a, b
+    d = (((tuple(sorted(common or (), key=_atom_order))), max(g, 1)),)
+    return _divide_exactly(a, d), _divide_exactly(b, d)
 
 
 def _mod(a: Expr, b: Expr) -> Expr:
@@ -129,6 +150,23 @@ def _mod(a: Expr, b: Expr) -> Expr:
     if cb == 1 or _divide_exactly(a, b) is not None:
         return ()
     return _atom(("%", a, b))
+
+
+def substitute(e: Expr, rep: dict) -> Expr:
+    """``e`` with base symbols replaced by expressions (compound atoms re-simplified)."""
+    out: Expr = ()
+    for m, c in e:
+        term = _const(c)
+        for k in m:
+            if type(k) is str:
+                factor = rep.get(k)
+                factor = _atom(k) if factor is None else factor
+            else:
+                subs = [substitute(x, rep) for x in k[1:]]
+                factor = _COMPOUND_BUILD[k[0]](*subs)
+            term = _mul(term, factor)
+        out = _add(out, term)
+    return out
 
 
 def free_atoms(e: Expr) -> set[str]:
@@ -159,6 +197,8 @@ def evaluate(e: Expr, values: dict[str, int]) -> int | None:
 
 
 _COMPOUND = {"//": operator.floordiv, "%": operator.mod, "max": max, "min": min}
+_COMPOUND_BUILD = {"//": lambda a, b: _floordiv(a, b), "%": lambda a, b: _mod(a, b),
+                   "max": lambda a, b: _atom(("max", a, b)), "min": lambda a, b: _atom(("min", a, b))}
 
 
 def _eval_compound(k: tuple, values: dict) -> int | None:
@@ -241,6 +281,7 @@ class SymGuard:
 _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
         ">": operator.gt, ">=": operator.ge}
 _NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+_FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 _active: list["ShapeEnv"] = []
 
@@ -257,6 +298,7 @@ class ShapeEnv:
         self.guards: list[SymGuard] = []
         self._guard_keys: set = set()
         self.specialized: list[str] = []      # why a symbol was made a constant
+        self.replacements: dict[str, Expr] = {}   # a symbol guarded equal to an expression of older ones
 
     def __enter__(self):
         _active.append(self)
@@ -275,6 +317,28 @@ class ShapeEnv:
         self.atoms[proxy.name] = Atom(proxy, None, 0, origin)
         return SymInt(_atom(proxy.name), self)
 
+    def canon(self, e: Expr) -> Expr:
+        """``e`` in terms of the symbols left after the guarded equalities."""
+        if not self.replacements or not (free_atoms(e) & self.replacements.keys()):
+            return e
+        return substitute(e, self.replacements)
+
+    def _learn(self, diff: Expr) -> None:
+        """``diff == 0`` was guarded: a symbol appearing alone (coefficient 1 or
+        -1, not elsewhere) in it is replaced by the rest, the newest such first."""
+        order = {n: i for i, n in enumerate(self.atoms)}
+        for (m, c) in sorted(diff, key=lambda mc: -order.get(mc[0][0], -1) if len(mc[0]) == 1 and
+                             type(mc[0][0]) is str else 1):
+            if len(m) != 1 or type(m[0]) is not str or c not in (1, -1) or m[0] not in self.atoms:
+                continue
+            rest = _add(diff, ((m, c),), -1)
+            if m[0] in free_atoms(rest):
+                continue
+            value = rest if c == -1 else _add((), rest, -1)
+            self.replacements = {k: substitute(v, {m[0]: value}) for k, v in self.replacements.items()}
+            self.replacements[m[0]] = value
+            return
+
     def hints(self) -> dict[str, int]:
         return {n: a.hint for n, a in self.atoms.items() if a.hint is not None}
 
@@ -283,6 +347,26 @@ class ShapeEnv:
         if key not in self._guard_keys:
             self._guard_keys.add(key)
             self.guards.append(SymGuard(lhs, op, rhs, why))
+
+    def _content_free(self, diff: Expr) -> Expr:
+        """``diff`` divided by the positive factor common to its terms (the gcd of
+        the coefficients, symbols known to be positive): ``diff op 0`` is the same
+        fact, and ``s0*s1*(a - b)`` becomes ``a - b``, which can be learned."""
+        if not diff or _constant(diff) is not None:
+            return diff
+        g = 0
+        for _, c in diff:
+            g = math.gcd(g, c)
+        common = None
+        for m, _ in diff:
+            mc = list(m)
+            common = mc if common is None else [k for k in common if k in mc and (mc.remove(k) or True)]
+        common = [k for k in (common or ()) if (self._atom_lower(k) or 0) > 0]
+        if g <= 1 and not common:
+            return diff
+        divisor = _mul(_const(max(g, 1)), tuple([(tuple(sorted(common, key=_atom_order)), 1)]))
+        q = _divide_exactly(diff, divisor)
+        return q if q is not None else diff
 
     def lower_bound(self, e: Expr) -> int | None:
         """A lower bound of ``e`` from the atoms' bounds (None: unknown)."""
@@ -316,7 +400,11 @@ class ShapeEnv:
     def decide(self, lhs: Expr, op: str, rhs: Expr) -> bool:
         """``lhs op rhs``, from the facts if they decide it, else from the hints
         (recording a guard)."""
-        diff = _add(lhs, rhs, -1)
+        diff = self._content_free(self.canon(_add(lhs, rhs, -1)))
+        if diff and diff[0][1] < 0:       # one spelling per fact: the first coefficient positive
+            diff, op = _add((), diff, -1), _FLIP[op]
+        lhs = tuple((m, c) for m, c in diff if c > 0 and m)
+        rhs = _add((), tuple((m, c) for m, c in diff if c < 0 or not m), -1)
         c = _constant(diff)
         if c is not None:
             return _OPS[op](c, 0)
@@ -336,6 +424,8 @@ class ShapeEnv:
                 f"runs ({origins}); thunderlite cannot branch on it while tracing")
         result = _OPS[op](a, b)
         self.add_guard(lhs, op if result else _NEGATE[op], rhs)
+        if (op == "==") == result:
+            self._learn(diff)
         return result
 
 
@@ -376,10 +466,12 @@ class SymInt:
         return evaluate(self.expr, self.env.hints())
 
     def python(self, name: Callable[[str], str] = str) -> str:
+        """Source reading the very symbols ``proxies`` names (printed code)."""
         return to_python(self.expr, name)
 
     def __repr__(self):
-        return to_python(self.expr)
+        """The canonical form (metadata comments: equal sizes print alike)."""
+        return to_python(self.env.canon(self.expr))
 
     __str__ = __repr__
 
@@ -387,7 +479,7 @@ class SymInt:
         return format(str(self), spec)
 
     def __hash__(self):
-        return hash(self.expr)
+        return hash(self.env.canon(self.expr))
 
     # -- arithmetic (never guards)
     def _bin(self, other, fn, swap=False):
@@ -514,6 +606,7 @@ def _expr_of(x) -> Expr | None:
 
 def wrap(e: Expr, env: ShapeEnv) -> "SymInt | int":
     """A plain int when ``e`` is a constant, else a SymInt."""
+    e = env.canon(e)
     c = _constant(e)
     return c if c is not None else SymInt(e, env)
 
@@ -563,3 +656,8 @@ def has_symbolic(shape) -> bool:
 def hint_of(x) -> int | None:
     """The traced value of an int or SymInt (None: unbacked)."""
     return x.hint if type(x) is SymInt else x
+
+
+def is_int(x: Any) -> bool:
+    """An int (not a bool) or a symbolic int: what a size argument may be."""
+    return (isinstance(x, int) and not isinstance(x, bool)) or type(x) is SymInt

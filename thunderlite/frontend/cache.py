@@ -88,6 +88,8 @@ class KeyCache:
         """Tensor leaf index -> dims whose size differs between two keys of one
         signature (same rank only)."""
         out: dict = {}
+        if self._sig_of[id(key_fn)] in self._static:
+            return out
         for part, leaf in key_fn.shape_parts.items():
             a, b = prev[part + 1], key[part + 1]
             if a != b and len(a) == len(b):
@@ -98,8 +100,7 @@ class KeyCache:
         """Symbolic sizes failed for this signature: key on every size again."""
         sig = self._sig_of[id(key_fn)]
         self._dynamic[sig] = {}
-        if self.symbolic_sizes:
-            self._static.add(sig)
+        self._static.add(sig)
         return self._make(sig)
 
     def mark_dynamic(self, key_fn: Callable, dims: dict) -> Callable:

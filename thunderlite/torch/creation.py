@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from thunderlite.core.symint import is_int as _is_int
 from thunderlite.core import devices, dtypes, prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
@@ -140,10 +141,13 @@ def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin
     if end is None:
         start, end = 0, start
     if dtype is None:
-        dtype = torch.int64 if all(isinstance(x, int) for x in (start, end, step)) else torch.get_default_dtype()
+        dtype = torch.int64 if all(_is_int(x) for x in (start, end, step)) else torch.get_default_dtype()
     check(step != 0, lambda: "step must be nonzero")
-    length = max(math.ceil((end - start) / step), 0)
-    if dtypes.is_integer(dtype) and not all(isinstance(x, int) for x in (start, end, step)):
+    if all(_is_int(x) for x in (start, end, step)):
+        length = max(-((start - end) // step), 0)      # ceil division, exact for symbolic sizes
+    else:
+        length = max(math.ceil((end - start) / step), 0)
+    if dtypes.is_integer(dtype) and not all(_is_int(x) for x in (start, end, step)):
         vals = prims.iota(length, start=0, step=1, device=_device(device), dtype=torch.float64)
         return convert(ew.add(ew.mul(vals, float(step)), float(start)), dtype)
     return prims.iota(length, start=start, step=step, device=_device(device), dtype=dtype)

@@ -7,6 +7,7 @@ import operator
 
 import torch
 
+from thunderlite.core.symint import is_int
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
@@ -39,7 +40,7 @@ def _basic(a, key):
                 out = shapes.slice_dim(out, dim, 0, 0)
             dim += 1
             continue
-        if isinstance(k, int):
+        if is_int(k):
             out = shapes.select(out, dim, k)
             continue
         if isinstance(k, slice):
@@ -66,8 +67,19 @@ def _slice(a, dim, s: slice):
     size = a.shape[dim]
     step = 1 if s.step is None else s.step
     check(step > 0, lambda: "step must be greater than zero", ValueError)
-    start, stop, _ = s.indices(size)
+    start, stop = _clamp(s.start, size, 0), _clamp(s.stop, size, size)
     return shapes.slice_dim(a, dim, start, max(start, stop), step)
+
+
+def _clamp(i, size, default):
+    """A slice bound made canonical as ``slice.indices`` does, in comparisons a
+    symbolic size can answer (``slice.indices`` would need a concrete int)."""
+    if i is None:
+        return default
+    if i < 0:
+        i = i + size
+        return i if i > 0 else 0
+    return i if i < size else size
 
 
 def _advanced(x, advanced):
@@ -137,7 +149,7 @@ def _scatter_back(a, key, v, mask):
             ops.append(("keep", a.ndim - n_real))
         elif k is None or isinstance(k, bool):
             ops.append(("squeeze", None))
-        elif isinstance(k, int):
+        elif is_int(k):
             ops.append(("int", dim, k % a.shape[dim]))
             dim += 1
         else:

@@ -11,6 +11,7 @@ import builtins
 
 import torch
 
+from thunderlite.core.symint import is_int
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method
@@ -259,7 +260,7 @@ def _split_sizes(total: int, split_size: int) -> list[int]:
 @torchsymbol(torch.split, T.split, method_name="split")
 def split(a, split_size_or_sections, dim: int = 0):
     d = canonical_dim(dim, a.ndim)
-    sizes = (_split_sizes(a.shape[d], split_size_or_sections) if isinstance(split_size_or_sections, int)
+    sizes = (_split_sizes(a.shape[d], split_size_or_sections) if is_int(split_size_or_sections)
              else list(split_size_or_sections))
     check(builtins.sum(sizes) == a.shape[d], lambda: f"split_with_sizes expects split_sizes to sum exactly to "
                                                     f"{a.shape[d]} (input tensor's size at dimension {d})")

@@ -12,6 +12,7 @@ import torch
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import broadcast_shapes, check  # noqa: F401  (re-exported)
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.core.symint import SymInt
 from thunderlite.core.symbol import Symbol
 
 
@@ -20,7 +21,7 @@ def is_tensor(x) -> bool:
 
 
 def is_number(x) -> bool:
-    return isinstance(x, (numbers.Number, NumberProxy)) and not isinstance(x, TensorProxy)
+    return isinstance(x, (numbers.Number, NumberProxy, SymInt)) and not isinstance(x, TensorProxy)
 
 
 def canonical_dim(dim: int, ndim: int, *, wrap_scalar: bool = True) -> int:
@@ -122,8 +123,8 @@ def elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, upcast: bool =
 def _number_as(x, dtype: torch.dtype):
     """A Python number of the kind a tensor of ``dtype`` holds (so prims see
     e.g. ``2.0`` for a float computation, never a complex for a real one)."""
-    if isinstance(x, NumberProxy) or x is None:
-        return x
+    if isinstance(x, (NumberProxy, SymInt)) or x is None:
+        return x            # a symbolic size stays an int: torch computes t / n as t / float(n)
     if dtypes.is_complex(dtype):
         return x
     if dtypes.is_float(dtype) and isinstance(x, (bool, int)):
