@@ -661,3 +661,12 @@ def hint_of(x) -> int | None:
 def is_int(x: Any) -> bool:
     """An int (not a bool) or a symbolic int: what a size argument may be."""
     return (isinstance(x, int) and not isinstance(x, bool)) or type(x) is SymInt
+
+
+def mentions_symbolic(bsym) -> bool:
+    """Whether a bound symbol reads or makes a value of symbolic size, or takes a
+    symbolic int (what an executor compiling for static shapes must refuse)."""
+    for p in bsym.flat_args() + bsym.flat_outs():
+        if type(p) is SymInt or (hasattr(p, "shape") and type(p).__name__ == "TensorProxy" and has_symbolic(p.shape)):
+            return True
+    return False

@@ -32,6 +32,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.retrace import retrace
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -40,7 +41,11 @@ from thunderlite.torch import registry as ltorch_registry
 
 
 class Executor:
-    """Something that can run bound symbols. ``name`` is unique in the registry."""
+    """Something that can run bound symbols. ``name`` is unique in the registry.
+    ``symbolic_sizes``: whether it runs symbols whose sizes are symbolic
+    (core/symint.py); one that compiles for static shapes says False and is
+    not offered them (they stay for the next executor)."""
+    symbolic_sizes = True
 
     def __init__(self, name: str):
         if not name.isidentifier():
@@ -250,6 +255,8 @@ class OperatorExecutor(Executor):
     def claim(self, bsym: BoundSymbol) -> BoundSymbol | list[BoundSymbol] | None:
         entry = self._impls.get(bsym.sym)
         if entry is None or not entry.accepts(bsym):
+            return None
+        if not self.symbolic_sizes and mentions_symbolic(bsym):
             return None
         if entry.execution_transform is not None:
             return traced_in_place(bsym, entry.execution_transform, f"execution_transform of {bsym.sym.id}")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -105,6 +106,7 @@ class NvFuserFusion:
 
 class NvFuserExecutor(FusionExecutor):
     """Fuses regions of at least ``min_size`` symbols into nvFuser fusions."""
+    symbolic_sizes = False      # kernels are planned for static shapes
 
     def __init__(self, name: str = "nvfuser", *, min_size: int = 1):
         super().__init__(name)
@@ -121,7 +123,7 @@ class NvFuserExecutor(FusionExecutor):
         return True, ""
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None:
+        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None or mentions_symbolic(bsym):
             return False
         outs = bsym.flat_outs()
         if not outs or not all(type(o) is TensorProxy for o in outs):

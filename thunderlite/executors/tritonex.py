@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
@@ -80,6 +81,7 @@ class TritonExecutor(FusionExecutor):
 
     ``max_prims``: the longest region (in prims) analysed as one kernel; longer
     runs are cut, which bounds the greedy cutting's cost."""
+    symbolic_sizes = False      # kernels are planned for static shapes
 
     def __init__(self, name: str = "triton", *, max_prims: int = 400):
         super().__init__(name)
@@ -97,6 +99,8 @@ class TritonExecutor(FusionExecutor):
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         """Whether ``bsym`` alone would be one kernel (on this mode's device type)."""
         if bsym.sym.executor is not None:
+            return False
+        if mentions_symbolic(bsym):     # plans and kernels are made for static shapes
             return False
         device_type = self._runtime().DEVICE_TYPE
         proxies = bsym.proxy_args() + bsym.proxy_outs()

@@ -239,6 +239,10 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             shown = "a different object" if g.kind == "is" else _short(now if g.kind == "eq" else
                                                                         tuple(now) if g.kind == "keys" else len(now))
             return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
+    if entry.sym_guards:
+        why = _failed_size_guard(entry, args, kwargs)
+        if why is not None:
+            return "symbolic size", why
     if entry.alias_guard is not None:
         try:
             values = [_read(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
@@ -248,6 +252,21 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
         if why is not None:
             return "storage sharing", why
     return "tensor metadata", "the metadata of a tensor read from a module, global or closure changed"
+
+
+def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str | None:
+    """The first size guard (core/symint.py) the call breaks, with the sizes it read."""
+    paths = {name: p for (p, _), name in zip(entry.inputs, entry.input_names, strict=True) if p is not None}
+    for g in entry.sym_guards:
+        names = sorted(g.atoms())
+        try:
+            values = {n: _read(paths[n], args, kwargs) for n in names}
+        except Exception:  # a path that no longer reads: the key said so
+            return None
+        if not g.holds(values):
+            seen = ", ".join(f"{n} = {paths[n].describe()} = {values[n]}" for n in names)
+            return f"the size guard {g.python()} does not hold ({seen})"
+    return None
 
 
 def _same_value(g, now: Any) -> bool:

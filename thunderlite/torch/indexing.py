@@ -173,8 +173,9 @@ def _scatter_back(a, key, v, mask):
             config[d] = (i, a.shape[d] - i - 1, 0)
         elif op[0] == "slice":
             _, d, s = op
-            start, stop, step = s.indices(a.shape[d])
-            n = len(range(start, stop, step))
+            size = a.shape[d]
+            start, stop, step = _clamp(s.start, size, 0), _clamp(s.stop, size, size), s.step or 1
+            n = max(-((start - stop) // step), 0)
             last = start + (n - 1) * step if n else start
             config[d] = (start, a.shape[d] - last - 1, step - 1) if n else (start, a.shape[d] - start, 0)
     v = prims.pad(v, 0, config)
