@@ -339,6 +339,18 @@ class ShapeEnv:
             self.replacements[m[0]] = value
             return
 
+    def _learn_bound(self, diff: Expr, op: str) -> None:
+        """``symbol + c >= 0`` (or ``>``) was guarded: a lower bound of the symbol."""
+        terms = [(m, c) for m, c in diff if m]
+        if op not in (">=", ">") or len(terms) != 1 or terms[0][1] != 1 or len(terms[0][0]) != 1:
+            return
+        name = terms[0][0][0]
+        atom = self.atoms.get(name) if type(name) is str else None
+        if atom is None:
+            return
+        lb = -(_constant(_add(diff, (terms[0],), -1)) or 0) + (op == ">")
+        atom.lower = lb if atom.lower is None else max(atom.lower, lb)
+
     def hints(self) -> dict[str, int]:
         return {n: a.hint for n, a in self.atoms.items() if a.hint is not None}
 
@@ -424,8 +436,10 @@ class ShapeEnv:
                 f"runs ({origins}); thunderlite cannot branch on it while tracing")
         result = _OPS[op](a, b)
         self.add_guard(lhs, op if result else _NEGATE[op], rhs)
-        if (op == "==") == result:
+        if (op == "==" and result) or (op == "!=" and not result):
             self._learn(diff)
+        else:
+            self._learn_bound(diff, op if result else _NEGATE[op])
         return result
 
 

@@ -184,14 +184,15 @@ class CacheInfo:
 def _hint(what: str, old: Any, new: Any) -> str:
     """What fixes a miss of this kind (the key element ``what`` went from ``old`` to ``new``)."""
     if what.endswith((".shape", ".dtype", ".device", ".requires_grad")):
-        return ("tensor shapes, dtypes and devices are part of the key: each new one compiles its own "
-                "entry (pad or bucket inputs to a few shapes)")
+        return ("tensor shapes, dtypes and devices are part of the key: with jit(..., dynamic=False) each "
+                "new shape compiles its own entry; leave dynamic=None (the default) to make sizes that "
+                "change symbolic, or pad or bucket inputs to a few shapes")
     if type(old) is float or type(new) is float:
         return ("if this number changes on every call, pass it as a tensor, or use "
                 "jit(..., cache='symbolic values') so that floats become trace inputs")
     if type(old) in (int, bool, complex) and type(new) in (int, bool, complex):
-        return ("if this number changes on every call, pass it as a tensor (cache='symbolic values' "
-                "keeps only floats symbolic)")
+        return ("if this number changes on every call, pass it as a tensor, or use "
+                "jit(..., cache='symbolic values') so that ints become symbols of the trace")
     return "each value of it compiles its own entry"
 
 

@@ -11,7 +11,7 @@ arguments do not have its signature; the slow path then describes them afresh.
 
 Leaf kinds:
   T  a tensor (key: metadata; a symbolic dim keys only "0, 1 or more")       V  a Python scalar keyed by value
-  S  a number kept symbolic (key: type only)
+  S  a number kept symbolic (key: type only): floats and, as size symbols, ints
   O  any other object (key: its identity; its attributes are guarded in the prologue)
 
 Example::
@@ -32,7 +32,7 @@ from thunderlite.frontend.autocast import autocast_state
 # hashable scalars keyed by value (slices are unhashable before Python 3.12)
 VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.Size,
                type(Ellipsis))
-SYMBOLIC_TYPES = (float,)
+SYMBOLIC_TYPES = (float, int)
 _MISSING = object()
 
 

@@ -51,7 +51,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
     symbolic (core/symint.py); their guards join the prologue."""
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress):
-        if not dynamic:
+        if not dynamic and not symbolic_numbers:
             return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, None)
         with ShapeEnv() as env:
             return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, env, dynamic)
@@ -158,6 +158,9 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
     if kind == "S":
         proxy = NumberProxy(value, type(value), name=state.trace.claim_name(name or "n"))
         state.inputs.append(Input(proxy, prov, value, guard_meta=False))
+        if type(value) is int and state.shape_env is not None:
+            # an int the program computes with: a symbol, guarded where the program decides on it
+            return state.shape_env.size_symbol(proxy, value, f"{prov.describe()} = {proxy.name}", lower=None)
         return proxy
     if kind == "tuple":
         return tuple(_arg_value(state, c, v, prov.item(i), None, leaf) for i, (c, v) in enumerate(zip(node[2], value)))

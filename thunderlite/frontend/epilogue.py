@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from thunderlite.core.symint import SymInt, evaluate
 from thunderlite.core.proxies import Proxy
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
@@ -65,6 +66,10 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
             seen.add(x.name)
             out.append(x)
         return
+    if type(x) is SymInt:
+        for p in x.proxies():
+            proxies_in(p, out, seen)
+        return
     if type(x) in _ATOMS or id(x) in seen:
         return
     seen.add(id(x))
@@ -87,7 +92,7 @@ def _is_plain_object(x: Any) -> bool:
 def is_simple(x: Any) -> bool:
     """True when a trace can return ``x`` directly (proxies, atoms, plain containers)."""
     t = type(x)
-    if isinstance(x, Proxy) or t in _ATOMS:
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt:
         return True
     if t is tuple or t is list:
         return all(is_simple(y) for y in x)
@@ -111,6 +116,8 @@ class Template:
     def _build(self, x: Any, env: dict, memo: dict) -> Any:
         if isinstance(x, Proxy):
             return env[x.name]
+        if type(x) is SymInt:
+            return evaluate(x.expr, env)
         t = type(x)
         if t in _ATOMS or id(x) in self.external:
             return x

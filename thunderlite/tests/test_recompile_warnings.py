@@ -16,7 +16,7 @@ def _recompile_warnings(calls) -> list[warnings.WarningMessage]:
     return [w for w in caught if "recompiled" in str(w.message)]
 
 
-def test_scalar_int_warning_points_at_the_call_and_does_not_offer_symbolic_floats():
+def test_scalar_int_warning_points_at_the_call_and_offers_symbolic_ints():
     jf = thunderlite.jit(lambda x, step: x + step)
     x = torch.randn(2)
 
@@ -27,7 +27,7 @@ def test_scalar_int_warning_points_at_the_call_and_does_not_offer_symbolic_float
     (w,) = _recompile_warnings(calls)
     assert w.filename == __file__ and w.lineno == line
     assert "pass it as a tensor" in str(w.message)
-    assert "keeps only floats symbolic" in str(w.message)
+    assert "ints become symbols" in str(w.message)
 
 
 def test_scalar_float_hint_offers_symbolic_values():
@@ -53,10 +53,16 @@ def test_new_signature_hint_is_not_symbolic_values():
 
 
 def test_shape_change_hint_names_shapes():
-    jf = thunderlite.jit(lambda x: x * 2)
+    jf = thunderlite.jit(lambda x: x * 2, dynamic=False)
     (w,) = _recompile_warnings(lambda: [jf(torch.randn(n)) for n in range(1, 6)])
     msg = str(w.message)
-    assert "x.shape changed" in msg and "symbolic" not in msg and "shapes" in msg
+    assert "x.shape changed" in msg and "dynamic=" in msg and "shapes" in msg
+
+
+def test_changing_sizes_do_not_warn_by_default():
+    jf = thunderlite.jit(lambda x: x * 2)
+    assert _recompile_warnings(lambda: [jf(torch.randn(n)) for n in range(1, 8)]) == []
+    assert thunderlite.cache_info(jf)["misses"] == 2
 
 
 class _Scaled(torch.nn.Module):

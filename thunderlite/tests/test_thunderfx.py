@@ -304,4 +304,4 @@ def test_piece_traces_name_the_users_lines_and_arguments():
     text = str(last_traces(cf)[0][-1])
     assert "test_thunderfx.py" in text and "y = x.sin()" in text and "return y * 2" in text
     assert "<eval_with_key>" not in text
-    assert "def computation(L_x_)" in text          # the graph's own argument name, not 'self'
+    assert "def computation(s0, L_x_)" in text      # the graph's own argument name (and its size symbol), not 'self'

@@ -12,7 +12,6 @@ alive by itself and nothing can be freed early; the pass only has to never
 delete a name before its last reader, and never a returned one."""
 from __future__ import annotations
 
-from thunderlite.core import pytree
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
@@ -38,7 +37,7 @@ def del_last_used(trace: Trace) -> Trace:
     ret = trace.return_bsym
     seen: set[str] = set()
     if ret is not None:
-        seen.update(p.name for p in pytree.leaves(ret.args) if isinstance(p, Proxy))
+        seen.update(p.name for p in ret.proxy_args())
     out: list[BoundSymbol] = []
     for bsym in reversed(bsyms):
         if Tag.RETURN in bsym.sym.tags:
