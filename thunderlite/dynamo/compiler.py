@@ -215,8 +215,8 @@ class ThunderCompiler:
         for g in self.graphs:
             lines.append(f"graph {g.index}: {g.num_nodes} nodes, {len(g.pieces)} piece(s)")
             if g.dynamic:
-                lines.append(f"  dynamic sizes {', '.join(g.dynamic)}: thunderlite pieces compile once "
-                             "per concrete size (their cache keys on it)")
+                lines.append(f"  dynamic sizes {', '.join(g.dynamic)}: int inputs of thunderlite pieces, "
+                             "traced as size symbols (one compile for every size)")
             for p in g.pieces:
                 who = "thunderlite" if p.thunder else self.fallback
                 ops = ", ".join(dict.fromkeys(p.ops))

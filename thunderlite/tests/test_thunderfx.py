@@ -12,6 +12,7 @@ import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
+import thunderlite
 from thunderlite.dynamo import ThunderCompiler, last_backward_traces, last_traces, report, thunderfx
 from thunderlite.tests.test_grad_jit import NanoGPT
 
@@ -206,7 +207,9 @@ def test_dynamic_sizes_match_eager_across_lengths():
     _ran_thunder(cf)
     graphs = cf.thunder_compiler.graphs
     assert any(g.dynamic for g in graphs), "dynamo marked the length dynamic after the second size"
-    assert "dynamic sizes" in report(cf)
+    assert "dynamic sizes" in report(cf) and "size symbols" in report(cf)
+    dynamic_pieces = [r.jfn for g in graphs if g.dynamic for r in g.runners if r.jfn is not None]
+    assert dynamic_pieces and all(thunderlite.cache_info(j)["misses"] == 1 for j in dynamic_pieces)
 
 
 # --- models --------------------------------------------------------------------------------------
