@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.specialize import MissingSize, hint_values, size_atoms, sizes_of, specialize
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace, trace_pass
@@ -81,7 +82,7 @@ class TritonExecutor(FusionExecutor):
 
     ``max_prims``: the longest region (in prims) analysed as one kernel; longer
     runs are cut, which bounds the greedy cutting's cost."""
-    symbolic_sizes = False      # kernels are planned for static shapes
+    symbolic_sizes = True       # a region with symbolic sizes compiles per concrete sizes at run time
 
     def __init__(self, name: str = "triton", *, max_prims: int = 400):
         super().__init__(name)
@@ -100,8 +101,8 @@ class TritonExecutor(FusionExecutor):
         """Whether ``bsym`` alone would be one kernel (on this mode's device type)."""
         if bsym.sym.executor is not None:
             return False
-        if mentions_symbolic(bsym):     # plans and kernels are made for static shapes
-            return False
+        if mentions_symbolic(bsym):     # analysed as traced; run per concrete sizes (SizedTritonKernel)
+            bsym = specialize([bsym], hint_values([bsym]))[0][0]
         device_type = self._runtime().DEVICE_TYPE
         proxies = bsym.proxy_args() + bsym.proxy_outs()
         if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
@@ -133,6 +134,8 @@ class TritonExecutor(FusionExecutor):
         return out
 
     def _one_kernel(self, bsyms: list[BoundSymbol]) -> bool:
+        if any(mentions_symbolic(b) for b in bsyms):
+            bsyms = specialize(bsyms, hint_values(bsyms))[0]
         defined = {p.name for b in bsyms for p in b.proxy_outs()}
         inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
         try:
@@ -142,16 +145,69 @@ class TritonExecutor(FusionExecutor):
         return len(plan.ops) <= self.max_prims
 
     def make_fusion(self, trace: Trace, region) -> BoundSymbol:
-        from thunderlite.executors.triton_codegen import generate
-        rt = self._runtime()
-        plan = plan_region(region.bsyms, region.inputs, region.outputs, rt.DTYPES)
-        spec = generate(plan, rt.INTERPRET)
-        kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
         name = f"fusion{next(self._counter)}"
         fallback = _torch_callable(trace, region, name)
-        sym = self.fusion_symbol(name, TritonKernel(spec, kernel, rt.launch, fallback))
-        return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
+        inputs = list(region.inputs)
+        if any(mentions_symbolic(b) for b in region.bsyms):
+            inputs += [a for a in size_atoms(region.bsyms) if a.name not in {p.name for p in inputs}]
+            impl = SizedTritonKernel(self, region, inputs, fallback)
+        else:
+            impl = self.kernel(region.bsyms, region.inputs, region.outputs, fallback)
+        sym = self.fusion_symbol(name, impl)
+        return sym.bind(*inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
+
+    def kernel(self, bsyms: list[BoundSymbol], inputs: list, outputs: list, fallback: Callable) -> TritonKernel:
+        """The compiled kernel of a region whose sizes are all static."""
+        from thunderlite.executors.triton_codegen import generate
+        rt = self._runtime()
+        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES)
+        spec = generate(plan, rt.INTERPRET)
+        kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
+        return TritonKernel(spec, kernel, rt.launch, fallback)
+
+
+class SizedTritonKernel:
+    """The callable of a region whose sizes are symbolic: on each call the
+    concrete sizes (read from its int inputs and its tensors' shapes) pick a
+    kernel compiled for them, made on first use (the planner and the
+    generated code work on static shapes). Sizes it cannot read run the region
+    as its torch calls, as an autograd-recording call does."""
+
+    def __init__(self, ex: TritonExecutor, region, inputs: list, torch_fallback: Callable):
+        self.ex = ex
+        self.bsyms = list(region.bsyms)
+        self.inputs = inputs            # the region's inputs, then the size symbols its shapes read
+        self.n_region_inputs = len(region.inputs)
+        self.outputs = list(region.outputs)
+        self.torch_fallback = torch_fallback
+        self.tensor_positions = [i for i, p in enumerate(self.inputs) if type(p) is TensorProxy]
+        self.kernels: dict[tuple, TritonKernel] = {}
+
+    @property
+    def source(self) -> str:
+        """The source of every kernel compiled so far, one per set of sizes."""
+        return "\n\n".join(f"# sizes {dict(key)}\n{k.source}" for key, k in self.kernels.items())
+
+    def __repr__(self):
+        return f"<SizedTritonKernel {len(self.kernels)} size(s)>"
+
+    def __call__(self, *args):
+        tensors = [args[i] for i in self.tensor_positions]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.torch_fallback(*args[:self.n_region_inputs])
+        values = sizes_of(self.inputs, list(args))
+        key = tuple(sorted(values.items()))
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            try:
+                bsyms, conv = specialize(self.bsyms, values)
+            except MissingSize:
+                return self.torch_fallback(*args[:self.n_region_inputs])
+            inputs = [conv(self.inputs[i]) for i in self.tensor_positions]
+            kernel = self.kernels[key] = self.ex.kernel(bsyms, inputs, [conv(o) for o in self.outputs],
+                                                        self.torch_fallback)
+        return kernel(*tensors)
 
 
 def _torch_callable(trace: Trace, region, name: str) -> Callable:
@@ -212,7 +268,7 @@ def kernel_source(jfn) -> str:
             continue
         for bsym in traces[-1].bound_symbols:
             impl = bsym.sym.impl
-            if isinstance(impl, TritonKernel):
+            if isinstance(impl, (TritonKernel, SizedTritonKernel)):
                 parts.append(f"# {label}: {bsym.sym.module}.{bsym.sym.name} "
                              f"({', '.join(o.name for o in bsym.proxy_outs())})\n{impl.source}")
     return "\n\n".join(parts)
