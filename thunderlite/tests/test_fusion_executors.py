@@ -88,6 +88,31 @@ def test_repeat_bounds_cuts_each_repetition():
     assert repeat_bounds(Region(region.bsyms[:2], [], [])) == [0, 2]
 
 
+def test_repeat_bounds_finds_layers_behind_more_frequent_inner_repeats():
+    """A backward's layer repeats its own short patterns (q, k and v alike; a
+    linear's two matmuls) more often than the layer period itself occurs."""
+    from thunderlite.core import prims
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.core.trace import Trace
+    from thunderlite.core.tracectx import tracectx
+    body = ["s1", *["m"] * 4, "s2", *["e", "x"] * 3, *["p", "q", "r"] * 2, *["a", "b", "c", "d"] * 2, "end"]
+    lines = {tag: 10 + i for i, tag in enumerate(dict.fromkeys(body))}
+    trc = Trace()
+    with tracectx(trc):
+        a = TensorProxy((4,), name=trc.claim_name("a"))
+        trc.args = [a]
+        x = prims.neg(a)
+        for _ in range(3):
+            for tag in body:
+                trc.source = ("model.py", lines[tag], tag)
+                x = prims.mul(x, 2.0)
+        trc.source = ("model.py", 99, "return x.cos()")
+        trc.set_return(prims.cos(x))
+    (region,) = fusion_regions(trc, lambda b: True)
+    n = len(body)
+    assert repeat_bounds(region) == [0, 1, 1 + n, 1 + 2 * n, 1 + 3 * n, 2 + 3 * n]
+
+
 # --- nvFuser ------------------------------------------------------------------------------------
 
 def test_nvfuser_translation_table_covers_every_prim():

@@ -201,6 +201,12 @@ def split_region(region: Region, bounds: list[int]) -> list[Region]:
     return pieces[::-1]
 
 
+_PERIODS_TRIED = 16
+"""How many of the most frequent distances between repeated symbols are tried
+as the period: in a backward, a layer's own repeats (the same reshape for q, k
+and v; a linear's two matmuls) are more frequent than the layer period."""
+
+
 def repeat_bounds(region: Region, min_period: int = 2) -> list[int]:
     """Cut points that put each repetition of a repeated stretch of ``region``
     (N identical layers: the same symbols from the same source lines) in its
@@ -216,7 +222,7 @@ def repeat_bounds(region: Region, min_period: int = 2) -> list[int]:
             gaps[d] = gaps.get(d, 0) + 1
         last[sig] = i
     best = None
-    for p in sorted(gaps, key=gaps.get, reverse=True)[:4]:
+    for p in sorted(gaps, key=gaps.get, reverse=True)[:_PERIODS_TRIED]:
         if p < min_period:
             continue
         run_start, run_len, start, length = 0, 0, 0, 0
