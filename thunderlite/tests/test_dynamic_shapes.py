@@ -219,3 +219,23 @@ def test_triton_compiles_per_concrete_size_inside_its_own_cache():
              if isinstance(b.sym.impl, SizedTritonKernel)]
     assert sized and all(len(k.kernels) == 3 for k in sized)      # a kernel per concrete size, reused for 5
     assert "# sizes {'s0': 7" in kernel_source(jf)
+
+
+@pytest.mark.parametrize("options, compiles", [({}, 2), ({"cache": "symbolic values"}, 1)])
+def test_tiny_llama_over_ten_prompt_lengths(options, compiles):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    jm = thunderlite.jit(model, **options)
+    with torch.no_grad():
+        for T in range(3, 13):
+            ids = torch.randint(0, 64, (2, T))
+            torch.testing.assert_close(jm(ids, use_cache=False).logits, model(ids, use_cache=False).logits)
+    assert thunderlite.cache_info(jm)["misses"] == compiles
+    guards = [line.strip() for line in str(thunderlite.last_prologue_traces(jm)[-1]).splitlines()
+              if "check_size" in line]
+    # the default makes only the length symbolic and guards nothing about it; with every size
+    # symbolic (batch too) a broadcast against the hidden size is guarded
+    assert guards == ([] if not options else ["prologue.check_size('s0 != 32')"])
