@@ -22,6 +22,11 @@ Example, a user executor that runs ``prims.sin`` ahead of torch::
     myex.register_implementation(prims.cos, torch.cos)          # prints as torch.cos(...)
     register_executor(myex)
     jit(fn, executors=[myex, "torch"])
+
+Sizes may be symbolic (dynamic shapes, core/symint.py): an implementation then
+receives the concrete sizes at run time, but its checker sees ``SymInt``
+dimensions. An executor that cannot take them sets ``symbolic_sizes = False``
+and is not offered such symbols (the next executor runs them).
 """
 from __future__ import annotations
 

@@ -73,8 +73,8 @@ def dynamic_shape(shape: tuple, dims) -> tuple:
     are symbolic: their sizes only say 0, 1 or "2 or more" (sizes 0 and 1
     specialize, as torch.compile's dynamic shapes do)."""
     if dims is ALL_DIMS:
-        return tuple(d if d < 2 else 2 for d in shape)
-    return tuple(d if d < 2 or i not in dims else 2 for i, d in enumerate(shape))
+        return tuple([d if d < 2 else 2 for d in shape])
+    return tuple([d if d < 2 or i not in dims else 2 for i, d in enumerate(shape)])
 
 
 ALL_DIMS = "all dims"
