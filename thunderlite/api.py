@@ -126,11 +126,12 @@ class ThunderliteFunction:
         changed = self._keys.changed_dims(key_fn, prev, key)
         if not changed:
             return key_fn, key
+        dims = self._keys.describe_dims(key_fn, changed)
         key_fn = self._keys.mark_dynamic(key_fn, changed)
         self._key_fn = key_fn
         key = key_fn(args, kwargs)
         self.info.note_key(key)
-        self.info.last_miss_reason += "; the sizes that changed are symbolic from now on"
+        self.info.last_miss_reason += f"; {dims} symbolic from now on"
         return key_fn, key
 
     def _compile(self, key_fn, args: tuple, kwargs: dict, symbolic: bool) -> CompiledEntry:

@@ -103,6 +103,12 @@ class KeyCache:
         self._static.add(sig)
         return self._make(sig)
 
+    def describe_dims(self, key_fn: Callable, dims: dict) -> str:
+        """``x.shape[1] is`` / ``x.shape[0] and y.shape[1] are``: for messages."""
+        label = {leaf: key_fn.labels[part] for part, leaf in key_fn.shape_parts.items()}
+        names = [f"{label[leaf]}[{d}]" for leaf, ds in sorted(dims.items()) for d in sorted(ds)]
+        return f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'}"
+
     def mark_dynamic(self, key_fn: Callable, dims: dict) -> Callable:
         """Make ``dims`` (leaf index -> dims) symbolic; returns the new key function."""
         sig = self._sig_of[id(key_fn)]
