@@ -51,7 +51,7 @@ import torch
 
 from thunderlite.core.symint import SymInt, is_int
 from thunderlite.core import devices, dtypes
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 
@@ -104,12 +104,29 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     out = [1] * ndim
     for s in shapes:
         for i, d in enumerate(s, start=ndim - len(s)):
-            if d == out[i] or d == 1:
+            o = out[i]
+            if d is o or (type(d) is int and d == 1):
                 continue
-            check(out[i] == 1, lambda: f"The size of tensor a ({out[i]}) must match the size of tensor b ({d}) "
-                                       f"at non-singleton dimension {i}")
+            if type(o) is int and o == 1:       # asked first: a run-time size is never asked "== 1?"
+                out[i] = d
+                continue
+            if _same_size(o, d, i) or d == 1:
+                continue
+            check(o == 1, lambda: f"The size of tensor a ({o}) must match the size of tensor b ({d}) "
+                                  f"at non-singleton dimension {i}")
             out[i] = d
     return tuple(out)
+
+
+def _same_size(a, b, dim: int) -> bool:
+    """``a == b`` for broadcasting. Sizes known only at run time (``u0`` of
+    nonzero) broadcast against 1 or themselves; against anything else whether
+    one is 1 would decide the result's shape, so that is a clear error."""
+    try:
+        return a == b
+    except DataDependentError as e:
+        raise DataDependentError(f"broadcasting sizes {a} and {b} at dim {dim} needs to know whether they are "
+                                 f"equal or one is 1: {e}") from None
 
 
 def _canon_dim(d: int, ndim: int, what: str) -> int:
@@ -671,5 +688,5 @@ def _item_meta(a):
     return NumberProxy(None, dtypes.python_type_of(a.dtype))
 
 
-item = make_prim("item", _item_meta)
+item = make_prim("item", _item_meta, tags={Tag.UNBACKED})
 """``item(a)``: the Python number in a one-element tensor (a device sync)."""

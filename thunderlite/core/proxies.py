@@ -99,7 +99,8 @@ class NumberProxy(Proxy):
         return self.python_type.__name__
 
     def __bool__(self):
-        raise TypeError(f"the truth value of the traced number {self.name} is not known while tracing")
+        raise DataDependentError(f"the truth value of the traced number {self.name} is not known while tracing; "
+                                 "thunderlite cannot branch on it")
 
     def __index__(self):
         raise TypeError(f"the traced number {self.name} cannot be used as a Python index while tracing")

@@ -299,6 +299,9 @@ class ShapeEnv:
         self._guard_keys: set = set()
         self.specialized: list[str] = []      # why a symbol was made a constant
         self.replacements: dict[str, Expr] = {}   # a symbol guarded equal to an expression of older ones
+        # called as hook(proxy, origin) when ``n >= 0`` is assumed of an unbacked int of unknown
+        # sign (an ``item()`` used as a size): records the check the program makes when it runs
+        self.assume_hook: Callable[[NumberProxy, str], None] | None = None
 
     def __enter__(self):
         _active.append(self)
@@ -312,9 +315,10 @@ class ShapeEnv:
         self.atoms[proxy.name] = Atom(proxy, hint, lower, origin)
         return SymInt(_atom(proxy.name), self)
 
-    def unbacked_symbol(self, proxy: NumberProxy, origin: str) -> "SymInt":
-        """A symbol an op produces at run time (a data-dependent size)."""
-        self.atoms[proxy.name] = Atom(proxy, None, 0, origin)
+    def unbacked_symbol(self, proxy: NumberProxy, origin: str, lower: int | None = 0) -> "SymInt":
+        """A symbol an op produces at run time: a data-dependent size (``lower``
+        0), or an int read from a tensor (``.item()``: ``lower`` None)."""
+        self.atoms[proxy.name] = Atom(proxy, None, lower, origin)
         return SymInt(_atom(proxy.name), self)
 
     def canon(self, e: Expr) -> Expr:
@@ -429,6 +433,9 @@ class ShapeEnv:
         hints = self.hints()
         a, b = evaluate(lhs, hints), evaluate(rhs, hints)
         if a is None or b is None:
+            assumed = self._assume_size(diff, op)
+            if assumed is not None:
+                return assumed
             unknown = sorted(n for n in free_atoms(diff) if self.atoms.get(n) and self.atoms[n].hint is None)
             origins = "; ".join(f"{n}: {self.atoms[n].origin}" for n in unknown)
             raise DataDependentError(
@@ -441,6 +448,21 @@ class ShapeEnv:
         else:
             self._learn_bound(diff, op if result else _NEGATE[op])
         return result
+
+    def _assume_size(self, diff: Expr, op: str) -> bool | None:
+        """``n >= 0`` (or ``n < 0``) of an unbacked int of unknown sign: assumed
+        true (the int is used as a size, as torch's size-oblivious reasoning
+        assumes) when ``assume_hook`` records a run-time check of it; None: not
+        such a question."""
+        if self.assume_hook is None or len(diff) != 1 or op not in (">=", "<"):
+            return None
+        (m, c), = diff
+        atom = self.atoms.get(m[0]) if len(m) == 1 and type(m[0]) is str and c > 0 else None
+        if atom is None or atom.hint is not None or atom.lower is not None:
+            return None
+        atom.lower = 0
+        self.assume_hook(atom.proxy, atom.origin)
+        return op == ">="
 
 
 def _decide_by_bounds(op: str, lo: int | None, hi: int | None) -> bool | None:
@@ -629,13 +651,13 @@ def _env_of(*xs) -> ShapeEnv | None:
     return next((x.env for x in xs if type(x) is SymInt), None)
 
 
-def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> bool:
-    """Whether the facts alone say which of the two is larger."""
-    for d in (_add(ea, eb, -1), _add(eb, ea, -1)):
+def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> int:
+    """1 when the facts alone say ``a >= b``, -1 when ``b >= a``, else 0."""
+    for sign, d in ((1, _add(ea, eb, -1)), (-1, _add(eb, ea, -1))):
         lb = env.lower_bound(d)
         if lb is not None and lb >= 0:
-            return True
-    return False
+            return sign
+    return 0
 
 
 def sym_max(a, b):
@@ -643,8 +665,9 @@ def sym_max(a, b):
     ea, eb = _expr_of(a), _expr_of(b)
     env = _env_of(a, b)
     if env is not None and ea is not None and eb is not None:
-        if _ordered(env, ea, eb):
-            return a if a >= b else b
+        order = _ordered(env, ea, eb)
+        if order:
+            return a if order > 0 else b
         return SymInt(_atom(("max", ea, eb)), env)
     return max(a, b)
 
@@ -653,8 +676,9 @@ def sym_min(a, b):
     ea, eb = _expr_of(a), _expr_of(b)
     env = _env_of(a, b)
     if env is not None and ea is not None and eb is not None:
-        if _ordered(env, ea, eb):
-            return a if a <= b else b
+        order = _ordered(env, ea, eb)
+        if order:
+            return b if order > 0 else a
         return SymInt(_atom(("min", ea, eb)), env)
     return min(a, b)
 

@@ -13,6 +13,8 @@ class Tag(enum.Enum):
     RETURN = "return"
     FUSION = "fusion"             # a region compiled by a fusion executor
     ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
+    UNBACKED = "unbacked"         # outputs a number known only at run time (nonzero's length, item()):
+                                  # a composite calling it is recorded as its decomposition
 
     # members are singletons: identity hashing is exact and avoids Enum's Python-level
     # __hash__, which passes call thousands of times per compile (``tag in sym.tags``)

@@ -101,10 +101,24 @@ class Trace:
                 subsymbols = tuple(self._scopes.pop())
             if not subsymbols:
                 return out              # a no-op composite: returns its input or constants
+            if any(Tag.UNBACKED in s.sym.tags for s in subsymbols):
+                # a size made at run time (``u0`` of nonzero) must be defined where its
+                # readers can see it: the composite is recorded as its decomposition
+                self._inline(subsymbols)
+                return out
         scope = self._scopes[-1]
         source = self.source if len(self._scopes) == 1 else None
         scope.append(BoundSymbol(sym, args, kwargs, out, subsymbols, source))
         return out
+
+    def _inline(self, bsyms: tuple) -> None:
+        top = len(self._scopes) == 1
+        self._scopes[-1].extend(b.replace(source=self.source) if top and b.source is None else b for b in bsyms)
+
+    def add_top_level(self, bsym: BoundSymbol) -> None:
+        """Append to the trace itself, also while a composite is being recorded
+        (it lands before that composite, after everything recorded so far)."""
+        self.bound_symbols.append(bsym.replace(source=self.source) if bsym.source is None else bsym)
 
     def set_return(self, value: Any) -> None:
         self.bound_symbols.append(BoundSymbol(RETURN, (value,), {}, None))

@@ -52,7 +52,8 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     symbolic (core/symint.py); their guards join the prologue."""
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress):
         if not dynamic and not symbolic_numbers:
-            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, None)
+            with ShapeEnv():        # static sizes: only data-dependent ops' sizes (unbacked) join it
+                return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, None)
         with ShapeEnv() as env:
             return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, env, dynamic)
 

@@ -43,7 +43,10 @@ class NotTracedError(RuntimeError):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-_DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "__bool__", "numpy"})   # nonzero_static has a static size: opaque
+_DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})   # item/tolist give symbolic numbers (torch/data_dependent.py)
+
+_DATA_DEPENDENT_HINT = (". Compute both branches and pick with torch.where, or use the ThunderFX backend "
+                        "(torch.compile(fn, backend=\"thunderlite\")), which splits the graph there.")
 
 
 class TracingHooks(InterpreterHooks):
@@ -72,11 +75,14 @@ class TracingHooks(InterpreterHooks):
         return src
 
     def located(self, e: DataDependentError) -> DataDependentError:
-        """``e`` with the user's line appended (once)."""
-        if " (at " in str(e):
-            return e
-        loc = self.user_location()
-        return type(e)(f"{e} (at {loc[0]}:{loc[1]}: {loc[2]})") if loc else e
+        """``e`` with the user's line appended (once), and the ways out."""
+        msg = str(e)
+        if " (at " not in msg:
+            loc = self.user_location()
+            msg = f"{msg} (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else msg
+        if "ThunderFX" not in msg:
+            msg += _DATA_DEPENDENT_HINT
+        return e if msg == str(e) else type(e)(msg)
 
     def user_location(self, exc: BaseException | None = None) -> tuple | None:
         """The innermost interpreted line outside torch's own Python code: where the

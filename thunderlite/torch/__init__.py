@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core.proxies import DataDependentError, set_attribute_fallback, set_torch_function_handler
-from thunderlite.torch import (composites, creation, elementwise, grad_mode, indexing, inplace,  # noqa: F401
-                               distributed, linalg, nn, pooling, reductions, rng, shapes)
+from thunderlite.torch import (composites, creation, data_dependent, elementwise, grad_mode, indexing,  # noqa: F401
+                               inplace, distributed, linalg, nn, pooling, reductions, rng, shapes)
 from thunderlite.torch.creation import get_factory_defaults
 from thunderlite.torch.opaque import OpaqueDataDependentError, opaque_symbol_for, opaque_symbols
 from thunderlite.torch.registry import all_symbols, is_opaque, symbol_for, torchsymbol

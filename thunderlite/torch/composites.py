@@ -11,10 +11,12 @@ import torch.nn.functional as F
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
+from thunderlite.core.symint import is_int
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg  # noqa: F401 - registers matmul, reflected below
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
+from thunderlite.torch.data_dependent import repeat_interleave_tensor
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.registry import all_symbols, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast, canonical_dim, convert, is_tensor
@@ -270,8 +272,11 @@ def logcumsumexp(input, dim: int):
 @torchsymbol(torch.repeat_interleave, T.repeat_interleave, method_name="repeat_interleave")
 def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     """Integer repeats (``k.repeat_interleave(n_rep, dim=1)`` in grouped-query
-    attention): unsqueeze, expand, merge. Tensor repeats are data-dependent."""
-    decomposable(isinstance(repeats, int), lambda: "repeat_interleave with tensor repeats is data-dependent")
+    attention): unsqueeze, expand, merge. Tensor counts: the indices they give
+    (a length known at run time, torch/data_dependent.py), then a gather."""
+    if repeats is None or is_tensor(repeats):
+        return repeat_interleave_tensor(input, repeats, dim, output_size)
+    decomposable(is_int(repeats), lambda: f"repeat_interleave with repeats of type {type(repeats).__name__}")
     x = shapes.reshape(input, -1) if dim is None else input
     d = 0 if dim is None else canonical_dim(dim, x.ndim)
     shape = x.shape[:d + 1] + (repeats,) + x.shape[d + 1:]

@@ -535,7 +535,3 @@ def to(a, *args, **kwargs):
         out = prims.clone(a)
     return out
 
-
-@torchsymbol(T.item, method_name="item")
-def item(a):
-    return prims.item(a)

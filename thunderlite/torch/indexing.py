@@ -13,6 +13,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import shapes
+from thunderlite.torch.data_dependent import mask_indices
 from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
 
@@ -50,11 +51,28 @@ def _basic(a, key):
         if isinstance(k, (list, tuple)):
             k = _const_index(k, a.device)
         check(is_tensor(k), lambda: f"indexing with {type(k).__name__} is not supported", TypeError)
-        check(k.dtype is not torch.bool, lambda: "boolean mask indexing depends on the data (its result shape is "
-                                                 "data-dependent); thunderlite cannot trace it", IndexError)
+        if k.dtype in (torch.bool, torch.uint8):
+            out, dim = _mask(out, dim, k, advanced)
+            continue
         advanced.append((dim, k))
         dim += 1
     return out, advanced
+
+
+def _mask(out, dim: int, mask, advanced: list):
+    """A boolean mask indexes the dims it covers with the indices of its true
+    elements (``nonzero(mask, as_tuple=True)``: a size known at run time)."""
+    if mask.ndim == 0:                      # x[True]: a new dim of size 1 (or 0), as eager
+        out = shapes.unsqueeze(out, dim)
+    else:
+        covered = tuple(out.shape[dim:dim + mask.ndim])
+        check(tuple(mask.shape) == covered, lambda: f"The shape of the mask {list(mask.shape)} at index {dim} "
+                                                    f"does not match the shape of the indexed tensor {list(covered)}",
+              IndexError)
+    for i in mask_indices(convert(mask, torch.bool)):
+        advanced.append((dim, i))
+        dim += 1
+    return out, dim
 
 
 def _const_index(seq, device):

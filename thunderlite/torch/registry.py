@@ -148,6 +148,13 @@ def _register_symbol(sym: Symbol) -> None:
     _by_name[sym.name] = sym
 
 
+def register_leaf(sym: Symbol) -> Symbol:
+    """Register a leaf symbol of the language (no torch callable maps to it: a
+    torch-level symbol records it), refusing a second one of the same name."""
+    _register_symbol(sym)
+    return sym
+
+
 def torchsymbol(*torch_fns, name: str | None = None, method_name: str | Iterable[str] | None = None,
                 operators: Iterable[str] = (), properties: Iterable[str] = (), tags=(),
                 torch_fn: Callable | None = None, inplace_of: Symbol | None = None,

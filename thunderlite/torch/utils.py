@@ -11,7 +11,7 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import broadcast_shapes, check  # noqa: F401  (re-exported)
-from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.symint import SymInt
 from thunderlite.core.symbol import Symbol
 
@@ -46,11 +46,22 @@ def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
 def expand_to(a, shape: Sequence[int]):
     """``a`` broadcast to ``shape`` (a no-op when it already has it)."""
     shape = tuple(shape)
-    if not is_tensor(a) or a.shape == shape:
+    if not is_tensor(a) or _same_shape(a.shape, shape):
         return a
     offset = len(shape) - a.ndim
     check(offset >= 0, lambda: f"cannot broadcast a tensor of shape {a.shape} to {shape}")
     return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """Whether two shapes are provably one (a size known only at run time
+    against 1 is not: broadcasting covers both cases)."""
+    if len(a) != len(b):
+        return False
+    try:
+        return a == b
+    except DataDependentError:
+        return False
 
 
 def broadcast(*args):

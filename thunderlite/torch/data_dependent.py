@@ -1,0 +1,284 @@
+"""Ops whose output size depends on the data: one trace for every size.
+
+Each is built on a *sized leaf*: a symbol whose outputs are the tensors AND
+the new sizes as ``NumberProxy`` ints, e.g. ``(t5, u0) = ltorch.nonzero_sized(x)``;
+the torch executor runs it as the torch call and returns ``r.shape[0]`` with
+it. The tensor's shape holds the *unbacked* symbol ``u0``
+(core/symint.py: known only at run time), so later ops propagate it
+symbolically, and ``u0`` is an ordinary trace value defined by that bound
+symbol: dataflow, DCE, fusion, autodiff and ``del`` see who makes and reads
+it. Sized leaves are tagged ``Tag.UNBACKED``: a composite calling one is
+recorded as its decomposition (core/trace.py), so the size's definition is
+never hidden inside a composite its readers cannot look into.
+
+The torch-level ops return only what torch returns:
+
+- ``nonzero``/``argwhere``/``where(cond)``: ``nonzero_sized``;
+- ``masked_select``, ``x[mask]`` and ``x[mask] = v`` (torch/indexing.py):
+  ``nonzero`` of the mask, then a gather / ``index_put`` with its indices,
+  so their gradients are the gather's (``index_add`` into zeros), as eager's;
+- ``unique``/``unique_consecutive``: ``unique_sized`` (no gradient, as eager);
+- ``repeat_interleave`` with a tensor of counts (torch/composites.py):
+  ``repeat_interleave_sized`` gives the indices, ``index_select`` gathers;
+- ``item`` (torch/elementwise.py) of an int tensor is an unbacked ``SymInt`` of
+  unknown sign; ``tolist`` is one ``item`` per element; ``equal`` and
+  ``allclose`` are a symbolic bool (``prims.item`` of ``all``).
+
+Python code deciding on such a value (``if n > 3``, ``if torch.equal(a, b)``)
+raises ``DataDependentError`` with the user's line (frontend/hooks.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderlite.core import prims
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.symint import ShapeEnv, SymInt, active_env
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import current_trace
+from thunderlite.torch import elementwise as ew
+from thunderlite.torch import reductions as red
+from thunderlite.torch import shapes
+from thunderlite.torch.registry import register_leaf, torchsymbol
+from thunderlite.torch.utils import canonical_dim, convert, expand_to
+
+T = torch.Tensor
+
+
+# --- unbacked sizes ----------------------------------------------------------------------
+
+def shape_env() -> ShapeEnv:
+    """The active ShapeEnv (every jit compile has one); for a trace built by
+    hand, one kept with that trace."""
+    env = active_env()
+    if env is not None:
+        return env
+    trc = current_trace()
+    check(trc is not None, lambda: "a data-dependent size needs an active trace")
+    env = getattr(trc, "shape_env", None)
+    if env is None:
+        env = trc.shape_env = ShapeEnv()
+    return env
+
+
+def _at() -> str:
+    trc = current_trace()
+    src = getattr(trc, "source", None)
+    return f" at {src[0]}:{src[1]}" if src else ""
+
+
+def unbacked(what: str, lower: int | None = 0) -> tuple[NumberProxy, SymInt]:
+    """A new run-time int (its proxy, named ``u<N>``, and the symbol for it)."""
+    proxy = NumberProxy(None, int, name=current_trace().fresh_name("u"))
+    return proxy, shape_env().unbacked_symbol(proxy, f"{what}{_at()}", lower)
+
+
+def as_unbacked(proxy: NumberProxy, what: str) -> SymInt:
+    """An int the trace computes (``prims.item``) as a symbol of unknown sign.
+    Used as a size (``torch.zeros(n)``, ``x[:n]``), it is assumed non-negative
+    and the program checks that when it runs (``check_size``)."""
+    env = shape_env()
+    env.assume_hook = _record_size_check
+    return env.unbacked_symbol(proxy, f"{what}{_at()}", None)
+
+
+def _check_size_impl(n, what):
+    if n < 0:
+        raise RuntimeError(f"{what} is {n}, but the program uses it as a size (it was traced assuming it is not "
+                           "negative)")
+
+
+check_size = register_leaf(Symbol("check_size", meta=lambda n, what: None, module="ltorch",
+                                  tags={Tag.DONT_DCE}, torch_fn=_check_size_impl))
+"""``check_size(n, what)``: raises when ``n`` is negative (an assumption the trace made)."""
+
+
+def _record_size_check(proxy: NumberProxy, origin: str) -> None:
+    current_trace().add_top_level(check_size.bind(proxy, origin, output=None))
+
+
+# --- nonzero --------------------------------------------------------------------------------
+
+def _nonzero_meta(a):
+    proxy, n = unbacked(f"the length of torch.nonzero({a.name})")
+    return TensorProxy(shape=(n, a.ndim), dtype=torch.int64, device=a.device), proxy
+
+
+def _nonzero_impl(a):
+    r = torch.nonzero(a)
+    return r, r.shape[0]
+
+
+nonzero_sized = register_leaf(Symbol("nonzero_sized", meta=_nonzero_meta, module="ltorch", tags={Tag.UNBACKED},
+                                     torch_fn=_nonzero_impl))
+"""``(indices, n) = nonzero_sized(a)``: ``torch.nonzero(a)`` and its length."""
+
+
+@torchsymbol(torch.nonzero, T.nonzero, method_name="nonzero")
+def nonzero(input, *, as_tuple: bool = False):
+    if as_tuple:
+        return mask_indices(input)
+    return nonzero_sized(input)[0]
+
+
+@torchsymbol(torch.argwhere, T.argwhere, method_name="argwhere")
+def argwhere(input):
+    return nonzero_sized(input)[0]
+
+
+def mask_indices(mask) -> tuple:
+    """``torch.nonzero(mask, as_tuple=True)``: one index tensor per dim."""
+    if mask.ndim == 0:
+        mask = prims.reshape(mask, (1,))
+    idx = nonzero_sized(mask)[0]
+    return tuple(shapes.select(idx, 1, d) for d in range(mask.ndim))
+
+
+@torchsymbol(torch.masked_select, T.masked_select, method_name="masked_select")
+def masked_select(input, mask):
+    check(mask.dtype is torch.bool, lambda: f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    shape = prims.broadcast_shapes(input.shape, mask.shape)
+    n = 1
+    for s in shape:
+        n *= s
+    flat = prims.reshape(expand_to(input, shape), (n,))
+    idx = nonzero_sized(prims.reshape(expand_to(mask, shape), (n,)))[0]
+    return prims.index_select(flat, 0, shapes.select(idx, 1, 0))
+
+
+# --- unique ---------------------------------------------------------------------------------
+
+def _unique_outputs(a, dim, return_inverse, return_counts, what):
+    proxy, n = unbacked(f"the number of {what}({a.name})")
+    if dim is None:
+        values = TensorProxy(shape=(n,), dtype=a.dtype, device=a.device)
+        inverse_shape = a.shape
+    else:
+        d = canonical_dim(dim, a.ndim)
+        values = TensorProxy(shape=a.shape[:d] + (n,) + a.shape[d + 1:], dtype=a.dtype, device=a.device)
+        inverse_shape = (a.shape[d],)
+    out = [values]
+    if return_inverse:
+        out.append(TensorProxy(shape=inverse_shape, dtype=torch.int64, device=a.device))
+    if return_counts:
+        out.append(TensorProxy(shape=(n,), dtype=torch.int64, device=a.device))
+    return (*out, proxy)
+
+
+def _sized(out, dim):
+    out = out if isinstance(out, tuple) else (out,)
+    return (*out, out[0].shape[0 if dim is None else dim])
+
+
+def _unique_impl(a, sorted, return_inverse, return_counts, dim):
+    return _sized(torch.unique(a, sorted=sorted, return_inverse=return_inverse, return_counts=return_counts,
+                               dim=dim), dim)
+
+
+def _unique_consecutive_impl(a, return_inverse, return_counts, dim):
+    return _sized(torch.unique_consecutive(a, return_inverse=return_inverse, return_counts=return_counts,
+                                           dim=dim), dim)
+
+
+unique_sized = register_leaf(Symbol(
+    "unique_sized", module="ltorch", tags={Tag.UNBACKED}, torch_fn=_unique_impl,
+    meta=lambda a, sorted, ri, rc, dim: _unique_outputs(a, dim, ri, rc, "torch.unique")))
+"""``(values, [inverse], [counts], n) = unique_sized(a, sorted, return_inverse, return_counts, dim)``."""
+
+unique_consecutive_sized = register_leaf(Symbol(
+    "unique_consecutive_sized", module="ltorch", tags={Tag.UNBACKED}, torch_fn=_unique_consecutive_impl,
+    meta=lambda a, ri, rc, dim: _unique_outputs(a, dim, ri, rc, "torch.unique_consecutive")))
+
+
+def _unpacked(out: tuple):
+    values = out[:-1]
+    return values[0] if len(values) == 1 else values
+
+
+@torchsymbol(torch.unique, T.unique, method_name="unique")
+def unique(input, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim=None):
+    return _unpacked(unique_sized(input, sorted, return_inverse, return_counts, dim))
+
+
+@torchsymbol(torch.unique_consecutive, T.unique_consecutive, method_name="unique_consecutive")
+def unique_consecutive(input, return_inverse: bool = False, return_counts: bool = False, dim=None):
+    return _unpacked(unique_consecutive_sized(input, return_inverse, return_counts, dim))
+
+
+# --- repeat_interleave with a tensor of counts -----------------------------------------------
+
+def _repeat_interleave_meta(repeats):
+    proxy, n = unbacked(f"the sum of the counts {repeats.name} of torch.repeat_interleave")
+    return TensorProxy(shape=(n,), dtype=repeats.dtype, device=repeats.device), proxy
+
+
+def _repeat_interleave_impl(repeats):
+    r = torch.repeat_interleave(repeats)
+    return r, r.shape[0]
+
+
+repeat_interleave_sized = register_leaf(Symbol(
+    "repeat_interleave_sized", meta=_repeat_interleave_meta, module="ltorch", tags={Tag.UNBACKED},
+    torch_fn=_repeat_interleave_impl))
+"""``(indices, n) = repeat_interleave_sized(counts)``: ``torch.repeat_interleave(counts)``
+(index ``i`` repeated ``counts[i]`` times) and its length."""
+
+
+def repeat_interleave_tensor(input, repeats, dim, output_size):
+    """``repeat_interleave`` with tensor counts: the indices, then ``index_select``."""
+    if repeats is None:                                   # torch.repeat_interleave(counts)
+        check(input.ndim <= 1, lambda: "repeat_interleave: repeats must be 0-dim or 1-dim tensor")
+        return _indices(shapes.reshape(input, -1), output_size)
+    x = shapes.reshape(input, -1) if dim is None else input
+    d = 0 if dim is None else canonical_dim(dim, x.ndim)
+    check(repeats.ndim <= 1, lambda: "repeat_interleave: repeats must be 0-dim or 1-dim tensor")
+    counts = shapes.reshape(repeats, -1)
+    if counts.shape[0] == 1 and x.shape[d] != 1:
+        counts = expand_to(counts, (x.shape[d],))
+    check(counts.shape[0] == x.shape[d],
+          lambda: "repeats must have the same size as input along dim")
+    return prims.index_select(x, d, _indices(counts, output_size))
+
+
+def _indices(counts, output_size):
+    idx = repeat_interleave_sized(counts)[0]
+    if output_size is not None:            # the caller states the length: a static size
+        idx = prims.reshape(idx, (output_size,))
+    return idx
+
+
+# --- values read back as Python numbers --------------------------------------------------------
+
+@torchsymbol(torch.equal, T.equal, method_name="equal")
+def equal(input, other):
+    """A symbolic bool: return it or pass it on; branching on it is data-dependent."""
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return prims.item(red.all(ew.eq(input, other)))
+
+
+@torchsymbol(torch.allclose, T.allclose, method_name="allclose")
+def allclose(input, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
+    return prims.item(red.all(ew.isclose(input, other, rtol, atol, equal_nan)))
+
+
+@torchsymbol(T.item, method_name="item")
+def item(a):
+    """The number in a one-element tensor: an int is an unbacked ``SymInt`` (of
+    unknown sign) usable in size arithmetic, a float or bool a ``NumberProxy``."""
+    out = prims.item(a)
+    return as_unbacked(out, f"{a.name}.item()") if out.python_type is int else out
+
+
+@torchsymbol(T.tolist, method_name="tolist")
+def tolist(a):
+    """One ``item`` per element (each a symbolic number), nested as the tensor's dims."""
+    return _tolist(a)
+
+
+def _tolist(a):
+    if a.ndim == 0:
+        return item(a)
+    return [_tolist(shapes.select(a, 0, i)) for i in range(a.shape[0])]
