@@ -102,6 +102,12 @@ class NumberProxy(Proxy):
         raise DataDependentError(f"the truth value of the traced number {self.name} is not known while tracing; "
                                  "thunderlite cannot branch on it")
 
+    def _compare(self, other):
+        raise DataDependentError(f"comparing the traced number {self.name} needs its value, which is not known "
+                                 "while tracing; thunderlite cannot branch on it")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _compare
+
     def __index__(self):
         raise TypeError(f"the traced number {self.name} cannot be used as a Python index while tracing")
 

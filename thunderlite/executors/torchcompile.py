@@ -27,6 +27,7 @@ import torch
 from thunderlite.core.aliasing import views
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
@@ -44,6 +45,10 @@ class TorchCompileExecutor(FusionExecutor):
         super().__init__(name)
         self.min_size = min_size
         self.compile_options = {"dynamic": False, **(compile_options or {})}
+        # a region with symbolic sizes (dynamic shapes, sizes known only at run time) gets
+        # torch.compile's automatic dynamic unless the user chose: one recompile, not one per size
+        self._symbolic_options = self.compile_options if "dynamic" in (compile_options or {}) else \
+            {**self.compile_options, "dynamic": None}
         self._counter = itertools.count()
         self._artifacts: dict[tuple, object] = {}     # structure key -> compiled callable
 
@@ -89,7 +94,9 @@ class TorchCompileExecutor(FusionExecutor):
             sub.bound_symbols[:] = region.bsyms
             sub.set_return(tuple(region.outputs))
             sub = claim_executors(sub, [torch_executor])
-            compiled = torch.compile(sub.python_callable(), **self.compile_options)
+            symbolic = any(mentions_symbolic(b) for b in region.bsyms)
+            compiled = torch.compile(sub.python_callable(), **(self._symbolic_options if symbolic else
+                                                               self.compile_options))
             compiled.__thunderlite_trace__ = sub
             if len(self._artifacts) >= MAX_ARTIFACTS:
                 self._artifacts.pop(next(iter(self._artifacts)))

@@ -32,6 +32,7 @@ from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
+from thunderlite.torch.opaque import OpaqueDataDependentError
 from thunderlite.transforms.autodiff_function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -80,7 +81,7 @@ class TracingHooks(InterpreterHooks):
         if " (at " not in msg:
             loc = self.user_location()
             msg = f"{msg} (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else msg
-        if "ThunderFX" not in msg:
+        if "ThunderFX" not in msg and not isinstance(e, OpaqueDataDependentError):
             msg += _DATA_DEPENDENT_HINT
         return e if msg == str(e) else type(e)(msg)
 

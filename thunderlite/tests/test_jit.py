@@ -205,11 +205,18 @@ def test_data_dependent_branch_names_the_line():
         thunderlite.jit(f)(torch.randn(4))
 
 
-def test_item_raises_the_same_clear_error():
+def test_item_is_a_symbolic_number_branching_on_it_names_the_line():
     def f(t):
         return t * t.sum().item()
-    with pytest.raises(DataDependentError, match="item"):
-        thunderlite.jit(f)(torch.randn(4))
+    x = torch.randn(4)
+    torch.testing.assert_close(thunderlite.jit(f)(x), f(x))
+
+    def g(t):
+        if t.sum().item() > 0:  # the line the error must name
+            return t
+        return -t
+    with pytest.raises(DataDependentError, match="test_jit.py.*torch.where"):
+        thunderlite.jit(g)(torch.randn(4))
 
 
 def test_inplace_on_input_stays_mutated():

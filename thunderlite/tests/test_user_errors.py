@@ -22,23 +22,19 @@ def _line_of(fn, text: str) -> int:
     return start + next(i for i, line in enumerate(lines) if text in line)
 
 
-def _nonzero(x):
-    return torch.nonzero(x)
+def _bincount(x):
+    return torch.bincount((x > 0).long())
 
 
-def _tolist(x):
-    return x.tolist()
-
-
-def _unique(x):
+def _histogramdd(x):
     y = x + 1
-    return torch.unique(y)
+    return torch.histogramdd(y.reshape(5, 1), bins=3)
 
 
+# nonzero, unique, tolist... are traced with sizes known at run time (tests/test_data_dependent.py)
 @pytest.mark.parametrize("fn, public, text", [
-    (_nonzero, "torch.nonzero", "torch.nonzero(x)"),
-    (_tolist, "Tensor.tolist", "x.tolist()"),
-    (_unique, "torch._unique2", "torch.unique(y)"),     # torch.unique's C op, at the user's line
+    (_bincount, "torch.bincount", "torch.bincount((x > 0).long())"),
+    (_histogramdd, "torch.histogramdd", "torch.histogramdd(y.reshape(5, 1), bins=3)"),   # a Python function
 ])
 def test_opaque_data_dependent_ops_named_publicly_with_users_line(fn, public, text):
     with pytest.raises(DataDependentError) as info:
