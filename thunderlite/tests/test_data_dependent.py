@@ -146,7 +146,7 @@ def test_static_programs_pay_nothing():
     symbols, no size guards."""
     jfn = thunderlite.jit(lambda x: x * 2)
     jfn(X[0])
-    assert "check_size" not in str(thunderlite.last_prologue_traces(jfn)[-1])
+    assert "check_size" not in str(thunderlite.last_prologue_traces(jfn)[-1])      # no size guards
     assert "u0" not in str(thunderlite.last_traces(jfn)[-1])
 
 

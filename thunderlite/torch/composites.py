@@ -4,6 +4,7 @@ real-tensor conjugation no-ops, atleast_nd, h/v/dsplit, diff, trace, kron,
 cross, distances and similarities, pixel/channel shuffles, logcumsumexp."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -16,7 +17,7 @@ from thunderlite.torch import elementwise as ew
 from thunderlite.torch import linalg  # noqa: F401 - registers matmul, reflected below
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.torch.data_dependent import repeat_interleave_tensor
+from thunderlite.torch.data_dependent import check_all, repeat_interleave_tensor
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.registry import all_symbols, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast, canonical_dim, convert, is_tensor
@@ -551,3 +552,69 @@ def tensor_unfold(input, dimension: int, size: int, step: int):
     picked = shapes.reshape(picked, *x.shape[:d], n, size, *x.shape[d + 1:])
     out = shapes.movedim(picked, d + 1, -1)
     return out if input.ndim else shapes.reshape(out, size)
+
+
+# --- ops whose checks read values ---------------------------------------------------------------
+
+@torchsymbol(torch.cov, T.cov, method_name="cov")
+def cov(input, *, correction: int = 1, fweights=None, aweights=None):
+    """ATen's cov (Correlation.cpp); its checks of the weights' values run with the program."""
+    check(input.ndim <= 2, lambda: f"cov(): expected input to have two or fewer dimensions but got an input "
+                                    f"with {input.ndim} dimensions")
+    x = input if input.ndim == 2 else prims.reshape(input, (1, input.numel()))
+    w = None
+    if fweights is not None:
+        check_all(ew.ge(fweights, 0), "cov(): fweights cannot be negative")
+        w = fweights
+    if aweights is not None:
+        check_all(ew.ge(aweights, 0), "cov(): aweights cannot be negative")
+        w = aweights if w is None else ew.mul(w, aweights)
+    w_sum = x.shape[1] if w is None else red.sum(w)
+    if w is not None and aweights is not None and correction != 0:
+        norm = ew.sub(w_sum, ew.true_divide(ew.mul(red.sum(ew.mul(w, aweights)), correction), w_sum))
+    else:
+        norm = ew.sub(w_sum, correction) if w is not None else w_sum - correction
+    norm = ew.where(ew.le(norm, 0), 0, norm) if is_tensor(norm) else max(norm, 0)
+    avg = ew.true_divide(red.sum(x if w is None else ew.mul(x, w), 1), w_sum)
+    xc = ew.sub(x, shapes.unsqueeze(avg, 1))
+    other = xc if w is None else ew.mul(xc, w)
+    c = linalg.mm(xc, conj(shapes.transpose(other, 0, 1)))
+    return shapes.squeeze(ew.true_divide(c, norm))
+
+
+@torchsymbol(torch.corrcoef, T.corrcoef, method_name="corrcoef")
+def corrcoef(input):
+    c = cov(input)
+    if c.ndim == 0:
+        return ew.true_divide(c, c)
+    d = shapes.diagonal(c)
+    std = ew.sqrt(ew.real(d) if dtypes.is_complex(d.dtype) else d)
+    c = ew.true_divide(ew.true_divide(c, shapes.unsqueeze(std, 1)), shapes.unsqueeze(std, 0))
+    if dtypes.is_complex(c.dtype):
+        return ew.add(ew.clamp(ew.real(c), -1, 1), ew.mul(ew.clamp(ew.imag(c), -1, 1), 1j))
+    return ew.clamp(c, -1, 1)
+
+
+@torchsymbol(torch.combinations, method_name="combinations")
+def combinations(input, r: int = 2, with_replacement: bool = False):
+    """Static size (n choose r): the index tuples are made while tracing (ATen
+    masks a grid, which a meta run cannot size), then one gather per position."""
+    check(input.ndim == 1, lambda: f"Expect a 1D vector, but got shape {list(input.shape)}")
+    check(r >= 0, lambda: f"Expect a non-negative number, but got {r}")
+    if r == 0:
+        return prims.full((0,), 0, device=input.device, dtype=input.dtype)
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    rows = list(pick(range(input.shape[0]), r))
+    if not rows:
+        return prims.full((0, r), 0, device=input.device, dtype=input.dtype)
+    cols = [_int_constant([row[k] for row in rows], input.device) for k in range(r)]
+    picked = [prims.index_select(input, 0, c) for c in cols]
+    return shapes.stack(picked, 1)
+
+
+def _int_constant(values: list, device):
+    """A 1-D int64 tensor of ``values`` known while tracing (iota when they count up)."""
+    n = len(values)
+    if values == list(range(values[0], values[0] + n)):
+        return prims.iota(n, start=values[0], step=1, device=device, dtype=torch.int64)
+    return prims.cat([prims.full((1,), v, device=device, dtype=torch.int64) for v in values], 0)

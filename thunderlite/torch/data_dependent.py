@@ -78,25 +78,25 @@ def unbacked(what: str, lower: int | None = 0) -> tuple[NumberProxy, SymInt]:
 def as_unbacked(proxy: NumberProxy, what: str) -> SymInt:
     """An int the trace computes (``prims.item``) as a symbol of unknown sign.
     Used as a size (``torch.zeros(n)``, ``x[:n]``), it is assumed non-negative
-    and the program checks that when it runs (``check_size``)."""
+    and the program checks that when it runs (``check_nonnegative``)."""
     env = shape_env()
     env.assume_hook = _record_size_check
     return env.unbacked_symbol(proxy, f"{what}{_at()}", None)
 
 
-def _check_size_impl(n, what):
+def _check_nonnegative_impl(n, what):
     if n < 0:
         raise RuntimeError(f"{what} is {n}, but the program uses it as a size (it was traced assuming it is not "
                            "negative)")
 
 
-check_size = register_leaf(Symbol("check_size", meta=lambda n, what: None, module="ltorch",
-                                  tags={Tag.DONT_DCE}, torch_fn=_check_size_impl))
-"""``check_size(n, what)``: raises when ``n`` is negative (an assumption the trace made)."""
+check_nonnegative = register_leaf(Symbol("check_nonnegative", meta=lambda n, what: None, module="ltorch",
+                                  tags={Tag.DONT_DCE}, torch_fn=_check_nonnegative_impl))
+"""``check_nonnegative(n, what)``: raises when ``n`` is negative (an assumption the trace made)."""
 
 
 def _record_size_check(proxy: NumberProxy, origin: str) -> None:
-    current_trace().add_top_level(check_size.bind(proxy, origin, output=None))
+    current_trace().add_top_level(check_nonnegative.bind(proxy, origin, output=None))
 
 
 # --- nonzero --------------------------------------------------------------------------------
@@ -282,3 +282,39 @@ def _tolist(a):
     if a.ndim == 0:
         return item(a)
     return [_tolist(shapes.select(a, 0, i)) for i in range(a.shape[0])]
+
+
+# --- checks of values, made when the program runs ---------------------------------------------
+
+def _check_values_impl(cond, message, error):
+    if not bool(cond):
+        raise error(message)
+
+
+check_values = register_leaf(Symbol("check_values", meta=lambda cond, message, error: None, module="ltorch",
+                                    tags={Tag.DONT_DCE}, torch_fn=_check_values_impl))
+"""``check_values(cond, message, error)``: raises ``error(message)`` when the bool
+tensor ``cond`` is false: an op's check of its arguments' values (``any(var < 0)``
+in ``gaussian_nll_loss``), which tracing cannot decide, runs with the program."""
+
+
+def check_all(cond, message: str, error: type = RuntimeError) -> None:
+    check_values(red.all(cond), message, error)
+
+
+# --- torch calls whose sizes come from their arguments, with no meta kernel -------------------------
+
+def _histogram_meta(input, bins, *, range=None, weight=None, density=False):
+    n = bins.numel() - 1 if isinstance(bins, TensorProxy) else bins
+    like = dict(dtype=input.dtype, device=input.device)
+    return TensorProxy(shape=(n,), **like), TensorProxy(shape=(n + 1,), **like)
+
+
+histogram_leaf = register_leaf(Symbol("histogram_leaf", meta=_histogram_meta, module="ltorch",
+                                      torch_fn=lambda *a, **k: tuple(torch.histogram(*a, **k))))
+
+
+@torchsymbol(torch.histogram, T.histogram, method_name="histogram")
+def histogram(input, bins=100, *, range=None, weight=None, density: bool = False):
+    """Sizes from ``bins`` (torch has no meta kernel for it: run as one torch call)."""
+    return histogram_leaf(input, bins, range=range, weight=weight, density=density)

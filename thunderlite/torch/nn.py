@@ -14,6 +14,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
+from thunderlite.torch.data_dependent import check_all
 from thunderlite.torch.linalg import matmul
 from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, ntuple
@@ -680,3 +681,26 @@ def _edge(x, d: int, n: int, k: int, mode: str, low: bool):
                          f"{k} at dimension {d} of input {list(x.shape)}")
     part = shapes.slice_dim(x, d, 1, k + 1) if low else shapes.slice_dim(x, d, n - k - 1, n - 1)
     return prims.flip(part, (d,))
+
+
+@torchsymbol(F.gaussian_nll_loss)
+def gaussian_nll_loss(input, target, var, full: bool = False, eps: float = 1e-6, reduction: str = "mean"):
+    """torch's Python function, its ``any(var < 0)`` check run with the program."""
+    if not is_tensor(var):
+        check(var >= 0, lambda: "var has negative entry/entries", ValueError)
+        var = prims.full(input.shape, float(var), device=input.device, dtype=input.dtype)
+    else:
+        check_all(ew.logical_not(red.any(ew.lt(var, 0))), "var has negative entry/entries", ValueError)
+    if tuple(var.shape) != tuple(input.shape):
+        if tuple(input.shape[:-1]) == tuple(var.shape):
+            var = shapes.unsqueeze(var, -1)
+        else:
+            check(input.ndim == var.ndim and sum(y for x, y in zip(input.shape, var.shape, strict=True) if x != y) == 1,
+                  lambda: "var is of incorrect size", ValueError)
+    check(reduction in ("none", "mean", "sum"), lambda: f"{reduction} is not valid", ValueError)
+    # eager clamps a clone under no_grad: the value is clamped, the gradient passes as through the identity
+    var = ew.add(var, ew.sub(ew.clamp(var, min=eps), var).detach()) if var.requires_grad else ew.clamp(var, min=eps)
+    loss = ew.mul(ew.add(ew.log(var), ew.true_divide(ew.pow(ew.sub(input, target), 2), var)), 0.5)
+    if full:
+        loss = ew.add(loss, 0.5 * math.log(2 * math.pi))
+    return red.mean(loss) if reduction == "mean" else red.sum(loss) if reduction == "sum" else loss
