@@ -38,13 +38,8 @@ DTYPE = torch.float64
 _DATA_DEPENDENT = ("no decomposition, and PyTorch's kernel cannot run on meta tensors (its output shape or "
                    "its argument checks depend on tensor values), so thunderlite cannot trace it")
 XFAIL: dict[str, str] = {
-    "combinations": _DATA_DEPENDENT + " (aten::combinations uses masked_select)",
-    "corrcoef": _DATA_DEPENDENT + " (cov's weight checks)",
-    "cov": _DATA_DEPENDENT + " (its weight checks)",
-    "masked_select": _DATA_DEPENDENT + " (the output size is the mask's count)",
     "tensor_split": "the sample passes the split points as a tensor: bool(tensor) is data-dependent "
                     "control flow, which thunderlite refuses",
-    "nn.functional.gaussian_nll_loss": _DATA_DEPENDENT + " (torch.any(var < 0) check)",
     "linalg.lstsq": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
     "linalg.lstsq.grad_oriented": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
     "to_sparse": "sparse layouts are not supported (no sparse tensor proxies)",
