@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from thunderlite.torch import symbol_for
 
@@ -138,6 +139,14 @@ def _meta_runs(fn: Callable, node: torch.fx.Node) -> str:
     return ""
 
 
+def _makes_unbacked(node: torch.fx.Node) -> bool:
+    """Whether dynamo gave the node's output a size known only at run time."""
+    try:
+        return bool(free_unbacked_symbols(_example(node)))
+    except Exception:  # noqa: BLE001 - example values of other kinds hold no sizes
+        return False
+
+
 def verdict(node: torch.fx.Node) -> Verdict:
     """Can thunderlite trace this node? (``placeholder``/``output``/``get_attr`` always can.)"""
     if node.op in ("placeholder", "output", "get_attr"):
@@ -154,6 +163,11 @@ def verdict(node: torch.fx.Node) -> Verdict:
     if fn in _READS_VALUES:
         return Verdict(False, f"{op_name(node)} reads tensor data into a Python value, which a thunderlite "
                               "trace cannot hold yet (data-dependent)", source_of(node))
+    if _makes_unbacked(node):
+        # thunderlite traces it (a size known at run time), but a piece boundary cannot
+        # carry dynamo's unbacked size: the op stays with the fallback
+        return Verdict(False, f"{op_name(node)}: its output size depends on the data (dynamo's unbacked size "
+                              "cannot cross into a thunderlite piece)", source_of(node))
     if symbol_for(fn) is not None:
         return Verdict(True)
     why = _meta_runs(fn, node)
