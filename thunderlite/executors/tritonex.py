@@ -102,7 +102,10 @@ class TritonExecutor(FusionExecutor):
         if bsym.sym.executor is not None:
             return False
         if mentions_symbolic(bsym):     # analysed as traced; run per concrete sizes (SizedTritonKernel)
-            bsym = specialize([bsym], hint_values([bsym]))[0][0]
+            try:
+                bsym = specialize([bsym], hint_values([bsym]))[0][0]
+            except MissingSize:         # a size known only at run time (nonzero's length): no traced value
+                return False
         device_type = self._runtime().DEVICE_TYPE
         proxies = bsym.proxy_args() + bsym.proxy_outs()
         if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
@@ -135,7 +138,10 @@ class TritonExecutor(FusionExecutor):
 
     def _one_kernel(self, bsyms: list[BoundSymbol]) -> bool:
         if any(mentions_symbolic(b) for b in bsyms):
-            bsyms = specialize(bsyms, hint_values(bsyms))[0]
+            try:
+                bsyms = specialize(bsyms, hint_values(bsyms))[0]
+            except MissingSize:
+                return False
         defined = {p.name for b in bsyms for p in b.proxy_outs()}
         inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
         try:

@@ -204,3 +204,19 @@ def test_an_item_used_as_a_size_is_checked_when_the_program_runs():
     with pytest.raises(RuntimeError, match="negative"):
         jfn(torch.tensor([-2.0, 1.0]))
     assert thunderlite.cache_info(jfn)["misses"] == 1
+
+
+def test_static_shape_executors_leave_run_time_sizes_to_the_next():
+    """triton plans kernels for sizes it can read while tracing: symbols with a
+    run-time size stay for the torch executor, the rest still fuse."""
+    pytest.importorskip("triton")
+
+    def f(x):
+        y = x[x > 0]
+        return (y * 2).sin() + 1, (x * 2).sin()
+    jfn = thunderlite.jit(f, executors=["triton", "torch"])
+    for x in X:
+        _assert_same(jfn(x), f(x))
+    assert thunderlite.cache_info(jfn)["misses"] == 1
+    final = str(thunderlite.last_traces(jfn)[-1])
+    assert "triton.fusion" in final and "nonzero_sized" in final
