@@ -236,6 +236,6 @@ def test_tiny_llama_over_ten_prompt_lengths(options, compiles):
     assert thunderlite.cache_info(jm)["misses"] == compiles
     guards = [line.strip() for line in str(thunderlite.last_prologue_traces(jm)[-1]).splitlines()
               if "check_size" in line]
-    # the default makes only the length symbolic and guards nothing about it; with every size
-    # symbolic (batch too) a broadcast against the hidden size is guarded
-    assert guards == ([] if not options else ["prologue.check_size('s0 != 32')"])
+    # nothing about the sizes is guarded, also with every size symbolic (batch too): expand_to
+    # compares shapes of different ranks by their lengths (a tuple == compared 32 with s0 first)
+    assert guards == []
