@@ -18,7 +18,8 @@ An input ``a`` of a symbol ``s`` is reused only when all of these hold:
 - ``a`` dies at ``s`` (a ``del`` of it follows ``s``);
 - ``a`` was computed in this trace by an executor's symbol into fresh memory
   (``core.aliasing``): not a trace input, nor a value unpacked from one (a
-  saved-for-backward list), whose storage the caller may still hold;
+  saved-for-backward list), whose storage the caller may still hold, nor an
+  output of an opaque call or a compiled region;
 - every other name that may share ``a``'s storage (its views, found through
   each symbol's own alias facts and the leaves it is made of) died before
   ``s``; none is a trace input.
@@ -35,6 +36,10 @@ from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.transforms.del_last_used import is_del
 
 _ALIVE = float("inf")
+_NOT_OWNED = frozenset({Tag.OPAQUE, Tag.FUSION})
+"""Outputs that may share storage in ways no alias fact states: an opaque
+call's, and a compiled region's (a compiler may return one buffer for two
+equal outputs)."""
 
 
 class _Storage:
@@ -85,7 +90,7 @@ class _Plan:
         for b in bsyms:
             outs = [o.name for o in b.tensor_outs()]
             self.made.update(outs)
-            if b.sym.executor is not None and Tag.OPAQUE not in b.sym.tags:
+            if b.sym.executor is not None and not b.sym.tags & _NOT_OWNED:
                 self.owned.update(n for n in outs if n not in self.storage.is_view)
 
     def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
