@@ -29,15 +29,23 @@ allocator (reusing freed memory, as the main run and real programs do) and
 CUDA's caching allocator do not. On CUDA one run gives both, peak memory being
 ``torch.cuda.max_memory_allocated`` above the allocation at the start of the step.
 
-Measured on the shared 2-core CPU machine (load average ~12, so wall times are
-several times the CPU times; ``--threads 1``, 10-16 interleaved steps, noise
-about +-5%): nanoGPT thunderlite 1.01-1.04x eager CPU time at 0.77-0.79x its
-peak memory, thunderlite+torchcompile 1.02x torch.compile's CPU time (0.86x
-eager memory); tiny Llama thunderlite 1.08-1.13x eager at 0.67x memory,
-thunderlite+torchcompile 1.17x torch.compile (0.85x memory). Parameters after
-all steps equal eager's within 3e-8. First call vs layers (dim 64): 0.48, 1.19,
-1.46, 3.27, 6.18 s for 1, 2, 4, 8, 16 layers (about 0.4 s a layer) after ~5 s
-of one-time imports in a fresh process.
+Measured on the shared 2-core CPU machine while other engineers' jobs ran (load
+average 4-8, so wall times are about twice the CPU times; ``--threads 1``, 16
+interleaved steps, two runs; noise about +-5%). Ratios: main run wall / CPU
+time, pinned run wall time, peak memory vs eager:
+
+- nanoGPT, thunderlite / eager: 0.97-0.98 / 0.99, pinned 1.02-1.07, memory 0.79-0.80
+- nanoGPT, thunderlite+torchcompile / torch.compile: 1.02 / 1.01-1.02, pinned
+  1.05-1.08, memory 0.74 (one run since torchcompile cuts the backward per
+  layer; 0.87 before; torch.compile 0.81-0.83)
+- tiny Llama, thunderlite / eager: 1.01-1.05 / 0.98-1.00, pinned 0.90-0.97, memory 0.66
+- tiny Llama, thunderlite+torchcompile / torch.compile: 0.99 / 1.02, pinned
+  1.09-1.10, memory 0.84-0.85 (torch.compile 0.70)
+
+Parameters after all steps equal eager's within 3e-8. First call vs layers
+(dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
+1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load
+scattered 2-5x around it).
 
 ``--scaling`` times the first call of the thunderlite step (a fresh process per
 size) for each number of layers, and counts the Python function calls of a
