@@ -167,6 +167,11 @@ class DifferentiableProgram:
         """Arguments whose strides the compiled program relies on (the caller guards them)."""
         return self.split.stride_inputs
 
+    @property
+    def placed_inputs(self) -> tuple:
+        """Arguments whose strides and storage offsets it relies on (guarded too)."""
+        return self.split.placed_inputs
+
     def as_eager_grads(self, result, reached: frozenset) -> list:
         """None for arguments eager's graph does not connect to the outputs that
         got a gradient; zeros for connected ones the functional trace found no

@@ -18,8 +18,9 @@ in the entry's prologue, only for the few tensors they concern:
   raised eager's error (update_aliases' ``check_writes``) when it was refused.
 - **strides** the compiled program relies on (``strides``): autodiff's
   functionalization decided whether a ``reshape`` is a view or a copy, as eager
-  does, from the strides of the inputs it is computed from; other strides
-  recompile.
+  does, from the strides of the inputs it is computed from, or placed inputs
+  sharing storage in it by their strides and storage offsets; other strides
+  (offsets) recompile.
 
 Example (the generated prologue lines)::
 
@@ -102,7 +103,7 @@ class AliasGuard:
 
     def __init__(self, shared: list[int], pattern: tuple, verdicts: list[tuple[int, int]], names: list[str],
                  requires_grad: list[bool], strides: list[tuple[int, tuple]] = ()):
-        self.strides = list(strides)    # (input index, strides it was compiled for)
+        self.strides = list(strides)    # (input index, strides, storage offset or None) compiled for
         self.shared = shared
         self.pattern = pattern
         self.verdicts = verdicts
@@ -121,10 +122,13 @@ class AliasGuard:
             if write_verdict(values[i]) != v:
                 return (f"whether eager allows writing {self.names[i]} changed (a leaf requiring grad, a view of "
                         "one, or an inference tensor)")
-        for i, st in self.strides:
+        for i, st, off in self.strides:
             if tuple(values[i].stride()) != st:
                 return (f"the strides of {self.names[i]} changed from {st} to {tuple(values[i].stride())} (whether "
-                        "a reshape of it is a view or a copy depends on them)")
+                        "a reshape of it is a view or a copy, or where it lies in storage it shares, depends on them)")
+            if off is not None and values[i].storage_offset() != off:
+                return (f"the storage offset of {self.names[i]} changed from {off} to {values[i].storage_offset()} "
+                        "(it shares storage with another input)")
         return None
 
     def lines(self, var_of: Callable[[int], str], const: Callable[[object], str]) -> list[str]:
@@ -144,21 +148,25 @@ class AliasGuard:
                 out.append(f"if {var_of(i)}.is_inference() and not _inference_mode(): return _MISS")
             else:
                 out.append(f"if _write_verdict({var_of(i)}) != {v}: return _MISS")
-        for i, st in self.strides:
+        for i, st, off in self.strides:
             out.append(f"if {var_of(i)}.stride() != {st!r}: return _MISS")
+            if off is not None:
+                out.append(f"if {var_of(i)}.storage_offset() != {off!r}: return _MISS")
         return out
 
 
-def plan_alias_guard(inputs: list[Input], written_names: set[str], strided: tuple = ()) -> AliasGuard | None:
+def plan_alias_guard(inputs: list[Input], written_names: set[str], strided: tuple = (),
+                     placed: tuple = ()) -> AliasGuard | None:
     """The checks an entry needs: none when the program writes no input and
-    relies on no input's strides (``strided``: their names).
+    relies on no input's strides (``strided``: their names; ``placed``: also
+    their storage offsets).
 
     Sharing that involves only arguments is in the cache key already; the
     pattern covers every written input plus, when an argument is written, the
     tensors not passed as arguments, and when such a tensor is written, all
     tensor inputs (a write can only be misordered against a tensor that shares
     its storage; storage on another device never does)."""
-    if not written_names and not strided:
+    if not written_names and not strided and not placed:
         return None
     tensors = [(i, inp) for i, inp in enumerate(inputs) if isinstance(inp.value, torch.Tensor)]
     written_idx = [i for i, inp in tensors if inp.proxy.name in written_names]
@@ -173,7 +181,8 @@ def plan_alias_guard(inputs: list[Input], written_names: set[str], strided: tupl
     names = [inp.prov.describe() if inp.prov is not None else f"the constant tensor {inp.proxy.name}"
              for inp in inputs]
     requires_grad = [isinstance(inp.value, torch.Tensor) and inp.value.requires_grad for inp in inputs]
-    strides = [(i, tuple(inp.value.stride())) for i, inp in tensors if inp.proxy.name in strided]
+    strides = [(i, tuple(inp.value.stride()), inp.value.storage_offset() if inp.proxy.name in placed else None)
+               for i, inp in tensors if inp.proxy.name in strided or inp.proxy.name in placed]
     return AliasGuard(shared, pattern, verdicts, names, requires_grad, strides)
 
 

@@ -97,7 +97,8 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
                                   _input_strides(state.inputs))
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
-    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), getattr(comp, "stride_inputs", ()))
+    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), getattr(comp, "stride_inputs", ()),
+                                   getattr(comp, "placed_inputs", ()))
     sym_guards = list(env.guards) if env is not None else []
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
                         alias_guard, sym_guards)
@@ -244,7 +245,7 @@ def _input_alias_groups(inputs: list[Input]) -> list[list[str]] | None:
 
 
 def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
-    return {inp.proxy.name: tuple(inp.value.stride()) for inp in inputs
+    return {inp.proxy.name: (tuple(inp.value.stride()), inp.value.storage_offset()) for inp in inputs
             if isinstance(inp.value, torch.Tensor) and inp.value.layout == torch.strided}
 
 

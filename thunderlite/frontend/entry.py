@@ -191,8 +191,8 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
             trc.bound_symbols.append(_CHECK["storage_sharing"].bind(members, alias_guard.pattern, output=None))
         for i, v in alias_guard.verdicts:
             trc.bound_symbols.append(_CHECK["write_verdict"].bind(inputs[i].proxy, v, output=None))
-        for i, st in alias_guard.strides:
-            trc.bound_symbols.append(_CHECK["strides"].bind(inputs[i].proxy, st, output=None))
+        for i, st, off in alias_guard.strides:
+            trc.bound_symbols.append(_CHECK["strides"].bind(inputs[i].proxy, st, off, output=None))
     trc.set_return(tuple(inp.proxy for inp in inputs))
     return trc
 

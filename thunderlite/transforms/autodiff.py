@@ -107,6 +107,7 @@ class GradSplit:
     write_backs: tuple = ()                    # argument indices the caller copies the extra outputs into
     returned_inputs: tuple = ()                # (output tensor-leaf position, argument index) of returned inputs
     stride_inputs: tuple = ()                  # arguments whose strides decided a reshape's view-or-copy
+    placed_inputs: tuple = ()                  # arguments sharing storage whose strides and offsets were used
 
 
 def _is_diff_tensor(p) -> bool:
@@ -358,13 +359,16 @@ def _stale_requires_grad(trace: Trace, tracked: set[str]) -> str | None:
 def _no_grad_values(trace: Trace) -> str | None:
     """A value made with grad off from one requiring grad (``torch.no_grad()``
     inside the program), or a grad-mode switch: functionalize.py does not
-    follow grad mode, so such programs keep the eager-mode replay."""
+    follow grad mode, so such programs keep the eager-mode replay. Aliases
+    that do not require grad (``detach()``, ``.data``) are not such values:
+    functionalize.py refuses writes through them (opaque views), and reading
+    them is reading a value that carries no gradient."""
     for bsym in trace.bound_symbols:
         sym = bsym.sym
         if sym.id == GRAD_MODE_ID:
             return f"a grad-mode switch at {_where(bsym)}"
         if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or Tag.INPLACE in sym.tags
-                or rules.is_non_differentiable(sym) or sym is DETACH
+                or rules.is_non_differentiable(sym) or sym is DETACH or views(bsym)
                 or not any(a.requires_grad for a in bsym.tensor_args())):
             continue
         if any(dtypes.is_inexact(o.dtype) and not o.requires_grad for o in bsym.tensor_outs()):
@@ -722,9 +726,11 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
-    (autodiff_executors.py). ``input_strides`` (argument name -> strides of the
-    tensor compiled for) lets functionalization decide eager's view-or-copy of
-    reshapes; ``GradSplit.stride_inputs`` names the arguments it relied on."""
+    (autodiff_executors.py). ``input_strides`` (argument name -> (strides,
+    storage offset) of the tensor compiled for) lets functionalization decide
+    eager's view-or-copy of reshapes and place arguments sharing storage in it;
+    ``GradSplit.stride_inputs`` / ``placed_inputs`` name the arguments whose
+    strides / strides and offsets it relied on."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -736,8 +742,10 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
         try:
             if nograd is not None:
                 raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
-            aliasing = eager_aliasing(trace, input_strides) if input_strides else {}
-            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups, aliasing, used)
+            strides = {n: st for n, (st, _) in (input_strides or {}).items()}
+            aliasing = eager_aliasing(trace, strides) if strides else {}
+            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups, aliasing, used,
+                                      input_strides)
             functional, tail, returned = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
@@ -777,7 +785,10 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     index = {a.name: i for i, a in enumerate(trace.args) if isinstance(a, Proxy)}
     split.write_backs = tuple(index[b.args[1].name] for b in tail)
     split.returned_inputs = tuple((pos, index[name]) for pos, name in returned)
-    split.stride_inputs = tuple(sorted(inputs_behind(trace_in, used))) if used else ()
+    placed = {n.split(":", 1)[1] for n in used if n.startswith("layout:")}
+    decided = {n for n in used if not n.startswith("layout:")}
+    split.stride_inputs = tuple(sorted(inputs_behind(trace_in, decided) - placed))
+    split.placed_inputs = tuple(sorted(placed))
     return split
 
 

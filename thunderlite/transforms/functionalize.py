@@ -46,8 +46,9 @@ from thunderlite.transforms.update_aliases import AliasGroups
 
 _INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.permute, prims.slice_prim))
 # ``prims.reshape`` is a view only when strides allow it (``x.t().reshape(-1)`` copies in
-# eager); recorded by these ops it is always a view (eager raises instead of copying)
-_ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten", "getitem", "select"})
+# eager); recorded by these ops it is always a view (eager raises instead of copying, or,
+# for diagonal, makes a strided view of the same elements the decomposition picks)
+_ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten", "getitem", "select", "diagonal"})
 # leaf prims the torch executor always runs as views; anything else that "may alias" (an
 # opaque op whose schema cannot tell) is not replayed on a written base
 _CERTAIN = _INVERTIBLE | frozenset(p.meta for p in (prims.broadcast_in_dim, prims.real, prims.imag))
@@ -69,7 +70,8 @@ class _Rewriter:
     the input trace's names (one per value, renamed members included); what is
     emitted reads ``swap``, their functional replacements."""
 
-    def __init__(self, trace: Trace, keep: set[str], input_alias_groups, aliasing: dict[str, bool]):
+    def __init__(self, trace: Trace, keep: set[str], input_alias_groups, aliasing: dict[str, bool],
+                 input_layouts: dict | None = None):
         self.trace = trace
         self.aliasing = aliasing    # eager's view-or-copy of stride-dependent calls (eager_layout.py)
         self.decided: set[BoundSymbol] = set()   # reshapes eager_layout says are views
@@ -77,15 +79,52 @@ class _Rewriter:
         self.used: set[str] = set()              # the decisions a functional write relied on
         self.opaque: set[str] = set()            # renamed by a write this pass leaves as it is
         self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
-        self.shared_inputs = {n for g in (input_alias_groups or ()) if len(g) > 1 for n in g}
+        self.certain: set = set()   # view leaves that alias their input on every call
+        self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
+        self.storages: dict[str, list[str]] = {}   # root -> the inputs sharing that storage
+        self.shared_inputs = set()                 # inputs sharing storage in a way not described here
+        for group in input_alias_groups or ():
+            if len(group) > 1 and not self.share(group, input_layouts or {}):
+                self.shared_inputs.update(group)
         self.keep = keep            # names written by composites that own their writes
         self.swap: dict[str, Proxy] = {}
-        self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
         self.cur: dict[str, TensorProxy] = {}  # base name -> its current functional value
         self.base_proxy: dict[str, TensorProxy] = {}
-        self.certain: set[BoundSymbol] = set()   # view leaves that alias their input on every call
         self.out: list[BoundSymbol] = []
         self.changed = False
+
+    def share(self, group: list[str], layouts: dict) -> bool:
+        """Describe inputs sharing storage as views of one flat storage (their
+        strides and offsets at compile time, guarded): each input is a gather
+        from it, a write a scatter into it. False where this cannot."""
+        ps = [self.inputs.get(n) for n in group]
+        if any(p is None or n not in layouts for p, n in zip(ps, group, strict=True)) or \
+                len({(p.dtype, p.device) for p in ps}) != 1 or any(p.numel() == 0 for p in ps):
+            return False
+        geo = [layouts[n] for n in group]
+        if any(st < 0 for strides, _ in geo for st in strides):
+            return False
+        lo = min(off for _, off in geo)
+        root = f"storage of {', '.join(group)}"
+        for n, p, (strides, off) in zip(group, ps, geo, strict=True):
+            link = _StorageView(tuple(p.shape), tuple(strides), off - lo, n)
+            self.chain[n] = (root, (link,))
+            self.certain.add(link)
+        self.storages[root] = list(group)
+        return True
+
+    def initial(self, base: str, dst: TensorProxy, chain: tuple, source) -> TensorProxy:
+        """The value of ``base`` before its first write: a shared storage is
+        assembled from the inputs that view it."""
+        if base not in self.storages:
+            return self.value(dst if not chain else _first_arg(chain[0]))
+        links = [self.chain[n][1][0] for n in self.storages[base]]
+        size = max(v.last for v in links) + 1
+        p = self.inputs[self.storages[base][0]]
+        value = self.record(source, prims.full, (size,), 0, device=p.device, dtype=p.dtype)
+        for n, v in zip(self.storages[base], links, strict=True):
+            value = self.record(source, _inverse, v, value, self.inputs[n])
+        return value
 
     # --- emitting -------------------------------------------------------------------------------
     def sub(self, bsym: BoundSymbol) -> BoundSymbol:
@@ -202,12 +241,13 @@ class _Rewriter:
                                       "input of the program")
         self.check_chain(chain, bsym)
         for v in chain:
-            if v.sym.meta not in _INVERTIBLE:
+            if v.sym.meta not in _INVERTIBLE and not isinstance(v, _StorageView):
                 raise NotFunctionalizable(f"the write through a {v.sym.id} view{_where(bsym)} has no "
                                           "functional form here")
         old = self.cur.get(base)
         if old is None:
-            old = self.base_proxy.setdefault(base, self.value(dst if not chain else _first_arg(chain[0])))
+            old = self.base_proxy.get(base) or self.base_proxy.setdefault(
+                base, self.initial(base, dst, chain, bsym.source))
         if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
             src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
         if not isinstance(src, TensorProxy) or src.shape != dst.shape:
@@ -236,7 +276,8 @@ class _Rewriter:
                 values.append(self.record(source, v.sym, values[-1], *v.args[1:], **v.kwargs))
             for v, x in zip(reversed(chain), reversed(values), strict=True):
                 new = self.record(source, _inverse, v, x, new)
-        selected = bool(chain) and chain[0].sym.meta is prims.slice_prim.meta   # where(mask, new, base)
+        # where(mask, new, base) or a scatter: the base keeps its history where not written
+        selected = bool(chain) and (chain[0].sym.meta is prims.slice_prim.meta or isinstance(chain[0], _StorageView))
         if base.requires_grad and not selected:
             # eager: the overwritten tensor keeps its history (a zero gradient, still requires grad)
             new = self.record(source, _overwrite, base, new)
@@ -283,21 +324,64 @@ class _Rewriter:
         """Write each written input's final value back (``copy_`` right before the
         return: the caller's tensor changes once, with the result of every write),
         and return the input itself where the program returns it."""
-        written = [n for n in self.cur if n in self.inputs]
-        for n in written:
-            self.record(ret.source, prims.copy_, self.cur[n], self.inputs[n])
+        written = {n: self.base_of(n) for n in self.inputs if self.base_of(n)[0] in self.cur}
+        finals = {n: self.replay(chain, self.cur[base], ret.source) if chain else self.cur[base]
+                  for n, (base, chain) in written.items()}
+        for n, final in finals.items():         # the copies last, together (take_write_backs)
+            self.record(ret.source, prims.copy_, final, self.inputs[n])
+        itself = {self.geometry(n): n for n in written}
 
         def leaf(x):
-            if not isinstance(x, TensorProxy):
-                return x
+            if not isinstance(x, TensorProxy) or self.base_of(x.name)[0] not in self.cur:
+                return self.value(x) if isinstance(x, TensorProxy) else x
+            same = itself.get(self.geometry(x.name))
+            if same is not None:
+                return self.inputs[same]
             base, chain = self.base_of(x.name)
-            if base not in written or x.name == base:
-                return self.value(x)
-            if chain:
-                raise NotFunctionalizable(f"the program returns a view of the input {base} it writes"
+            if base in self.inputs or base in self.storages:
+                raise NotFunctionalizable(f"the program returns a view of an input it writes ({base})"
                                           + _where(chain[-1]))
-            return self.inputs[base]
+            return self.value(x)
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
+
+
+class _Gather:
+    """The ``sym`` of a ``_StorageView``: replaying it gathers the view's elements."""
+    id = "functionalize.storage_view"
+    meta = None
+
+    def __call__(self, storage, shape, strides, offset, name):
+        flat = prims.reshape(_positions(shape, strides, offset, storage.device), (_numel(shape),))
+        return prims.reshape(prims.gather(storage, 0, flat), shape)
+
+
+class _StorageView:
+    """A chain link from a flat storage shared by inputs to one of them."""
+    __slots__ = ("args", "kwargs", "last", "output", "source")
+    sym = _Gather()
+
+    def __init__(self, shape: tuple, strides: tuple, offset: int, name: str):
+        self.args = (None, shape, strides, offset, name)
+        self.kwargs = {}
+        self.last = offset + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
+        self.output = None
+        self.source = None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _positions(shape, strides, offset, device) -> TensorProxy:
+    """The flat storage positions of a strided tensor's elements (int64, its shape)."""
+    idx = prims.full(tuple(shape), offset, device=device, dtype=torch.int64)
+    for d, (n, st) in enumerate(zip(shape, strides, strict=True)):
+        step = prims.iota(n, start=0, step=st, device=device, dtype=torch.int64)
+        idx = prims.add(idx, prims.broadcast_in_dim(step, tuple(shape), (d,)))
+    return idx
 
 
 def _call_key(view: BoundSymbol) -> tuple:
@@ -317,6 +401,10 @@ def _broadcast_to(src, like: TensorProxy):
 
 def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorProxy:
     """``base`` with ``new`` written where ``view`` (a leaf view prim of ``base``) looks."""
+    if isinstance(view, _StorageView):
+        _, shape, strides, offset, _ = view.args
+        flat = prims.reshape(_positions(shape, strides, offset, base.device), (_numel(shape),))
+        return prims.scatter(base, 0, flat, prims.reshape(new, (_numel(shape),)))
     meta = view.sym.meta
     if meta is prims.reshape.meta or meta is prims.squeeze.meta:
         return prims.reshape(new, base.shape)
@@ -364,7 +452,8 @@ FUNCTIONALIZE_STAGE = "functionalize"
 
 @trace_pass(FUNCTIONALIZE_STAGE)
 def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None,
-                  aliasing: dict[str, bool] | None = None, used: set[str] | None = None) -> Trace:
+                  aliasing: dict[str, bool] | None = None, used: set[str] | None = None,
+                  input_layouts: dict | None = None) -> Trace:
     """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
@@ -372,12 +461,16 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     each right before the return (``take_write_backs`` finds them).
     ``aliasing``: eager's view-or-copy decision for stride-dependent calls
     (eager_layout.py); the names of those the result relies on are added to
-    ``used``. Raises ``NotFunctionalizable`` with the reason."""
-    rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {})
+    ``used``. ``input_layouts`` (input name -> (strides, storage offset)) lets
+    inputs sharing storage be described as views of that storage; the names of
+    those inputs are added to ``used`` as ``"layout:<name>"``. Raises
+    ``NotFunctionalizable`` with the reason."""
+    rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {}, input_layouts)
     for bsym in trace.bound_symbols:
         rw.top(bsym)
     if used is not None:
         used.update(rw.used)
+        used.update(f"layout:{n}" for root, names in rw.storages.items() if root in rw.cur for n in names)
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
