@@ -45,8 +45,9 @@ import torch
 
 from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
-from thunderlite.executors.torchex import writes_out
+from thunderlite.executors.torchex import torch_executor, writes_out
 from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
+from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 
 
@@ -161,6 +162,10 @@ class DifferentiableProgram:
         self.forward_fn = fwd_stages[-1].python_callable()
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
+        self._epilogue_fn = None
+        if split.epilogue is not None:       # views: the torch executor makes them as eager does
+            epilogue = claim_executors(split.epilogue[0], [torch_executor])
+            self._epilogue_fn = epilogue.python_callable()
 
     @property
     def stride_inputs(self) -> tuple:
@@ -218,16 +223,17 @@ class DifferentiableProgram:
     def _write_back(self, flat_args, out):
         """Copy the final values of the inputs the program writes into them, as
         eager's in-place ops would have, recorded by autograd (so each input's
-        history continues from the forward's output), and put the inputs
-        themselves where the program returns them (transforms/functionalize.py)."""
+        history continues from the forward's output), then put what the program
+        returns of those inputs (themselves, views of them) in place
+        (transforms/functionalize.py)."""
         if not self.split.write_backs:
             return out
         out, values = out
         for i, v in zip(self.split.write_backs, values, strict=True):
             flat_args[i].copy_(v)
-        if not self.split.returned_inputs:
+        if self._epilogue_fn is None:
             return out
-        where = dict(self.split.returned_inputs)
+        where = dict(zip(self.split.epilogue[1], self._epilogue_fn(*flat_args), strict=True))
         position = -1
 
         def leaf(o):
@@ -235,7 +241,7 @@ class DifferentiableProgram:
             if not isinstance(o, torch.Tensor):
                 return o
             position += 1
-            return flat_args[where[position]] if position in where else o
+            return where.get(position, o)
         return pytree.tree_map(leaf, out)
 
 

@@ -105,7 +105,7 @@ class GradSplit:
     eager_reason: str = ""                     # eager mode: why the program could not be differentiated here
     functionalized: Trace | None = None        # functional mode reached by functionalize.py
     write_backs: tuple = ()                    # argument indices the caller copies the extra outputs into
-    returned_inputs: tuple = ()                # (output tensor-leaf position, argument index) of returned inputs
+    epilogue: tuple | None = None              # (trace, output positions): written inputs and views returned
     stride_inputs: tuple = ()                  # arguments whose strides decided a reshape's view-or-copy
     placed_inputs: tuple = ()                  # arguments sharing storage whose strides and offsets were used
 
@@ -736,7 +736,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
     reason = _eager_reason(trace, flat, tracked, groups, mask)
     functional = rewritten = None
-    tail, returned, used = [], (), set()
+    tail, epilogue, used = [], None, set()
     if reason is not None and _needs_eager(trace, flat, tracked, groups):
         nograd = _no_grad_values(trace)
         try:
@@ -746,7 +746,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             aliasing = eager_aliasing(trace, strides) if strides else {}
             rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups, aliasing, used,
                                       input_strides)
-            functional, tail, returned = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
+            functional, tail, epilogue = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
         except Exception as e:  # noqa: BLE001 - eager mode stays correct; the reason says what failed
@@ -763,7 +763,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             o.name in tracked for o in pytree.leaves(trace.output) if type(o) is TensorProxy],
             eager_reason=reason)
     if trace is not functional:
-        tail, returned = [], ()
+        tail, epilogue = [], None
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
@@ -784,7 +784,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     split.functionalized = rewritten if trace is functional else None
     index = {a.name: i for i, a in enumerate(trace.args) if isinstance(a, Proxy)}
     split.write_backs = tuple(index[b.args[1].name] for b in tail)
-    split.returned_inputs = tuple((pos, index[name]) for pos, name in returned)
+    split.epilogue = epilogue
     placed = {n.split(":", 1)[1] for n in used if n.startswith("layout:")}
     decided = {n for n in used if not n.startswith("layout:")}
     split.stride_inputs = tuple(sorted(inputs_behind(trace_in, decided) - placed))

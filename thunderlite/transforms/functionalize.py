@@ -17,12 +17,15 @@ prims only:
 - every renamed member is the same chain replayed on ``y1``;
 - a written program input gets its final value by one ``copy_`` right before
   the return; autodiff takes those off (``take_write_backs``) and the caller
-  copies them in after the differentiated forward.
+  copies them in after the differentiated forward, then makes what the program
+  returns of written inputs (themselves, views of them) from the inputs;
+- inputs sharing storage are gathers from one flat storage (``_StorageView``:
+  their strides and offsets at compile time, guarded), a write a scatter.
 
-Where the pass cannot say how (an input sharing storage with another input, a
-returned view of a written input, an expanding view, a view op with no inverse
-here, an opaque in-place op), it raises ``NotFunctionalizable`` with the
-reason; autodiff then keeps its eager-mode replay and names that reason.
+Where the pass cannot say how (an expanding or opaque view, a write reading
+another view of the memory it writes, an opaque in-place op), it raises
+``NotFunctionalizable`` with the reason; autodiff then keeps its eager-mode
+replay and names that reason.
 
 Example (``v = y[:, 0]; v.mul_(2); return y``)::
 
@@ -264,9 +267,12 @@ class _Rewriter:
         for v in chain:
             if v in self.decided:
                 self.used.add(v.output.name)
-            if v not in self.certain:
+            if v not in self.certain and v.sym.meta is prims.reshape.meta:
                 raise NotFunctionalizable(f"{v.sym.id} may copy instead of viewing (it depends on strides), and "
                                           f"a write{_where(at)} changes its group")
+            if v not in self.certain:
+                raise NotFunctionalizable(f"{v.sym.id} makes a view this pass cannot scatter into or replay "
+                                          f"(an opaque or expanding view), and a write{_where(at)} changes its group")
 
     def scatter(self, base: TensorProxy, src: TensorProxy, chain: tuple, source) -> TensorProxy:
         new = src
@@ -338,10 +344,15 @@ class _Rewriter:
             if same is not None:
                 return self.inputs[same]
             base, chain = self.base_of(x.name)
-            if base in self.inputs or base in self.storages:
+            if base not in self.inputs and base not in self.storages:
+                return self.value(x)
+            name, rest = (chain[0].args[4], chain[1:]) if base in self.storages else (base, chain)
+            if not rest or any(isinstance(v, _StorageView) for v in rest):
                 raise NotFunctionalizable(f"the program returns a view of an input it writes ({base})"
                                           + _where(chain[-1]))
-            return self.value(x)
+            self.check_chain(rest, rest[-1])
+            # a view of the input as it is after the write-back (take_write_backs: the epilogue)
+            return self.replay(rest, self.inputs[name], ret.source)
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
 
 
@@ -476,42 +487,64 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     return trace.with_bound_symbols("", rw.out)
 
 
-def take_write_backs(trace: Trace, input_alias_groups=None) -> tuple[Trace, list[BoundSymbol], tuple]:
+def take_write_backs(trace: Trace, input_alias_groups=None):
     """Split a functionalized trace's write-backs off for autodiff: the caller
     copies each written input's final value into it *after* the differentiated
     forward, under autograd (as eager's in-place op, the input's history then
     reaches the forward's output), so those values become extra outputs.
 
-    Returns the trace (output ``(output, final_values)``, an input it returned
-    replaced by its final value), the ``copy_`` symbols taken off, and the
-    ``(tensor-leaf position, input)`` pairs of the inputs the output returned.
-    Raises ``NotFunctionalizable`` when an output may share memory with a
-    written input when the forward runs (a reshape eager copies, that runs as
-    a view here): the write-back would change it."""
+    Returns the trace (output ``(output, final_values)``), the ``copy_``
+    symbols taken off, and the *epilogue*: None, or a trace of the program's
+    arguments that the caller runs after the write-backs, returning what the
+    output returns of the written inputs (the inputs themselves, views of
+    them), with their tensor-leaf positions in the output (in the trace's
+    output these hold the input's final value). Raises ``NotFunctionalizable``
+    when an output may share memory with a written input when the forward runs
+    (a reshape eager copies, that runs as a view here): the write-back would
+    change it."""
     *body, ret = trace.bound_symbols
     inputs = {a.name for a in trace.args if isinstance(a, TensorProxy)}
+    views: list[BoundSymbol] = []
+    while body and not (body[-1].sym is prims.copy_ and body[-1].args[1].name in inputs):
+        if not any(b.sym is prims.copy_ for b in body):
+            break
+        views.insert(0, body.pop())
     tail: list[BoundSymbol] = []
     while body and body[-1].sym is prims.copy_ and body[-1].args[1].name in inputs:
         tail.insert(0, body.pop())
     if not tail:
-        return trace, [], ()
+        return trace, [], None
     final = {b.args[1].name: b.args[0] for b in tail}
-    returned, position = [], 0
+    made = {p.name: b for b in views for p in b.tensor_outs()}
+    picked, positions, position = [], [], 0
 
     def leaf(x):
         nonlocal position
-        if isinstance(x, TensorProxy):
-            position += 1
-            if x.name in final:
-                returned.append((position - 1, x.name))
-                return final[x.name]
-        return x
+        if not isinstance(x, TensorProxy):
+            return x
+        position += 1
+        if x.name not in final and x.name not in made:
+            return x
+        picked.append(x)
+        positions.append(position - 1)
+        return final[x.name] if x.name in final else final[_input_of(x, made, inputs)]
     output = pytree.tree_map(leaf, trace.output)
     out = trace.with_bound_symbols(trace.stage, body)
     _check_apart(out, (output, tuple(final.values())), final, input_alias_groups)
     with tracectx(out):
         out.set_return((output, tuple(b.args[0] for b in tail)))
-    return out, tail, tuple(returned)
+    epilogue = trace.with_bound_symbols("functionalize (epilogue)", views)
+    epilogue.name = "epilogue"
+    with tracectx(epilogue):
+        epilogue.set_return(tuple(picked))
+    return out, tail, (epilogue, tuple(positions)) if picked else None
+
+
+def _input_of(x: TensorProxy, made: dict, inputs: set[str]) -> str:
+    """The input a view computed in the epilogue is made from."""
+    while x.name not in inputs:
+        x = made[x.name].tensor_args()[0]
+    return x.name
 
 
 def _check_apart(trace: Trace, output, written: dict, input_alias_groups) -> None:
