@@ -88,7 +88,8 @@ def _autodiff_note(traces) -> str:
             return ("eager-mode fallback: PyTorch autograd records this program's graph as it runs (no "
                     "thunderlite backward trace) because of " + _reason(t))
         if t.stage == FUNCTIONALIZE_STAGE:
-            return "writes into views were functionalized; thunderlite differentiates the program"
+            return ("writes into views and inputs were functionalized; thunderlite differentiates the program "
+                    "(written inputs are copied into after its forward)")
     return ""
 
 
