@@ -9,7 +9,8 @@ torch.compile executor runs with the ``aot_eager`` backend: Dynamo and
 AOTAutograd trace each region exactly as with Inductor (the same region
 former, the same graph capture, the same alias handling), only Inductor's code
 generation is skipped; ``test_fuzz_with_inductor`` runs a few fuzz seeds with
-real Inductor. Triton runs its generated kernels natively on a GPU and under
+real Inductor. The gradient fuzzer (test_fuzz_inplace_grad.py) runs with each
+executor too. Triton runs its generated kernels natively on a GPU and under
 Triton's interpreter on CPU (skipped with the reason when triton is not
 installed). nvFuser runs where it is available (CUDA + nvfuser_direct) and is
 skipped with the reason otherwise. The fuzzer's randomly reordering fusion
@@ -23,6 +24,7 @@ from thunderlite.executors.nvfuser import NvFuserExecutor
 from thunderlite.executors.torchcompile import TorchCompileExecutor
 from thunderlite.executors.tritonex import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
+from thunderlite.tests import test_fuzz_inplace_grad
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, check_seed
 from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (re-collected once per executor)
 
@@ -61,3 +63,10 @@ def test_fuzz_with_inductor(fusion_executor_first):
         pytest.skip(f"torchcompile unavailable: {reason}")
     for seed in range(4):
         check_seed(seed, executors=["torchcompile", "torch"])
+
+
+def test_fuzz_inplace_grad_with_fusion_executor(fusion_executor_first):
+    """Writes into arguments and their views on a gradient path (functionalized,
+    written back after the forward) with the fusion executor first."""
+    for seed in range(25):
+        test_fuzz_inplace_grad.check_seed(seed, executors=[fusion_executor_first, "torch"])
