@@ -245,13 +245,14 @@ def _wrap(text: str) -> str:
 
 class Atom:
     """What is known about one base symbol: its proxy (the trace value that holds
-    it), its hint (None: unbacked), a lower bound, and where it came from."""
-    __slots__ = ("proxy", "hint", "lower", "origin")
+    it), its hint (None: unbacked), bounds, and where it came from."""
+    __slots__ = ("proxy", "hint", "lower", "upper", "origin")
 
     def __init__(self, proxy: NumberProxy, hint: int | None, lower: int | None, origin: str):
         self.proxy = proxy
         self.hint = hint
         self.lower = lower
+        self.upper: int | None = None
         self.origin = origin
 
 
@@ -282,6 +283,7 @@ _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.l
         ">": operator.gt, ">=": operator.ge}
 _NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 _FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_SIGNS = {"==": {0}, "!=": {-1, 1}, "<": {-1}, "<=": {-1, 0}, ">": {1}, ">=": {0, 1}}   # of diff, op true
 
 _active: list["ShapeEnv"] = []
 
@@ -299,6 +301,8 @@ class ShapeEnv:
         self._guard_keys: set = set()
         self.specialized: list[str] = []      # why a symbol was made a constant
         self.replacements: dict[str, Expr] = {}   # a symbol guarded equal to an expression of older ones
+        # facts the program checks when it runs (``assume``): normal-form difference -> ops known true of it
+        self.facts: dict[Expr, set[str]] = {}
         # called as hook(proxy, origin) when ``n >= 0`` is assumed of an unbacked int of unknown
         # sign (an ``item()`` used as a size): records the check the program makes when it runs
         self.assume_hook: Callable[[NumberProxy, str], None] | None = None
@@ -344,16 +348,29 @@ class ShapeEnv:
             return
 
     def _learn_bound(self, diff: Expr, op: str) -> None:
-        """``symbol + c >= 0`` (or ``>``) was guarded: a lower bound of the symbol."""
+        """``symbol + c >= 0`` (``>``, ``<=``, ``<``) was guarded: a bound of the symbol."""
         terms = [(m, c) for m, c in diff if m]
-        if op not in (">=", ">") or len(terms) != 1 or terms[0][1] != 1 or len(terms[0][0]) != 1:
+        if op not in (">=", ">", "<=", "<") or len(terms) != 1 or terms[0][1] != 1 or len(terms[0][0]) != 1:
             return
         name = terms[0][0][0]
         atom = self.atoms.get(name) if type(name) is str else None
         if atom is None:
             return
-        lb = -(_constant(_add(diff, (terms[0],), -1)) or 0) + (op == ">")
-        atom.lower = lb if atom.lower is None else max(atom.lower, lb)
+        c = _constant(_add(diff, (terms[0],), -1)) or 0
+        if op in (">=", ">"):
+            lb = -c + (op == ">")
+            atom.lower = lb if atom.lower is None else max(atom.lower, lb)
+        else:
+            ub = -c - (op == "<")
+            atom.upper = ub if atom.upper is None else min(atom.upper, ub)
+
+    def assume(self, lhs: Expr, op: str, rhs: Expr) -> None:
+        """``lhs op rhs`` holds from now on: the program checks it when it runs
+        (a run-time size the facts cannot decide, e.g. ``start + length <= size``
+        of ``narrow`` with an ``item()`` length)."""
+        diff, op = self._normal_diff(lhs, op, rhs)
+        self.facts.setdefault(diff, set()).add(op)
+        self._learn_bound(diff, op)
 
     def hints(self) -> dict[str, int]:
         return {n: a.hint for n, a in self.atoms.items() if a.hint is not None}
@@ -385,14 +402,34 @@ class ShapeEnv:
         return q if q is not None else diff
 
     def lower_bound(self, e: Expr) -> int | None:
-        """A lower bound of ``e`` from the atoms' bounds (None: unknown)."""
+        """A lower bound of ``e`` from the atoms' bounds (None: unknown). A
+        ``max`` atom added (or a ``min`` subtracted) is at least (at most) each
+        of its arguments: ``max(a, b) - a >= 0``."""
+        best = self._termwise_lower(e)
+        for m, c in e:
+            if len(m) == 1 and type(m[0]) is tuple and m[0][0] == ("max" if c > 0 else "min"):
+                rest = _add(e, ((m, c),), -1)
+                for arg in m[0][1:]:
+                    lb = self.lower_bound(_add(rest, _mul(_const(c), arg)))
+                    best = lb if best is None or (lb is not None and lb > best) else best
+        return best
+
+    def upper_bound(self, e: Expr) -> int | None:
+        lb = self.lower_bound(_add((), e, -1))
+        return None if lb is None else -lb
+
+    def _termwise_lower(self, e: Expr) -> int | None:
         total = 0
         for m, c in e:
             if not m:
                 total += c
                 continue
             if c < 0:
-                return None
+                ub = self._atom_upper(m[0]) if len(m) == 1 else None
+                if ub is None:
+                    return None
+                total += c * ub
+                continue
             prod = c
             for k in m:
                 lb = self._atom_lower(k)
@@ -406,28 +443,60 @@ class ShapeEnv:
         if type(k) is str:
             a = self.atoms.get(k)
             return a.lower if a is not None else None
-        if k[0] in ("//", "%"):
+        if k[0] == "%":                   # Python's modulo takes the divisor's sign
+            return 0 if (self.lower_bound(k[2]) or 0) > 0 else None
+        if k[0] == "//":
             return 0 if self.lower_bound(k[1]) is not None and (self.lower_bound(k[2]) or 0) > 0 else None
         lbs = [self.lower_bound(s) for s in k[1:]]
-        if any(lb is None for lb in lbs):
+        if k[0] == "max":
+            known = [lb for lb in lbs if lb is not None]
+            return max(known) if known else None
+        return None if None in lbs else min(lbs)
+
+    def _atom_upper(self, k) -> int | None:
+        if type(k) is str:
+            a = self.atoms.get(k)
+            return a.upper if a is not None else None
+        if k[0] == "%":
+            d = _constant(k[2])
+            return d - 1 if d is not None and d > 0 else None
+        if k[0] == "//":
             return None
-        return max(lbs) if k[0] == "max" else min(lbs)
+        ubs = [self.upper_bound(s) for s in k[1:]]
+        if k[0] == "min":
+            known = [ub for ub in ubs if ub is not None]
+            return min(known) if known else None
+        return None if None in ubs else max(ubs)
+
+    def _normal_diff(self, lhs: Expr, op: str, rhs: Expr) -> tuple[Expr, str]:
+        """``lhs op rhs`` as ``diff op 0``, one spelling per fact (the first coefficient positive)."""
+        diff = self._content_free(self.canon(_add(lhs, rhs, -1)))
+        if diff and diff[0][1] < 0:
+            diff, op = _add((), diff, -1), _FLIP[op]
+        return diff, op
+
+    def known(self, diff: Expr, op: str) -> bool | None:
+        """``diff op 0`` (normal form) when the facts decide it, else None."""
+        c = _constant(diff)
+        if c is not None:
+            return _OPS[op](c, 0)
+        known = _decide_by_bounds(op, self.lower_bound(diff), self.upper_bound(diff))
+        if known is not None:
+            return known
+        for fact in self.facts.get(diff, ()):
+            if _SIGNS[fact] <= _SIGNS[op]:
+                return True
+            if not _SIGNS[fact] & _SIGNS[op]:
+                return False
+        return None
 
     def decide(self, lhs: Expr, op: str, rhs: Expr) -> bool:
         """``lhs op rhs``, from the facts if they decide it, else from the hints
         (recording a guard)."""
-        diff = self._content_free(self.canon(_add(lhs, rhs, -1)))
-        if diff and diff[0][1] < 0:       # one spelling per fact: the first coefficient positive
-            diff, op = _add((), diff, -1), _FLIP[op]
+        diff, op = self._normal_diff(lhs, op, rhs)
         lhs = tuple((m, c) for m, c in diff if c > 0 and m)
         rhs = _add((), tuple((m, c) for m, c in diff if c < 0 or not m), -1)
-        c = _constant(diff)
-        if c is not None:
-            return _OPS[op](c, 0)
-        lo = self.lower_bound(diff)
-        neg_lo = self.lower_bound(_add((), diff, -1))
-        hi = -neg_lo if neg_lo is not None else None
-        known = _decide_by_bounds(op, lo, hi)
+        known = self.known(diff, op)
         if known is not None:
             return known
         hints = self.hints()
@@ -652,16 +721,19 @@ def _env_of(*xs) -> ShapeEnv | None:
 
 
 def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> int:
-    """1 when the facts alone say ``a >= b``, -1 when ``b >= a``, else 0."""
-    for sign, d in ((1, _add(ea, eb, -1)), (-1, _add(eb, ea, -1))):
-        lb = env.lower_bound(d)
-        if lb is not None and lb >= 0:
-            return sign
-    return 0
+    """1 when ``a >= b`` (the facts say so, or the traced values with a guard),
+    -1 when ``b > a``, 0 when only the run-time values can tell."""
+    diff, op = env._normal_diff(ea, ">=", eb)
+    known = env.known(diff, op)
+    if known is None and evaluate(diff, env.hints()) is not None:
+        known = env.decide(ea, ">=", eb)
+    return 0 if known is None else (1 if known else -1)
 
 
 def sym_max(a, b):
-    """``max`` that stays symbolic when the facts do not decide it."""
+    """``max`` of sizes: decided as Python's ``max`` would when the facts or
+    the traced values can (the latter guarded), else a ``max`` atom (a run-time
+    size: ``x[:n]`` of an ``item()`` n is ``min(n, size)`` long)."""
     ea, eb = _expr_of(a), _expr_of(b)
     env = _env_of(a, b)
     if env is not None and ea is not None and eb is not None:
@@ -673,6 +745,7 @@ def sym_max(a, b):
 
 
 def sym_min(a, b):
+    """``min`` of sizes, as ``sym_max``."""
     ea, eb = _expr_of(a), _expr_of(b)
     env = _env_of(a, b)
     if env is not None and ea is not None and eb is not None:
@@ -681,6 +754,32 @@ def sym_min(a, b):
             return b if order > 0 else a
         return SymInt(_atom(("min", ea, eb)), env)
     return min(a, b)
+
+
+def assume(a, op: str, b) -> None:
+    """``a op b`` (ints or SymInts) holds from now on (``ShapeEnv.assume``)."""
+    env = _env_of(a, b)
+    if env is not None:
+        env.assume(_expr_of(a), op, _expr_of(b))
+
+
+def statically_known(a, op: str, b) -> bool | None:
+    """``a op b`` when the facts alone decide it (no guard, no assumption), else None."""
+    ea, eb, env = _expr_of(a), _expr_of(b), _env_of(a, b)
+    if env is None:
+        return _OPS[op](a, b)
+    return env.known(*env._normal_diff(ea, op, eb))
+
+
+def known_or(decision: Callable[[], bool], default: bool) -> bool:
+    """``decision()`` (a question about sizes) when tracing can answer it,
+    ``default`` when it needs a size known only at run time: for questions
+    whose answer only picks a shortcut (``is this slice the whole dim?``), the
+    general path being right for every size."""
+    try:
+        return bool(decision())
+    except DataDependentError:
+        return default
 
 
 def is_symbolic(x: Any) -> bool:

@@ -15,6 +15,8 @@ class Tag(enum.Enum):
     ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
     UNBACKED = "unbacked"         # outputs a number known only at run time (nonzero's length, item()):
                                   # a composite calling it is recorded as its decomposition
+    SIZE_CHECK = "size_check"     # checks when the program runs a size fact the trace assumed: a
+                                  # composite calling it is recorded as its decomposition too
 
     # members are singletons: identity hashing is exact and avoids Enum's Python-level
     # __hash__, which passes call thousands of times per compile (``tag in sym.tags``)

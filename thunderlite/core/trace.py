@@ -101,9 +101,10 @@ class Trace:
                 subsymbols = tuple(self._scopes.pop())
             if not subsymbols:
                 return out              # a no-op composite: returns its input or constants
-            if any(Tag.UNBACKED in s.sym.tags for s in subsymbols):
+            if any(Tag.UNBACKED in s.sym.tags or Tag.SIZE_CHECK in s.sym.tags for s in subsymbols):
                 # a size made at run time (``u0`` of nonzero) must be defined where its
-                # readers can see it: the composite is recorded as its decomposition
+                # readers can see it, and a check of one must run even where an executor
+                # runs the composite as one call: it is recorded as its decomposition
                 self._inline(subsymbols)
                 return out
         scope = self._scopes[-1]

@@ -34,7 +34,6 @@ import torch
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import NumberProxy, TensorProxy
-from thunderlite.core.symint import ShapeEnv, SymInt, active_env
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
@@ -42,61 +41,10 @@ from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.torch.registry import register_leaf, torchsymbol
+from thunderlite.torch.sizes import as_unbacked, unbacked
 from thunderlite.torch.utils import canonical_dim, convert, expand_to
 
 T = torch.Tensor
-
-
-# --- unbacked sizes ----------------------------------------------------------------------
-
-def shape_env() -> ShapeEnv:
-    """The active ShapeEnv (every jit compile has one); for a trace built by
-    hand, one kept with that trace."""
-    env = active_env()
-    if env is not None:
-        return env
-    trc = current_trace()
-    check(trc is not None, lambda: "a data-dependent size needs an active trace")
-    env = getattr(trc, "shape_env", None)
-    if env is None:
-        env = trc.shape_env = ShapeEnv()
-    return env
-
-
-def _at() -> str:
-    trc = current_trace()
-    src = getattr(trc, "source", None)
-    return f" at {src[0]}:{src[1]}" if src else ""
-
-
-def unbacked(what: str, lower: int | None = 0) -> tuple[NumberProxy, SymInt]:
-    """A new run-time int (its proxy, named ``u<N>``, and the symbol for it)."""
-    proxy = NumberProxy(None, int, name=current_trace().fresh_name("u"))
-    return proxy, shape_env().unbacked_symbol(proxy, f"{what}{_at()}", lower)
-
-
-def as_unbacked(proxy: NumberProxy, what: str) -> SymInt:
-    """An int the trace computes (``prims.item``) as a symbol of unknown sign.
-    Used as a size (``torch.zeros(n)``, ``x[:n]``), it is assumed non-negative
-    and the program checks that when it runs (``check_nonnegative``)."""
-    env = shape_env()
-    env.assume_hook = _record_size_check
-    return env.unbacked_symbol(proxy, f"{what}{_at()}", None)
-
-
-def _check_nonnegative_impl(n, what):
-    if n < 0:
-        raise RuntimeError(f"{what} is {n}, but the program uses it as a size (it was traced assuming it is not "
-                           "negative)")
-
-
-check_nonnegative = register_leaf(Symbol("check_nonnegative", meta=lambda n, what: None, module="ltorch",
-                                  tags={Tag.DONT_DCE}, torch_fn=_check_nonnegative_impl))
-"""``check_nonnegative(n, what)``: raises when ``n`` is negative (an assumption the trace made)."""
-
-
-def _record_size_check(proxy: NumberProxy, origin: str) -> None:
-    current_trace().add_top_level(check_nonnegative.bind(proxy, origin, output=None))
 
 
 # --- nonzero --------------------------------------------------------------------------------

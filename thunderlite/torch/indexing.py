@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from thunderlite.core.symint import is_int
+from thunderlite.core.symint import is_int, sym_max, sym_min
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
@@ -86,18 +86,19 @@ def _slice(a, dim, s: slice):
     step = 1 if s.step is None else s.step
     check(step > 0, lambda: "step must be greater than zero", ValueError)
     start, stop = _clamp(s.start, size, 0), _clamp(s.stop, size, size)
-    return shapes.slice_dim(a, dim, start, max(start, stop), step)
+    return shapes.slice_dim(a, dim, start, sym_max(start, stop), step)
 
 
 def _clamp(i, size, default):
     """A slice bound made canonical as ``slice.indices`` does, in comparisons a
-    symbolic size can answer (``slice.indices`` would need a concrete int)."""
+    symbolic size can answer (``slice.indices`` would need a concrete int); a
+    run-time bound (``x[:n]`` of an ``item()``) is ``min(n, size)``, its
+    sign assumed non-negative and checked when the program runs."""
     if i is None:
         return default
     if i < 0:
-        i = i + size
-        return i if i > 0 else 0
-    return i if i < size else size
+        return sym_max(i + size, 0)
+    return sym_min(i, size)
 
 
 def _advanced(x, advanced):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
+from thunderlite.core.symint import known_or
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
@@ -191,15 +192,26 @@ def _softmax_args(input, dim, dtype, stacklevel):
     return _upcast(x), dim, out_dtype
 
 
+def _row_max(x, dim):
+    """``amax(x, dim, keepdim=True)``, also where ``dim`` may be empty when the
+    program runs (a run-time size: amax of nothing raises, softmax of nothing is
+    nothing): a ``-inf`` slice joins the dim, which changes no maximum."""
+    d = canonical_dim(dim, x.ndim)
+    if known_or(lambda: x.shape[d] != 0, False):
+        return red.amax(x, d, True)
+    pad = prims.full(tuple(x.shape[:d]) + (1,) + tuple(x.shape[d + 1:]), -math.inf, device=x.device, dtype=x.dtype)
+    return red.amax(shapes.cat([x, pad], d), d, True)
+
+
 @torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax, method_name="softmax")
 def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
     x, dim, out_dtype = _softmax_args(input, dim, dtype, _stacklevel)
-    if x.numel() == 0:
+    if known_or(lambda: x.numel() == 0, False):
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.div(ew.exp(ew.sub(x, x)), ew.exp(ew.sub(x, x))), out_dtype)
     # no masking of an infinite max: a row holding +inf or only -inf is all NaN, as in eager
-    e = ew.exp(ew.sub(x, red.amax(x, dim, True)))
+    e = ew.exp(ew.sub(x, _row_max(x, dim)))
     return convert(ew.div(e, red.sum(e, dim, True)), out_dtype)
 
 
@@ -207,13 +219,13 @@ def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
              method_name="log_softmax")
 def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
     x, dim, out_dtype = _softmax_args(input, dim, dtype, _stacklevel)
-    if x.numel() == 0:
+    if known_or(lambda: x.numel() == 0, False):
         return convert(prims.clone(x), out_dtype)
     if x.ndim == 0:
         return convert(ew.sub(x, x), out_dtype)
     # eager's formula (x - max) - log(sum(exp(x - max))): an infinite max makes the row NaN,
     # where x - logsumexp(x) would give -inf beside a +inf
-    shifted = ew.sub(x, red.amax(x, dim, True))
+    shifted = ew.sub(x, _row_max(x, dim))
     return convert(ew.sub(shifted, ew.log(red.sum(ew.exp(shifted), dim, True))), out_dtype)
 
 

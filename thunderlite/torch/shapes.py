@@ -11,12 +11,13 @@ import builtins
 
 import torch
 
-from thunderlite.core.symint import is_int
+from thunderlite.core.symint import hint_of, is_int, known_or, statically_known, sym_max, sym_min
 from thunderlite.core import prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import register_method
+from thunderlite.core.proxies import DataDependentError, register_method
 from thunderlite.core.symbol import Symbol
 from thunderlite.torch import elementwise as ew
+from thunderlite.torch.sizes import expect_size, item_int
 from thunderlite.torch.registry import _register_symbol, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast_shapes, canonical_dim, canonical_dims, convert, expand_to, is_tensor
 
@@ -222,22 +223,46 @@ def unsqueeze(a, dim: int):
 
 def slice_dim(a, dim: int, start: int, stop: int, step: int = 1):
     """``a`` sliced along one dim with a canonical (clamped) start/stop."""
-    if start == 0 and stop == a.shape[dim] and step == 1:
+    if known_or(lambda: start == 0 and stop == a.shape[dim] and step == 1, False):
         return a
     starts = [0] * a.ndim
     ends = list(a.shape)
     strides = [1] * a.ndim
-    starts[dim], ends[dim], strides[dim] = start, builtins.max(stop, start), step
+    starts[dim], ends[dim], strides[dim] = start, sym_max(stop, start), step
     return prims.slice_prim(a, starts, ends, strides)
 
 
 @torchsymbol(torch.narrow, T.narrow, method_name="narrow")
 def narrow(a, dim: int, start: int, length: int):
+    """torch's checks, made when the program runs where they read a run-time
+    int (``start`` given as a tensor, a ``length`` from ``item()``)."""
     d = canonical_dim(dim, a.ndim)
-    start = start + a.shape[d] if start < 0 else start
-    check(0 <= start and start + length <= a.shape[d], lambda: f"start ({start}) + length ({length}) exceeds "
-                                                               f"dimension size ({a.shape[d]}).", IndexError)
+    size = a.shape[d]
+    if is_tensor(start):
+        check(start.ndim == 0 and not start.dtype.is_floating_point,
+              lambda: "start must be an 0-dim integral Tensor.")
+        start = item_int(start)
+    expect_size(length, ">=", 0, "narrow(): length must be non-negative.")
+    expect_size(start, ">=", -size, f"start out of range (expected to be in range of [{-size}, {size}])",
+                IndexError)
+    expect_size(start, "<=", size, f"start out of range (expected to be in range of [{-size}, {size}])",
+                IndexError)
+    start = _wrapped(start, size)
+    expect_size(start + length, "<=", size,
+                f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
     return slice_dim(a, d, start, start + length)
+
+
+def _wrapped(start, size):
+    """``start + size`` if ``start < 0`` else ``start``: when tracing cannot
+    tell, ``start % size`` (equal for ``-size <= start < size``; at ``start ==
+    size`` the slice is empty either way)."""
+    negative = statically_known(start, "<", 0)
+    if negative is None and hint_of(start) is not None:
+        negative = start < 0
+    if negative is not None:
+        return start + size if negative else start
+    return start % size if known_or(lambda: size > 0, False) else start
 
 
 @torchsymbol(torch.select, T.select, method_name="select")
@@ -296,9 +321,15 @@ def tensor_split(a, indices_or_sections, dim: int = 0):
             bounds.append((start, start + size))
             start += size
     else:
-        idx = [builtins.min(builtins.max(i + n if i < 0 else i, 0), n) for i in indices_or_sections]
+        points = indices_or_sections
+        if is_tensor(points):           # split points read when the program runs: run-time sizes
+            check(points.ndim == 1, lambda: "tensor_split with a 0-dim tensor of sections: the number of "
+                                            "outputs depends on its value; pass an int", DataDependentError)
+            points = [item_int(select(points, 0, i)) for i in range(points.shape[0])]
+        # a point of unknown sign is assumed non-negative (checked when the program runs)
+        idx = [sym_min(sym_max(i + n if i < 0 else i, 0), n) for i in points]
         edges = [0, *idx, n]
-        bounds = [(edges[i], builtins.max(edges[i], edges[i + 1])) for i in range(len(edges) - 1)]
+        bounds = [(edges[i], sym_max(edges[i], edges[i + 1])) for i in range(len(edges) - 1)]
     return tuple(slice_dim(a, d, lo, hi) for lo, hi in bounds)
 
 
@@ -413,12 +444,18 @@ def _tensors_for_cat(tensors):
 def cat(tensors, dim: int = 0):
     tensors = list(tensors)
     check(len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors")
-    nonempty = [x for x in tensors if not (x.ndim == 1 and x.shape[0] == 0)]
+    nonempty = [x for x in tensors if not _legacy_empty(x)]
     if not nonempty:
         return _tensors_for_cat(tensors)[0]
     d = canonical_dim(dim, nonempty[0].ndim)
-    converted = [x for x in _tensors_for_cat(tensors) if not (x.ndim == 1 and x.shape[0] == 0)]
+    converted = [x for x in _tensors_for_cat(tensors) if not _legacy_empty(x)]
     return prims.cat(converted, d)
+
+
+def _legacy_empty(x) -> bool:
+    """A 1-d empty tensor, which cat skips; a run-time length is taken as not
+    empty (the same result wherever the ranks match, as they must otherwise)."""
+    return x.ndim == 1 and known_or(lambda: x.shape[0] == 0, False)
 
 
 @torchsymbol(torch.stack)
