@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from thunderlite.core.symint import SymInt, is_int
+from thunderlite.core.symint import SymInt, is_int, sym_max
 from thunderlite.core import devices, dtypes
 from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -361,7 +361,7 @@ def _pad_meta(a, padding_value, padding_config):
     shape = []
     for size, (lo, hi, interior) in zip(a.shape, padding_config, strict=True):
         check(interior >= 0, lambda: f"pad: interior padding {interior} must be >= 0")
-        n = size + lo + hi + builtins.max(size - 1, 0) * interior
+        n = size + lo + hi + sym_max(size - 1, 0) * interior
         check(n >= 0, lambda: f"pad: config {tuple(padding_config)} gives a negative size for {a.shape}")
         shape.append(n)
     return a.replace(shape=tuple(shape))

@@ -721,13 +721,15 @@ def _env_of(*xs) -> ShapeEnv | None:
 
 
 def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> int:
-    """1 when ``a >= b`` (the facts say so, or the traced values with a guard),
-    -1 when ``b > a``, 0 when only the run-time values can tell."""
-    diff, op = env._normal_diff(ea, ">=", eb)
-    known = env.known(diff, op)
-    if known is None and evaluate(diff, env.hints()) is not None:
-        known = env.decide(ea, ">=", eb)
-    return 0 if known is None else (1 if known else -1)
+    """1 when ``a >= b``, -1 when ``b >= a`` (the facts say so, or the traced
+    values with a guard), 0 when only the run-time values can tell."""
+    if env.known(*env._normal_diff(ea, ">=", eb)):
+        return 1
+    if env.known(*env._normal_diff(eb, ">=", ea)):
+        return -1
+    if evaluate(_add(ea, eb, -1), env.hints()) is not None:
+        return 1 if env.decide(ea, ">=", eb) else -1
+    return 0
 
 
 def sym_max(a, b):

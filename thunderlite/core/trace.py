@@ -79,6 +79,7 @@ class Trace:
         self.source = None                    # the user line symbols are recorded from
         self.pass_time_ms: float | None = None
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
+        self.writes = 0                        # in-place symbols recorded so far (memos of values expire)
 
     # --- naming ------------------------------------------------------------------
     def fresh_name(self, prefix: str = "t") -> str:
@@ -90,6 +91,8 @@ class Trace:
     # --- recording -----------------------------------------------------------------
     def record_call(self, sym: Symbol, args: tuple, kwargs: dict) -> Any:
         """Run ``sym`` on proxies and record it (see core/symbol.py)."""
+        if Tag.INPLACE in sym.tags:
+            self.writes += 1
         if sym.decomposition is None:
             out = sym.meta(*args, **kwargs)
             subsymbols = ()

@@ -64,23 +64,43 @@ nonzero_sized = register_leaf(Symbol("nonzero_sized", meta=_nonzero_meta, module
 """``(indices, n) = nonzero_sized(a)``: ``torch.nonzero(a)`` and its length."""
 
 
+def nonzero_of(a):
+    """``nonzero_sized(a)[0]``, recorded once per tensor proxy while nothing is
+    written in between: ``x[m] + y[m]`` has one length ``u0``, not ``u0``
+    and ``u1`` (broadcasting two run-time sizes is refused)."""
+    trc = current_trace()
+    memo = trc.__dict__.setdefault("_nonzero_memo", {})
+    hit = memo.get(a.name)
+    if hit is not None and hit[0] == trc.writes and _recorded(trc, hit[1]):
+        return hit[1]
+    idx = nonzero_sized(a)[0]
+    memo[a.name] = (trc.writes, idx)
+    return idx
+
+
+def _recorded(trc, idx) -> bool:
+    """``idx`` is still made by a recorded symbol (not by a composite whose
+    recording was abandoned for its opaque call)."""
+    return any(b.sym is nonzero_sized and b.output[0] is idx for scope in trc._scopes for b in scope)
+
+
 @torchsymbol(torch.nonzero, T.nonzero, method_name="nonzero")
 def nonzero(input, *, as_tuple: bool = False):
     if as_tuple:
         return mask_indices(input)
-    return nonzero_sized(input)[0]
+    return nonzero_of(input)
 
 
 @torchsymbol(torch.argwhere, T.argwhere, method_name="argwhere")
 def argwhere(input):
-    return nonzero_sized(input)[0]
+    return nonzero_of(input)
 
 
 def mask_indices(mask) -> tuple:
     """``torch.nonzero(mask, as_tuple=True)``: one index tensor per dim."""
     if mask.ndim == 0:
         mask = prims.reshape(mask, (1,))
-    idx = nonzero_sized(mask)[0]
+    idx = nonzero_of(mask)
     return tuple(shapes.select(idx, 1, d) for d in range(mask.ndim))
 
 
@@ -195,6 +215,35 @@ def _indices(counts, output_size):
     if output_size is not None:            # the caller states the length: a static size
         idx = prims.reshape(idx, (output_size,))
     return idx
+
+
+# --- bincount -------------------------------------------------------------------------------
+
+def _bincount_meta(input, weights, minlength):
+    check(input.ndim == 1 and not input.dtype.is_floating_point and input.dtype is not torch.bool,
+          lambda: "bincount only supports 1-d non-negative integral inputs.")
+    check(minlength >= 0, lambda: "minlength should be >= 0")
+    check(weights is None or tuple(weights.shape) == tuple(input.shape),
+          lambda: "weights should be 1-d and have the same length as input")
+    proxy, n = unbacked(f"the length of torch.bincount({input.name})", lower=minlength)
+    dtype = torch.int64 if weights is None else weights.dtype if weights.dtype is torch.float32 else torch.float64
+    return TensorProxy(shape=(n,), dtype=dtype, device=input.device), proxy
+
+
+def _bincount_impl(input, weights, minlength):
+    r = torch.bincount(input, weights, minlength)
+    return r, r.shape[0]
+
+
+bincount_sized = register_leaf(Symbol("bincount_sized", meta=_bincount_meta, module="ltorch",
+                                      tags={Tag.UNBACKED}, torch_fn=_bincount_impl))
+"""``(counts, n) = bincount_sized(input, weights, minlength)``: ``torch.bincount`` and its
+length (``max(input) + 1``, at least ``minlength``)."""
+
+
+@torchsymbol(torch.bincount, T.bincount, method_name="bincount")
+def bincount(input, weights=None, minlength: int = 0):
+    return bincount_sized(input, weights, minlength)[0]
 
 
 # --- values read back as Python numbers --------------------------------------------------------

@@ -1,16 +1,21 @@
 """Linear algebra: matmul and its spellings (mm, bmm, mv, dot, linear,
-addmm, baddbmm, outer, einsum). All bottom out in ``prims.matmul``."""
+addmm, baddbmm, outer, einsum). All bottom out in ``prims.matmul``;
+``linalg.lstsq`` is one torch call with its shapes computed here."""
 from __future__ import annotations
+
+import builtins
 
 import torch
 
-from thunderlite.core import prims
+from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import register_method
+from thunderlite.core.proxies import DataDependentError, TensorProxy, register_method
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.torch.registry import decomposable, torchsymbol
+from thunderlite.torch.registry import decomposable, register_leaf, torchsymbol
 from thunderlite.torch.utils import convert
 
 T = torch.Tensor
@@ -159,3 +164,52 @@ def _einsum_pair(la: str, a, lb: str, b, later: set):
     if drop:
         prod = red.sum(prod, drop)
     return "".join(c for c in allc if c in later), prod
+
+
+# --- least squares: one torch call, its shapes per ATen's rules (no meta kernel in torch) ----------
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_meta(A, B, rcond=None, *, driver=None):
+    """``linalg_lstsq``'s outputs (ATen's ``linalg_lstsq_out_info``): the CPU
+    default driver is ``gelsy``; ``rank`` is empty for ``gels``, the singular
+    values are kept by ``gelsd``/``gelss`` only; residuals exist for a tall
+    ``A`` (m > n) with ``gels`` (full rank assumed), never with ``gelsy``."""
+    check(A.ndim >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    check(0 <= A.ndim - B.ndim <= 1, lambda: "torch.linalg.lstsq: input.dim() must be greater or equal to "
+                                             "other.dim() and (input.dim() - other.dim()) <= 1")
+    check(A.dtype == B.dtype, lambda: f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
+                                      f"but got input's dtype {A.dtype} and other's dtype {B.dtype}")
+    driver = "gelsy" if driver is None else driver
+    check(driver in _LSTSQ_DRIVERS, lambda: f"parameter `driver` should be one of {_LSTSQ_DRIVERS}")
+    vector = A.ndim - B.ndim == 1
+    b_shape = tuple(B.shape) + (1,) if vector else tuple(B.shape)
+    (m, n), k = A.shape[-2:], b_shape[-1]
+    check(b_shape[-2] == m, lambda: f"torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    batch = tuple(prims.broadcast_shapes(tuple(A.shape[:-2]), b_shape[:-2]))
+    check(driver not in ("gelsd", "gelss") or not m > n, lambda: (
+        f"torch.linalg.lstsq with driver='{driver}' and more rows than columns: whether residuals are "
+        "computed depends on the rank of the input, known only when the program runs; use driver='gels' "
+        "or 'gelsy', or call it outside the jitted function"), DataDependentError)
+    real = dtypes.to_real(A.dtype)
+    grad = A.requires_grad or B.requires_grad
+    like = dict(device=A.device)
+    solution = TensorProxy(shape=batch + ((n,) if vector else (n, k)), dtype=A.dtype, requires_grad=grad, **like)
+    residuals = TensorProxy(shape=batch + (k,) if driver == "gels" and m > n else (0,), dtype=real,
+                            requires_grad=grad, **like)
+    rank = TensorProxy(shape=(0,) if driver == "gels" else batch, dtype=torch.int64, **like)
+    sv = TensorProxy(shape=batch + (builtins.min(m, n),) if driver in ("gelsd", "gelss") else (0,), dtype=real,
+                     **like)
+    return torch.return_types.linalg_lstsq((solution, residuals, rank, sv))
+
+
+lstsq_leaf = register_leaf(Symbol("lstsq_call", meta=_lstsq_meta, module="ltorch", tags={Tag.OPAQUE},
+                                  torch_fn=torch.linalg.lstsq))
+"""``torch.linalg.lstsq`` as one torch call (``Tag.OPAQUE``: its gradients are
+PyTorch's autograd's), with shapes from ``_lstsq_meta``."""
+
+
+@torchsymbol(torch.linalg.lstsq)
+def linalg_lstsq(A, B, rcond=None, *, driver=None):
+    return lstsq_leaf(A, B, rcond, driver=driver)

@@ -30,6 +30,7 @@ import torch
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.symint import known_or, sym_max
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
@@ -527,12 +528,12 @@ def _permute(g, out, a, perm):
 @register_vjp(prims.slice_prim)
 def _slice(g, out, a, start_indices, end_indices, strides=None):
     strides = (1,) * a.ndim if strides is None else tuple(strides)
-    if 0 in g.shape:
+    if known_or(lambda: 0 in g.shape, False):
         return zeros_like(a), None, None, None
     config = []
     for size, lo, n, st in zip(a.shape, start_indices, g.shape, strides, strict=True):
-        last = lo + (n - 1) * st
-        config.append((lo, size - last - 1, st - 1))
+        # after the last element taken (lo + (n - 1) * st): right for a run-time n that may be 0
+        config.append((lo, size - lo - n - sym_max(n - 1, 0) * (st - 1), st - 1))
     return prims.pad(g, 0, tuple(config)), None, None, None
 
 
