@@ -91,8 +91,13 @@ class Trace:
     # --- recording -----------------------------------------------------------------
     def record_call(self, sym: Symbol, args: tuple, kwargs: dict) -> Any:
         """Run ``sym`` on proxies and record it (see core/symbol.py)."""
-        if Tag.INPLACE in sym.tags:
-            self.writes += 1
+        try:
+            return self._record_call(sym, args, kwargs)
+        finally:
+            if Tag.INPLACE in sym.tags:     # counted once written (what it reads came before)
+                self.writes += 1
+
+    def _record_call(self, sym: Symbol, args: tuple, kwargs: dict) -> Any:
         if sym.decomposition is None:
             out = sym.meta(*args, **kwargs)
             subsymbols = ()

@@ -94,9 +94,65 @@ def _equal_allclose(x):
     return torch.equal(x, x.abs()), torch.allclose(x, x + 1e-9), x.equal(x.sum())
 
 
+def _slice_to_item(x):
+    n = (x > 0).sum().item()                 # 0..6: x[:n] is min(n, 6) long
+    return x[:n] * 2, x[1:n], x[n:], x[:n + 3].sum()
+
+
+def _slice_between_items(x):
+    a, b = (x > 0).sum().item(), (x < 0).sum().item()
+    return x[a:b] + 1
+
+
+def _narrow_item(x):
+    n = (x > 0).sum().item()
+    return torch.narrow(x, 0, 0, n), x.narrow(0, 6 - n, n)
+
+
+def _narrow_tensor_start(x):
+    start = (x > 0).sum() - 5                # -5..1: negative starts count from the end
+    return torch.narrow(x, 0, start, 2)
+
+
+def _tensor_split(x):
+    points = torch.stack([(x > 0).sum(), (x > 1).sum() + 2])
+    return torch.tensor_split(x, points)
+
+
+def _softmax_run_time(x):
+    y = x[x > 0]                             # 0..6 elements: softmax of nothing is nothing
+    return torch.softmax(y, 0), torch.log_softmax(y * 2, -1), torch.cat([y, x[:1]])
+
+
+def _bincount(x):
+    c = x.abs().round().long()
+    return torch.bincount(c), torch.bincount(c, minlength=9), torch.bincount(c, weights=x)
+
+
+def _same_mask_twice(x):
+    m = x > 0
+    y = x * 3
+    return x[m] + y[m], torch.nonzero(m).shape[0] == torch.argwhere(m).shape[0]
+
+
+def _setitem_from_same_mask(x):
+    y, z = x.clone(), x * 3
+    y[x > 0] = z[x > 0]
+    m = x < 0
+    y[m] = y[m] * z[m]
+    return y
+
+
+def _lstsq(x):
+    A = x.reshape(3, 2) + 3 * torch.eye(3, 2)
+    B = torch.stack([x[:3], x[3:] * 2], 1)
+    return torch.linalg.lstsq(A, B), torch.linalg.lstsq(A.T, B[:2], driver="gelsd")[0]
+
+
 OPS = [_nonzero, _nonzero_tuple, _argwhere, _masked_select, _mask_index, _mask_index_2d, _mask_setitem, _unique,
        _unique_plain, _unique_consecutive, _repeat_interleave, _repeat_counts, _item_as_size, _tolist,
-       _equal_allclose]
+       _equal_allclose, _slice_to_item, _slice_between_items, _narrow_item, _narrow_tensor_start, _tensor_split,
+       _softmax_run_time, _bincount, _same_mask_twice, _setitem_from_same_mask, _lstsq]
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
@@ -109,25 +165,39 @@ def test_sizes_from_the_data_one_compile(fn, executors):
     assert thunderlite.cache_info(jfn)["misses"] == 1
 
 
+def _lstsq_solution(x):
+    sol = torch.linalg.lstsq(x.reshape(3, 2) + 3 * torch.eye(3, 2), torch.stack([x[:3], x[3:]], 1), driver="gels")
+    return sol.solution, sol.residuals
+
+
 GRAD_OPS = [_masked_select, _mask_index, _mask_index_2d, _repeat_interleave,
-            lambda x: (x * 2)[x.detach() > 0].sum() * x]
+            lambda x: (x * 2)[x.detach() > 0].sum() * x, _slice_to_item, _slice_between_items, _narrow_item,
+            _narrow_tensor_start, _tensor_split, _softmax_run_time, _same_mask_twice, _setitem_from_same_mask,
+            _lstsq_solution]
+
+
+def _tensors(out) -> list:
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return [out] if isinstance(out, torch.Tensor) else []
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
 @pytest.mark.parametrize("fn", GRAD_OPS, ids=["masked_select", "mask_index", "mask_index_2d", "repeat_interleave",
-                                              "mask_then_broadcast"])
+                                              "mask_then_broadcast", "slice_to_item", "slice_between_items",
+                                              "narrow_item", "narrow_tensor_start", "tensor_split",
+                                              "softmax_run_time", "same_mask_twice", "setitem_from_same_mask",
+                                              "lstsq"])
 def test_gradients_through_data_dependent_sizes(fn, executors):
     """Gathers by run-time indices differentiate as eager (index_add into
     zeros); the size symbol flows into the backward."""
     jfn = thunderlite.jit(fn, executors=executors)
     for x in X:
         a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out_j, out_e = jfn(a), fn(b)
-        out_j = out_j if isinstance(out_j, tuple) else (out_j,)
-        out_e = out_e if isinstance(out_e, tuple) else (out_e,)
-        _assert_same(tuple(o.detach() for o in out_j), tuple(o.detach() for o in out_e))
-        sum(o.sum() for o in out_j).backward()
-        sum(o.sum() for o in out_e).backward()
+        out_j, out_e = _tensors(jfn(a)), _tensors(fn(b))
+        _assert_same([o.detach() for o in out_j], [o.detach() for o in out_e])
+        sum(o.sum() for o in out_j if o.requires_grad).backward()
+        sum(o.sum() for o in out_e if o.requires_grad).backward()
         torch.testing.assert_close(a.grad, b.grad)
     assert thunderlite.cache_info(jfn)["misses"] == 1
 
@@ -220,3 +290,34 @@ def test_static_shape_executors_leave_run_time_sizes_to_the_next():
     assert thunderlite.cache_info(jfn)["misses"] == 1
     final = str(thunderlite.last_traces(jfn)[-1])
     assert "triton.fusion" in final and "nonzero_sized" in final
+
+
+def test_a_slice_bound_from_item_clamps_and_a_negative_one_is_checked():
+    """``x[:n]`` is ``min(n, size)`` long; a negative ``n`` (legal Python) was
+    assumed away while tracing, so the program raises instead of answering wrong."""
+    def f(x):
+        return x[:x.sum().long().item()]
+    jfn = thunderlite.jit(f)
+    assert jfn(torch.tensor([2.0, 1.0, 0.0, 0.0])).shape == (3,)
+    assert jfn(torch.tensor([5.0, 2.0, 0.0, 0.0])).shape == (4,)
+    with pytest.raises(RuntimeError, match="negative"):
+        jfn(torch.tensor([-2.0, 1.0, 0.0, 0.0]))
+    assert thunderlite.cache_info(jfn)["misses"] == 1
+    assert "min(" in str(thunderlite.last_traces(jfn)[-1])
+
+
+def test_narrow_checks_its_run_time_bounds_when_the_program_runs():
+    def f(x):
+        return torch.narrow(x, 0, 1, x.sum().long().item())
+    jfn = thunderlite.jit(f)
+    torch.testing.assert_close(jfn(torch.tensor([1.0, 1.0, 0.0, 0.0])), torch.tensor([1.0, 0.0]))
+    with pytest.raises(RuntimeError, match="exceeds dimension size"):
+        jfn(torch.tensor([2.0, 2.0, 0.0, 0.0]))
+    with pytest.raises(RuntimeError, match="length must be non-negative"):
+        jfn(torch.tensor([-2.0, 1.0, 0.0, 0.0]))
+    assert thunderlite.cache_info(jfn)["misses"] == 1
+
+
+def test_lstsq_whose_residuals_depend_on_the_rank_names_the_construct():
+    with pytest.raises(DataDependentError, match="driver='gelsd' and more rows than columns"):
+        thunderlite.jit(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"))(torch.randn(4, 3), torch.randn(4, 2))

@@ -27,8 +27,6 @@ _CUDA_ONLY = "CUDA-only (eager fails on CPU)"
 # (name, variant) -> why it fails today. xfail(strict): a fixed op must leave this list.
 KNOWN_FAILING = {
     ("geqrf", ""): _DATA_DEPENDENT, ("histogramdd", ""): _DATA_DEPENDENT,
-    ("linalg.lstsq", ""): _DATA_DEPENDENT, ("linalg.lstsq", "grad_oriented"): _DATA_DEPENDENT,
-    ("tensor_split", ""): "split points given as a tensor: the pieces' sizes are values read at run time",
     ("sparse.sampled_addmm", ""): _SPARSE, ("sparse.mm", "reduce"): _SPARSE, ("to_sparse", ""): _SPARSE,
     ("resize_", ""): "resize_ changes the shape of its argument in place",
     ("jiterator_unary", ""): _CUDA_ONLY, ("jiterator_binary", ""): _CUDA_ONLY,

@@ -35,13 +35,7 @@ from thunderlite.executors.autograd_function import make_differentiable  # noqa:
 
 DTYPE = torch.float64
 
-_DATA_DEPENDENT = ("no decomposition, and PyTorch's kernel cannot run on meta tensors (its output shape or "
-                   "its argument checks depend on tensor values), so thunderlite cannot trace it")
 XFAIL: dict[str, str] = {
-    "tensor_split": "the sample passes the split points as a tensor: bool(tensor) is data-dependent "
-                    "control flow, which thunderlite refuses",
-    "linalg.lstsq": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
-    "linalg.lstsq.grad_oriented": _DATA_DEPENDENT + " (no Meta kernel for linalg_lstsq)",
     "to_sparse": "sparse layouts are not supported (no sparse tensor proxies)",
     "sparse.sampled_addmm": "sparse layouts are not supported (no sparse tensor proxies)",
     "sparse.mm.reduce": "sparse layouts are not supported (no sparse tensor proxies)",

@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from thunderlite.core.symint import is_int, sym_max, sym_min
+from thunderlite.core.symint import is_int, known_or, sym_max, sym_min
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.tags import Tag
@@ -15,6 +15,7 @@ from thunderlite.torch import elementwise as ew
 from thunderlite.torch import shapes
 from thunderlite.torch.data_dependent import mask_indices
 from thunderlite.torch.registry import decomposable, torchsymbol
+from thunderlite.torch.sizes import expect_size
 from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -210,6 +211,17 @@ def setitem(a, key, value):
                      lambda: "setitem mixing tensor indices with other indices is not decomposed")
         values = convert(value, a.dtype) if is_tensor(value) else prims.full((), value, device=a.device,
                                                                                dtype=a.dtype)
+        if len(key_t) == 1 and key_t[0].dtype is torch.bool and key_t[0].ndim and \
+                (a.requires_grad or values.requires_grad):
+            # differentiable as the mask's indices (index_put by a mask has no gradient rule);
+            # ``y[m] = f(y[m])`` reads the same nonzero, so the lengths agree; another run-time
+            # length must equal it, which the program checks (as eager's index_put does)
+            mask = key_t[0]
+            key_t = mask_indices(mask)
+            lead = values.ndim - (a.ndim - mask.ndim + 1)
+            if lead >= 0 and not known_or(lambda: values.shape[lead] == 1, False):
+                expect_size(values.shape[lead], "==", key_t[0].shape[0],
+                            "shape mismatch: value tensor cannot be broadcast to the indexing result of its mask")
         return prims.copy_(prims.index_put(a, list(key_t), values, False), a)
     return prims.copy_(_setitem_value(a, key, value), a)
 
