@@ -19,8 +19,8 @@ import operator
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import DataDependentError, NumberProxy
-from thunderlite.core.symint import ShapeEnv, SymInt, active_env, assume
+from thunderlite.core.proxies import NumberProxy
+from thunderlite.core.symint import ShapeEnv, SymInt, active_env, assume, hint_of, statically_known
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
@@ -100,10 +100,9 @@ def expect_size(lhs, op: str, rhs, message: str, error: type = RuntimeError) -> 
     """``lhs op rhs`` of sizes must hold (torch's own check, raising ``error``):
     checked now when tracing can decide it, else when the program runs, and
     known from here on."""
-    try:
-        ok = _OPS[op](lhs, rhs)
-    except DataDependentError:
-        assume(lhs, op, rhs)
+    ok = statically_known(lhs, op, rhs)
+    if ok is None and (hint_of(lhs) is None or hint_of(rhs) is None):
+        assume(lhs, op, rhs)                # not the item()-as-a-size assumption: torch's own message
         check_size(lhs, op, rhs, message, error)
         return
-    check(ok, lambda: message, error)
+    check(ok if ok is not None else _OPS[op](lhs, rhs), lambda: message, error)
