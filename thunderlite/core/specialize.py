@@ -9,7 +9,8 @@ from __future__ import annotations
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.pytree import tree_map
 from thunderlite.core.symbol import BoundSymbol, walk
-from thunderlite.core.symint import SymInt, evaluate, has_symbolic
+from thunderlite.core.symexpr import evaluate
+from thunderlite.core.symint import SymInt, has_symbolic
 
 
 class MissingSize(KeyError):

@@ -3,8 +3,7 @@
 A ``SymInt`` is an integer expression over *atoms*: size symbols bound from the
 inputs (``s0 = x.shape[1]``, trace inputs), symbolic int arguments, and
 *unbacked* symbols that an op produces at run time (the length of
-``x[x > 0]``). Expressions are kept in a normal form (a polynomial with integer
-coefficients; ``//`` and ``%`` that do not simplify become compound atoms), so
+``x[x > 0]``). Expressions are kept in a normal form (core/symexpr.py), so
 ``view(B, -1, H)`` of a ``[B, s0 * H]`` tensor infers ``s0``, not
 ``(B * s0 * H) // (B * H)``.
 
@@ -34,212 +33,8 @@ import operator
 from typing import Any, Callable
 
 from thunderlite.core.proxies import DataDependentError, NumberProxy
-
-# --- expressions ---------------------------------------------------------------------------
-# An expression is a tuple of (monomial, coefficient) sorted by monomial; a
-# monomial is a sorted tuple of atom keys (a repeated key is a power). The
-# constant term has the monomial (). An atom key is a base symbol's name (str)
-# or a compound atom: ("//", expr, divisor_expr), ("%", expr, divisor_expr),
-# ("max", a, b), ("min", a, b).
-
-Expr = tuple
-
-
-def _const(c: int) -> Expr:
-    return (((), c),) if c else ()
-
-
-def _atom(key) -> Expr:
-    return (((key,), 1),)
-
-
-def _normal(terms: dict) -> Expr:
-    return tuple(sorted(((m, c) for m, c in terms.items() if c), key=lambda mc: _mono_order(mc[0])))
-
-
-def _mono_order(m: tuple) -> tuple:
-    return (not m, len(m), tuple(_atom_order(k) for k in m))      # the constant prints last
-
-
-def _atom_order(k) -> str:
-    return k if type(k) is str else repr(k)
-
-
-def _add(a: Expr, b: Expr, sign: int = 1) -> Expr:
-    terms = dict(a)
-    for m, c in b:
-        terms[m] = terms.get(m, 0) + sign * c
-    return _normal(terms)
-
-
-def _mul(a: Expr, b: Expr) -> Expr:
-    terms: dict = {}
-    for ma, ca in a:
-        for mb, cb in b:
-            m = tuple(sorted(ma + mb, key=_atom_order))
-            terms[m] = terms.get(m, 0) + ca * cb
-    return _normal(terms)
-
-
-def _constant(e: Expr) -> int | None:
-    if not e:
-        return 0
-    if len(e) == 1 and e[0][0] == ():
-        return e[0][1]
-    return None
-
-
-def _divide_exactly(e: Expr, d: Expr) -> Expr | None:
-    """``e / d`` when ``d`` is one monomial dividing every term of ``e`` exactly."""
-    if len(d) != 1:
-        return None
-    dm, dc = d[0]
-    out: dict = {}
-    for m, c in e:
-        if c % dc:
-            return None
-        rest = list(m)
-        for k in dm:
-            if k not in rest:
-                return None
-            rest.remove(k)
-        out[tuple(rest)] = c // dc
-    return _normal(out)
-
-
-def _floordiv(a: Expr, b: Expr) -> Expr:
-    ca, cb = _constant(a), _constant(b)
-    if cb == 0:
-        raise ZeroDivisionError("integer division or modulo by zero (a symbolic size)")
-    if ca is not None and cb is not None:
-        return _const(ca // cb)
-    if cb == 1:
-        return a
-    q = _divide_exactly(a, b)
-    if q is not None:
-        return q
-    a, b = _cancel(a, b)
-    if _constant(b) == 1:
-        return a
-    return _atom(("//", a, b))
-
-
-def _cancel(a: Expr, b: Expr) -> tuple[Expr, Expr]:
-    """``a`` and ``b`` without the factor common to all their terms (their
-    ratio is unchanged, so ``a // b`` is too)."""
-    g, common = 0, None
-    for m, c in a + b:
-        g = math.gcd(g, c)
-        if common is None:
-            common = list(m)
-        else:
-            rest = list(m)
-            common = [k for k in common if k in rest and (rest.remove(k) or True)]
-    if g <= 1 and not common:
-        return a, b
-    d = (((tuple(sorted(common or (), key=_atom_order))), max(g, 1)),)
-    return _divide_exactly(a, d), _divide_exactly(b, d)
-
-
-def _mod(a: Expr, b: Expr) -> Expr:
-    ca, cb = _constant(a), _constant(b)
-    if cb == 0:
-        raise ZeroDivisionError("integer division or modulo by zero (a symbolic size)")
-    if ca is not None and cb is not None:
-        return _const(ca % cb)
-    if cb == 1 or _divide_exactly(a, b) is not None:
-        return ()
-    return _atom(("%", a, b))
-
-
-def substitute(e: Expr, rep: dict) -> Expr:
-    """``e`` with base symbols replaced by expressions (compound atoms re-simplified)."""
-    out: Expr = ()
-    for m, c in e:
-        term = _const(c)
-        for k in m:
-            if type(k) is str:
-                factor = rep.get(k)
-                factor = _atom(k) if factor is None else factor
-            else:
-                subs = [substitute(x, rep) for x in k[1:]]
-                factor = _COMPOUND_BUILD[k[0]](*subs)
-            term = _mul(term, factor)
-        out = _add(out, term)
-    return out
-
-
-def free_atoms(e: Expr) -> set[str]:
-    """The base symbols ``e`` reads."""
-    out: set[str] = set()
-    for m, _ in e:
-        for k in m:
-            if type(k) is str:
-                out.add(k)
-            else:
-                for sub in k[1:]:
-                    out |= free_atoms(sub)
-    return out
-
-
-def evaluate(e: Expr, values: dict[str, int]) -> int | None:
-    """The value of ``e`` given each base symbol's value (None: one is unknown)."""
-    total = 0
-    for m, c in e:
-        v = c
-        for k in m:
-            x = values.get(k) if type(k) is str else _eval_compound(k, values)
-            if x is None:
-                return None
-            v *= x
-        total += v
-    return total
-
-
-_COMPOUND = {"//": operator.floordiv, "%": operator.mod, "max": max, "min": min}
-_COMPOUND_BUILD = {"//": lambda a, b: _floordiv(a, b), "%": lambda a, b: _mod(a, b),
-                   "max": lambda a, b: _atom(("max", a, b)), "min": lambda a, b: _atom(("min", a, b))}
-
-
-def _eval_compound(k: tuple, values: dict) -> int | None:
-    args = [evaluate(sub, values) for sub in k[1:]]
-    if any(a is None for a in args):
-        return None
-    return _COMPOUND[k[0]](*args)
-
-
-def to_python(e: Expr, name: Callable[[str], str] = str) -> str:
-    """``e`` as Python source; ``name`` spells each base symbol."""
-    if not e:
-        return "0"
-    parts = []
-    for m, c in e:
-        factors = [_atom_python(k, name) for k in m]
-        if not factors:
-            parts.append((str(abs(c)), c < 0))
-            continue
-        text = "*".join(factors)
-        if abs(c) != 1:
-            text = f"{abs(c)}*{text}"
-        parts.append((text, c < 0))
-    out = ("-" if parts[0][1] else "") + parts[0][0]
-    for text, neg in parts[1:]:
-        out += (" - " if neg else " + ") + text
-    return out
-
-
-def _atom_python(k, name) -> str:
-    if type(k) is str:
-        return name(k)
-    op, *subs = k
-    if op in ("max", "min"):
-        return f"{op}({', '.join(to_python(s, name) for s in subs)})"
-    return f"({_wrap(to_python(subs[0], name))} {op} {_wrap(to_python(subs[1], name))})"
-
-
-def _wrap(text: str) -> str:
-    return text if text.isidentifier() or text.lstrip("-").isdigit() else f"({text})"
-
+from thunderlite.core.symexpr import (Expr, add, atom, atom_order, const, constant, divide_exactly, evaluate,
+                                   floordiv, free_atoms, mod, mul, substitute, to_python)
 
 # --- the environment: atoms, guards, replacements -----------------------------------------
 
@@ -317,13 +112,13 @@ class ShapeEnv:
     def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> "SymInt":
         """A backed symbol (its value is known while tracing) held by ``proxy``."""
         self.atoms[proxy.name] = Atom(proxy, hint, lower, origin)
-        return SymInt(_atom(proxy.name), self)
+        return SymInt(atom(proxy.name), self)
 
     def unbacked_symbol(self, proxy: NumberProxy, origin: str, lower: int | None = 0) -> "SymInt":
         """A symbol an op produces at run time: a data-dependent size (``lower``
         0), or an int read from a tensor (``.item()``: ``lower`` None)."""
         self.atoms[proxy.name] = Atom(proxy, None, lower, origin)
-        return SymInt(_atom(proxy.name), self)
+        return SymInt(atom(proxy.name), self)
 
     def canon(self, e: Expr) -> Expr:
         """``e`` in terms of the symbols left after the guarded equalities."""
@@ -339,10 +134,10 @@ class ShapeEnv:
                              type(mc[0][0]) is str else 1):
             if len(m) != 1 or type(m[0]) is not str or c not in (1, -1) or m[0] not in self.atoms:
                 continue
-            rest = _add(diff, ((m, c),), -1)
+            rest = add(diff, ((m, c),), -1)
             if m[0] in free_atoms(rest):
                 continue
-            value = rest if c == -1 else _add((), rest, -1)
+            value = rest if c == -1 else add((), rest, -1)
             self.replacements = {k: substitute(v, {m[0]: value}) for k, v in self.replacements.items()}
             self.replacements[m[0]] = value
             return
@@ -356,7 +151,7 @@ class ShapeEnv:
         atom = self.atoms.get(name) if type(name) is str else None
         if atom is None:
             return
-        c = _constant(_add(diff, (terms[0],), -1)) or 0
+        c = constant(add(diff, (terms[0],), -1)) or 0
         if op in (">=", ">"):
             lb = -c + (op == ">")
             atom.lower = lb if atom.lower is None else max(atom.lower, lb)
@@ -385,7 +180,7 @@ class ShapeEnv:
         """``diff`` divided by the positive factor common to its terms (the gcd of
         the coefficients, symbols known to be positive): ``diff op 0`` is the same
         fact, and ``s0*s1*(a - b)`` becomes ``a - b``, which can be learned."""
-        if not diff or _constant(diff) is not None:
+        if not diff or constant(diff) is not None:
             return diff
         g = 0
         for _, c in diff:
@@ -397,8 +192,8 @@ class ShapeEnv:
         common = [k for k in (common or ()) if (self._atom_lower(k) or 0) > 0]
         if g <= 1 and not common:
             return diff
-        divisor = _mul(_const(max(g, 1)), tuple([(tuple(sorted(common, key=_atom_order)), 1)]))
-        q = _divide_exactly(diff, divisor)
+        divisor = mul(const(max(g, 1)), tuple([(tuple(sorted(common, key=atom_order)), 1)]))
+        q = divide_exactly(diff, divisor)
         return q if q is not None else diff
 
     def lower_bound(self, e: Expr) -> int | None:
@@ -408,14 +203,14 @@ class ShapeEnv:
         best = self._termwise_lower(e)
         for m, c in e:
             if len(m) == 1 and type(m[0]) is tuple and m[0][0] == ("max" if c > 0 else "min"):
-                rest = _add(e, ((m, c),), -1)
+                rest = add(e, ((m, c),), -1)
                 for arg in m[0][1:]:
-                    lb = self.lower_bound(_add(rest, _mul(_const(c), arg)))
+                    lb = self.lower_bound(add(rest, mul(const(c), arg)))
                     best = lb if best is None or (lb is not None and lb > best) else best
         return best
 
     def upper_bound(self, e: Expr) -> int | None:
-        lb = self.lower_bound(_add((), e, -1))
+        lb = self.lower_bound(add((), e, -1))
         return None if lb is None else -lb
 
     def _termwise_lower(self, e: Expr) -> int | None:
@@ -458,7 +253,7 @@ class ShapeEnv:
             a = self.atoms.get(k)
             return a.upper if a is not None else None
         if k[0] == "%":
-            d = _constant(k[2])
+            d = constant(k[2])
             return d - 1 if d is not None and d > 0 else None
         if k[0] == "//":
             return None
@@ -470,14 +265,14 @@ class ShapeEnv:
 
     def _normal_diff(self, lhs: Expr, op: str, rhs: Expr) -> tuple[Expr, str]:
         """``lhs op rhs`` as ``diff op 0``, one spelling per fact (the first coefficient positive)."""
-        diff = self._content_free(self.canon(_add(lhs, rhs, -1)))
+        diff = self._content_free(self.canon(add(lhs, rhs, -1)))
         if diff and diff[0][1] < 0:
-            diff, op = _add((), diff, -1), _FLIP[op]
+            diff, op = add((), diff, -1), _FLIP[op]
         return diff, op
 
     def known(self, diff: Expr, op: str) -> bool | None:
         """``diff op 0`` (normal form) when the facts decide it, else None."""
-        c = _constant(diff)
+        c = constant(diff)
         if c is not None:
             return _OPS[op](c, 0)
         known = _decide_by_bounds(op, self.lower_bound(diff), self.upper_bound(diff))
@@ -495,7 +290,7 @@ class ShapeEnv:
         (recording a guard)."""
         diff, op = self._normal_diff(lhs, op, rhs)
         lhs = tuple((m, c) for m, c in diff if c > 0 and m)
-        rhs = _add((), tuple((m, c) for m, c in diff if c < 0 or not m), -1)
+        rhs = add((), tuple((m, c) for m, c in diff if c < 0 or not m), -1)
         known = self.known(diff, op)
         if known is not None:
             return known
@@ -595,37 +390,37 @@ class SymInt:
         return wrap(fn(a, b), self.env)
 
     def __add__(self, o):
-        return self._bin(o, _add)
+        return self._bin(o, add)
 
     def __radd__(self, o):
-        return self._bin(o, _add, True)
+        return self._bin(o, add, True)
 
     def __sub__(self, o):
-        return self._bin(o, lambda a, b: _add(a, b, -1))
+        return self._bin(o, lambda a, b: add(a, b, -1))
 
     def __rsub__(self, o):
-        return self._bin(o, lambda a, b: _add(a, b, -1), True)
+        return self._bin(o, lambda a, b: add(a, b, -1), True)
 
     def __mul__(self, o):
-        return self._bin(o, _mul)
+        return self._bin(o, mul)
 
     def __rmul__(self, o):
-        return self._bin(o, _mul, True)
+        return self._bin(o, mul, True)
 
     def __floordiv__(self, o):
-        return self._bin(o, _floordiv)
+        return self._bin(o, floordiv)
 
     def __rfloordiv__(self, o):
-        return self._bin(o, _floordiv, True)
+        return self._bin(o, floordiv, True)
 
     def __mod__(self, o):
-        return self._bin(o, _mod)
+        return self._bin(o, mod)
 
     def __rmod__(self, o):
-        return self._bin(o, _mod, True)
+        return self._bin(o, mod, True)
 
     def __neg__(self):
-        return wrap(_add((), self.expr, -1), self.env)
+        return wrap(add((), self.expr, -1), self.env)
 
     def __pos__(self):
         return self
@@ -635,9 +430,9 @@ class SymInt:
 
     def __pow__(self, p):
         if type(p) is int and p >= 0:
-            out: Expr = _const(1)
+            out: Expr = const(1)
             for _ in range(p):
-                out = _mul(out, self.expr)
+                out = mul(out, self.expr)
             return wrap(out, self.env)
         return int(self) ** p
 
@@ -694,7 +489,7 @@ class SymInt:
         if v is None:
             raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs "
                                      f"({'; '.join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)})")
-        env.add_guard(self.expr, "==", _const(v), why)
+        env.add_guard(self.expr, "==", const(v), why)
         env.specialized.append(f"{self} = {v}: {why}")
         return v
 
@@ -703,16 +498,16 @@ def _expr_of(x) -> Expr | None:
     if type(x) is SymInt:
         return x.expr
     if type(x) is int or type(x) is bool:
-        return _const(int(x))
+        return const(int(x))
     if isinstance(x, int) and not isinstance(x, float):
-        return _const(operator.index(x))
+        return const(operator.index(x))
     return None
 
 
 def wrap(e: Expr, env: ShapeEnv) -> "SymInt | int":
     """A plain int when ``e`` is a constant, else a SymInt."""
     e = env.canon(e)
-    c = _constant(e)
+    c = constant(e)
     return c if c is not None else SymInt(e, env)
 
 
@@ -727,7 +522,7 @@ def _ordered(env: ShapeEnv, ea: Expr, eb: Expr) -> int:
         return 1
     if env.known(*env._normal_diff(eb, ">=", ea)):
         return -1
-    if evaluate(_add(ea, eb, -1), env.hints()) is not None:
+    if evaluate(add(ea, eb, -1), env.hints()) is not None:
         return 1 if env.decide(ea, ">=", eb) else -1
     return 0
 
@@ -742,7 +537,7 @@ def sym_max(a, b):
         order = _ordered(env, ea, eb)
         if order:
             return a if order > 0 else b
-        return SymInt(_atom(("max", ea, eb)), env)
+        return SymInt(atom(("max", ea, eb)), env)
     return max(a, b)
 
 
@@ -754,7 +549,7 @@ def sym_min(a, b):
         order = _ordered(env, ea, eb)
         if order:
             return b if order > 0 else a
-        return SymInt(_atom(("min", ea, eb)), env)
+        return SymInt(atom(("min", ea, eb)), env)
     return min(a, b)
 
 
