@@ -16,6 +16,14 @@ identical layers gives N identical pieces), and each piece is looked up by its
 structure key (symbols, constants, input/output metadata, dataflow with
 canonical names). A model's layer is compiled once, whatever the number of
 layers; ``artifacts`` counts the distinct compiled callables.
+
+A region of tensor inputs compiled with the default options is a
+``BoxedRegion``: Inductor's boxed calling convention, as AOTAutograd calls
+torch.compile's own backward. The trace hands it the inputs in a list
+(``transforms/box_inputs.py``) after deleting its names for those that die
+there; the compiled code empties the list and drops each input at its last
+use, so a saved tensor the backward reads only there is freed mid-region, not
+when the region returns.
 """
 from __future__ import annotations
 
@@ -94,9 +102,7 @@ class TorchCompileExecutor(FusionExecutor):
             sub.bound_symbols[:] = region.bsyms
             sub.set_return(tuple(region.outputs))
             sub = claim_executors(sub, [torch_executor])
-            symbolic = any(mentions_symbolic(b) for b in region.bsyms)
-            compiled = torch.compile(sub.python_callable(), **(self._symbolic_options if symbolic else
-                                                               self.compile_options))
+            compiled = self._compile(sub, region)
             compiled.__thunderlite_trace__ = sub
             if len(self._artifacts) >= MAX_ARTIFACTS:
                 self._artifacts.pop(next(iter(self._artifacts)))
@@ -104,6 +110,74 @@ class TorchCompileExecutor(FusionExecutor):
         sym = self.fusion_symbol(name, compiled)
         return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
+
+
+    def _compile(self, sub: Trace, region: Region):
+        fn = sub.python_callable()
+        if any(mentions_symbolic(b) for b in region.bsyms):
+            return torch.compile(fn, **self._symbolic_options)
+        if self.compile_options == {"dynamic": False} and region.inputs and \
+                all(type(p) is TensorProxy for p in region.inputs):
+            return BoxedRegion(fn)
+        return torch.compile(fn, **self.compile_options)
+
+
+class BoxedRegion:
+    """A region compiled by Inductor (``compile_fx``) with the boxed calling
+    convention: called with one list of its input tensors, it empties the list
+    and the compiled code drops each input after its last use. Called with the
+    tensors as arguments it runs the same code (nothing is freed early then)::
+
+        region = BoxedRegion(fn)         # fn(a, b) -> tuple of tensors
+        box = [a, b]; del a              # the caller keeps b
+        outs = region(box)               # box == [] now; a is freed inside
+
+    One compilation per layout of the inputs (strides; the structure key fixes
+    shapes, dtypes and devices). A call that autograd records (grad mode on and
+    an input requiring grad: an eager-mode program) runs a ``torch.compile`` of
+    ``fn`` instead, which is differentiable."""
+
+    _boxed_call = True
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_layout: dict[tuple, object] = {}
+        self._recording = None
+
+    def __call__(self, *args):
+        box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
+        del args
+        if torch.is_grad_enabled() and any(t.requires_grad for t in box):
+            if self._recording is None:
+                self._recording = torch.compile(self.fn, dynamic=False)
+            flat = list(box)
+            box.clear()
+            return self._recording(*flat)
+        layout = tuple(t.stride() for t in box)
+        compiled = self._by_layout.get(layout)
+        if compiled is None:
+            compiled = self._by_layout[layout] = _compile_boxed(self.fn, box)
+        return compiled(box)
+
+    @property
+    def compilations(self) -> int:
+        """How many input layouts this region has been compiled for (boxed)."""
+        return len(self._by_layout)
+
+
+def _compile_boxed(fn, example: list):
+    """``fn`` traced to an ATen graph and compiled by Inductor the way it compiles a
+    graph with boxed inputs (``flatten_graph_inputs`` wraps it in ``GmWrapper``:
+    AOTAutograd then returns a callable that takes the list and empties it)."""
+    from torch._dynamo.utils import GmWrapper
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with torch.no_grad():
+        gm = make_fx(fn, tracing_mode="fake")(*example)
+        compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
+    if not getattr(compiled, "_boxed_call", False):
+        raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
+    return compiled
 
 
 MAX_ARTIFACTS = 1024      # compiled regions kept for sharing (oldest dropped first)

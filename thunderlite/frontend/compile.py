@@ -36,6 +36,7 @@ from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.schedule_collectives import schedule_collectives
+from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.update_aliases import update_aliases
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
@@ -288,14 +289,15 @@ def _makes_leaves(trace: Trace) -> bool:
 
 def finalize(trace: Trace, executors: list, groups, steps: list | None = None, transforms: tuple = ()) -> Trace:
     """The execution transform, the alias/DCE re-run it may need, the user
-    transforms' ``after_claiming``, del_last_used."""
+    transforms' ``after_claiming``, del_last_used, box_inputs."""
     steps = [] if steps is None else steps
     t = _record(steps, _step(claim_executors, trace, executors, input_alias_groups=groups), trace)
     t = _record(steps, _step(update_aliases, t, groups), t)
     t = _record(steps, _step(dce, t, groups), t)
     t = _record(steps, _step(schedule_collectives, t, groups), t)
     t = apply_hook(transforms, "after_claiming", t, steps)
-    return _record(steps, _step(del_last_used, t), t)
+    t = _record(steps, _step(del_last_used, t), t)
+    return _record(steps, _step(box_inputs, t), t)
 
 
 def _step(trace_pass: TracePass, trace: Trace, *args, **kwargs) -> Trace:
