@@ -208,3 +208,57 @@ def test_nvfuser_extra_installs_what_the_executor_imports():
     # nvfuser_direct ships in NVIDIA's per-CUDA wheels (nvfuser-cu1XY); the bare "nvfuser" wheel predates it
     (dist,) = extras["nvfuser"]
     assert dist.startswith("nvfuser-cu")
+
+
+def _torchcompile_or_skip():
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+
+
+def test_region_gets_its_dying_inputs_in_a_list_it_empties(monkeypatch):
+    _torchcompile_or_skip()
+    from thunderlite.executors.torchcompile import BoxedRegion
+    from thunderlite.transforms.box_inputs import BOX
+    from thunderlite.transforms.del_last_used import is_del
+    calls = []
+    original = BoxedRegion.__call__
+
+    def spy(self, *args):
+        boxed = len(args) == 1 and type(args[0]) is list
+        out = original(self, *args)
+        calls.append((boxed, len(args[0]) if boxed else None))
+        return out
+    monkeypatch.setattr(BoxedRegion, "__call__", spy)
+    torch.manual_seed(0)
+    model, ref = _Stack(2), _Stack(2)
+    ref.load_state_dict(model.state_dict())
+    jm = thunderlite.jit(model, executors=["torchcompile", "torch"])
+    x = torch.randn(3, 8)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        losses = []
+        for f, o in ((jm, opt), (ref, ref_opt)):
+            o.zero_grad()
+            loss = f(x).square().mean()
+            loss.backward()
+            o.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(*losses, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert calls and all(boxed and left == 0 for boxed, left in calls if boxed) and any(b for b, _ in calls)
+    bwd = thunderlite.last_backward_traces(jm)[-1]
+    verify_trace(bwd)
+    bsyms = bwd.bound_symbols
+    boxes = [i for i, b in enumerate(bsyms) if b.sym is BOX]
+    assert boxes
+    for i in boxes:
+        call = next(b for b in bsyms[i + 1:] if not is_del(b))
+        assert Tag.FUSION in call.sym.tags and [p.name for p in call.args] == [bsyms[i].output.name]
+        dropped = {p.name for p in bsyms[i + 1].args} if is_del(bsyms[i + 1]) else set()
+        assert dropped, "a box is made only for a region some input dies at"
+        later = {p.name for b in bsyms[bsyms.index(call) + 1:] for p in b.proxy_args()}
+        boxed = {p.name for p in bsyms[i].args}
+        assert dropped <= boxed and not dropped & later
+        assert boxed - dropped <= later | {p.name for p in bwd.args}
