@@ -8,7 +8,7 @@ import torch
 
 import thunderlite
 
-PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used",
+PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used", "box_inputs",
           "reuse_buffers",
           "functionalize",
           "split_forward_backward (forward)", "split_forward_backward (backward)",
