@@ -42,6 +42,14 @@ time, pinned run wall time, peak memory vs eager:
 - tiny Llama, thunderlite+torchcompile / torch.compile: 0.99 / 1.02, pinned
   1.09-1.10, memory 0.84-0.85 (torch.compile 0.70)
 
+With torchcompile regions called boxed (they free dying inputs inside, see
+transforms/box_inputs.py), two runs at load average 4-5 (the second beside a
+test run): nanoGPT thunderlite+torchcompile / torch.compile 1.00-1.02 /
+1.00-1.01, pinned 1.06-1.07, memory 0.68 (was 0.74); tiny Llama 1.00-1.03 /
+1.01, pinned 1.09-1.15, memory 0.75 (was 0.84-0.85; torch.compile 0.68-0.70).
+The first call of the Llama step with torchcompile took 19-32 s (3 s before;
+load and compile cache differ between runs, not investigated).
+
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
 1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load
