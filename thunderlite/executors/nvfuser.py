@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.specialize import MissingSize, hint_values, size_atoms, sizes_of, specialize
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -54,23 +55,31 @@ class NvFuserFusion:
     """The callable of one region: builds and caches one FusionDefinition per
     input descriptor, runs it, returns the region's outputs as a tuple."""
 
-    def __init__(self, name: str, region: Region):
+    def __init__(self, name: str, region: Region, inputs: list | None = None):
         self.name = name
-        self.inputs = list(region.inputs)
+        self.inputs = list(region.inputs) if inputs is None else inputs
         self.bsyms = list(region.bsyms)
         self.outputs = list(region.outputs)
+        self.symbolic = any(mentions_symbolic(b) for b in self.bsyms)
         self.cache: dict[tuple, Any] = {}
 
     def __call__(self, *args):
         key = tuple(descriptor(a) for a in args)
+        if self.symbolic:       # sizes that only int inputs carry are part of what a definition fixes
+            key += tuple(a for a in args if type(a) is int)
         fd = self.cache.get(key)
         if fd is None:
             fd = self.cache[key] = self.define(args)
         return tuple(fd.execute(list(args)))
 
     def define(self, args) -> Any:
-        """Translate the region prim by prim into a FusionDefinition for these inputs."""
+        """Translate the region prim by prim into a FusionDefinition for these
+        inputs; a region traced with symbolic sizes is specialized to theirs
+        first (core/specialize.py), so each set of sizes gets its definition."""
         from nvfuser_direct import FusionDefinition
+        bsyms = self.bsyms
+        if self.symbolic:
+            bsyms = specialize(bsyms, sizes_of(self.inputs, list(args)))[0]
         with FusionDefinition() as fd:
             env: dict[str, Any] = {}
             for p, a in zip(self.inputs, args, strict=True):
@@ -79,7 +88,7 @@ class NvFuserFusion:
                 else:
                     env[p.name] = fd.define_scalar(dtype=nvfuser_ops.nv_dtype(
                         {bool: torch.bool, int: torch.int64, float: torch.float64}[type(a)]))
-            for bsym in self.bsyms:
+            for bsym in bsyms:
                 for leaf in _leaves(bsym):
                     self._translate(fd, leaf, env)
             for o in self.outputs:
@@ -106,7 +115,7 @@ class NvFuserFusion:
 
 class NvFuserExecutor(FusionExecutor):
     """Fuses regions of at least ``min_size`` symbols into nvFuser fusions."""
-    symbolic_sizes = False      # kernels are planned for static shapes
+    symbolic_sizes = True       # a region with symbolic sizes is defined per concrete sizes at run time
 
     def __init__(self, name: str = "nvfuser", *, min_size: int = 1):
         super().__init__(name)
@@ -123,8 +132,13 @@ class NvFuserExecutor(FusionExecutor):
         return True, ""
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None or mentions_symbolic(bsym):
+        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None:
             return False
+        if mentions_symbolic(bsym):     # judged at its traced sizes; sizes known only at run time are refused
+            try:
+                bsym = specialize([bsym], hint_values([bsym]))[0][0]
+            except MissingSize:
+                return False
         outs = bsym.flat_outs()
         if not outs or not all(type(o) is TensorProxy for o in outs):
             return False
@@ -140,9 +154,12 @@ class NvFuserExecutor(FusionExecutor):
 
     def _make_fusion(self, region: Region) -> BoundSymbol:
         name = f"fusion{next(self._counter)}"
-        fn = NvFuserFusion(name, region)
+        inputs = list(region.inputs)
+        if any(mentions_symbolic(b) for b in region.bsyms):     # the size symbols its shapes use come in too
+            inputs += [a for a in size_atoms(region.bsyms) if a.name not in {p.name for p in inputs}]
+        fn = NvFuserFusion(name, region, inputs)
         sym = self.fusion_symbol(name, fn)
-        return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
+        return sym.bind(*inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
 
 

@@ -173,11 +173,28 @@ def _compile_boxed(fn, example: list):
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
     with torch.no_grad():
-        gm = make_fx(fn, tracing_mode="fake")(*example)
+        try:
+            gm = make_fx(fn, tracing_mode="fake")(*example)
+        except Exception:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
+            return _Unboxed(torch.compile(fn, dynamic=False))
         compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
     if not getattr(compiled, "_boxed_call", False):
         raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
     return compiled
+
+
+class _Unboxed:
+    """A region dynamo compiles, called the boxed way: it empties the list it
+    gets, but its inputs live until it returns (no early frees)."""
+    _boxed_call = True
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, box: list):
+        flat = list(box)
+        box.clear()
+        return self.compiled(*flat)
 
 
 MAX_ARTIFACTS = 1024      # compiled regions kept for sharing (oldest dropped first)

@@ -239,3 +239,23 @@ def test_tiny_llama_over_ten_prompt_lengths(options, compiles):
     # nothing about the sizes is guarded, also with every size symbolic (batch too): expand_to
     # compares shapes of different ranks by their lengths (a tuple == compared 32 with s0 first)
     assert guards == []
+
+
+def test_nvfuser_defines_a_fusion_per_concrete_size():
+    from thunderlite.executors.nvfuser import NvFuserFusion
+    from thunderlite.executors.registry import get_executor
+    ok, reason = get_executor("nvfuser").is_available()
+    if not ok:
+        pytest.skip(f"nvFuser executor unavailable: {reason}")
+
+    def f(x):
+        return ((x * 2 + 1).sin() * x.shape[-1]).sum(-1).reshape(x.shape[0], -1)
+    jf = thunderlite.jit(f, executors=["nvfuser", "torch"], dynamic=True)
+    for n in (16, 24, 40, 24):
+        x = torch.randn(4, n, device="cuda")
+        torch.testing.assert_close(jf(x), f(x))
+    assert thunderlite.cache_info(jf)["misses"] == 1
+    fusions = [b.sym.impl for b in thunderlite.last_traces(jf)[-1].bound_symbols
+               if isinstance(b.sym.impl, NvFuserFusion)]
+    assert fusions and all(f.symbolic and len(f.cache) == 3 for f in fusions)
+
