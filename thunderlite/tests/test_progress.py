@@ -13,7 +13,8 @@ import torch
 import thunderlite
 from thunderlite.frontend import progress
 
-STAGES = ("interpretation", "update_aliases", "dce", "claim_executors", "del_last_used", "split_forward_backward")
+STAGES = ("interpretation", "update_aliases", "dce", "claim_executors", "del_last_used", "split_forward_backward",
+          "reuse_buffers", "box_inputs", "functionalize")
 
 
 class FakeTTY(io.StringIO):

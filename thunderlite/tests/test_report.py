@@ -177,7 +177,8 @@ def test_clicking_a_region_highlights_its_symbols(page_of, fused):
     traces = thunderlite.last_traces(jf)
     fusion = _fusion_of(jf)
     rid = fusion.sym.id
-    claimed = f"forward-{len(traces) - 2}"          # the claiming stage, next to the one before it
+    stages = [t.stage for t in traces]
+    claimed = f"forward-{stages.index('claim_executors')}"     # the claiming stage, next to the one before it
     page.click(f'nav button[data-stage="{claimed}"]')
     assert page.locator("#view td.c.hl").count() == 0
     page.click(f'#view .region-chip[data-region="{rid}"]')
