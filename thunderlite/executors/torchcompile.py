@@ -115,11 +115,30 @@ class TorchCompileExecutor(FusionExecutor):
     def _compile(self, sub: Trace, region: Region):
         fn = sub.python_callable()
         if any(mentions_symbolic(b) for b in region.bsyms):
-            return torch.compile(fn, **self._symbolic_options)
+            return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options))
         if self.compile_options == {"dynamic": False} and region.inputs and \
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn)
-        return torch.compile(fn, **self.compile_options)
+        return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options))
+
+
+def _recording(tensors) -> bool:
+    """Autograd records this call (an eager-mode program, executors/autograd_function.py)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+class EagerWhenRecording:
+    """A compiled region that runs as its torch calls while autograd records
+    it: autograd then saves exactly what eager's ops save, so a later write into
+    a tensor the compiled graph would have saved is no error eager does not
+    raise ("modified by an inplace operation"), as the Triton executor does."""
+
+    def __init__(self, fn, compiled):
+        self.fn = fn
+        self.compiled = compiled
+
+    def __call__(self, *args):
+        return self.fn(*args) if _recording(args) else self.compiled(*args)
 
 
 class BoxedRegion:
@@ -134,25 +153,22 @@ class BoxedRegion:
 
     One compilation per layout of the inputs (strides; the structure key fixes
     shapes, dtypes and devices). A call that autograd records (grad mode on and
-    an input requiring grad: an eager-mode program) runs a ``torch.compile`` of
-    ``fn`` instead, which is differentiable."""
+    an input requiring grad: an eager-mode program) runs ``fn``'s torch calls
+    (see ``EagerWhenRecording``)."""
 
     _boxed_call = True
 
     def __init__(self, fn):
         self.fn = fn
         self._by_layout: dict[tuple, object] = {}
-        self._recording = None
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
-        if torch.is_grad_enabled() and any(t.requires_grad for t in box):
-            if self._recording is None:
-                self._recording = torch.compile(self.fn, dynamic=False)
+        if _recording(box):         # as EagerWhenRecording: autograd saves what eager saves
             flat = list(box)
             box.clear()
-            return self._recording(*flat)
+            return self.fn(*flat)
         layout = tuple(t.stride() for t in box)
         compiled = self._by_layout.get(layout)
         if compiled is None:

@@ -22,6 +22,7 @@ import torch
 
 import thunderlite
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, _has_traces, generate
+from thunderlite.executors.registry import get_executor
 
 
 def _grads(outputs, args, leaves):
@@ -87,3 +88,16 @@ def check_seed(seed: int, executors=None) -> None:
 def test_fuzz_inplace_grad(chunk):
     for seed in range(chunk * 25, (chunk + 1) * 25):
         check_seed(seed)
+
+
+@pytest.mark.parametrize("seed", [47, 144, 153, 163, 207])
+def test_eager_mode_torchcompile_regions_save_what_eager_saves(seed):
+    """Seeds whose programs run in eager mode with torchcompile regions: a region
+    autograd records runs as its torch calls (executors/torchcompile.py,
+    EagerWhenRecording), so a later write into a tensor a compiled graph would
+    have saved does not raise eager's "modified by an inplace operation" where
+    eager does not (each of these raised it before)."""
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"torchcompile executor unavailable: {reason}")
+    check_seed(seed, executors=["torchcompile", "torch"])
