@@ -451,24 +451,6 @@ class SymInt:
             return NotImplemented
         return self.env.decide(self.expr, op, o)
 
-    def __eq__(self, o):
-        return self._cmp(o, "==")
-
-    def __ne__(self, o):
-        return self._cmp(o, "!=")
-
-    def __lt__(self, o):
-        return self._cmp(o, "<")
-
-    def __le__(self, o):
-        return self._cmp(o, "<=")
-
-    def __gt__(self, o):
-        return self._cmp(o, ">")
-
-    def __ge__(self, o):
-        return self._cmp(o, ">=")
-
     def __bool__(self):
         return self._cmp(0, "!=")
 
@@ -492,6 +474,11 @@ class SymInt:
         env.add_guard(self.expr, "==", const(v), why)
         env.specialized.append(f"{self} = {v}: {why}")
         return v
+
+
+for _name, _op in (("__eq__", "=="), ("__ne__", "!="), ("__lt__", "<"), ("__le__", "<="), ("__gt__", ">"),
+                   ("__ge__", ">=")):
+    setattr(SymInt, _name, lambda self, o, _op=_op: self._cmp(o, _op))
 
 
 def _expr_of(x) -> Expr | None:

@@ -52,11 +52,9 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
     symbolic (core/symint.py); their guards join the prologue."""
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress):
-        if not dynamic and not symbolic_numbers:
-            with ShapeEnv():        # static sizes: only data-dependent ops' sizes (unbacked) join it
-                return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, None)
-        with ShapeEnv() as env:
-            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, env, dynamic)
+        with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
+            symbolic = env if dynamic or symbolic_numbers else None
+            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic, dynamic)
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
@@ -108,12 +106,9 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     prologue = prologue_trace(state.inputs, state.guards, trace, alias_guard, sym_guards)
     compiled = CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
     compiled.sym_guards = sym_guards
-    if env is not None:
-        compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
-        compiled.input_names = [inp.proxy.name for inp in state.inputs]
-    if alias_guard is not None:
-        compiled.alias_guard = alias_guard
-        compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
+    compiled.alias_guard = alias_guard
+    compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
+    compiled.input_names = [inp.proxy.name for inp in state.inputs]
     return compiled
 
 
