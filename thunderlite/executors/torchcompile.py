@@ -184,16 +184,23 @@ class BoxedRegion:
 def _compile_boxed(fn, example: list):
     """``fn`` traced to an ATen graph and compiled by Inductor the way it compiles a
     graph with boxed inputs (``flatten_graph_inputs`` wraps it in ``GmWrapper``:
-    AOTAutograd then returns a callable that takes the list and empties it)."""
+    AOTAutograd then returns a callable that takes the list and empties it).
+    Compiled inside a tracing context whose fake mode has a ShapeEnv, as dynamo's
+    calls are: Inductor's FX graph cache bypasses a graph compiled without one,
+    so every process would recompile every region from scratch."""
     from torch._dynamo.utils import GmWrapper
+    from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     with torch.no_grad():
         try:
             gm = make_fx(fn, tracing_mode="fake")(*example)
         except Exception:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
             return _Unboxed(torch.compile(fn, dynamic=False))
-        compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
+        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+            compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
     if not getattr(compiled, "_boxed_call", False):
         raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
     return compiled

@@ -262,3 +262,28 @@ def test_region_gets_its_dying_inputs_in_a_list_it_empties(monkeypatch):
         boxed = {p.name for p in bsyms[i].args}
         assert dropped <= boxed and not dropped & later
         assert boxed - dropped <= later | {p.name for p in bwd.args}
+
+
+def test_boxed_regions_use_inductors_fx_graph_cache():
+    """A boxed region is compiled the way dynamo compiles a graph (inside a
+    tracing context with a ShapeEnv), so Inductor's FX graph cache serves it:
+    the same region compiled again (another process, or another jitted
+    function) is a cache hit, not a bypass that recompiles from scratch."""
+    _torchcompile_or_skip()
+    from torch._dynamo.utils import counters
+    from thunderlite.executors.torchcompile import BoxedRegion
+
+    def region(a, b):
+        return ((a @ b).sin() * 3.0,)
+
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    counters.clear()
+    outs = []
+    for _ in range(2):
+        box = [x, y]
+        outs.append(BoxedRegion(region)(box)[0])
+        assert box == []
+    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1
+    for out in outs:
+        torch.testing.assert_close(out, region(x, y)[0])
