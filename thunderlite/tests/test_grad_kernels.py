@@ -181,9 +181,151 @@ def test_cuda_attention_takes_the_efficient_kernels():
     assert bwd.count("sdpa_efficient_backward") == 1 and "matmul" not in bwd, bwd
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA memory-efficient attention needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_attention_step_matches_eager(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, F64, torch.bfloat16])
+@pytest.mark.parametrize("kw,L,S", [({}, 5, 5), ({}, 3, 6), ({}, 40, 7), ({"scale": 0.3}, 3, 6),
+                                    ({"is_causal": True}, 5, 5), ({"is_causal": True}, 40, 40)])
+def test_flash_cuda_attention_decompositions(dtype, kw, L, S):
+    """CUDA flash attention's decompositions (what runs without a GPU kernel)
+    compute the math: the output and gradients of eager's math attention (in
+    float64), the logsumexp of the scaled scores in float32, the kernel's
+    philox state and empty debug mask."""
+    causal, scale = kw.get("is_causal", False), kw.get("scale")     # eager's flash: is_causal only with L == S
+    q, k, v = (_t(*x.shape, seed=i, dtype=dtype) for i, x in enumerate(_causal_sdpa_inputs(L, S)))
+    out, lse, cq, ck, max_q, max_k, seed, offset, debug = _decomposed(K.sdpa_flash_cuda, q, k, v, 0.0, causal, False,
+                                                                      scale=scale)
+    q64, k64, v64 = (x.to(F64).requires_grad_() for x in (q, k, v))
+    want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, scale=scale)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype != torch.bfloat16 else {"atol": 2e-2, "rtol": 2e-2}
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.to(F64), want, **tol)
+    s = (q64 @ k64.transpose(-2, -1)) * (scale if scale is not None else 4 ** -0.5)
+    if causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -torch.inf)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, L)
+    torch.testing.assert_close(lse.to(F64), s.logsumexp(-1).detach(), atol=1e-5, rtol=1e-5)
+    assert (cq, ck, max_q, max_k) == (None, None, L, S)
+    assert (seed.shape, seed.dtype, offset.shape, offset.dtype) == ((2,), torch.uint64, (), torch.uint64)
+    assert (debug.shape, debug.dtype) == ((0,), dtype)
+    g = _t(2, 3, L, 4, seed=5, dtype=dtype)
+    grads = _decomposed(K.sdpa_flash_cuda_backward, g, q, k, v, out, lse, None, None, L, S, 0.0, causal, seed, offset,
+                        scale=scale)
+    wants = torch.autograd.grad(want, (q64, k64, v64), g.to(F64))
+    for gw, gg in zip(wants, grads, strict=True):
+        assert gg.dtype == dtype
+        torch.testing.assert_close(gg.to(F64), gw, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_cuda_attention_symbols_have_the_kernels_shapes(dtype, causal):
+    """The symbols' outputs (traced from their decompositions) are what ATen's
+    kernels' meta functions return, output for output: shapes, dtypes, the
+    Nones and the ints."""
+    L, S, E = (37, 32, 64) if not causal else (32, 32, 64)
+    meta = [torch.empty(2, 3, n, E, device="meta", dtype=dtype) for n in (L, S, S)]
+    want = aten._scaled_dot_product_flash_attention(*meta, 0.0, causal, False)
+    want_b = aten._scaled_dot_product_flash_attention_backward(want[0], *meta, *want[:6], 0.0, causal, *want[6:8])
+    cpu = [torch.zeros(t.shape, dtype=dtype) for t in meta]
+    outs = trace_of(lambda q, k, v: K.sdpa_flash_cuda(q, k, v, 0.0, causal, False), cpu).bound_symbols[-2].output
+    seed, offset = torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
+    grads = trace_of(lambda g, q, k, v, o, lse, s, f: K.sdpa_flash_cuda_backward(
+        g, q, k, v, o, lse, None, None, L, S, 0.0, causal, s, f),
+        (cpu[0], *cpu, cpu[0], torch.zeros(want[1].shape), seed, offset)).bound_symbols[-2].output
+    for w, got in zip((*want, *want_b), (*outs, *grads), strict=True):
+        if isinstance(w, torch.Tensor):
+            assert (tuple(w.shape), w.dtype) == (got.shape, got.dtype)
+        else:
+            assert w == got
+
+
+def test_flash_cuda_attention_rule_matches_eager(monkeypatch):
+    """The VJP rule wires the forward's saved outputs into the backward kernel
+    (run here as both symbols' decompositions): eager's gradients."""
+    import test_grad_prims
+    from test_grad_prims import check_grad
+    from thunderlite.transforms.claim import claim_executors
+
+    monkeypatch.setattr(test_grad_prims, "_finalize", lambda t: claim_executors(t, [_NoKernels("nokernels")]))
+    q, k, v = (_t(2, 3, 6, 8, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
+    prog = check_grad(lambda q, k, v: K.sdpa_flash_cuda(q, k, v, 0.0, True, False, scale=0.4)[0], q, k, v,
+                      ref_fn=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.4))
+    assert "aten.sdpa_flash_cuda_backward" in {b.sym.id for b in prog.split.backward.bound_symbols}
+
+
+def _cuda_sdpa_split(dtype, *, L=32, S=32, E=64, mask=False, is_causal=False):
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.core.trace import Trace
+    from thunderlite.core.tracectx import tracectx
+    from thunderlite.torch import nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff import split_forward_backward
+    trc = Trace()
+    with tracectx(trc):
+        q, k, v = (TensorProxy((2, 3, n, E), dtype, "cuda", requires_grad=True, name=c) for c, n in zip("qkv", (L, S, S)))
+        m = TensorProxy((L, S), torch.bool, "cuda", name="m") if mask else None
+        trc.args = [q, k, v] + ([m] if mask else [])
+        trc.set_return(red.sum(lnn.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=is_causal)))
+    split = split_forward_backward(trc, [True, True, True] + ([False] if mask else []))
+    return [b.sym.name for b in split.forward.bound_symbols], [b.sym.name for b in split.backward.bound_symbols]
+
+
+_H100 = (9, 0)
+
+
+@pytest.mark.parametrize("case,capability,want", [
+    ({"dtype": torch.bfloat16}, _H100, "flash"),
+    ({"dtype": torch.float16, "is_causal": True}, _H100, "flash"),
+    ({"dtype": torch.bfloat16, "E": 256}, (8, 0), "flash"),
+    ({"dtype": torch.float32}, _H100, "efficient"),                   # flash takes half precision only
+    ({"dtype": torch.bfloat16, "mask": True}, _H100, "efficient"),    # flash takes no mask
+    ({"dtype": torch.float16, "is_causal": True, "L": 16}, _H100, "efficient"),   # causal needs L == S
+    ({"dtype": torch.float16}, (7, 5), "efficient"),                  # flash needs sm80+
+    ({"dtype": torch.bfloat16, "E": 200}, (8, 6), "efficient"),       # no flash backward there on sm86-89
+    ({"dtype": torch.bfloat16, "E": 200}, _H100, "flash"),
+    ({"dtype": torch.float16}, None, "efficient"),                    # no GPU answers: the old choice
+    ({"dtype": torch.float16, "E": 12}, _H100, None),                 # eager pads it into flash; not modelled
+])
+def test_cuda_attention_takes_the_kernel_eager_picks(monkeypatch, case, capability, want):
+    """On CUDA proxies (no GPU needed to split) the forward records the kernel
+    eager's dispatcher picks: flash attention for half precision on sm80+
+    without a mask, else memory-efficient attention, else the math (the
+    device's capability mocked)."""
+    def capability_of(device=None):
+        if capability is None:
+            raise AssertionError("Torch not compiled with CUDA enabled")
+        return capability
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability_of)
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    fwd, bwd = _cuda_sdpa_split(**case)
+    kernels = {"flash": ("sdpa_flash_cuda", "sdpa_flash_cuda_backward"),
+               "efficient": ("sdpa_efficient", "sdpa_efficient_backward"), None: (None, None)}
+    for name, names in zip(kernels[want], (fwd, bwd), strict=True):
+        if name is not None:
+            assert names.count(name) == 1, names
+    others = {n for k, pair in kernels.items() if k != want and k is not None for n in pair}
+    assert not others & set(fwd + bwd), (fwd, bwd)
+    if want is not None:
+        assert "matmul" not in bwd, bwd
+
+
+@pytest.mark.parametrize("toggle,want", [("flash_sdp_enabled", "sdpa_efficient"),
+                                         ("mem_efficient_sdp_enabled", "sdpa_flash_cuda")])
+def test_cuda_attention_follows_eagers_toggles(monkeypatch, toggle, want):
+    """A backend the user turned off is skipped, as eager's dispatcher skips it;
+    with flash and memory-efficient attention both off, eager's math path."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: _H100)
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cuda, toggle, lambda: False)
+    fwd, _ = _cuda_sdpa_split(torch.bfloat16)
+    assert want in fwd, fwd
+    monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)
+    monkeypatch.setattr(torch.backends.cuda, "mem_efficient_sdp_enabled", lambda: False)
+    fwd, bwd = _cuda_sdpa_split(torch.bfloat16)
+    assert not {"sdpa_flash_cuda", "sdpa_efficient"} & set(fwd), fwd
+
+
+def _cuda_step_matches_eager(dtype) -> list[str]:
+    """A nanoGPT-like step's loss and gradients under thunderlite equal eager's;
+    returns the names in the backward trace."""
     torch.manual_seed(0)
     model = _GPT().to("cuda", dtype)
     idx, targets = torch.randint(0, 32, (2, 16), device="cuda"), torch.randint(0, 32, (2, 16), device="cuda")
@@ -194,8 +336,52 @@ def test_cuda_attention_step_matches_eager(dtype):
     torch.testing.assert_close(got_loss, want_loss, **tol)
     for name in want:
         torch.testing.assert_close(got[name], want[name], msg=name, **tol)
-    names = [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
-    assert names.count("sdpa_efficient_backward") == len(model.blocks)
+    return [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA memory-efficient attention needs a CUDA GPU")
+def test_cuda_attention_step_matches_eager():
+    """float32, which flash attention does not take: the memory-efficient kernels."""
+    names = _cuda_step_matches_eager(torch.float32)
+    assert names.count("sdpa_efficient_backward") == len(_GPT().blocks), names
+
+
+def _eager_picks_flash() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+            and torch.backends.cuda.is_flash_attention_available())
+
+
+@pytest.mark.skipif(not _eager_picks_flash(),
+                    reason="CUDA flash attention needs an sm80+ GPU and a PyTorch built with flash attention")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_flash_attention_step_matches_eager(dtype):
+    """Half precision on sm80+: flash attention, one backward kernel per layer."""
+    names = _cuda_step_matches_eager(dtype)
+    assert names.count("sdpa_flash_cuda_backward") == len(_GPT().blocks), names
+    assert "sdpa_efficient_backward" not in names and not {"softmax", "exp", "amax"} & set(names), names
+
+
+@pytest.mark.skipif(not _eager_picks_flash(),
+                    reason="CUDA flash attention needs an sm80+ GPU and a PyTorch built with flash attention")
+def test_cuda_flash_attention_takes_a_strided_last_dim():
+    """q with a non-dense last dim (eager runs the math path there): the flash
+    kernels get a dense copy, the gradients are eager's."""
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(-2, -1), k, v, is_causal=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 3, 16, 8, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k, v = (torch.randn(2, 3, 8, 16, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(2))
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    jfn = thunderlite.jit(fn)
+    got, want = jfn(q, k, v), fn(*refs)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    g = torch.randn(want.shape, device="cuda", dtype=want.dtype, generator=gen)
+    got.backward(g)
+    want.backward(g)
+    for t, r in zip((q, k, v), refs, strict=True):
+        torch.testing.assert_close(t.grad, r.grad, atol=2e-2, rtol=2e-2)
+    assert any(b.sym.name == "sdpa_flash_cuda" for b in thunderlite.last_traces(jfn)[-1].bound_symbols)
 
 
 # --- a training step's backward is made of the kernels ----------------------------------------

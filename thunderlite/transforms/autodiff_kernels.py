@@ -242,7 +242,7 @@ def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx
     return prims.index_add(prims.full((num_weights, dim), 0, device=g.device, dtype=g.dtype), 0, idx, g)
 
 
-# --- attention: the math both CPU flash and CUDA efficient attention compute ---------------------------------------------------------------------
+# --- attention: the math CPU flash, CUDA flash and CUDA efficient attention compute -------------------------------------------------------
 
 def _scores(query, key, is_causal: bool, attn_mask, scale):
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -328,3 +328,59 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
     grads = _attention_grads(_f32(grad_out_), _f32(query), _f32(key), _f32(value), _f32(out), lse, is_causal,
                              _f32(attn_bias), scale)
     return (*(convert(g, query.dtype) for g in grads), None)
+
+
+# --- attention (CUDA flash attention) ----------------------------------------------------------------------
+
+
+def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
+    """The CUDA flash kernels read q, k and v only with a dense last dim; eager's
+    dispatcher never hands them others (it takes the math path then), but a trace
+    does not know strides, so the call makes such an input dense (same values)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _flash_cuda_impl(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    query, key, value = (_last_dim_dense(t) for t in (query, key, value))
+    return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask,
+                                                    scale=scale)
+
+
+def _flash_cuda_backward_impl(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                              dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    query, key, value = (_last_dim_dense(t) for t in (query, key, value))
+    return aten._scaled_dot_product_flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
+                                                             cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                                             philox_seed, philox_offset, scale=scale)
+
+
+def _no_dropout(dropout_p: float, return_debug_mask: bool = False) -> None:
+    prims.check(dropout_p == 0.0 and not return_debug_mask,
+                lambda: "the flash attention decomposition models neither dropout nor the debug mask", NotImplementedError)
+
+
+@_kernel(_flash_cuda_impl)
+def sdpa_flash_cuda(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False,
+                    *, scale=None):
+    """``(out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+    philox_offset, debug_attn_mask)`` as the CUDA kernel returns them without
+    dropout: the logsumexp in float32, ``[B, H, L]`` (not padded), no cumulative
+    lengths (a dense batch), the philox state uint64 ``[2]`` and ``[]`` (never
+    read without dropout), an empty debug mask. Computed in float32, as the
+    kernel accumulates."""
+    _no_dropout(dropout_p, return_debug_mask)
+    out, lse = _attention(_f32(query), _f32(key), _f32(value), is_causal, None, scale)
+    seed = prims.full((2,), 0, device=query.device, dtype=torch.uint64)
+    offset = prims.full((), 0, device=query.device, dtype=torch.uint64)
+    debug = prims.full((0,), 0, device=query.device, dtype=query.dtype)
+    return convert(out, query.dtype), lse, None, None, query.shape[-2], key.shape[-2], seed, offset, debug
+
+
+@_kernel(_flash_cuda_backward_impl)
+def sdpa_flash_cuda_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q: int, max_k: int,
+                             dropout_p: float, is_causal: bool, philox_seed, philox_offset, *, scale=None):
+    """``(gq, gk, gv)``, from the forward's float32 logsumexp."""
+    _no_dropout(dropout_p)
+    grads = _attention_grads(_f32(grad_out), _f32(query), _f32(key), _f32(value), _f32(out), logsumexp, is_causal,
+                             None, scale)
+    return tuple(convert(g, query.dtype) for g in grads)

@@ -152,7 +152,7 @@ def substitute_forward(bsym: BoundSymbol, names) -> list[BoundSymbol] | None:
           lambda: f"the forward of {bsym.sym.id} must end with a symbol returning (output, *saved)")
     first, *saved = new.output
     swap = {first.name: bsym.output}
-    swap.update((p.name, p.replace(name=p.name, requires_grad=False)) for p in saved)
+    swap.update((p.name, p.replace(name=p.name, requires_grad=False)) for p in saved if isinstance(p, TensorProxy))
     return [b.replace(source=bsym.source) for b in prep] + [_rename(new, swap).replace(source=bsym.source)]
 
 

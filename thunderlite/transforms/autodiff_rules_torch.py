@@ -256,12 +256,24 @@ def _flash_cpu_when(bsym) -> bool:
 _EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _cuda_capability(device) -> tuple[int, int] | None:
+    """The compute capability of the GPU a CUDA proxy lives on, or None where no
+    GPU answers (a trace made without one, a ROCm build): then no kernel choice
+    that depends on it is made."""
+    if torch.version.hip is not None:
+        return None
+    try:
+        return tuple(torch.cuda.get_device_capability(device))
+    except (AssertionError, RuntimeError):
+        return None
+
+
 def _efficient_cuda_when(bsym) -> bool:
     """What ATen's CUDA memory-efficient attention takes as eager calls it: 4-d
-    q/k/v on CUDA of one half or float dtype, q and k of one head size aligned
-    to 16 bytes, no dropout or GQA, and a mask (boolean, or a float mask of q's
-    dtype that needs no grad) whose key length is a multiple of 16 (eager pads
-    other lengths first)."""
+    q/k/v on CUDA of one half or float dtype (bfloat16 only from sm80), q and k
+    of one head size aligned to 16 bytes, no dropout or GQA, and a mask
+    (boolean, or a float mask of q's dtype that needs no grad) whose key length
+    is a multiple of 16 (eager pads other lengths first)."""
     q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
     mask = _arg(bsym, 3, "attn_mask")
     if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
@@ -269,11 +281,82 @@ def _efficient_cuda_when(bsym) -> bool:
     mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
                                and not _wants(mask) and k.shape[-2] % 16 == 0 and mask.ndim <= 4)
     align = 16 // q.dtype.itemsize if q.dtype in _EFFICIENT_DTYPES else 0
-    return (q.dtype in _EFFICIENT_DTYPES and q.dtype == k.dtype == v.dtype and q.ndim == k.ndim == v.ndim == 4
-            and q.shape[-1] == k.shape[-1] and q.shape[-1] % align == 0 and v.shape[-1] % align == 0
-            and q.shape[:2] == k.shape[:2] == v.shape[:2] and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
-            and not _arg(bsym, 7, "enable_gqa", False) and mask_ok
-            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
+    ok = (q.dtype in _EFFICIENT_DTYPES and q.dtype == k.dtype == v.dtype and q.ndim == k.ndim == v.ndim == 4
+          and q.shape[-1] == k.shape[-1] and q.shape[-1] % align == 0 and v.shape[-1] % align == 0
+          and q.shape[:2] == k.shape[:2] == v.shape[:2] and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
+          and not _arg(bsym, 7, "enable_gqa", False) and mask_ok
+          and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
+    if ok and q.dtype == torch.bfloat16:
+        cap = _cuda_capability(q.device)
+        return cap is None or cap >= (8, 0)
+    return ok
+
+
+def _flash_training_head_dim_ok(cap: tuple[int, int], head_dim: int, training: bool) -> bool:
+    """sm86-89 and sm120-121 lack flash attention's backward for head dims in
+    (192, 256] but above 224 without dropout (eager's dispatcher checks this
+    when an input requires grad)."""
+    if not training or not ((8, 6) <= cap <= (8, 9) or (12, 0) <= cap <= (12, 1)):
+        return True
+    return head_dim <= 192 or head_dim > 224
+
+
+def _flash_cuda_when(bsym) -> bool:
+    """What eager's dispatcher (sdp_utils.cpp ``can_use_flash_attention``) lets
+    ATen's CUDA flash attention take, less what thunderlite's symbols do not
+    model: 4-d float16/bfloat16 q/k/v on an sm80..sm121 GPU of a build with
+    flash attention, one head size at most 256 and a multiple of 8 (eager pads
+    others, a recorded forward cannot), one batch and head count (no GQA),
+    non-empty sequences, no mask or dropout, ``is_causal`` only with as many
+    queries as keys."""
+    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
+    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
+        return False
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    shapes_ok = (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
+                 and q.ndim == k.ndim == v.ndim == 4 and E == k.shape[-1] == v.shape[-1] and E <= 256 and E % 8 == 0
+                 and q.shape[:2] == k.shape[:2] == v.shape[:2] and S == v.shape[-2] and L > 0 and S > 0
+                 and (not _arg(bsym, 5, "is_causal", False) or L == S))
+    if not (shapes_ok and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
+            and not _arg(bsym, 7, "enable_gqa", False) and not isinstance(_arg(bsym, 6, "scale"), TensorProxy)):
+        return False
+    cap = _cuda_capability(q.device)
+    return (cap is not None and (8, 0) <= cap <= (12, 1) and torch.backends.cuda.is_flash_attention_available()
+            and _flash_training_head_dim_ok(cap, E, any(_wants(t) for t in (q, k, v))))
+
+
+_SDP_MATH, _SDP_FLASH, _SDP_EFFICIENT = 0, 1, 2     # torch.nn.attention.SDPBackend's values
+
+
+def _sdp_priority_order() -> list[int]:
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    return list(get()) if get is not None else [_SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH]
+
+
+def _cuda_sdpa_kernel(bsym) -> str | None:
+    """``"flash"`` or ``"efficient"``: the CUDA attention kernel eager's
+    dispatcher (sdp_utils.cpp ``select_sdp_backend``) picks for this call,
+    walking its priority order under the user's toggles, where thunderlite has
+    that kernel's symbols and can tell from the metadata that the kernel takes
+    the call; None where eager takes the math path (the decomposition's VJP).
+    cuDNN attention, first in eager's order on sm90/sm100 with a recent cuDNN,
+    has no symbols here: its turn is skipped, so flash, next, stands in."""
+    backends = torch.backends.cuda
+    for backend in _sdp_priority_order():
+        if backend == _SDP_FLASH and backends.flash_sdp_enabled() and _flash_cuda_when(bsym):
+            return "flash"
+        if backend == _SDP_EFFICIENT and backends.mem_efficient_sdp_enabled() and _efficient_cuda_when(bsym):
+            return "efficient"
+        if backend == _SDP_MATH and backends.math_sdp_enabled():
+            return None
+    return None
+
+
+class _Call:
+    """A call's arguments in a bound symbol's shape, for the predicates above."""
+
+    def __init__(self, *args):
+        self.args, self.kwargs = args, {}
 
 
 def _additive(attn_mask, query):
@@ -284,14 +367,19 @@ def _additive(attn_mask, query):
     return attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
 
 
-@register_forward(lnn.scaled_dot_product_attention, when=lambda b: _flash_cpu_when(b) or _efficient_cuda_when(b))
+@register_forward(lnn.scaled_dot_product_attention,
+                  when=lambda b: _flash_cpu_when(b) or _cuda_sdpa_kernel(b) is not None)
 def _sdpa_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """The output plus the statistics eager's kernel saves: CPU flash
-    attention's logsumexp, or CUDA memory-efficient attention's logsumexp and
-    philox state (its bias expanded to ``[B, H, L, S]``, as eager passes it)."""
+    attention's logsumexp; CUDA flash attention's logsumexp and philox state;
+    or CUDA memory-efficient attention's logsumexp and philox state (its bias
+    expanded to ``[B, H, L, S]``, as eager passes it)."""
+    call = _Call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     attn_mask = _additive(attn_mask, query)
     if query.device.type == "cpu":
         return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+    if _cuda_sdpa_kernel(call) == "flash":
+        return kernels.sdpa_flash_cuda(query, key, value, 0.0, is_causal, False, scale=scale)
     if attn_mask is not None:
         attn_mask = shapes.expand(attn_mask, (*query.shape[:-1], key.shape[-2]))
     return kernels.sdpa_efficient(query, key, value, attn_mask, True, 0.0, is_causal, scale=scale)
@@ -303,6 +391,17 @@ def _sdpa_flash(g, out, query, key, value, dropout_p=0.0, is_causal=False, *, at
         return {}
     gq, gk, gv = kernels.sdpa_flash_cpu_backward(g[0], query, key, value, out[0], out[1], 0.0, is_causal,
                                                  attn_mask=attn_mask, scale=scale)
+    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
+            "value": gv if _wants(value) else None}
+
+
+@register_vjp(kernels.sdpa_flash_cuda)
+def _sdpa_flash_cuda(g, out, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                     scale=None):
+    if g[0] is None:
+        return {}
+    gq, gk, gv = kernels.sdpa_flash_cuda_backward(g[0], query, key, value, out[0], out[1], out[2], out[3], out[4],
+                                                  out[5], 0.0, is_causal, out[6], out[7], scale=scale)
     return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
             "value": gv if _wants(value) else None}
 
