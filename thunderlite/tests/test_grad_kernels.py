@@ -361,27 +361,64 @@ def test_cuda_flash_attention_step_matches_eager(dtype):
     assert "sdpa_efficient_backward" not in names and not {"softmax", "exp", "amax"} & set(names), names
 
 
-@pytest.mark.skipif(not _eager_picks_flash(),
-                    reason="CUDA flash attention needs an sm80+ GPU and a PyTorch built with flash attention")
-def test_cuda_flash_attention_takes_a_strided_last_dim():
-    """q with a non-dense last dim (eager runs the math path there): the flash
-    kernels get a dense copy, the gradients are eager's."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares with eager's dispatcher on a CUDA GPU")
+def test_flash_cuda_rule_agrees_with_eagers_dispatcher():
+    """Where thunderlite models flash attention (head dims a multiple of 8),
+    its rule says yes exactly where eager's ``can_use_flash_attention`` does,
+    on this GPU, over dtypes, head dims, causal square and not, training or not."""
+    import itertools
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.core.trace import Trace
+    from thunderlite.core.tracectx import tracectx
+    from thunderlite.transforms.autodiff_rules_torch import _Call, _flash_cuda_when
+    grid = itertools.product((torch.float16, torch.bfloat16, torch.float32), (8, 64, 200, 256, 264),
+                             ((16, 16, True), (8, 16, True), (8, 16, False)), (True, False))
+    differ = []
+    for dtype, E, (L, S, causal), training in grid:
+        real = [torch.zeros(2, 3, n, E, device="cuda", dtype=dtype, requires_grad=training) for n in (L, S, S)]
+        with torch.enable_grad():
+            want = torch.backends.cuda.can_use_flash_attention(
+                torch.backends.cuda.SDPAParams(*real, None, 0.0, causal, False))
+        with tracectx(Trace()):
+            proxies = [TensorProxy(tuple(t.shape), dtype, "cuda", requires_grad=training, name=f"x{i}")
+                       for i, t in enumerate(real)]
+            got = _flash_cuda_when(_Call(*proxies, None, 0.0, causal, None, False))
+        if got != want:
+            differ.append((dtype, E, L, S, causal, training, got, want))
+    assert not differ, differ
+
+
+def _strided_attention_matches_eager(device: str, dtype: torch.dtype, **tol) -> list[str]:
+    """q, k and v with a non-dense last dim (eager runs the math path there):
+    the kernels get dense copies, the output and gradients are eager's.
+    Returns the names in the forward trace."""
     def fn(q, k, v):
-        return F.scaled_dot_product_attention(q.transpose(-2, -1), k, v, is_causal=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(2, 3, 16, 8, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-    k, v = (torch.randn(2, 3, 8, 16, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-            for _ in range(2))
+        return F.scaled_dot_product_attention(q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1),
+                                              is_causal=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, device=device, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
     refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     jfn = thunderlite.jit(fn)
     got, want = jfn(q, k, v), fn(*refs)
-    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
-    g = torch.randn(want.shape, device="cuda", dtype=want.dtype, generator=gen)
+    torch.testing.assert_close(got, want, **tol)
+    g = torch.randn(want.shape, device=device, dtype=want.dtype, generator=gen)
     got.backward(g)
     want.backward(g)
     for t, r in zip((q, k, v), refs, strict=True):
-        torch.testing.assert_close(t.grad, r.grad, atol=2e-2, rtol=2e-2)
-    assert any(b.sym.name == "sdpa_flash_cuda" for b in thunderlite.last_traces(jfn)[-1].bound_symbols)
+        torch.testing.assert_close(t.grad, r.grad, **tol)
+    return [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
+
+
+def test_flash_attention_takes_strided_last_dims():
+    """CPU flash attention returned wrong numbers for such inputs."""
+    assert "sdpa_flash_cpu" in _strided_attention_matches_eager("cpu", F64)
+
+
+@pytest.mark.skipif(not _eager_picks_flash(),
+                    reason="CUDA flash attention needs an sm80+ GPU and a PyTorch built with flash attention")
+def test_cuda_flash_attention_takes_strided_last_dims():
+    """The CUDA flash kernels raise on such inputs."""
+    assert "sdpa_flash_cuda" in _strided_attention_matches_eager("cuda", torch.bfloat16, atol=2e-2, rtol=2e-2)
 
 
 # --- a training step's backward is made of the kernels ----------------------------------------

@@ -281,14 +281,29 @@ def _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal: boo
     return linalg.matmul(gs, key), linalg.matmul(shapes.transpose(gs, -2, -1), query), gv
 
 
-@_kernel(aten._scaled_dot_product_flash_attention_for_cpu)
+def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
+    """``op`` with the tensors at ``positions`` (q, k, v, and the backward's
+    grad_out and out) given a dense last dim first (the same values). The
+    attention kernels read them only so: CPU flash attention returns wrong
+    numbers for others, the CUDA kernels raise. Eager's dispatcher never hands
+    them such tensors (it takes the math path then); a trace does not see
+    strides, so the call makes them dense, a copy only where one is needed."""
+    def call(*args, **kwargs):
+        args = tuple(a.contiguous() if i in positions and isinstance(a, torch.Tensor) and a.stride(-1) != 1 else a
+                     for i, a in enumerate(args))
+        return op(*args, **kwargs)
+    call.__name__ = call.__qualname__ = f"{op.__name__}_dense"
+    return call
+
+
+@_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_for_cpu, (0, 1, 2)))
 def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
                    scale=None):
     """``(out, logsumexp)``, the logsumexp ``[B, H, L]``."""
     return _attention(query, key, value, is_causal, attn_mask, scale)
 
 
-@_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+@_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_for_cpu_backward, (0, 1, 2, 3, 4)))
 def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
                             attn_mask=None, scale=None):
     return _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale)
@@ -303,7 +318,7 @@ def _f32(x):
     return x if x is None or x.dtype == torch.float32 else convert(x, torch.float32)
 
 
-@_kernel(aten._scaled_dot_product_efficient_attention)
+@_kernel(_dense_last_dims(aten._scaled_dot_product_efficient_attention, (0, 1, 2)))
 def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp: bool, dropout_p: float = 0.0,
                    is_causal: bool = False, *, scale=None):
     """``(out, logsumexp, philox_seed, philox_offset)`` as the CUDA kernel returns
@@ -318,7 +333,7 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp: bool, dropo
     return convert(out, query.dtype), lse, *philox
 
 
-@_kernel(aten._scaled_dot_product_efficient_attention_backward)
+@_kernel(_dense_last_dims(aten._scaled_dot_product_efficient_attention_backward, (0, 1, 2, 3, 5)))
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p: float, grad_input_mask, is_causal: bool = False, *, scale=None):
     """``(gq, gk, gv, None)``: the bias's gradient is not asked for
@@ -333,33 +348,12 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
 # --- attention (CUDA flash attention) ----------------------------------------------------------------------
 
 
-def _last_dim_dense(t: torch.Tensor) -> torch.Tensor:
-    """The CUDA flash kernels read q, k and v only with a dense last dim; eager's
-    dispatcher never hands them others (it takes the math path then), but a trace
-    does not know strides, so the call makes such an input dense (same values)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _flash_cuda_impl(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
-    query, key, value = (_last_dim_dense(t) for t in (query, key, value))
-    return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask,
-                                                    scale=scale)
-
-
-def _flash_cuda_backward_impl(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-                              dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-    query, key, value = (_last_dim_dense(t) for t in (query, key, value))
-    return aten._scaled_dot_product_flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q,
-                                                             cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                                                             philox_seed, philox_offset, scale=scale)
-
-
 def _no_dropout(dropout_p: float, return_debug_mask: bool = False) -> None:
     prims.check(dropout_p == 0.0 and not return_debug_mask,
                 lambda: "the flash attention decomposition models neither dropout nor the debug mask", NotImplementedError)
 
 
-@_kernel(_flash_cuda_impl)
+@_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention, (0, 1, 2)))
 def sdpa_flash_cuda(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False,
                     *, scale=None):
     """``(out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
@@ -376,7 +370,7 @@ def sdpa_flash_cuda(query, key, value, dropout_p: float = 0.0, is_causal: bool =
     return convert(out, query.dtype), lse, None, None, query.shape[-2], key.shape[-2], seed, offset, debug
 
 
-@_kernel(_flash_cuda_backward_impl)
+@_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_backward, (0, 1, 2, 3, 4)))
 def sdpa_flash_cuda_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q: int, max_k: int,
                              dropout_p: float, is_causal: bool, philox_seed, philox_offset, *, scale=None):
     """``(gq, gk, gv)``, from the forward's float32 logsumexp."""

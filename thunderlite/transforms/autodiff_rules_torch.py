@@ -306,9 +306,9 @@ def _flash_cuda_when(bsym) -> bool:
     ATen's CUDA flash attention take, less what thunderlite's symbols do not
     model: 4-d float16/bfloat16 q/k/v on an sm80..sm121 GPU of a build with
     flash attention, one head size at most 256 and a multiple of 8 (eager pads
-    others, a recorded forward cannot), one batch and head count (no GQA),
-    non-empty sequences, no mask or dropout, ``is_causal`` only with as many
-    queries as keys."""
+    others, a recorded forward cannot), one batch and head count (``enable_gqa``
+    then changes nothing), non-empty sequences, no mask or dropout,
+    ``is_causal`` only with as many queries as keys."""
     q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
     if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
         return False
@@ -318,7 +318,7 @@ def _flash_cuda_when(bsym) -> bool:
                  and q.shape[:2] == k.shape[:2] == v.shape[:2] and S == v.shape[-2] and L > 0 and S > 0
                  and (not _arg(bsym, 5, "is_causal", False) or L == S))
     if not (shapes_ok and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
-            and not _arg(bsym, 7, "enable_gqa", False) and not isinstance(_arg(bsym, 6, "scale"), TensorProxy)):
+            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy)):
         return False
     cap = _cuda_capability(q.device)
     return (cap is not None and (8, 0) <= cap <= (12, 1) and torch.backends.cuda.is_flash_attention_available()
