@@ -307,20 +307,20 @@ def test_cuda_attention_takes_the_kernel_eager_picks(monkeypatch, case, capabili
         assert "matmul" not in bwd, bwd
 
 
-@pytest.mark.parametrize("toggle,want", [("flash_sdp_enabled", "sdpa_efficient"),
-                                         ("mem_efficient_sdp_enabled", "sdpa_flash_cuda")])
-def test_cuda_attention_follows_eagers_toggles(monkeypatch, toggle, want):
-    """A backend the user turned off is skipped, as eager's dispatcher skips it;
-    with flash and memory-efficient attention both off, eager's math path."""
+@pytest.mark.parametrize("enabled,want", [(("EFFICIENT_ATTENTION", "MATH"), "sdpa_efficient"),
+                                          (("FLASH_ATTENTION", "MATH"), "sdpa_flash_cuda"),
+                                          (("MATH",), None)])
+def test_cuda_attention_follows_eagers_toggles(monkeypatch, enabled, want):
+    """A backend the user turned off (``torch.nn.attention.sdpa_kernel``) is
+    skipped, as eager's dispatcher skips it; with flash and memory-efficient
+    attention both off, eager's math path (the decomposition's rule)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: _H100)
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
-    monkeypatch.setattr(torch.backends.cuda, toggle, lambda: False)
-    fwd, _ = _cuda_sdpa_split(torch.bfloat16)
-    assert want in fwd, fwd
-    monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)
-    monkeypatch.setattr(torch.backends.cuda, "mem_efficient_sdp_enabled", lambda: False)
-    fwd, bwd = _cuda_sdpa_split(torch.bfloat16)
-    assert not {"sdpa_flash_cuda", "sdpa_efficient"} & set(fwd), fwd
+    with sdpa_kernel([getattr(SDPBackend, name) for name in enabled]):
+        fwd, _ = _cuda_sdpa_split(torch.bfloat16)
+    fused = {"sdpa_flash_cuda", "sdpa_efficient"} & set(fwd)
+    assert fused == ({want} if want else set()), fwd
 
 
 def _cuda_step_matches_eager(dtype) -> list[str]:
