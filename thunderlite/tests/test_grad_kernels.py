@@ -260,7 +260,8 @@ def _cuda_sdpa_split(dtype, *, L=32, S=32, E=64, mask=False, is_causal=False):
     from thunderlite.transforms.autodiff import split_forward_backward
     trc = Trace()
     with tracectx(trc):
-        q, k, v = (TensorProxy((2, 3, n, E), dtype, "cuda", requires_grad=True, name=c) for c, n in zip("qkv", (L, S, S)))
+        q, k, v = (TensorProxy((2, 3, n, E), dtype, "cuda", requires_grad=True, name=c)
+                   for c, n in zip("qkv", (L, S, S), strict=True))
         m = TensorProxy((L, S), torch.bool, "cuda", name="m") if mask else None
         trc.args = [q, k, v] + ([m] if mask else [])
         trc.set_return(red.sum(lnn.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=is_causal)))

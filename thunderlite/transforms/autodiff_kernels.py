@@ -242,7 +242,7 @@ def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx
     return prims.index_add(prims.full((num_weights, dim), 0, device=g.device, dtype=g.dtype), 0, idx, g)
 
 
-# --- attention: the math CPU flash, CUDA flash and CUDA efficient attention compute -------------------------------------------------------
+# --- attention: the math CPU flash, CUDA flash and CUDA efficient attention compute ---------------------------
 
 def _scores(query, key, is_causal: bool, attn_mask, scale):
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -347,10 +347,10 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
 
 # --- attention (CUDA flash attention) ----------------------------------------------------------------------
 
-
 def _no_dropout(dropout_p: float, return_debug_mask: bool = False) -> None:
     prims.check(dropout_p == 0.0 and not return_debug_mask,
-                lambda: "the flash attention decomposition models neither dropout nor the debug mask", NotImplementedError)
+                lambda: "the flash attention decomposition models neither dropout nor the debug mask",
+                NotImplementedError)
 
 
 @_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention, (0, 1, 2)))

@@ -293,9 +293,9 @@ def _efficient_cuda_when(bsym) -> bool:
 
 
 def _flash_training_head_dim_ok(cap: tuple[int, int], head_dim: int, training: bool) -> bool:
-    """sm86-89 and sm120-121 lack flash attention's backward for head dims in
-    (192, 256] but above 224 without dropout (eager's dispatcher checks this
-    when an input requires grad)."""
+    """On sm86-89 and sm120-121 flash attention's backward takes head dims up
+    to 192, and above 224 only without dropout (which these symbols never
+    have); eager's dispatcher checks this when an input requires grad."""
     if not training or not ((8, 6) <= cap <= (8, 9) or (12, 0) <= cap <= (12, 1)):
         return True
     return head_dim <= 192 or head_dim > 224
