@@ -284,6 +284,7 @@ _H100 = (9, 0)
     ({"dtype": torch.bfloat16, "E": 200}, _H100, "flash"),
     ({"dtype": torch.float16}, None, "efficient"),                    # no GPU answers: the old choice
     ({"dtype": torch.float16, "E": 12}, _H100, None),                 # eager pads it into flash; not modelled
+    ({"dtype": torch.bfloat16}, (7, 5), None),                        # no bfloat16 kernel below sm80: math
 ])
 def test_cuda_attention_takes_the_kernel_eager_picks(monkeypatch, case, capability, want):
     """On CUDA proxies (no GPU needed to split) the forward records the kernel
