@@ -79,7 +79,7 @@ from thunderlite.transforms.autodiff_function import differentiable_outputs as f
 from thunderlite.transforms.autodiff_function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.dce import dce
-from thunderlite.transforms.eager_layout import eager_aliasing, inputs_behind
+from thunderlite.transforms.eager_layout import eager_aliasing, eager_tensors, inputs_behind
 from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize, take_write_backs
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
@@ -742,10 +742,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
         try:
             if nograd is not None:
                 raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
-            strides = {n: st for n, (st, _) in (input_strides or {}).items()}
-            aliasing = eager_aliasing(trace, strides) if strides else {}
-            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups, aliasing, used,
-                                      input_strides)
+            layouts = eager_tensors(trace, input_strides or {}, input_alias_groups)
+            rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups,
+                                      eager_aliasing(trace, layouts), used, input_strides, layouts)
             functional, tail, epilogue = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"

@@ -4,13 +4,16 @@ a write through the result reaches the input depends on eager's strides of
 that input, which follow the program's inputs' strides (an elementwise op's
 output takes its inputs' layout).
 
-``eager_aliasing(trace, strides)`` runs the trace's top-level symbols as the
+``eager_tensors(trace, layouts)`` runs the trace's top-level symbols as the
 torch calls they were recorded from on meta tensors made with the inputs'
-strides (no data, no autograd), and says, for each top-level call whose result
-eager may or may not make a view, whether it shares storage with its first
-tensor argument. functionalize.py then treats the call as a view or as fresh
-memory; the decision holds only for inputs with these strides, so the program
-is guarded on them (``inputs_behind``: which inputs the decision read).
+strides and storage offsets (no data, no autograd); ``eager_aliasing`` says,
+for each top-level call whose result eager may or may not make a view, whether
+it shares storage with its first tensor argument. ``eager_view`` runs one leaf
+view on such a meta tensor: functionalize.py reads eager's layout of opaque
+views (``contiguous``, ``as_strided``, ``alias``...) and of written views from
+it. functionalize.py then treats each call as a view or as fresh memory; the
+decisions hold only for inputs with these strides, so the program is guarded
+on them (``inputs_behind``: which inputs the decisions read).
 
 A symbol that cannot run on meta tensors leaves its results unknown, and so
 everything computed from them: unknown decisions stay "may copy" (eager mode).
@@ -18,8 +21,8 @@ everything computed from them: unknown decisions stay "may copy" (eager mode).
 Example::
 
     y = (x * w).t(); z = y.reshape(-1)
-    eager_aliasing(trace, {"x": (3, 1), "w": (3, 1)})   # {"z": True}: a view (y is x*w's transpose)
-    eager_aliasing(trace, {"x": (1, 3), "w": (3, 1)})   # {"z": False}: x*w takes x's layout, z copies
+    eager_aliasing(trace, eager_tensors(trace, {"x": ((3, 1), 0), "w": ((3, 1), 0)}))  # {"z": True}: a view
+    eager_aliasing(trace, eager_tensors(trace, {"x": ((1, 3), 0), "w": ((3, 1), 0)}))  # {"z": False}: a copy
 """
 from __future__ import annotations
 
@@ -41,23 +44,116 @@ def stride_dependent(bsym: BoundSymbol) -> bool:
                     for b in walk(bsym)))
 
 
-def eager_aliasing(trace: Trace, strides: dict[str, tuple]) -> dict[str, bool]:
-    """Output name -> whether eager's result shares storage with the call's
-    first tensor argument, for each stride-dependent top-level call whose
-    input layout is known (see the module docstring)."""
+def eager_tensors(trace: Trace, layouts: dict[str, tuple], input_alias_groups=None) -> dict[str, torch.Tensor]:
+    """Name -> a meta tensor with eager's shape, strides and storage offset, for
+    each top-level value the trace's torch calls give from inputs laid out as
+    ``layouts`` says (input name -> (strides, storage offset)); the inputs of
+    one of ``input_alias_groups`` share one meta storage. Views share their
+    base's meta storage, as in eager; values nothing can run are left out."""
     env: dict[str, torch.Tensor] = {}
-    for a in trace.args:
-        if isinstance(a, TensorProxy) and a.name in strides:
-            env[a.name] = torch.empty_strided(a.shape, strides[a.name], dtype=a.dtype, device="meta")
-    decided: dict[str, bool] = {}
+    args = {a.name: a for a in trace.args if isinstance(a, TensorProxy) and a.name in layouts}
+    for group in [g for g in input_alias_groups or () if all(n in args for n in g)] + [[n] for n in args]:
+        if any(n in env for n in group) or len({args[n].dtype for n in group}) != 1:
+            continue
+        extent = max(_extent(args[n].shape, *layouts[n]) for n in group)
+        storage = torch.empty((extent,), dtype=args[group[0]].dtype, device="meta")
+        for n in group:
+            strides, offset = layouts[n]
+            env[n] = storage.as_strided(tuple(args[n].shape), tuple(strides), offset)
     with torch.no_grad():
         for bsym in trace.bound_symbols:
             if Tag.RETURN in bsym.sym.tags:
                 break
             _run(bsym, env)
-            if stride_dependent(bsym) and bsym.output.name in env and bsym.tensor_args()[0].name in env:
-                decided[bsym.output.name] = _same_storage(env[bsym.output.name], env[bsym.tensor_args()[0].name])
+    return env
+
+
+def eager_aliasing(trace: Trace, env: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """Output name -> whether eager's result shares storage with the call's
+    first tensor argument, for each stride-dependent top-level call whose
+    input layout ``env`` (``eager_tensors``) knows (see the module docstring)."""
+    decided: dict[str, bool] = {}
+    for bsym in trace.bound_symbols:
+        if Tag.RETURN in bsym.sym.tags:
+            break
+        if stride_dependent(bsym) and bsym.output.name in env and bsym.tensor_args()[0].name in env:
+            decided[bsym.output.name] = same_storage(env[bsym.output.name], env[bsym.tensor_args()[0].name])
     return decided
+
+
+def _extent(shape, strides, offset: int) -> int:
+    """The storage size a strided tensor needs."""
+    if not all(shape):
+        return offset
+    return offset + 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
+
+
+def _broadcast(a: torch.Tensor, shape, broadcast_dims) -> torch.Tensor:
+    view = [1] * len(shape)
+    for d, s in zip(broadcast_dims, a.shape, strict=True):
+        view[d] = s
+    return a.view(view).expand(shape)
+
+
+def _squeeze(a: torch.Tensor, dims) -> torch.Tensor:
+    for d in sorted((d % a.ndim for d in dims), reverse=True):
+        a = a.squeeze(d)
+    return a
+
+
+# the view prims as the torch executor runs them (views of their input; ``reshape``
+# only where it is a view: a copy is not the view a chain describes)
+_VIEW_PRIMS = {
+    prims.slice_prim.meta: lambda a, lo, hi, st=None: a[tuple(
+        slice(x, y, z) for x, y, z in zip(lo, hi, st or (1,) * a.ndim, strict=True))],
+    prims.reshape.meta: lambda a, shape: a.view(tuple(shape)),
+    prims.squeeze.meta: _squeeze,
+    prims.permute.meta: lambda a, perm: a.permute(tuple(perm)),
+    prims.broadcast_in_dim.meta: _broadcast,
+    prims.real.meta: torch.real,
+    prims.imag.meta: torch.imag,
+}
+
+
+def eager_view(bsym: BoundSymbol, out: TensorProxy, lookup) -> torch.Tensor | None:
+    """The meta tensor eager's leaf view ``bsym`` gives as its output ``out``
+    (``lookup(name)``: the meta tensor of each tensor argument), or None when
+    it cannot run on them."""
+    def meta(x):
+        if not isinstance(x, TensorProxy):
+            return x
+        m = lookup(x.name)
+        if m is None:
+            raise LookupError(x.name)
+        return m
+    fn = _VIEW_PRIMS.get(bsym.sym.meta) or bsym.sym.torch_fn
+    if fn is None:
+        return None
+    try:
+        args, kwargs = pytree.tree_map(meta, bsym.args), pytree.tree_map(meta, bsym.kwargs)
+        with torch.no_grad():
+            result = fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel, a copy where a view was asked: unknown
+        return None
+    outs, got = list(pytree.leaves(bsym.output)), list(pytree.leaves(result))
+    if len(outs) != len(got):
+        return None
+    found = next((t for o, t in zip(outs, got, strict=True) if o is out), None)
+    return found if isinstance(found, torch.Tensor) and tuple(found.shape) == tuple(out.shape) else None
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two (meta) tensors share storage."""
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def autograd_view(out: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether autograd sees ``out`` as ``base`` itself or a view of its memory:
+    a write into it then changes ``base``'s history, as a scatter would. Not so
+    for ``detach()``, ``.data`` and ``unsafe_split``'s pieces: their writes
+    change values autograd does not see."""
+    root = lambda t: t._base if t._is_view() else t  # noqa: E731
+    return out is base or (out._is_view() and root(out) is root(base))
 
 
 def _run(bsym: BoundSymbol, env: dict) -> None:
@@ -89,8 +185,6 @@ def _run(bsym: BoundSymbol, env: dict) -> None:
             env[o.name] = t
 
 
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
 def inputs_behind(trace: Trace, names: set[str]) -> set[str]:

@@ -45,6 +45,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.transforms.eager_layout import autograd_view, eager_view, same_storage
 from thunderlite.transforms.update_aliases import AliasGroups
 
 _INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.permute, prims.slice_prim))
@@ -74,8 +75,9 @@ class _Rewriter:
     emitted reads ``swap``, their functional replacements."""
 
     def __init__(self, trace: Trace, keep: set[str], input_alias_groups, aliasing: dict[str, bool],
-                 input_layouts: dict | None = None):
+                 input_layouts: dict | None = None, eager: dict | None = None):
         self.trace = trace
+        self.metas: dict = dict(eager or {})   # name -> eager's meta tensor (eager_layout.py), None: unknown
         self.aliasing = aliasing    # eager's view-or-copy of stride-dependent calls (eager_layout.py)
         self.decided: set[BoundSymbol] = set()   # reshapes eager_layout says are views
         self.cut: dict[str, str] = {}            # reshapes it says copy: output name -> input name
@@ -83,6 +85,7 @@ class _Rewriter:
         self.opaque: set[str] = set()            # renamed by a write this pass leaves as it is
         self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
         self.certain: set = set()   # view leaves that alias their input on every call
+        self.untracked: set = set()  # opaque views autograd does not see as views (detach, unsafe_split)
         self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
         self.storages: dict[str, list[str]] = {}   # root -> the inputs sharing that storage
         self.shared_inputs = set()                 # inputs sharing storage in a way not described here
@@ -109,6 +112,11 @@ class _Rewriter:
             return False
         lo = min(off for _, off in geo)
         root = f"storage of {', '.join(group)}"
+        m = self.metas.get(group[0])
+        if m is not None and all(n in self.metas and same_storage(self.metas[n], m) for n in group):
+            last = max(off + sum((k - 1) * st for k, st in zip(p.shape, strides, strict=True))
+                       for p, (strides, off) in zip(ps, geo, strict=True))
+            self.metas[root] = m.as_strided((last - lo + 1,), (1,), lo)     # eager's storage, from ``lo``
         for n, p, (strides, off) in zip(group, ps, geo, strict=True):
             link = _StorageView(tuple(p.shape), tuple(strides), off - lo, n)
             self.chain[n] = (root, (link,))
@@ -215,8 +223,12 @@ class _Rewriter:
                 raise NotFunctionalizable(f"{bsym.sym.id} writes its argument{_where(bsym)}")
             self.write(bsym)
             return
+        pairs = views(bsym)
+        if len(pairs) == 1 and len(bsym.tensor_outs()) == 1 and bsym.sym.meta not in _CERTAIN and \
+                bsym.sym.meta is not prims.reshape.meta and self.settle(bsym, *pairs[0]):
+            return
         self.emit(bsym)
-        for o, b in views(bsym):
+        for o, b in pairs:
             if self.copies(bsym, o, parent):
                 self.cut[o.name] = b.name       # fresh memory in eager: a root of its own
                 continue
@@ -227,6 +239,105 @@ class _Rewriter:
             elif bsym.sym.meta is prims.reshape.meta and self.aliasing.get(o.name):
                 self.certain.add(bsym)
                 self.decided.add(bsym)
+
+    def settle(self, bsym: BoundSymbol, o: TensorProxy, b: TensorProxy) -> bool:
+        """An opaque view (``contiguous``, ``alias``, ``as_strided``, ``sum_to_size``...)
+        as eager makes it for the layouts compiled for (eager_layout.py): fresh
+        memory where eager copies; where its layout is its input's or the base's,
+        the same elements; else a strided view of the base (``_Strided``). False
+        where that is unknown, or where autograd does not see the alias
+        (``detach()``, ``.data``, ``unsafe_split``: their writes change values, not
+        histories; autograd's view base is not the base's): the view then stays
+        one this pass cannot write through. A view is emitted as the elements
+        it names (``b``'s value, a gather), so it reads what writes made of
+        them, as eager's view does."""
+        m_in, m = self.layout(b.name), eager_view(bsym, o, self.layout)
+        if m_in is None or m is None:
+            return False
+        base, chain = self.base_of(b.name)
+        root = self.layout(base)
+        now = self.current(base, chain, b, bsym.source)
+        if not same_storage(m, m_in):
+            self.emit(bsym)
+            self.cut[o.name] = b.name
+        elif root is not None and same_storage(m, root) and autograd_view(m, root) and not _same_layout(m, m_in):
+            if _same_layout(m, root):
+                self.chain[o.name] = (base, ())
+                self.swap[o.name] = now
+            else:
+                link = self.strided(base, m, _first_arg(chain[0]) if chain else b)
+                if link is None:
+                    return False
+                link.calls = chain + (bsym,)
+                self.chain[o.name] = (base, (link,))
+                self.swap[o.name] = self.replay((link,), now, bsym.source)
+        elif autograd_view(m, m_in) and _same_layout(m, m_in):
+            self.chain[o.name] = (base, chain)      # the same elements as its input
+            self.swap[o.name] = self.value(b)
+        else:
+            if not autograd_view(m, m_in):
+                self.untracked.add(bsym)
+            return False
+        self.rely(base, o.name)
+        self.metas[o.name] = m
+        return True
+
+    def layout(self, name: str):
+        """Eager's meta tensor for ``name`` (its shape, strides, storage offset),
+        from the top-level values' (eager_layout.py) through the view chain; None
+        where unknown."""
+        if name in self.metas:
+            return self.metas[name]
+        base, chain = self.base_of(name)
+        m = self.layout(base) if base != name else None
+        if chain:
+            v = chain[-1]
+            if isinstance(v, _Strided):
+                m = v.on(self.layout(base))
+            elif isinstance(v, _StorageView) or len(v.tensor_outs()) != 1:
+                m = None
+            else:
+                m = eager_view(v, v.tensor_outs()[0], self.layout)
+        self.metas[name] = m
+        return m
+
+    def strided(self, base: str, m, root: TensorProxy):
+        """``m`` (a meta view of ``base``'s storage) as a ``_Strided`` link from
+        ``base`` (the proxy ``root``), or None where ``base`` is not dense (its
+        elements are not one block of its storage) or ``m`` reaches outside it."""
+        r = self.layout(base)
+        if m is None or r is None or m.dtype != r.dtype or not same_storage(m, r) or r.numel() == 0:
+            return None
+        order = _storage_order(r)
+        lo = m.storage_offset() - r.storage_offset()
+        hi = lo + sum((n - 1) * st for n, st in zip(m.shape, m.stride(), strict=True))
+        if order is None or (m.numel() and (lo < 0 or hi >= r.numel())):
+            return None
+        link = _Strided(tuple(m.shape), tuple(m.stride()), lo, order, root)
+        self.certain.add(link)
+        return link
+
+    def rely(self, base: str, name: str) -> None:
+        """A decision read eager's layouts: guard the strides of the inputs behind
+        ``name`` and ``base`` and, for an input base, its storage offset
+        (``as_strided`` places its view by it)."""
+        self.used.update((name, base))
+        if base in self.inputs:
+            self.used.add(f"layout:{base}")
+
+    def writable(self, base: str, chain: tuple, dst: TensorProxy, at: BoundSymbol) -> tuple:
+        """``chain``, or one ``_Strided`` link to the written elements where a link
+        of it has no inverse (an expanded view written where no element repeats,
+        ``as_strided``): the scatter puts each written value in its one place."""
+        bad = next((v for v in chain if not _invertible(v)), None)
+        if bad is None:
+            return chain
+        link = self.strided(base, self.layout(dst.name), _first_arg(chain[0]))
+        if link is None or link.overlaps:
+            raise NotFunctionalizable(f"the write through a {bad.sym.id} view{_where(at)} has no functional "
+                                      "form here")
+        self.rely(base, dst.name)
+        return (link,)
 
     def copies(self, bsym: BoundSymbol, o: TensorProxy, parent: str) -> bool:
         """A reshape eager makes as a copy for these inputs' strides."""
@@ -243,22 +354,24 @@ class _Rewriter:
             raise NotFunctionalizable(f"the written input {base}{_where(bsym)} shares storage with another "
                                       "input of the program")
         self.check_chain(chain, bsym)
-        for v in chain:
-            if v.sym.meta not in _INVERTIBLE and not isinstance(v, _StorageView):
-                raise NotFunctionalizable(f"the write through a {v.sym.id} view{_where(bsym)} has no "
-                                          "functional form here")
-        old = self.cur.get(base)
-        if old is None:
-            old = self.base_proxy.get(base) or self.base_proxy.setdefault(
-                base, self.initial(base, dst, chain, bsym.source))
+        written = self.writable(base, chain, dst, bsym)
+        old = self.current(base, chain, dst, bsym.source)
         if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
             src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
         if not isinstance(src, TensorProxy) or src.shape != dst.shape:
             src = self.record(bsym.source, _broadcast_to, src, dst)
-        self.cur[base] = self.scatter(old, src, chain, bsym.source)
+        self.cur[base] = self.scatter(old, src, written, bsym.source)
         self.swap[bsym.output.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
         self.chain[bsym.output.name] = (base, chain)
         self.changed = True
+
+    def current(self, base: str, chain: tuple, p: TensorProxy, source) -> TensorProxy:
+        """The functional value of ``base`` now (``p``: a tensor ``chain`` views of it)."""
+        if base in self.cur:
+            return self.cur[base]
+        if base not in self.base_proxy:
+            self.base_proxy[base] = self.initial(base, p, chain, source)
+        return self.base_proxy[base]
 
     def value(self, p: Proxy) -> Proxy:
         return self.swap.get(p.name, p)
@@ -270,6 +383,10 @@ class _Rewriter:
             if v not in self.certain and v.sym.meta is prims.reshape.meta:
                 raise NotFunctionalizable(f"{v.sym.id} may copy instead of viewing (it depends on strides), and "
                                           f"a write{_where(at)} changes its group")
+            if v in self.untracked:
+                raise NotFunctionalizable(f"{v.sym.id} makes an alias autograd does not track as a view (a write "
+                                          f"through it changes values, not gradients), and a write{_where(at)} "
+                                          "changes its group")
             if v not in self.certain:
                 raise NotFunctionalizable(f"{v.sym.id} makes a view this pass cannot scatter into or replay "
                                           f"(an opaque or expanding view), and a write{_where(at)} changes its group")
@@ -283,7 +400,8 @@ class _Rewriter:
             for v, x in zip(reversed(chain), reversed(values), strict=True):
                 new = self.record(source, _inverse, v, x, new)
         # where(mask, new, base) or a scatter: the base keeps its history where not written
-        selected = bool(chain) and (chain[0].sym.meta is prims.slice_prim.meta or isinstance(chain[0], _StorageView))
+        selected = bool(chain) and (isinstance(chain[0], (_StorageView, _Strided))
+                                    or chain[0].sym.meta is prims.slice_prim.meta)
         if base.requires_grad and not selected:
             # eager: the overwritten tensor keeps its history (a zero gradient, still requires grad)
             new = self.record(source, _overwrite, base, new)
@@ -347,10 +465,13 @@ class _Rewriter:
             if base not in self.inputs and base not in self.storages:
                 return self.value(x)
             name, rest = (chain[0].args[4], chain[1:]) if base in self.storages else (base, chain)
-            if not rest or any(isinstance(v, _StorageView) for v in rest):
+            calls = _calls(rest)
+            if not rest or calls is None:
                 raise NotFunctionalizable(f"the program returns a view of an input it writes ({base})"
                                           + _where(chain[-1]))
-            self.check_chain(rest, rest[-1])
+            if not any(isinstance(v, _Strided) for v in rest):
+                self.check_chain(rest, rest[-1])
+            rest = calls                # eager's own view calls, on the input laid out as compiled for
             # a view of the input as it is after the write-back (take_write_backs: the epilogue)
             return self.replay(rest, self.inputs[name], ret.source)
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
@@ -362,8 +483,7 @@ class _Gather:
     meta = None
 
     def __call__(self, storage, shape, strides, offset, name):
-        flat = prims.reshape(_positions(shape, strides, offset, storage.device), (_numel(shape),))
-        return prims.reshape(prims.gather(storage, 0, flat), shape)
+        return prims.reshape(prims.gather(storage, 0, _flat_positions(shape, strides, offset, storage.device)), shape)
 
 
 class _StorageView:
@@ -379,6 +499,110 @@ class _StorageView:
         self.source = None
 
 
+class _StridedGather:
+    """The ``sym`` of a ``_Strided`` link: replaying it gathers the view's elements
+    from its base read in storage order."""
+    id = "functionalize.strided_view"
+    meta = None
+
+    def __call__(self, base, shape, strides, offset, order):
+        return prims.reshape(prims.gather(_storage_flat(base, order), 0, _flat_positions(shape, strides, offset,
+                                                                                     base.device)), shape)
+
+
+class _Strided:
+    """A chain link from a base to a view of it described by eager's strides and
+    storage offset (relative to the base's) for the layouts compiled for: an
+    ``as_strided`` view, a written part of an expanded view. The base is dense
+    (``order``: its dims from outermost in memory), so the view's elements are
+    positions in it read in storage order; a write scatters into them, which
+    needs each written element in one place (``overlaps`` False)."""
+    __slots__ = ("args", "kwargs", "output", "source", "overlaps", "root", "calls")
+    sym = _StridedGather()
+
+    def __init__(self, shape: tuple, strides: tuple, offset: int, order: tuple, root: TensorProxy):
+        self.args = (None, shape, strides, offset, order)
+        self.kwargs = {}
+        self.output = None
+        self.source = None
+        self.root = root
+        self.overlaps = _overlaps(shape, strides)
+        self.calls = None       # the view calls it stands for (eager's, from ``root``), where known
+
+    def on(self, base):
+        """The meta view this link makes of ``base``'s meta tensor."""
+        if base is None:
+            return None
+        _, shape, strides, offset, _ = self.args
+        return base.as_strided(shape, strides, base.storage_offset() + offset)
+
+
+def _calls(chain: tuple) -> tuple | None:
+    """``chain`` with each ``_Strided`` link replaced by the view calls it stands
+    for, or None where one is not known or reads another tensor."""
+    out = []
+    for v in chain:
+        if isinstance(v, _StorageView):
+            return None
+        if not isinstance(v, _Strided):
+            out.append(v)
+            continue
+        inner = None if v.calls is None else _calls(v.calls)
+        if inner is None or any(len(c.tensor_args()) != 1 for c in inner):
+            return None
+        out.extend(inner)
+    return tuple(out)
+
+
+def _storage_order(t) -> tuple | None:
+    """The dims of a dense meta tensor from outermost in memory, or None where its
+    elements are not one block of its storage."""
+    order = tuple(sorted(range(t.ndim), key=lambda d: -t.stride(d)))
+    expected = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return None
+        expected *= t.shape[d]
+    return order
+
+
+def _overlaps(shape, strides) -> bool:
+    """Whether two elements of a strided view may share a storage position."""
+    reach = 0
+    for st, n in sorted((st, n) for n, st in zip(shape, strides, strict=True) if n > 1):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
+def _same_layout(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and \
+        a.storage_offset() == b.storage_offset()
+
+
+def _storage_flat(base: TensorProxy, order: tuple) -> TensorProxy:
+    x = base if order == tuple(range(base.ndim)) else prims.permute(base, order)
+    return prims.reshape(x, (base.numel(),))
+
+
+def _flat_positions(shape, strides, offset, device) -> TensorProxy:
+    return prims.reshape(_positions(shape, strides, offset, device), (_numel(shape),))
+
+
+def _invertible(v) -> bool:
+    if isinstance(v, _Strided):
+        return not v.overlaps
+    return isinstance(v, _StorageView) or v.sym.meta in _INVERTIBLE
+
+
+def _inverse_perm(perm) -> tuple:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p % len(perm)] = i
+    return tuple(inv)
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:
@@ -390,6 +614,8 @@ def _positions(shape, strides, offset, device) -> TensorProxy:
     """The flat storage positions of a strided tensor's elements (int64, its shape)."""
     idx = prims.full(tuple(shape), offset, device=device, dtype=torch.int64)
     for d, (n, st) in enumerate(zip(shape, strides, strict=True)):
+        if n == 1 or st == 0:
+            continue
         step = prims.iota(n, start=0, step=st, device=device, dtype=torch.int64)
         idx = prims.add(idx, prims.broadcast_in_dim(step, tuple(shape), (d,)))
     return idx
@@ -399,8 +625,10 @@ def _call_key(view: BoundSymbol) -> tuple:
     return view.sym.id, repr(view.args[1:]), repr(view.kwargs)
 
 
-def _first_arg(bsym: BoundSymbol) -> TensorProxy:
-    return bsym.tensor_args()[0]
+def _first_arg(link) -> TensorProxy | None:
+    if isinstance(link, _StorageView):
+        return None
+    return link.root if isinstance(link, _Strided) else link.tensor_args()[0]
 
 
 def _broadcast_to(src, like: TensorProxy):
@@ -414,17 +642,19 @@ def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorPr
     """``base`` with ``new`` written where ``view`` (a leaf view prim of ``base``) looks."""
     if isinstance(view, _StorageView):
         _, shape, strides, offset, _ = view.args
-        flat = prims.reshape(_positions(shape, strides, offset, base.device), (_numel(shape),))
-        return prims.scatter(base, 0, flat, prims.reshape(new, (_numel(shape),)))
+        return prims.scatter(base, 0, _flat_positions(shape, strides, offset, base.device),
+                             prims.reshape(new, (_numel(shape),)))
+    if isinstance(view, _Strided):
+        _, shape, strides, offset, order = view.args
+        flat = prims.scatter(_storage_flat(base, order), 0, _flat_positions(shape, strides, offset, base.device),
+                             prims.reshape(new, (_numel(shape),)))
+        out = prims.reshape(flat, tuple(base.shape[d] for d in order))
+        return out if order == tuple(range(base.ndim)) else prims.permute(out, _inverse_perm(order))
     meta = view.sym.meta
     if meta is prims.reshape.meta or meta is prims.squeeze.meta:
         return prims.reshape(new, base.shape)
     if meta is prims.permute.meta:
-        perm = list(view.args[1])
-        inv = [0] * len(perm)
-        for i, p in enumerate(perm):
-            inv[p % len(perm)] = i
-        return prims.permute(new, tuple(inv))
+        return prims.permute(new, _inverse_perm(view.args[1]))
     start, end = view.args[1], view.args[2]
     strides = view.args[3] if len(view.args) > 3 else view.kwargs.get("strides")
     strides = (1,) * base.ndim if strides is None else strides
@@ -464,7 +694,7 @@ FUNCTIONALIZE_STAGE = "functionalize"
 @trace_pass(FUNCTIONALIZE_STAGE)
 def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None,
                   aliasing: dict[str, bool] | None = None, used: set[str] | None = None,
-                  input_layouts: dict | None = None) -> Trace:
+                  input_layouts: dict | None = None, eager: dict | None = None) -> Trace:
     """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
@@ -474,9 +704,12 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     (eager_layout.py); the names of those the result relies on are added to
     ``used``. ``input_layouts`` (input name -> (strides, storage offset)) lets
     inputs sharing storage be described as views of that storage; the names of
-    those inputs are added to ``used`` as ``"layout:<name>"``. Raises
+    those inputs are added to ``used`` as ``"layout:<name>"``, and so are inputs
+    whose storage offset placed an opaque view. ``eager`` (name -> meta tensor,
+    ``eager_layout.eager_tensors``) gives eager's layouts, from which opaque
+    views and writes through expanded views are described. Raises
     ``NotFunctionalizable`` with the reason."""
-    rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {}, input_layouts)
+    rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {}, input_layouts, eager)
     for bsym in trace.bound_symbols:
         rw.top(bsym)
     if used is not None:
