@@ -107,7 +107,82 @@ def write_reading_another_view_of_itself(x, w):
     return y
 
 
+def write_through_alias(x, w):
+    y = x * w
+    a = torch.ops.aten.alias(y)         # the identity view
+    a.mul_(w)
+    return y * 2, a
+
+
+def write_through_contiguous_view(x, w):
+    y = x * w
+    c = y.contiguous()                  # y itself (contiguous): the write reaches y
+    c[0].mul_(2)
+    return y, c
+
+
+def write_through_contiguous_copy(x, w):
+    y = x.t() * w.t()
+    c = y.contiguous()                  # a copy (y is not contiguous): the write does not reach y
+    c[0].mul_(2)
+    return y, c
+
+
+def write_through_unchanged_results(x, w):
+    y = x * w                           # each call returns its input unchanged
+    y.sum_to_size(y.shape).add_(1.0)
+    y.type_as(w)[0].mul_(w[1])
+    y.view_as(w)[:, 1].sub_(w[2])
+    y.expand_as(w).mul_(1.5)
+    y.reshape(3, 3)[2].add_(w[0])
+    y.float().div_(2.0)
+    y.to(torch.float32)[1, 1:].mul_(w[0, 1:])
+    return y
+
+
+def write_through_as_strided(x, w):
+    y = x * w
+    v = y.as_strided((2, 2), (1, 3), 1)   # a transposed 2x2 block at offset 1: no element twice
+    v.mul_(w[0, 0])
+    return y, v
+
+
+def write_argument_through_as_strided_and_return_it(x, w):
+    x.mul_(w)
+    v = x.as_strided((3,), (4,))          # the diagonal of the written argument
+    v.add_(w[0])
+    return v, x.sum()
+
+
+def write_base_of_overlapping_as_strided(x, w):
+    y = x * w
+    v = y.as_strided((3, 3), (0, 1))      # every row is y's first row: read, never written
+    r = v * 2
+    y[0].add_(w[1])
+    return r, v
+
+
+def write_through_expanded_view(x, w):
+    y = x * w
+    e = y[0].unsqueeze(0).expand(2, 3)    # rows of e are y[0] twice over
+    e[1].add_(1.4)                        # one broadcast copy: each element of y[0] once
+    return y, e
+
+
+def write_through_complex_round_trip(x, w):
+    y = x * w
+    z = y.view(9)[:8].view(4, 2)
+    v = torch.view_as_real(torch.view_as_complex(z))   # the elements of z, through a complex view
+    v.mul_(w[0, 1:])
+    return y, v
+
+
 FUNCTIONAL += [reshape_copies, flatten_views, return_view_of_written_argument]
+OPAQUE_VIEWS = [write_through_alias, write_through_contiguous_view, write_through_contiguous_copy,
+                write_through_unchanged_results, write_through_as_strided,
+                write_argument_through_as_strided_and_return_it, write_base_of_overlapping_as_strided,
+                write_through_expanded_view, write_through_complex_round_trip]
+FUNCTIONAL += OPAQUE_VIEWS
 EAGER = [write_reading_another_view_of_itself]
 
 
@@ -343,3 +418,61 @@ def test_write_through_detached_alias_keeps_requires_grad(exs):
     out[1].sum().backward()
     ref[1].sum().backward()
     torch.testing.assert_close(leaf.grad, leaf_r.grad)
+
+
+def _untracked_alias_write(x, w):
+    y = x * w
+    v = y.unsafe_split(1)[0]            # not a view to autograd: the write changes y, not its history
+    v.mul_(2)
+    return y * y
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=["default", "shuffle"])
+def test_write_through_an_alias_autograd_does_not_track_keeps_eager_mode(exs):
+    """``unsafe_split``'s pieces share memory with their input, but autograd does
+    not rebase the input's history on a write into one: eager's gradient is
+    not the functional one, so the program keeps eager mode and says why."""
+    jfn = _run(_untracked_alias_write, _exs(exs))
+    bwd = thunderlite.last_backward_traces(jfn)
+    assert len(bwd) == 1 and bwd[0].stage == EAGER_MODE_STAGE
+    assert "autograd does not track as a view" in str(bwd[0])
+
+
+@pytest.mark.parametrize("fn", [write_through_contiguous_view, write_through_as_strided],
+                         ids=lambda f: f.__name__)
+def test_opaque_view_follows_the_strides_it_was_compiled_for(fn):
+    """``contiguous`` is a view or a copy and ``as_strided`` picks storage
+    positions by the strides eager has: the inputs they are computed from are
+    guarded, and other strides recompile (each layout still matches eager)."""
+    jfn = thunderlite.jit(fn)
+    for layout in ("contiguous", "transposed"):
+        x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+        x = x.t() if layout == "transposed" else x
+        w_r = w.detach().clone().requires_grad_()
+        out, ref = jfn(x, w), fn(x.clone(), w_r)
+        torch.testing.assert_close(out, ref)
+        (out[0].sum() + (out[1] * 2).sum()).backward()
+        (ref[0].sum() + (ref[1] * 2).sum()).backward()
+        torch.testing.assert_close(w.grad, w_r.grad)
+        assert thunderlite.last_backward_traces(jfn)[0].stage != EAGER_MODE_STAGE
+    assert "strides of argument 0 changed" in thunderlite.cache_info(jfn)["last_miss_reason"]
+
+
+def test_as_strided_view_of_written_argument_is_guarded_on_its_offset():
+    """``as_strided`` places its view by the storage offset of the argument it
+    views: a written argument's offset is guarded, and the returned view is a
+    view of the caller's tensor, as in eager."""
+    jfn = thunderlite.jit(write_argument_through_as_strided_and_return_it)
+    for start in (0, 1):
+        base = torch.randn(13)
+        x, w = base[start:start + 9].view(3, 3), torch.randn(3, 3, requires_grad=True)
+        base_r, w_r = base.clone(), w.detach().clone().requires_grad_()
+        x_r = base_r[start:start + 9].view(3, 3)
+        out, ref = jfn(x, w), write_argument_through_as_strided_and_return_it(x_r, w_r)
+        torch.testing.assert_close((out, base), (ref, base_r))
+        assert out[0]._base is not None and out[0].untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        (out[0] * 3).sum().add(out[1]).backward()
+        (ref[0] * 3).sum().add(ref[1]).backward()
+        torch.testing.assert_close(w.grad, w_r.grad)
+        assert thunderlite.last_backward_traces(jfn)[0].stage != EAGER_MODE_STAGE
+    assert "storage offset of" in thunderlite.cache_info(jfn)["last_miss_reason"]

@@ -45,6 +45,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.transforms.eager_layout import autograd_view, eager_view, same_storage
 from thunderlite.transforms.update_aliases import AliasGroups
 
@@ -85,7 +86,7 @@ class _Rewriter:
         self.opaque: set[str] = set()            # renamed by a write this pass leaves as it is
         self.inputs = {a.name: a for a in pytree.leaves(trace.args) if isinstance(a, TensorProxy)}
         self.certain: set = set()   # view leaves that alias their input on every call
-        self.untracked: set = set()  # opaque views autograd does not see as views (detach, unsafe_split)
+        self.why: dict = {}          # opaque view -> why it stays one this pass cannot write through
         self.chain: dict[str, tuple] = {}    # name -> (base name, leaf view bsyms from the base)
         self.storages: dict[str, list[str]] = {}   # root -> the inputs sharing that storage
         self.shared_inputs = set()                 # inputs sharing storage in a way not described here
@@ -239,6 +240,9 @@ class _Rewriter:
             elif bsym.sym.meta is prims.reshape.meta and self.aliasing.get(o.name):
                 self.certain.add(bsym)
                 self.decided.add(bsym)
+            elif bsym.sym.meta is not prims.reshape.meta and not self.tracked(bsym, o, b):
+                self.why[bsym] = "makes an alias autograd does not track as a view (a write through it changes " \
+                                 "values, not gradients)"
 
     def settle(self, bsym: BoundSymbol, o: TensorProxy, b: TensorProxy) -> bool:
         """An opaque view (``contiguous``, ``alias``, ``as_strided``, ``sum_to_size``...)
@@ -265,22 +269,29 @@ class _Rewriter:
                 self.chain[o.name] = (base, ())
                 self.swap[o.name] = now
             else:
+                if not _within(m, m_in):
+                    self.why[bsym] = "makes a view reaching past its input's elements (autograd differentiates " \
+                                     "it through those only)"
+                    return False
                 link = self.strided(base, m, _first_arg(chain[0]) if chain else b)
                 if link is None:
                     return False
-                link.calls = chain + (bsym,)
                 self.chain[o.name] = (base, (link,))
                 self.swap[o.name] = self.replay((link,), now, bsym.source)
         elif autograd_view(m, m_in) and _same_layout(m, m_in):
             self.chain[o.name] = (base, chain)      # the same elements as its input
             self.swap[o.name] = self.value(b)
         else:
-            if not autograd_view(m, m_in):
-                self.untracked.add(bsym)
             return False
         self.rely(base, o.name)
         self.metas[o.name] = m
         return True
+
+    def tracked(self, bsym: BoundSymbol, o: TensorProxy, b: TensorProxy) -> bool:
+        """False where eager's ``o`` shares ``b``'s memory but autograd does not
+        see it as a view (``settle``); True where it does or that is unknown."""
+        m_in, m = self.layout(b.name), eager_view(bsym, o, self.layout)
+        return m is None or m_in is None or not same_storage(m, m_in) or autograd_view(m, m_in)
 
     def layout(self, name: str):
         """Eager's meta tensor for ``name`` (its shape, strides, storage offset),
@@ -383,10 +394,8 @@ class _Rewriter:
             if v not in self.certain and v.sym.meta is prims.reshape.meta:
                 raise NotFunctionalizable(f"{v.sym.id} may copy instead of viewing (it depends on strides), and "
                                           f"a write{_where(at)} changes its group")
-            if v in self.untracked:
-                raise NotFunctionalizable(f"{v.sym.id} makes an alias autograd does not track as a view (a write "
-                                          f"through it changes values, not gradients), and a write{_where(at)} "
-                                          "changes its group")
+            if v in self.why:
+                raise NotFunctionalizable(f"{v.sym.id} {self.why[v]}, and a write{_where(at)} changes its group")
             if v not in self.certain:
                 raise NotFunctionalizable(f"{v.sym.id} makes a view this pass cannot scatter into or replay "
                                           f"(an opaque or expanding view), and a write{_where(at)} changes its group")
@@ -465,15 +474,20 @@ class _Rewriter:
             if base not in self.inputs and base not in self.storages:
                 return self.value(x)
             name, rest = (chain[0].args[4], chain[1:]) if base in self.storages else (base, chain)
-            calls = _calls(rest)
-            if not rest or calls is None:
+            if not rest or any(isinstance(v, _StorageView) for v in rest) or \
+                    any(isinstance(v, _Strided) for v in rest[1:]):
                 raise NotFunctionalizable(f"the program returns a view of an input it writes ({base})"
                                           + _where(chain[-1]))
-            if not any(isinstance(v, _Strided) for v in rest):
-                self.check_chain(rest, rest[-1])
-            rest = calls                # eager's own view calls, on the input laid out as compiled for
+            view = self.inputs[name]
+            if isinstance(rest[0], _Strided):
+                # eager's elements of the input laid out as compiled for (its offset is guarded)
+                _, shape, strides, offset, _ = rest[0].args
+                start = self.layout(name).storage_offset() + offset
+                view = self.record(ret.source, opaque_symbol_for(torch.Tensor.as_strided), view, shape, strides, start)
+                rest = rest[1:]
+            self.check_chain(rest, ret)
             # a view of the input as it is after the write-back (take_write_backs: the epilogue)
-            return self.replay(rest, self.inputs[name], ret.source)
+            return self.replay(rest, view, ret.source)
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
 
 
@@ -517,7 +531,7 @@ class _Strided:
     (``order``: its dims from outermost in memory), so the view's elements are
     positions in it read in storage order; a write scatters into them, which
     needs each written element in one place (``overlaps`` False)."""
-    __slots__ = ("args", "kwargs", "output", "source", "overlaps", "root", "calls")
+    __slots__ = ("args", "kwargs", "output", "source", "overlaps", "root")
     sym = _StridedGather()
 
     def __init__(self, shape: tuple, strides: tuple, offset: int, order: tuple, root: TensorProxy):
@@ -527,7 +541,6 @@ class _Strided:
         self.source = None
         self.root = root
         self.overlaps = _overlaps(shape, strides)
-        self.calls = None       # the view calls it stands for (eager's, from ``root``), where known
 
     def on(self, base):
         """The meta view this link makes of ``base``'s meta tensor."""
@@ -535,23 +548,6 @@ class _Strided:
             return None
         _, shape, strides, offset, _ = self.args
         return base.as_strided(shape, strides, base.storage_offset() + offset)
-
-
-def _calls(chain: tuple) -> tuple | None:
-    """``chain`` with each ``_Strided`` link replaced by the view calls it stands
-    for, or None where one is not known or reads another tensor."""
-    out = []
-    for v in chain:
-        if isinstance(v, _StorageView):
-            return None
-        if not isinstance(v, _Strided):
-            out.append(v)
-            continue
-        inner = None if v.calls is None else _calls(v.calls)
-        if inner is None or any(len(c.tensor_args()) != 1 for c in inner):
-            return None
-        out.extend(inner)
-    return tuple(out)
 
 
 def _storage_order(t) -> tuple | None:
@@ -564,6 +560,30 @@ def _storage_order(t) -> tuple | None:
             return None
         expected *= t.shape[d]
     return order
+
+
+_POSITIONS_LIMIT = 1 << 20
+
+
+def _within(m, m_in) -> bool:
+    """Whether every element of the meta view ``m`` lies in the elements of
+    ``m_in`` (same storage, bytes compared): eager's autograd differentiates a
+    view (``as_strided``) through its input's elements only, so one reaching
+    past them is not a scatter into the base that autograd agrees with. False
+    where too large to tell."""
+    if not m.numel():
+        return True
+    if not m_in.numel():
+        return False
+    size = max(t.element_size() * (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(
+        t.shape, t.stride(), strict=True))) for t in (m, m_in))
+    if size > _POSITIONS_LIMIT:
+        return False
+
+    def held(t):
+        pos = torch.arange(size // t.element_size()).as_strided(t.shape, t.stride(), t.storage_offset())
+        return (pos.reshape(-1, 1) * t.element_size() + torch.arange(t.element_size())).reshape(-1)
+    return bool(torch.isin(held(m), held(m_in)).all())
 
 
 def _overlaps(shape, strides) -> bool:
