@@ -20,12 +20,18 @@ prims only:
   copies them in after the differentiated forward, then makes what the program
   returns of written inputs (themselves, views of them) from the inputs;
 - inputs sharing storage are gathers from one flat storage (``_StorageView``:
-  their strides and offsets at compile time, guarded), a write a scatter.
+  their strides and offsets at compile time, guarded), a write a scatter;
+- an opaque view (``alias``, ``contiguous``, ``as_strided``...) is what eager
+  makes of it for the layouts compiled for (eager_layout.py's meta run,
+  guarded): fresh memory, the same elements as its input or base, or a
+  ``_Strided`` gather of storage positions from its dense base; a write whose
+  chain has no inverse (through an expanded view) is one ``_Strided`` scatter
+  when no written element is in two places.
 
-Where the pass cannot say how (an expanding or opaque view, a write reading
-another view of the memory it writes, an opaque in-place op), it raises
-``NotFunctionalizable`` with the reason; autodiff then keeps its eager-mode
-replay and names that reason.
+Where the pass cannot say how (an alias autograd does not track as a view, an
+overlapping write, a write reading another view of the memory it writes, an
+opaque in-place op), it raises ``NotFunctionalizable`` with the reason;
+autodiff then keeps its eager-mode replay and names that reason.
 
 Example (``v = y[:, 0]; v.mul_(2); return y``)::
 
