@@ -15,6 +15,8 @@ class Tag(enum.Enum):
     ORDER_BARRIER = "order_barrier"  # no symbol moves across it (grad-mode switches)
     UNBACKED = "unbacked"         # outputs a number known only at run time (nonzero's length, item()):
                                   # a composite calling it is recorded as its decomposition
+    WRITES_BELOW_AUTOGRAD = "writes_below_autograd"  # its writes run where autograd does not check them
+                                  # (a torch.library.custom_op): eager refuses no write into a leaf
     SIZE_CHECK = "size_check"     # checks when the program runs a size fact the trace assumed: a
                                   # composite calling it is recorded as its decomposition too
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import thunderlite
-from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, _has_traces, generate
+from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, failure, generate
 from thunderlite.executors.registry import get_executor
 
 
@@ -51,37 +51,47 @@ def _flags(outputs) -> list:
 
 
 def check_seed(seed: int, executors=None) -> None:
+    """Every call of the program (each with its own aliasing between arguments
+    and state) through one jitted function equals eager: outputs and their
+    ``requires_grad``, arguments, base and state afterwards, gradients."""
     prog = generate(seed, grad=True)
-    fn = prog.function()
+    for exs in ([None, [ShuffleFusion(seed), "torch"]] if executors is None else [executors]):
+        ref_fn, fn = prog.function(), prog.function()
+        jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+        for call in range(len(prog.calls)):
+            try:
+                _check_call(prog, call, ref_fn, fn, jfn)
+            except Exception as err:
+                raise AssertionError(failure(prog, exs, call, err, jfn, "grad, ")) from None
+
+
+def _check_call(prog, call: int, ref_fn, fn, jfn) -> None:
     ref_leaves: list = []
-    (ra, rb), ref_base = prog.make_args(ref_leaves)
+    (ra, rb), ref_base = prog.make_args(ref_leaves, call, ref_fn)
+    leaves: list = []
+    (a, b), base = prog.make_args(leaves, call, fn)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        expected = fn(ra, rb)
-        ref_grads = _grads(expected, (ra, rb), ref_leaves)
-    for exs in ([None, [ShuffleFusion(seed), "torch"]] if executors is None else [executors]):
-        leaves: list = []
-        (a, b), base = prog.make_args(leaves)
-        jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got = jfn(a, b)
-                torch.testing.assert_close(_values(got), _values(expected), **_TOL)
-                assert _flags(got) == _flags(expected), f"requires_grad {_flags(got)}, eager {_flags(expected)}"
-                torch.testing.assert_close(_values((a, b)), _values((ra, rb)), **_TOL)
-                assert _flags((a, b)) == _flags((ra, rb)), "requires_grad of the arguments differs"
-                if base is not None:
-                    torch.testing.assert_close(base.detach(), ref_base.detach(), **_TOL)
-                grads = _grads(got, (a, b), leaves)
-                if not isinstance(ref_grads, Exception):
-                    assert not isinstance(grads, Exception), f"backward raised where eager's did not: {grads}"
-                    torch.testing.assert_close(grads, ref_grads, **_TOL)
-        except Exception as err:
-            traces = thunderlite.last_traces(jfn) if _has_traces(jfn) else []
-            final = traces[-1] if traces else "(no trace)"
-            raise AssertionError(f"seed {seed} (grad, executors {exs}): {type(err).__name__}: {err}\n"
-                                 f"program:\n{prog.source}\nfinal trace:\n{final}") from None
+        expected = ref_fn(ra, rb)
+        ref_state = _state(prog, ref_fn)
+        ref_grads = _grads(expected, (ra, rb) + ref_state, ref_leaves)
+        got = jfn(a, b)
+        state = _state(prog, fn)
+        torch.testing.assert_close(_values(got), _values(expected), **_TOL)
+        assert _flags(got) == _flags(expected), f"requires_grad {_flags(got)}, eager {_flags(expected)}"
+        torch.testing.assert_close(_values((a, b) + state), _values((ra, rb) + ref_state), **_TOL)
+        assert _flags((a, b) + state) == _flags((ra, rb) + ref_state), "requires_grad of the inputs differs"
+        if base is not None:
+            torch.testing.assert_close(base.detach(), ref_base.detach(), **_TOL)
+        grads = _grads(got, (a, b) + state, leaves)
+        if not isinstance(ref_grads, Exception):
+            assert not isinstance(grads, Exception), f"backward raised where eager's did not: {grads}"
+            torch.testing.assert_close(grads, ref_grads, **_TOL)
+
+
+def _state(prog, fn) -> tuple:
+    state = prog.state(fn)
+    return () if state is None else (state,)
 
 
 @pytest.mark.parametrize("chunk", range(4))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import linecache
 import random
+import textwrap
 import warnings
 
 import pytest
@@ -55,6 +56,159 @@ _READS = ["{x}.sin()", "{x} + {y}", "{x}.sum(0)", "{x} * {s}", "{x}.exp()", "({x
           "{x}.clone()", "{x}.mean()", "torch.where({x} > 0, {x}, {y})"]
 
 
+# No-grad regions (issue 9): writes and reads autograd must not record, EMA/shadow updates,
+# enable_grad nested inside. "{n}"/"{m}" name the values they create.
+_NO_GRAD = ["with torch.no_grad():\n    {write}",
+            "with torch.no_grad():\n    {write}\n    {n} = {read}",
+            "with torch.no_grad():\n    {x}.mul_({s}).add_({y}, alpha={t})",
+            "with torch.no_grad():\n    {n} = {x}.detach()\n    {n}.mul_({s})",
+            "with torch.no_grad():\n    {n} = {read}\n    with torch.enable_grad():\n        {m} = {read2}\n"
+            "        {write}",
+            "with torch.no_grad():\n    {n} = {view}\n{write_n}"]
+_DETACHED_WRITES = ["{x}.detach().add_({y})", "{x}.data.mul_({s})", "{x}.detach()[{i}] = {s}"]
+
+
+# Custom ops (issue 9, docs/architecture.md §5), defined once: a functional one with an autograd
+# formula, mutating ones (torch allows no autograd formula there: eager's write is invisible to
+# autograd), and one declared through a Library schema returning its written argument.
+@torch.library.custom_op("tl_fuzz::scaled_sin", mutates_args=())
+def _scaled_sin(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x.sin() * s
+
+
+@_scaled_sin.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+def _scaled_sin_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.s = inputs[1]
+
+
+_scaled_sin.register_autograd(lambda ctx, g: (g * ctx.saved_tensors[0].cos() * ctx.s, None),
+                              setup_context=_scaled_sin_setup)
+
+
+@torch.library.custom_op("tl_fuzz::scale_", mutates_args=("x",))
+def _scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+@_scale_.register_fake
+def _(x, s):
+    return None
+
+
+@torch.library.custom_op("tl_fuzz::mix_", mutates_args=("h",))
+def _mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    h.add_(y)
+    return y * 2
+
+
+@_mix_.register_fake
+def _(h, y):
+    return torch.empty_like(y)
+
+
+_fuzz_lib = torch.library.Library("tl_fuzz_def", "DEF")
+_fuzz_lib.define("inc_(Tensor(a!) x, float step) -> Tensor(a!)")
+_fuzz_lib.impl("inc_", lambda x, step: x.add_(step), "CompositeExplicitAutograd")
+_fuzz_lib.impl("inc_", lambda x, step: x, "Meta")
+_CUSTOM_READS = ["torch.ops.tl_fuzz.scaled_sin({x}, {s})", "torch.ops.tl_fuzz.mix_({x}, {y})",
+                 "torch.ops.tl_fuzz_def.inc_({x}, {s})"]
+_CUSTOM_WRITES = ["torch.ops.tl_fuzz.scale_({x}, {s})", "torch.ops.tl_fuzz.mix_({x}, {y})",
+                  "torch.ops.tl_fuzz_def.inc_({x}, {s})"]
+
+
+# autograd.Functions (issue 9) whose forward writes a tensor it saves or returns (marked dirty
+# where it is an input) and whose backward writes in place, including into its gradient.
+class ScaleDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class AddDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        x.add_(y)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+class SaveThenWrite(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        y.mul_(2)
+        return y * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class GradInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        g.mul_(x)
+        return g.mul_(2)
+
+
+class SwishInplaceBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, s = ctx.saved_tensors
+        t = x * (1 - s)
+        t.add_(1)
+        return g * s.mul_(t)
+
+
+class ShadowUpdate(torch.autograd.Function):
+    """Writes an argument that needs no grad (a running average), unmarked, as
+    batch-norm style Functions do."""
+
+    @staticmethod
+    def forward(ctx, x, shadow):
+        shadow.mul_(0.5).add_(x.detach(), alpha=0.5)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3, None
+
+
+_FUNCTIONS = {cls.__name__: cls for cls in (ScaleDirty, AddDirty, SaveThenWrite, GradInPlace,
+                                            SwishInplaceBackward, ShadowUpdate)}
+_FUNCTION_CALLS = ["ScaleDirty.apply({x})", "AddDirty.apply({x}, {y})", "SaveThenWrite.apply({x})",
+                   "GradInPlace.apply({x})", "SwishInplaceBackward.apply({x})", "ShadowUpdate.apply({y}, {x})"]
+
+
 def _alias_inputs(rng: random.Random, rows: int, cols: int, g: torch.Generator, leaves: list | None = None):
     """Two argument tensors and the base(s) to compare afterwards. With
     ``leaves`` (a list), every tensor drawn is a leaf requiring grad (appended
@@ -82,33 +236,169 @@ def _alias_inputs(rng: random.Random, rows: int, cols: int, g: torch.Generator, 
     return (base, base.view(-1)), None
 
 
+# Where the program's state tensor lives, and its name in the program's statements.
+_STATE_NAMES = {"global": "G", "closure": "w", "module": "self.w"}
+# How the state tensor relates to the arguments on one call.
+_RELATIONS = ["separate", "a", "b", "view_a", "view_b", "slice_a", "slice_b"]
+
+
+def _state_tensor(relation: str, args: tuple, g: torch.Generator, leaves: list | None, kind: str):
+    """The tensor the program reads as its global/closure/module state on a call:
+    a separate tensor (with ``leaves``, ``leaf`` is one requiring grad, appended
+    there; a module holds it as its parameter), an argument itself, another
+    tensor object on an argument's storage, or a slice overlapping it."""
+    a, b = args
+    if relation in ("separate", "leaf"):
+        t = torch.randn(a.shape, generator=g)
+        if relation == "separate" or leaves is None:
+            return t
+        t = torch.nn.Parameter(t) if kind == "module" else t.requires_grad_()
+        leaves.append(t)
+        return t
+    x = a if relation.endswith("a") else b
+    if relation.startswith("view"):
+        return x.view(x.shape)
+    if relation.startswith("slice"):
+        return x[1:] if x.dim() and x.shape[0] > 1 else x[:]
+    return x
+
+
+def _install(kind: str, fn, namespace: dict, state) -> None:
+    """Put ``state`` where the program reads it (the global, the closure cell,
+    the module's parameter or buffer)."""
+    if kind == "global":
+        namespace["G"] = state
+    elif kind == "closure":
+        if "w" in fn.__code__.co_freevars:
+            fn.__closure__[fn.__code__.co_freevars.index("w")].cell_contents = state
+    elif kind == "module":
+        fn._parameters.pop("w", None)
+        fn._buffers.pop("w", None)
+        if isinstance(state, torch.nn.Parameter):
+            fn.register_parameter("w", state)
+        else:
+            fn.register_buffer("w", state)
+
+
+def _read_state(kind: str, fn, namespace: dict):
+    if kind == "global":
+        return namespace["G"]
+    if kind == "closure":
+        free = fn.__code__.co_freevars
+        return fn.__closure__[free.index("w")].cell_contents if "w" in free else None
+    if kind == "module":
+        return fn.w
+    return None
+
+
+class _StateModule(torch.nn.Module):
+    """A module whose forward is the generated program (``self.w`` its state)."""
+
+    def __init__(self, forward):
+        super().__init__()
+        self._program = forward
+        self.register_buffer("w", None)
+
+    def forward(self, a, b):
+        return self._program(self, a, b)
+
+
 class FuzzProgram:
-    def __init__(self, seed: int, source: str, make_args):
+    """A generated program: its source and how to make each call's arguments.
+
+    ``kind`` says where its state tensor lives (None, ``global``, ``closure``,
+    ``module``); ``calls`` lists each call's (argument aliasing, state relation),
+    so one compiled function meets several aliasing relations in turn."""
+
+    def __init__(self, seed: int, source: str, rows: int, cols: int, kind: str | None, calls: list):
         self.seed = seed
         self.source = source
-        self.make_args = make_args
+        self.rows, self.cols = rows, cols
+        self.kind = kind
+        self.calls = calls
+        self._namespaces: dict = {}
+        self._last = None
 
     def function(self):
+        """A fresh callable for the program (a plain function, a closure, or a
+        module), with nothing installed yet."""
         filename = f"<fuzz program {self.seed}>"
         linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
-        namespace = {"torch": torch}
+        namespace = {"torch": torch, **_FUNCTIONS}
         exec(compile(self.source, filename, "exec"), namespace)
-        return namespace["f"]
+        fn = namespace["f"]
+        if self.kind == "module":
+            fn = _StateModule(fn)
+        self._namespaces[id(fn)] = (fn, namespace)
+        self._last = fn
+        return fn
+
+    def make_args(self, leaves: list | None = None, call: int = 0, fn=None):
+        """Call ``call``'s arguments ``(a, b)`` and the base to compare (see
+        ``_alias_inputs``), with its state tensor installed in ``fn`` (the last
+        ``function()`` by default)."""
+        (a, b), base, state = self.make_call(leaves, call)
+        fn = self._last if fn is None else fn
+        if self.kind is not None and fn is not None:
+            _install(self.kind, fn, self._namespaces[id(fn)][1], state)
+        return (a, b), base
+
+    def make_call(self, leaves: list | None, call: int):
+        alias_mode, relation = self.calls[call]
+        g = torch.Generator().manual_seed(self.seed)
+        (a, b), base = _alias_inputs(random.Random(alias_mode), self.rows, self.cols, g, leaves)
+        state = None if self.kind is None else _state_tensor(relation, (a, b), g, leaves, self.kind)
+        return (a, b), base, state
+
+    def state(self, fn):
+        """The state tensor ``fn`` holds now (None without one)."""
+        return None if self.kind is None else _read_state(self.kind, fn, self._namespaces[id(fn)][1])
+
+
+def _program_calls(rng: random.Random, kind: str | None, grad: bool) -> list:
+    """One to three calls; the argument aliasing stays mostly the same, the
+    state's relation to the arguments changes (the cache must notice)."""
+    relations = _RELATIONS + (["leaf", "leaf"] if grad else [])
+    alias_mode = rng.randrange(1 << 30)
+    calls = []
+    for _ in range(rng.choice([1, 2, 2, 3])):
+        if calls and rng.random() < (0.2 if kind else 0.5):
+            alias_mode = rng.randrange(1 << 30)
+        calls.append((alias_mode, rng.choice(relations) if kind else None))
+    return calls
+
+
+def _envs(prog: FuzzProgram, lines: list[str], grad: bool) -> list[dict] | None:
+    """One environment per call with the accepted statements run in it, or None
+    where eager rejects one of them on some call."""
+    envs = []
+    for call in range(len(prog.calls)):
+        (a, b), _, state = prog.make_call([] if grad else None, call)
+        env = {"torch": torch, "a": a, "b": b, **_FUNCTIONS}
+        if prog.kind == "module":
+            holder = _StateModule(None)
+            _install("module", holder, env, state)
+            env["self"] = holder
+        elif prog.kind is not None:
+            env[_STATE_NAMES[prog.kind]] = state
+        try:
+            for stmt in lines:
+                exec(stmt, env)
+        except Exception:
+            return None
+        envs.append(env)
+    return envs
 
 
 def generate(seed: int, steps: int = 12, grad: bool = False) -> FuzzProgram:
     """A random program; with ``grad`` its arguments require grad (see
-    ``_alias_inputs``; ``make_args(leaves)`` fills the list with the leaves)."""
+    ``_alias_inputs``; ``make_args(leaves)`` fills the list with the leaves).
+    A statement is kept only where eager runs it on every call's inputs."""
     rng = random.Random(seed)
     rows, cols = rng.randint(2, 4), rng.randint(2, 4)
-    alias_mode = rng.randrange(1 << 30)
-
-    def make_args(leaves: list | None = None):
-        g = torch.Generator().manual_seed(seed)
-        return _alias_inputs(random.Random(alias_mode), rows, cols, g, leaves)
-    (a, b), _ = make_args([] if grad else None)
-    env = {"torch": torch, "a": a, "b": b}
-    names = ["a", "b"]
+    kind = rng.choice([None, "global", "closure", "module"])
+    prog = FuzzProgram(seed, "", rows, cols, kind, _program_calls(rng, kind, grad))
+    names = ["a", "b"] + ([_STATE_NAMES[kind]] if kind else [])
     lines: list[str] = []
     count = 0
     with warnings.catch_warnings():
@@ -116,34 +406,69 @@ def generate(seed: int, steps: int = 12, grad: bool = False) -> FuzzProgram:
         for _ in range(steps * 4):
             if len(lines) >= steps:
                 break
-            stmt, new = _candidate(rng, env, names, count)
-            try:
-                exec(stmt, env)
-            except (RuntimeError, IndexError, ValueError, TypeError):
-                env.pop(new, None)
+            stmt, new = _candidate(rng, names, count)
+            if _envs(prog, lines + [stmt], grad) is None:
                 continue
             lines.append(stmt)
-            if new is not None:
-                names.append(new)
-                count += 1
+            names.extend(new)
+            count += 1
     outs = rng.sample(names, k=min(len(names), rng.randint(1, 3)))
-    body = "".join(f"    {ln}\n" for ln in lines)
-    source = f"def f(a, b):\n{body}    return ({', '.join(outs)},)\n"
-    return FuzzProgram(seed, source, make_args)
+    prog.source = _source(kind, lines, outs)
+    return prog
 
 
-def _candidate(rng: random.Random, env: dict, names: list[str], count: int):
+def _source(kind: str | None, lines: list[str], outs: list[str]) -> str:
+    ret = f"return ({', '.join(outs)},)"
+    if kind == "closure":
+        body = "".join(textwrap.indent(ln, "        ") + "\n" for ln in lines)
+        return f"def make(w):\n    def f(a, b):\n{body}        {ret}\n    return f\n\n\nf = make(None)\n"
+    body = "".join(textwrap.indent(ln, "    ") + "\n" for ln in lines)
+    return f"def f({'self, ' if kind == 'module' else ''}a, b):\n{body}    {ret}\n"
+
+
+def _candidate(rng: random.Random, names: list[str], count: int):
+    """A statement and the names it binds."""
     x, y = rng.choice(names), rng.choice(names)
-    fill = dict(x=x, y=y, s=round(rng.uniform(-1.5, 1.5), 2), i=rng.randint(0, 2), j=rng.randint(1, 4))
+    s = round(rng.uniform(-1.5, 1.5), 2)
+    fill = dict(x=x, y=y, s=s, t=round(1 - s, 2), i=rng.randint(0, 2), j=rng.randint(1, 4))
+    n, m = f"v{count}", f"r{count}"
     r = rng.random()
-    if r < 0.3:
-        new = f"v{count}"
+    if r < 0.25:
         menu = _ALIAS_VIEWS if rng.random() < 0.4 else _VIEWS
-        return f"{new} = {rng.choice(menu).format(**fill)}", new
-    if r < 0.7:
-        return rng.choice(_WRITES).format(**fill), None
-    new = f"r{count}"
-    return f"{new} = {rng.choice(_READS).format(**fill)}", new
+        return f"{n} = {rng.choice(menu).format(**fill)}", [n]
+    if r < 0.55:
+        return _write(rng.choice(_WRITES + _DETACHED_WRITES), fill), []
+    if r < 0.72:
+        return f"{m} = {rng.choice(_READS).format(**fill)}", [m]
+    if r < 0.84:
+        return _no_grad_block(rng, names, fill, n, m)
+    if r < 0.92:
+        if rng.random() < 0.5:
+            return f"{m} = {rng.choice(_CUSTOM_READS).format(**fill)}", [m]
+        return rng.choice(_CUSTOM_WRITES).format(**fill), []
+    call = rng.choice(_FUNCTION_CALLS).format(**fill)
+    return (f"{m} = {call}", [m]) if rng.random() < 0.7 else (call, [])
+
+
+def _write(template: str, fill: dict) -> str:
+    """``template`` filled in; an augmented assignment to a global or closure
+    name writes through ``[...]`` instead of rebinding the name."""
+    if template.startswith("{x} ") and fill["x"] in ("G", "w"):
+        fill = dict(fill, x=fill["x"] + "[...]")
+    return template.format(**fill)
+
+
+def _no_grad_block(rng: random.Random, names: list[str], fill: dict, n: str, m: str):
+    template = rng.choice(_NO_GRAD)
+    other = dict(fill, x=rng.choice(names), y=rng.choice(names))
+    parts = dict(fill, n=n, m=m,
+                 write=_write(rng.choice(_WRITES), fill),
+                 read=rng.choice(_READS).format(**fill),
+                 read2=rng.choice(_READS).format(**other),
+                 view=rng.choice(_VIEWS).format(**fill),
+                 write_n=_write(rng.choice(_WRITES), dict(fill, x=n)))
+    stmt = template.format(**parts)
+    return stmt, [v for v in (n, m) if f"{v} = " in stmt]
 
 
 class ShuffleFusion(FusionExecutor):
@@ -166,26 +491,36 @@ class ShuffleFusion(FusionExecutor):
 
 
 def check_seed(seed: int, executors=None) -> None:
+    """Every call of the program (each with its own aliasing between arguments
+    and state) through one jitted function equals eager: outputs, arguments,
+    base and state afterwards."""
     prog = generate(seed)
-    fn = prog.function()
-    (ra, rb), ref_base = prog.make_args()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        expected = fn(ra, rb)
     for exs in ([None, [ShuffleFusion(seed)]] if executors is None else [executors]):
-        (a, b), base = prog.make_args()
+        ref_fn, fn = prog.function(), prog.function()
         jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
-        try:
-            got = jfn(a, b)
-            torch.testing.assert_close(got, expected, equal_nan=True)
-            torch.testing.assert_close((a, b), (ra, rb), equal_nan=True)
-            if base is not None:
-                torch.testing.assert_close(base, ref_base, equal_nan=True)
-        except Exception as err:
-            traces = thunderlite.last_traces(jfn) if _has_traces(jfn) else []
-            final = traces[-1] if traces else "(no trace)"
-            raise AssertionError(f"seed {seed} (executors {exs}): {type(err).__name__}: {err}\n"
-                                 f"program:\n{prog.source}\nfinal trace:\n{final}") from None
+        for call in range(len(prog.calls)):
+            (ra, rb), ref_base = prog.make_args(None, call, ref_fn)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = ref_fn(ra, rb)
+            (a, b), base = prog.make_args(None, call, fn)
+            try:
+                got = jfn(a, b)
+                torch.testing.assert_close(got, expected, equal_nan=True)
+                torch.testing.assert_close((a, b), (ra, rb), equal_nan=True)
+                torch.testing.assert_close(prog.state(fn), prog.state(ref_fn), equal_nan=True)
+                if base is not None:
+                    torch.testing.assert_close(base, ref_base, equal_nan=True)
+            except Exception as err:
+                raise AssertionError(failure(prog, exs, call, err, jfn)) from None
+
+
+def failure(prog: FuzzProgram, exs, call: int, err: Exception, jfn, what: str = "") -> str:
+    """The failure report: seed, executors, call and its aliasing, program, final trace."""
+    traces = thunderlite.last_traces(jfn) if _has_traces(jfn) else []
+    final = traces[-1] if traces else "(no trace)"
+    return (f"seed {prog.seed} ({what}executors {exs}, call {call} of {prog.calls}, state {prog.kind}): "
+            f"{type(err).__name__}: {err}\nprogram:\n{prog.source}\nfinal trace:\n{final}")
 
 
 def _has_traces(jfn) -> bool:

@@ -231,7 +231,7 @@ def _make(overload: OpOverload) -> Callable:
     # autograd (the op's registered formula, or eager's error when it has none)
     tags = {Tag.OPAQUE}
     if schema.written:
-        tags |= {Tag.INPLACE, Tag.DONT_DCE}
+        tags |= {Tag.INPLACE, Tag.DONT_DCE} | (set() if recorded else {Tag.WRITES_BELOW_AUTOGRAD})
     if schema.n_returns == 0:
         tags.add(Tag.DONT_DCE)           # returns nothing: called for an effect
     sym = Symbol(name, meta=meta, impl=impl, module="custom", tags=tags, torch_fn=impl)

@@ -33,6 +33,7 @@ Example::
 """
 from __future__ import annotations
 
+import copy
 import weakref
 
 from thunderlite.core import prims, pytree
@@ -98,6 +99,7 @@ def function_symbol(cls: type) -> Symbol:
         out = cls.forward(ctx, *args)
         out = _rename_after_writes(trc, scope, out, ctx)
         out = _outputs_are_new_tensors(out, args)
+        object.__setattr__(ctx, "_recorded_inputs", (args, _free_tensors(scope)))
         for o in pytree.leaves(out):
             if isinstance(o, TensorProxy):
                 _remember(o, ctx)
@@ -186,7 +188,7 @@ def function_vjp(bsym: BoundSymbol, g) -> list[tuple]:
     gradients that are None become zeros unless the forward called
     ``ctx.set_materialize_grads(False)``, as in PyTorch."""
     cls = _by_id[bsym.sym.id]
-    ctx = context_of(bsym)
+    ctx = _with_current_inputs(context_of(bsym), bsym)
     outs = bsym.output if isinstance(bsym.output, tuple) else (bsym.output,)
     grads = g if isinstance(bsym.output, tuple) else (g,)
     if ctx.materialize_grads:
@@ -195,3 +197,24 @@ def function_vjp(bsym: BoundSymbol, g) -> list[tuple]:
     result = cls.backward(ctx, *grads)
     result = result if isinstance(result, tuple) else (result,)
     return [(a, r) for a, r in zip(bsym.args, result) if isinstance(a, TensorProxy) and isinstance(r, TensorProxy)]
+
+
+def _with_current_inputs(ctx: TracingCtx, bsym: BoundSymbol) -> TracingCtx:
+    """``ctx`` naming the values ``bsym`` reads now: a pass that replaced the
+    forward's inputs (functionalize reads a written argument's functional value)
+    renames the call and its decomposition, not the tensors the ``ctx`` saved."""
+    args, free = getattr(ctx, "_recorded_inputs", ((), []))
+    swap = {a.name: b for a, b in zip(args, bsym.args) if type(a) is TensorProxy and type(b) is TensorProxy}
+    now = _free_tensors(bsym.subsymbols)
+    if len(now) == len(free):
+        swap.update((a.name, b) for a, b in zip(free, now))
+    swap = {k: v for k, v in swap.items() if v.name != k}
+    if not swap:
+        return ctx
+    renamed = copy.copy(ctx)
+    rename = lambda x: swap.get(x.name, x) if type(x) is TensorProxy else x  # noqa: E731
+    object.__setattr__(renamed, "_saved", tuple(pytree.tree_map(rename, ctx._saved)))
+    for k, v in vars(ctx).items():
+        if type(v) is TensorProxy:
+            object.__setattr__(renamed, k, rename(v))
+    return renamed

@@ -306,7 +306,8 @@ _INFERENCE = ("Inplace update to inference tensor outside InferenceMode is not a
 def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = (),
                  refused_view_inputs: Mapping[str, str] | None = None) -> None:
     """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
-    requires grad (while grad mode was on: the write's result requires grad),
+    requires grad (while grad mode was on: the write's result requires grad;
+    not a ``torch.library.custom_op``'s, which autograd does not check),
     into a view of one, into an inference tensor (or a view of one), or through
     an expanded view. The message names the user's line."""
     refused_views = refused_view_inputs or {}
@@ -316,7 +317,7 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
         _note_views(bsym, base_of, fills)
         for w, (dst, new) in _all_writes(bsym):
             root, hops = _view_root(dst.name, base_of)
-            grad_mode = new is not None and new.requires_grad
+            grad_mode = new is not None and new.requires_grad and Tag.WRITES_BELOW_AUTOGRAD not in w.sym.tags
             check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
             check(not (grad_mode and root in refused_views), lambda: _at(bsym, refused_views[root]))
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
