@@ -155,6 +155,18 @@ class BoundSymbol:
         return bsym_line(self, {})
 
 
+def free_tensors(bsyms) -> list:
+    """Tensor proxies ``bsyms`` read without defining them (a decomposition's
+    inputs, and tensors it reads from outside), in first-use order."""
+    defined, free = set(), {}
+    for bsym in bsyms:
+        for p in bsym.tensor_args():
+            if p.name not in defined:
+                free.setdefault(p.name, p)
+        defined.update(p.name for p in bsym.proxy_outs())
+    return list(free.values())
+
+
 def walk(bsym: BoundSymbol):
     """``bsym`` and every bound symbol nested in its decomposition, outermost
     first (pre-order): the one traversal passes use to look inside composites."""

@@ -38,7 +38,7 @@ import weakref
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.transforms.autodiff_rules import zeros_like
@@ -99,7 +99,7 @@ def function_symbol(cls: type) -> Symbol:
         out = cls.forward(ctx, *args)
         out = _rename_after_writes(trc, scope, out, ctx)
         out = _outputs_are_new_tensors(out, args)
-        object.__setattr__(ctx, "_recorded_inputs", (args, _free_tensors(scope)))
+        object.__setattr__(ctx, "_recorded_inputs", (args, free_tensors(scope)))
         for o in pytree.leaves(out):
             if isinstance(o, TensorProxy):
                 _remember(o, ctx)
@@ -127,18 +127,6 @@ def _outputs_are_new_tensors(out, args):
     return pytree.tree_map(fresh, out)
 
 
-def _free_tensors(bsyms) -> list[TensorProxy]:
-    """Tensor proxies ``bsyms`` read without defining them (the forward's inputs,
-    and tensors it reads from outside)."""
-    defined, free = set(), {}
-    for bsym in bsyms:
-        for p in bsym.tensor_args():
-            if p.name not in defined:
-                free.setdefault(p.name, p)
-        defined.update(p.name for p in bsym.proxy_outs())
-    return list(free.values())
-
-
 def _rename_after_writes(trc: Trace, scope: list, out, ctx: TracingCtx):
     """Give the recorded forward its alias barriers (``update_aliases`` on the
     decomposition alone), so that every read inside it, the values it returns
@@ -148,7 +136,7 @@ def _rename_after_writes(trc: Trace, scope: list, out, ctx: TracingCtx):
     written in place (``ctx.mark_dirty``) comes back under a new name."""
     attrs = {k: v for k, v in vars(ctx).items() if type(v) is TensorProxy}
     inner = Trace("forward", names=trc.names)
-    inner.args = _free_tensors(scope)
+    inner.args = free_tensors(scope)
     inner.bound_symbols = list(scope)
     inner._scopes = [inner.bound_symbols]
     with tracectx(inner):
@@ -205,7 +193,7 @@ def _with_current_inputs(ctx: TracingCtx, bsym: BoundSymbol) -> TracingCtx:
     renames the call and its decomposition, not the tensors the ``ctx`` saved."""
     args, free = getattr(ctx, "_recorded_inputs", ((), []))
     swap = {a.name: b for a, b in zip(args, bsym.args) if type(a) is TensorProxy and type(b) is TensorProxy}
-    now = _free_tensors(bsym.subsymbols)
+    now = free_tensors(bsym.subsymbols)
     if len(now) == len(free):
         swap.update((a.name, b) for a, b in zip(free, now))
     swap = {k: v for k, v in swap.items() if v.name != k}

@@ -47,7 +47,7 @@ import torch
 from thunderlite.core import prims, pytree
 from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol, walk
+from thunderlite.core.symbol import BoundSymbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
@@ -192,6 +192,8 @@ class _Rewriter:
             self.finish(bsym)
         elif Tag.ALIAS_BARRIER in bsym.sym.tags:
             self.barrier(bsym)
+        elif bsym.sym.module == "autograd_function":
+            self.function_call(bsym)
         elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
             self.check_reads(bsym)
             for s in bsym.subsymbols:
@@ -200,6 +202,24 @@ class _Rewriter:
             self.emit(bsym)
         else:
             self.leaf(bsym, parent)
+
+    def function_call(self, bsym: BoundSymbol) -> None:
+        """A ``torch.autograd.Function`` call stays one symbol (its backward is
+        the user's): it reads the functional values. Its forward's writes into
+        tensors it made itself are inside it already (update_aliases renamed
+        them); a write into memory it did not make (an input, marked dirty or
+        not) would have to leave it, which splits it from its backward."""
+        external: dict[str, bool] = {p.name: True for p in free_tensors(bsym.subsymbols)}
+        for leaf in walk(bsym):
+            for o, b in views(leaf):
+                external[o.name] = external.get(b.name, False)
+            for dst, new in writes(leaf):
+                if external.get(dst.name, False):
+                    raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)}: its forward writes {dst.name}, "
+                                              "memory it did not create")
+                if new is not None:
+                    external[new.name] = False
+        self.emit(bsym)
 
     def check_reads(self, bsym: BoundSymbol) -> None:
         """A write that reads another view of the memory it writes (``a.sub_(a[:, 0:1])``):

@@ -307,7 +307,7 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
                  refused_view_inputs: Mapping[str, str] | None = None) -> None:
     """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
     requires grad (while grad mode was on: the write's result requires grad;
-    not a ``torch.library.custom_op``'s, which autograd does not check),
+    not where autograd does not check it, see ``_all_writes``),
     into a view of one, into an inference tensor (or a view of one), or through
     an expanded view. The message names the user's line."""
     refused_views = refused_view_inputs or {}
@@ -315,9 +315,9 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
     fills: set[str] = set()
     for bsym in trace.bound_symbols:
         _note_views(bsym, base_of, fills)
-        for w, (dst, new) in _all_writes(bsym):
+        for w, (dst, new), autograd_checks in _all_writes(bsym):
             root, hops = _view_root(dst.name, base_of)
-            grad_mode = new is not None and new.requires_grad and Tag.WRITES_BELOW_AUTOGRAD not in w.sym.tags
+            grad_mode = new is not None and new.requires_grad and autograd_checks
             check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
             check(not (grad_mode and root in refused_views), lambda: _at(bsym, refused_views[root]))
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
@@ -328,10 +328,20 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
             check(link is None or overlap_ok or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
 
 
-def _all_writes(bsym: BoundSymbol):
-    for b in walk(bsym):
-        for pair in writes(b):
-            yield b, pair
+def _all_writes(bsym: BoundSymbol, dirty: set | None = None):
+    """``(write, (dst, new), checked)`` for every write in ``bsym``, pre-order;
+    ``checked``: autograd checks it. It does not check a ``custom_op``'s writes
+    (they run below autograd), nor writes a ``torch.autograd.Function``'s forward
+    makes into tensors it does not mark dirty (forward runs without grad)."""
+    if bsym.sym.module == "autograd_function":
+        from thunderlite.transforms.autodiff_function import context_of
+        ctx = context_of(bsym)
+        dirty = ctx.dirty if ctx is not None else set()
+    for pair in writes(bsym):
+        checked = Tag.WRITES_BELOW_AUTOGRAD not in bsym.sym.tags and (dirty is None or pair[0].name in dirty)
+        yield bsym, pair, checked
+    for sub in bsym.subsymbols:
+        yield from _all_writes(sub, dirty)
 
 
 def _note_views(bsym: BoundSymbol, base_of: dict, fills: set) -> None:
