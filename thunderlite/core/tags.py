@@ -17,6 +17,8 @@ class Tag(enum.Enum):
                                   # a composite calling it is recorded as its decomposition
     WRITES_BELOW_AUTOGRAD = "writes_below_autograd"  # its writes run where autograd does not check them
                                   # (a torch.library.custom_op): eager refuses no write into a leaf
+    HIDDEN_VIEW = "hidden_view"   # outputs share storage with inputs but autograd does not know them as
+                                  # views (unsafe_split): a write into one is not a write into a leaf's view
     SIZE_CHECK = "size_check"     # checks when the program runs a size fact the trace assumed: a
                                   # composite calling it is recorded as its decomposition too
 

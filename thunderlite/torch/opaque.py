@@ -124,6 +124,14 @@ def _alias_pattern(fn, args, kwargs, out, pairs) -> Pattern:
     return tuple(pattern) if any(pattern) else ()     # () : every output is fresh
 
 
+def _hides_views(out, pattern: Pattern) -> bool:
+    """Outputs share storage with arguments, but none is a view autograd knows
+    of (``unsafe_split``): eager's checks for writes into a leaf's view skip them."""
+    tensors = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+    return any(pattern) and len(tensors) == len(pattern) and not any(
+        o._is_view() for o, js in zip(tensors, pattern, strict=True) if js)
+
+
 def _storage(t: torch.Tensor):
     try:
         return t.untyped_storage()._cdata
@@ -215,7 +223,7 @@ class OpaqueOp:
         tags = {Tag.OPAQUE} | ({Tag.RANDOM, Tag.DONT_DCE} if _is_random(fn) else set())
         self._name = name
         self._tags = tags
-        self._plain: dict[Pattern, Symbol] = {}
+        self._plain: dict[tuple, Symbol] = {}
         self._functional: dict[tuple, Symbol] = {}
         self._inplace: dict[tuple, Symbol] = {}
 
@@ -227,11 +235,11 @@ class OpaqueOp:
         """The leaf of the first call pattern recorded (fresh outputs if none yet)."""
         return next(iter(self._plain.values())) if self._plain else self._plain_symbol(())
 
-    def _plain_symbol(self, pattern: Pattern) -> Symbol:
+    def _plain_symbol(self, pattern: Pattern, hidden: bool = False) -> Symbol:
         """The leaf recording a call whose outputs alias the arguments per
         ``pattern`` (one symbol per pattern, each with its own meta function so
         executors' symbols for it share its rule)."""
-        sym = self._plain.get(pattern)
+        sym = self._plain.get((pattern, hidden))
         if sym is not None:
             return sym
         fn = self.fn
@@ -244,16 +252,17 @@ class OpaqueOp:
         if self._plain:
             name = f"{self._name}_view" if any(pattern) else f"{self._name}_fresh"
             name = _unique_name(_Named(name))
-        sym = Symbol(name, meta=meta, module="opaque", tags=self._tags, torch_fn=fn)
+        tags = self._tags | ({Tag.HIDDEN_VIEW} if hidden else set())
+        sym = Symbol(name, meta=meta, module="opaque", tags=tags, torch_fn=fn)
         register_view_rule(sym, _pattern_rule(pattern))
-        self._plain[pattern] = sym
+        self._plain[(pattern, hidden)] = sym
         return sym
 
     def __call__(self, *args, **kwargs):
         out, pairs, written = _run_meta(self.fn, args, kwargs)
         pattern = _alias_pattern(self.fn, args, kwargs, out, pairs)
         if not written:
-            return self._plain_symbol(pattern)(*args, **kwargs)
+            return self._plain_symbol(pattern, _hides_views(out, pattern))(*args, **kwargs)
         key = (tuple(written), pattern)
         sym = self._inplace.get(key)
         if sym is None:

@@ -311,15 +311,17 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
     into a view of one, into an inference tensor (or a view of one), or through
     an expanded view. The message names the user's line."""
     refused_views = refused_view_inputs or {}
-    base_of: dict[str, tuple[str, BoundSymbol]] = {}
+    base_of: dict[str, tuple[str, BoundSymbol, bool]] = {}
     fills: set[str] = set()
     for bsym in trace.bound_symbols:
         _note_views(bsym, base_of, fills)
         for w, (dst, new), autograd_checks in _all_writes(bsym):
-            root, hops = _view_root(dst.name, base_of)
+            root, _ = _view_root(dst.name, base_of)
+            grad_root, hops = _view_root(dst.name, base_of, autograd=True)
             grad_mode = new is not None and new.requires_grad and autograd_checks
-            check(not (grad_mode and root in leaf_inputs), lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
-            check(not (grad_mode and root in refused_views), lambda: _at(bsym, refused_views[root]))
+            check(not (grad_mode and grad_root in leaf_inputs),
+                  lambda: _at(bsym, _VIEW_OF_LEAF if hops else _LEAF))
+            check(not (grad_mode and grad_root in refused_views), lambda: _at(bsym, refused_views[grad_root]))
             check(root not in inference_inputs, lambda: _at(bsym, _INFERENCE))
             link = base_of.get(dst.name)
             src = w.args[0] if w.args and isinstance(w.args[0], Proxy) else None
@@ -349,14 +351,16 @@ def _note_views(bsym: BoundSymbol, base_of: dict, fills: set) -> None:
     filling an expanded view (``fill_``, ``zero_``, ``x[i] = 0.0``)."""
     for b in walk(bsym):
         for out, base in ([] if b.subsymbols else views(b)):     # as the call ran: see call_views
-            base_of[out.name] = (base.name, b)
+            base_of[out.name] = (base.name, b, Tag.HIDDEN_VIEW in b.sym.tags)
         if b.sym.meta is prims.full.meta:
             fills.add(b.output.name)
 
 
-def _view_root(name: str, base_of: dict) -> tuple[str, int]:
+def _view_root(name: str, base_of: dict, autograd: bool = False) -> tuple[str, int]:
+    """The base ``name`` views, and through how many views; with ``autograd``,
+    only through views autograd knows of (not ``Tag.HIDDEN_VIEW`` links)."""
     hops = 0
-    while name in base_of:
+    while name in base_of and not (autograd and base_of[name][2]):
         name = base_of[name][0]
         hops += 1
     return name, hops
