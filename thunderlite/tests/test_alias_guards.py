@@ -299,3 +299,20 @@ def test_writes_eager_allows_still_run():
         got = thunderlite.jit(_writes_arg)(inf)
         torch.testing.assert_close(inf, torch.full((3,), 2.0))
     torch.testing.assert_close(got, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=_ids)
+def test_write_into_unsafe_split_piece_of_a_leaf_runs_as_in_eager(exs):
+    """``unsafe_split`` pieces share the leaf's storage, but autograd does not
+    know them as views: eager allows the write (no "view of a leaf" error)."""
+    def fn(x, w):
+        piece = w.unsafe_split(1)[0]
+        piece[..., 1] = 0.5
+        return x * 2, piece * 1
+    w, ref_w = torch.ones(2, 3, requires_grad=True), torch.ones(2, 3, requires_grad=True)
+    x = torch.randn(3)
+    expected = fn(x, ref_w)
+    got = _jit(fn, exs)(x, w)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(w.detach(), ref_w.detach())
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]

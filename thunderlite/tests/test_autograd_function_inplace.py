@@ -275,3 +275,107 @@ def test_value_needed_by_backward_then_its_input_overwritten(executors):
         x.add_(1)                        # ... and x is overwritten afterwards
         return y
     check(fn, [(5,), (5,)], executors, grad_mask=[False, True])
+
+
+# --- Functions in programs that functionalize rewrites (issue 9, found by the in-place fuzzer) --------
+
+class ExpDoubled(torch.autograd.Function):
+    """A write inside forward into a tensor it made; a backward that is not the
+    forward's derivative, so a lost user backward shows."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        y.mul_(2)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 5
+
+
+class DoubleDirty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 7
+
+
+class SquareWriteGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g.mul_(x).mul_(2)
+
+
+class RunningMean(torch.autograd.Function):
+    """Writes an argument it does not mark dirty (a running statistic)."""
+
+    @staticmethod
+    def forward(ctx, x, stat):
+        stat.mul_(0.5).add_(x.detach(), alpha=0.5)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3, None
+
+
+FUNCTIONALIZED = {
+    # a write elsewhere in the program makes functionalize rewrite it: each call stays whole
+    "user_backward_kept": (lambda x: (lambda b: ExpDoubled.apply(b[0:2]) + DoubleDirty.apply(b[1:3]))(
+        (x * 1).add_(1)), [(3,)]),
+    # forward writes a tensor requiring grad it does not mark dirty: autograd does not see it
+    "unmarked_write_into_input": (lambda x, s: (lambda t: (RunningMean.apply(x * 1, t), t * 2))(s * 1),
+                                  [(4,), (4,)]),
+}
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+@pytest.mark.parametrize("name", list(FUNCTIONALIZED))
+def test_function_in_functionalized_program_matches_eager(name, executors):
+    fn, shapes = FUNCTIONALIZED[name]
+    check(fn, shapes, executors)
+
+
+def test_forward_writing_an_unmarked_leaf_runs_as_in_eager():
+    """Forward runs without grad: writing a leaf requiring grad there is allowed
+    (marked dirty, eager refuses it)."""
+    def fn(x, stat):
+        return RunningMean.apply(x, stat)
+    x, stat = torch.randn(4, dtype=F64, requires_grad=True), torch.randn(4, dtype=F64, requires_grad=True)
+    rstat = stat.detach().clone().requires_grad_()
+    fn(x, rstat).sum().backward()
+    thunderlite.jit(fn)(x, stat).sum().backward()
+    torch.testing.assert_close(stat.detach(), rstat.detach())
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        thunderlite.jit(lambda x: DoubleDirty.apply(x))(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_saved_input_that_functionalize_replaced(executors):
+    """The Function saves a view of arguments sharing storage that a write
+    changed before the call: functionalize gives the call the new value, and
+    the backward reads what the call read (it named a value no longer computed)."""
+    def fn(a, b):
+        v = a.reshape(-1)
+        a.masked_fill_(a > 0.2, -1.0)
+        return SquareWriteGrad.apply(v)
+    grads = []
+    for f in (fn, _jit(fn, executors)):
+        x = torch.linspace(-1, 1, 24, dtype=F64).reshape(6, 4).requires_grad_()
+        base = x * 1
+        out = f(base, base[1:4])
+        (out * 2).sum().backward()            # a fresh gradient: the backward writes it
+        grads.append((out.detach(), base.detach(), x.grad))
+    torch.testing.assert_close(grads[1], grads[0])

@@ -455,3 +455,23 @@ def test_return_viewing_an_argument_other_than_the_first(executors):
     x, y = torch.randn(4, 3, dtype=F64), torch.randn(4, 3, dtype=F64)
     jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
     torch.testing.assert_close(jfn(x, y), fn(x, y))
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_custom_op_writing_a_leaf_that_requires_grad(executors):
+    """A ``custom_op`` runs below autograd: eager does not refuse its write into
+    a leaf requiring grad (or a view of one), and the leaf keeps its history."""
+    def fn(w, y):
+        before = w * 2
+        r = mix_(w, y).detach()         # no formula registered: not differentiable
+        scale_(w[1:], 0.5)
+        return before, r, w * 3
+    ws = [torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(2)).requires_grad_() for _ in range(2)]
+    y = torch.randn(4, dtype=F64)
+    jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
+    outs = []
+    for f, w in zip((fn, jfn), ws):
+        got = f(w, y)
+        sum(o.sum() * (i + 1) for i, o in enumerate(got) if o.requires_grad).backward()
+        outs.append((tuple(o.detach() for o in got), w.detach(), w.grad, w.is_leaf))
+    torch.testing.assert_close(outs[1], outs[0])
