@@ -304,6 +304,17 @@ def _barrier_meta(members, after):
 
 
 def _barrier_impl(members, after):
+    """The identity. Where it runs with autograd recording (the eager-mode
+    replay), the views of the written memory get the history PyTorch
+    regenerates for a view whose base changed: eager does so the next time the
+    view is used, and a use the replay dropped as dead (``v.as_strided(...)``
+    never read) would otherwise leave ``v.neg_()`` raising "a leaf Variable
+    that requires grad" where eager did not (``v`` made of a leaf before a
+    write made the leaf require grad)."""
+    if torch.is_grad_enabled():
+        for m in members:
+            if isinstance(m, torch.Tensor) and m.requires_grad and m._is_view():
+                m.grad_fn                    # noqa: B018 - the access regenerates it
     return members
 
 

@@ -379,3 +379,39 @@ def test_saved_input_that_functionalize_replaced(executors):
         (out * 2).sum().backward()            # a fresh gradient: the backward writes it
         grads.append((out.detach(), base.detach(), x.grad))
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def _full_slice_eager_mode(x):
+    h = x * 1
+    out = SquareWriteGrad.apply(h.exp())[0:5]
+    with torch.no_grad():
+        h.mul_(2)                    # a write under no_grad on a gradient path: eager mode
+    return out, h
+
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+@pytest.mark.parametrize("fn", [lambda x: SquareWriteGrad.apply(x.exp())[0:5], _full_slice_eager_mode],
+                         ids=["functional", "eager_mode"])
+def test_backward_writing_its_gradient_after_a_full_slice(fn, executors):
+    """Eager's slice VJP hands the backward fresh memory, so writing it in place
+    works; the trace records no op for ``[0:5]`` of 5 rows, and the sum's
+    gradient it would pass on is an expanded scalar."""
+    check(fn, [(5,)], executors)
+
+
+def test_write_into_a_view_made_before_its_base_required_grad():
+    """``v`` views a tensor that requires no grad; a write makes the base require
+    grad; eager regenerates ``v``'s history when it is next used (here by a view
+    nobody reads), so ``v.neg_()`` works. The replay drops the dead view, and
+    still matches."""
+    def fn(a):
+        with torch.no_grad():
+            d = a.detach()
+        v = d.t()
+        d.sub_(a)
+        v.as_strided((2,), (1,))
+        with torch.no_grad():
+            a.mul_(1)                 # eager mode: a no_grad write on the gradient path
+        v.neg_()
+        return v * 1
+    check(fn, [(3, 2)], None)

@@ -36,9 +36,12 @@ from __future__ import annotations
 import copy
 import weakref
 
+import torch
+
 from thunderlite.core import prims, pytree
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors
+from thunderlite.core.aliasing import views, writes
+from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.transforms.autodiff_rules import zeros_like
@@ -108,10 +111,27 @@ def function_symbol(cls: type) -> Symbol:
         return out
 
     sym = Symbol(f"{cls.__name__}_{len(_symbols)}", decomposition=decomposition, module="autograd_function",
-                 torch_fn=cls.apply)
+                 torch_fn=_as_called_by_eager_mode(cls).apply)
     _symbols[cls] = sym
     _by_id[sym.id] = cls
     return sym
+
+
+def _as_called_by_eager_mode(cls: type) -> type:
+    """``cls`` as the eager-mode replay calls it (PyTorch autograd records it):
+    its backward gets a gradient it can write in place where the one PyTorch's
+    engine hands it overlaps itself (an expanded sum gradient). Eager's VJPs
+    between a sum and the Function may have made it fresh memory (the slice
+    ``v = y[0:n]``), while the trace records no op for a view of every element."""
+    def backward(ctx, *grads):
+        return cls.backward(ctx, *(_writable(g) for g in grads))
+    return type(cls.__name__, (cls,), {"backward": staticmethod(backward), "__module__": cls.__module__})
+
+
+def _writable(g):
+    if isinstance(g, torch.Tensor) and any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)):
+        return g.clone(memory_format=torch.contiguous_format)
+    return g
 
 
 def _outputs_are_new_tensors(out, args):
@@ -182,9 +202,39 @@ def function_vjp(bsym: BoundSymbol, g) -> list[tuple]:
     if ctx.materialize_grads:
         grads = tuple(zeros_like(o) if gr is None and isinstance(o, TensorProxy) else gr
                       for o, gr in zip(outs, grads, strict=True))
-    result = cls.backward(ctx, *grads)
+    result = _run_backward(cls, ctx, grads)
     result = result if isinstance(result, tuple) else (result,)
     return [(a, r) for a, r in zip(bsym.args, result) if isinstance(a, TensorProxy) and isinstance(r, TensorProxy)]
+
+
+def _run_backward(cls: type, ctx: TracingCtx, grads: tuple):
+    """``cls.backward`` recorded into the current trace. A backward that writes
+    into an incoming gradient gets a copy of it: which gradients eager hands it
+    as fresh memory depends on the VJPs before it (a slice's is fresh, a sum's
+    is an expanded scalar), and the trace's may differ (a full slice is none)."""
+    trc = current_trace()
+    scratch = Trace("backward", names=trc.names)
+    scratch.source = trc.source
+    with tracectx(scratch):
+        result = cls.backward(ctx, *grads)
+    if not _writes_into(scratch.bound_symbols, grads):
+        trc._inline(tuple(scratch.bound_symbols))
+        return result
+    grads = tuple(prims.clone(gr) if type(gr) is TensorProxy else gr for gr in grads)
+    return cls.backward(ctx, *grads)
+
+
+def _writes_into(bsyms, tensors) -> bool:
+    """Whether ``bsyms`` write into one of ``tensors`` or a view of one."""
+    memory = {t.name for t in tensors if type(t) is TensorProxy}
+    for bsym in bsyms:
+        for b in walk(bsym):
+            for out, base in views(b):
+                if base.name in memory:
+                    memory.add(out.name)
+            if any(dst.name in memory for dst, _ in writes(b)):
+                return True
+    return False
 
 
 def _with_current_inputs(ctx: TracingCtx, bsym: BoundSymbol) -> TracingCtx:
