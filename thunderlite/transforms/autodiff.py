@@ -378,7 +378,30 @@ def _no_grad_values(trace: Trace) -> str | None:
 
 def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask) -> str | None:
     return (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
-            or _no_grad_write_on_path(trace, tracked, groups))
+            or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked))
+
+
+def _stale_reads(flat, tracked: set[str]) -> str | None:
+    """An op whose only inputs on a gradient path are values a write made
+    require grad after their proxies were recorded (``r = torch.zeros(3);
+    r += b; r *= 2``: ``r``'s proxies say it requires no grad), so its output's
+    proxy says no grad either. Tracking follows those flags, which would drop
+    the path; such programs keep the eager-mode replay. (An op under no_grad
+    reads a tracked input whose proxy requires grad, and is not one of these.)"""
+    for bsym in flat:
+        sym = bsym.sym
+        if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or Tag.OPAQUE in sym.tags
+                or sym is prims.copy_ or rules.is_non_differentiable(sym) or is_function_symbol(sym)
+                or sym is DETACH):
+            continue
+        on_path = [p for p in bsym.tensor_args() if p.name in tracked]
+        if not on_path or any(p.requires_grad for p in on_path):
+            continue
+        for o in bsym.tensor_outs():
+            if dtypes.is_inexact(o.dtype) and o.name not in tracked:
+                return (f"{o.name} (at {_where(bsym)}) reads only values a write made require grad after "
+                        "their requires_grad was recorded")
+    return None
 
 
 def _accumulate(grads: dict, p: TensorProxy, g) -> None:
