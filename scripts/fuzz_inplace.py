@@ -11,7 +11,11 @@ or with ``--jit`` a Python program through ``thunderlite.jit``, plain and with
 a randomly reordering fusion executor (thunderlite/tests/test_fuzz_inplace_jit.py),
 or with ``--executors`` through the jit with exactly those executors; with
 ``--grad`` the jit programs' arguments require grad and gradients are compared
-too (thunderlite/tests/test_fuzz_inplace_grad.py).
+too (thunderlite/tests/test_fuzz_inplace_grad.py). The jit programs also read
+and write a tensor in a global, closure or module whose aliasing with the
+arguments changes from call to call of one jitted function (the cache's alias
+guards), and use ``torch.no_grad()`` regions, custom ops and
+``torch.autograd.Function``s; a failure names the call and its relations.
 
 With the real torchcompile executor most of the time is Inductor compiling
 each program's regions: the seeds run in one process, so regions that repeat

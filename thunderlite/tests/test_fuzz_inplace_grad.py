@@ -1,15 +1,19 @@
 """The jit in-place fuzzer (test_fuzz_inplace_jit.py) with arguments that
-require grad: the same random programs of views, writes and reads, over
-non-leaf arguments that may share storage, so writes into the arguments and
-into views of them are on a gradient path (autodiff functionalizes them, or
-runs eager mode with the reason named). Compared with eager: outputs and their
-``requires_grad``, the arguments after the call, and the gradients of the
-leaves behind the arguments, from a loss over the outputs and the arguments
-(whose history continues from the program's). Where eager's backward raises
-(a saved tensor was written), the gradients are not compared. Values are
-compared with ``rtol=1e-4``: on a gradient path composites such as
-``addcmul`` run as their decomposition, whose rounding differs from the fused
-kernel's by an ulp, and the programs chain ``exp`` enough to amplify it.
+require grad: the same random programs of views, writes, reads, state in
+globals/closures/modules, no-grad regions, custom ops and autograd.Functions,
+over non-leaf arguments that may share storage, so writes into the arguments
+and into views of them are on a gradient path (autodiff functionalizes them,
+or runs eager mode with the reason named). The program's state tensor may also
+be a leaf requiring grad (a module's parameter): eager refuses writes into it
+outside no-grad regions, so the generator keeps those under ``torch.no_grad()``.
+Every call is compared with eager: outputs and their ``requires_grad``, the
+arguments and the state after the call, and the gradients of the leaves behind
+them, from a loss over the outputs, the arguments and the state (whose history
+continues from the program's). Where eager's backward raises (a saved tensor
+was written), the gradients are not compared. Values are compared with
+``rtol=1e-4``: on a gradient path composites such as ``addcmul`` run as their
+decomposition, whose rounding differs from the fused kernel's by an ulp, and
+the programs chain ``exp`` enough to amplify it.
 
 ``scripts/fuzz_inplace.py --grad --seeds N [--executors torchcompile,torch]``
 runs many seeds."""

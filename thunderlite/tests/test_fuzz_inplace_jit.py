@@ -1,17 +1,41 @@
 """Differential fuzzer through ``thunderlite.jit``: random Python programs of
 views, in-place methods, setitem/augmented assignment and reads, over inputs
 that may share storage (the same tensor twice, a view of another argument,
-overlapping slices), compared with eager PyTorch (outputs and every input
-afterwards). Each program also runs with a fusion executor that reorders the
-trace at random (transforms/fusion.py), so mutation order is carried by the
-trace's dependencies alone.
+overlapping slices), compared with eager PyTorch (outputs, every input and the
+program's state afterwards). Each program also runs with a fusion executor that
+reorders the trace at random (transforms/fusion.py), so mutation order is
+carried by the trace's dependencies alone.
 
 Programs are built statement by statement; a candidate statement eager PyTorch
-rejects (shape mismatch, overlapping write) is dropped, so every program is one
-eager runs. The menu of views includes those made by ops without a view symbol
-(``detach``, ``.data``, ``as_strided``, ``view_as_real``/``view_as_complex``,
-``unbind``/``split``/``unflatten``/``narrow`` results, ``aten.alias``,
-``unsafe_split``, ops returning their input when nothing changes). ``scripts/fuzz_inplace.py --jit --seeds N`` runs many seeds.
+rejects (shape mismatch, overlapping write) on any of the program's calls is
+dropped, so every program is one eager runs. The menu (issue 9):
+
+- views, including those made by ops without a view symbol (``detach``,
+  ``.data``, ``as_strided``, ``view_as_real``/``view_as_complex``,
+  ``unbind``/``split``/``unflatten``/``narrow`` results, ``aten.alias``,
+  ``unsafe_split``, ops returning their input when nothing changes);
+- writes and reads, also through ``detach()``/``.data``;
+- state: a program may read and write a tensor held in a global (``G``), a
+  closure cell (``w``) or a module (``self.w``: the program is the forward of a
+  small ``torch.nn.Module``, the tensor its buffer, or its parameter when it is
+  a leaf requiring grad). Each program is called one to three times through one
+  jitted function, and each call draws how that tensor relates to the
+  arguments (``_RELATIONS``: a separate tensor, an argument itself, another
+  tensor object on an argument's storage, an overlapping slice of it), so an
+  entry compiled for one relation meets another (the alias guards of
+  frontend/alias_guard.py must recompile, or the entry must be right for it);
+- ``torch.no_grad()`` blocks of writes and reads, EMA/shadow updates
+  (``x.mul_(s).add_(y, alpha=1 - s)``), writes through ``detach()`` in them,
+  views made in them and written after, ``torch.enable_grad()`` nested inside;
+- custom ops (``torch.library``): a functional one with ``register_autograd``
+  and ``register_fake``, mutating ones (``mutates_args``; torch allows no
+  autograd formula there), one defined by a ``Library`` schema returning its
+  written argument;
+- ``torch.autograd.Function``s whose forward writes an input it marks dirty,
+  a tensor it saved, or an argument it does not mark (a running statistic), and
+  whose backward writes in place, into its saved tensors or its gradient.
+
+``scripts/fuzz_inplace.py --jit --seeds N`` runs many seeds.
 
 Left out of the menu until the torch language handles it (reported): opaque
 in-place ops (``index_fill_``) on expanded views, which the opaque fallback runs
@@ -538,11 +562,22 @@ def test_fuzz_inplace_jit(chunk):
 
 
 def test_generated_programs_mutate_and_alias():
-    """The generator is not vacuous: writes, views and aliased inputs all occur."""
-    text = "".join(generate(s).source for s in range(150))
+    """The generator is not vacuous: writes, views, aliased inputs, state in
+    globals/closures/modules whose aliasing with the arguments changes between
+    calls, no-grad regions, custom ops and autograd.Functions all occur."""
+    progs = [generate(s) for s in range(70)] + [generate(s, grad=True) for s in range(50)]
+    text = "".join(p.source for p in progs)
     for piece in ("_(", "] = ", "+= ", ".t()", "[:, ::2]", ".detach()", ".data", ".as_strided(", ".unbind(",
-                  ".split(", ".unflatten(", ".narrow(", "view_as_complex"):
-        assert piece in text
+                  ".split(", ".unflatten(", ".narrow(", "view_as_complex", "with torch.no_grad():",
+                  "with torch.enable_grad():", ".mul_(0.", "torch.ops.tl_fuzz.scale_(", "torch.ops.tl_fuzz.mix_(",
+                  "torch.ops.tl_fuzz.scaled_sin(", "torch.ops.tl_fuzz_def.inc_(", "ScaleDirty.apply(",
+                  "AddDirty.apply(", "SaveThenWrite.apply(", "GradInPlace.apply(", "ShadowUpdate.apply(",
+                  "G.", "self.w", "def make(w):"):
+        assert piece in text, piece
+    relations = {(p.kind, rel) for p in progs for _, rel in p.calls}
+    for kind in ("global", "closure", "module"):
+        assert {(kind, r) for r in ("separate", "a", "b", "view_a", "slice_b")} <= relations
+    assert any(len({rel for _, rel in p.calls}) > 1 for p in progs)       # a relation change meets the cache
     shared = set()
     for s in range(30):
         (a, b), _ = _alias_inputs(random.Random(s), 3, 3, torch.Generator().manual_seed(0))
