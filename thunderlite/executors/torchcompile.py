@@ -127,6 +127,24 @@ def _recording(tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+def _as_torch_calls(tensors) -> bool:
+    """Run the region's torch calls instead of the compiled code: autograd records
+    the call (``_recording``), or two inputs share storage, where AOTAutograd
+    rebuilds outputs aliasing a synthetic base and fails for some views
+    ("incorrect out shape after application of ViewMeta sequence") after the
+    graph's writes ran (no retry is possible then)."""
+    if _recording(tensors):
+        return True
+    seen = set()
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen and ptr:
+                return True
+            seen.add(ptr)
+    return False
+
+
 class EagerWhenRecording:
     """A compiled region that runs as its torch calls while autograd records
     it: autograd then saves exactly what eager's ops save, so a later write into
@@ -138,7 +156,7 @@ class EagerWhenRecording:
         self.compiled = compiled
 
     def __call__(self, *args):
-        return self.fn(*args) if _recording(args) else self.compiled(*args)
+        return self.fn(*args) if _as_torch_calls(args) else self.compiled(*args)
 
 
 class BoxedRegion:
@@ -153,8 +171,8 @@ class BoxedRegion:
 
     One compilation per layout of the inputs (strides; the structure key fixes
     shapes, dtypes and devices). A call that autograd records (grad mode on and
-    an input requiring grad: an eager-mode program) runs ``fn``'s torch calls
-    (see ``EagerWhenRecording``)."""
+    an input requiring grad: an eager-mode program), or whose inputs share
+    storage, runs ``fn``'s torch calls (see ``_as_torch_calls``)."""
 
     _boxed_call = True
 
@@ -165,7 +183,7 @@ class BoxedRegion:
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
-        if _recording(box):         # as EagerWhenRecording: autograd saves what eager saves
+        if _as_torch_calls(box):    # as EagerWhenRecording: autograd saves what eager saves
             flat = list(box)
             box.clear()
             return self.fn(*flat)
@@ -187,7 +205,10 @@ def _compile_boxed(fn, example: list):
     AOTAutograd then returns a callable that takes the list and empties it).
     Compiled inside a tracing context whose fake mode has a ShapeEnv, as dynamo's
     calls are: Inductor's FX graph cache bypasses a graph compiled without one,
-    so every process would recompile every region from scratch."""
+    so every process would recompile every region from scratch.
+    Where AOTAutograd refuses the inputs (aliased inputs with different
+    ``._base``: "non-differentiable view input mutations"; a view it cannot
+    replay), the region runs as its torch calls for that layout."""
     from torch._dynamo.utils import GmWrapper
     from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx
@@ -199,8 +220,11 @@ def _compile_boxed(fn, example: list):
             gm = make_fx(fn, tracing_mode="fake")(*example)
         except Exception:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
             return _Unboxed(torch.compile(fn, dynamic=False))
-        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
-            compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
+        try:
+            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+                compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
+        except Exception:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
+            return _Unboxed(fn)
     if not getattr(compiled, "_boxed_call", False):
         raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
     return compiled
