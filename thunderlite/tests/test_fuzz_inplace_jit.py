@@ -55,6 +55,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.transforms.fusion import fuse
 
+from thunderlite.tests.fuzz_inplace_ops import FUNCTIONS as _FUNCTIONS
 from thunderlite.tests.test_fuzz_inplace import ToyFusion
 
 _VIEWS = ["{x}[{i}:{j}]", "{x}.t()", "{x}.transpose(0, 1)", "{x}.reshape(-1)", "{x}.view(-1)",
@@ -92,143 +93,12 @@ _NO_GRAD = ["with torch.no_grad():\n    {write}",
 _DETACHED_WRITES = ["{x}.detach().add_({y})", "{x}.data.mul_({s})", "{x}.detach()[{i}] = {s}"]
 
 
-# Custom ops (issue 9, docs/architecture.md §5), defined once: a functional one with an autograd
-# formula, mutating ones (torch allows no autograd formula there: eager's write is invisible to
-# autograd), and one declared through a Library schema returning its written argument.
-@torch.library.custom_op("tl_fuzz::scaled_sin", mutates_args=())
-def _scaled_sin(x: torch.Tensor, s: float) -> torch.Tensor:
-    return x.sin() * s
-
-
-@_scaled_sin.register_fake
-def _(x, s):
-    return torch.empty_like(x)
-
-
-def _scaled_sin_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.s = inputs[1]
-
-
-_scaled_sin.register_autograd(lambda ctx, g: (g * ctx.saved_tensors[0].cos() * ctx.s, None),
-                              setup_context=_scaled_sin_setup)
-
-
-@torch.library.custom_op("tl_fuzz::scale_", mutates_args=("x",))
-def _scale_(x: torch.Tensor, s: float) -> None:
-    x.mul_(s)
-
-
-@_scale_.register_fake
-def _(x, s):
-    return None
-
-
-@torch.library.custom_op("tl_fuzz::mix_", mutates_args=("h",))
-def _mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    h.add_(y)
-    return y * 2
-
-
-@_mix_.register_fake
-def _(h, y):
-    return torch.empty_like(y)
-
-
-_fuzz_lib = torch.library.Library("tl_fuzz_def", "DEF")
-_fuzz_lib.define("inc_(Tensor(a!) x, float step) -> Tensor(a!)")
-_fuzz_lib.impl("inc_", lambda x, step: x.add_(step), "CompositeExplicitAutograd")
-_fuzz_lib.impl("inc_", lambda x, step: x, "Meta")
+# Custom ops and autograd.Functions of the menu live in fuzz_inplace_ops.py: pytest imports this
+# file under its own name as well as under the package's, and torch registers an op name once.
 _CUSTOM_READS = ["torch.ops.tl_fuzz.scaled_sin({x}, {s})", "torch.ops.tl_fuzz.mix_({x}, {y})",
                  "torch.ops.tl_fuzz_def.inc_({x}, {s})"]
 _CUSTOM_WRITES = ["torch.ops.tl_fuzz.scale_({x}, {s})", "torch.ops.tl_fuzz.mix_({x}, {y})",
                   "torch.ops.tl_fuzz_def.inc_({x}, {s})"]
-
-
-# autograd.Functions (issue 9) whose forward writes a tensor it saves or returns (marked dirty
-# where it is an input) and whose backward writes in place, including into its gradient.
-class ScaleDirty(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.mul_(2)
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
-class AddDirty(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, y):
-        x.add_(y)
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, g
-
-
-class SaveThenWrite(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        y.mul_(2)
-        return y * 1
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
-
-
-class GradInPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        g.mul_(x)
-        return g.mul_(2)
-
-
-class SwishInplaceBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        s = torch.sigmoid(x)
-        ctx.save_for_backward(x, s)
-        return x * s
-
-    @staticmethod
-    def backward(ctx, g):
-        x, s = ctx.saved_tensors
-        t = x * (1 - s)
-        t.add_(1)
-        return g * s.mul_(t)
-
-
-class ShadowUpdate(torch.autograd.Function):
-    """Writes an argument that needs no grad (a running average), unmarked, as
-    batch-norm style Functions do."""
-
-    @staticmethod
-    def forward(ctx, x, shadow):
-        shadow.mul_(0.5).add_(x.detach(), alpha=0.5)
-        return x * 3
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3, None
-
-
-_FUNCTIONS = {cls.__name__: cls for cls in (ScaleDirty, AddDirty, SaveThenWrite, GradInPlace,
-                                            SwishInplaceBackward, ShadowUpdate)}
 _FUNCTION_CALLS = ["ScaleDirty.apply({x})", "AddDirty.apply({x}, {y})", "SaveThenWrite.apply({x})",
                    "GradInPlace.apply({x})", "SwishInplaceBackward.apply({x})", "ShadowUpdate.apply({y}, {x})"]
 
