@@ -27,6 +27,8 @@ when the region returns.
 """
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 import shutil
 
@@ -169,8 +171,8 @@ class BoxedRegion:
         box = [a, b]; del a              # the caller keeps b
         outs = region(box)               # box == [] now; a is freed inside
 
-    One compilation per layout of the inputs (strides; the structure key fixes
-    shapes, dtypes and devices). A call that autograd records (grad mode on and
+    One compilation per layout of the inputs (strides and storage offsets; the
+    structure key fixes shapes, dtypes and devices). A call that autograd records (grad mode on and
     an input requiring grad: an eager-mode program), or whose inputs share
     storage, runs ``fn``'s torch calls (see ``_as_torch_calls``)."""
 
@@ -187,7 +189,7 @@ class BoxedRegion:
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = tuple(t.stride() for t in box)
+        layout = tuple((t.stride(), t.storage_offset()) for t in box)
         compiled = self._by_layout.get(layout)
         if compiled is None:
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box)
@@ -205,7 +207,10 @@ def _compile_boxed(fn, example: list):
     AOTAutograd then returns a callable that takes the list and empties it).
     Compiled inside a tracing context whose fake mode has a ShapeEnv, as dynamo's
     calls are: Inductor's FX graph cache bypasses a graph compiled without one,
-    so every process would recompile every region from scratch.
+    so every process would recompile every region from scratch. Not for inputs
+    with a storage offset: with a ShapeEnv the offset becomes a symbol that
+    Inductor's code for ``as_strided`` reads without binding (NameError at the
+    call); without one it is a constant of the code (part of the layout key).
     Where AOTAutograd refuses the inputs (aliased inputs with different
     ``._base``: "non-differentiable view input mutations"; a view it cannot
     replay), the region runs as its torch calls for that layout."""
@@ -220,8 +225,9 @@ def _compile_boxed(fn, example: list):
             gm = make_fx(fn, tracing_mode="fake")(*example)
         except Exception:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
             return _Unboxed(torch.compile(fn, dynamic=False))
+        offsets = any(t.storage_offset() for t in example)
         try:
-            with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+            with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
                 compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
         except Exception:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
             return _Unboxed(fn)

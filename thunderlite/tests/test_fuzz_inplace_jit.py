@@ -461,14 +461,33 @@ def test_generated_programs_mutate_and_alias():
     assert shared == {True, False}
 
 
-@pytest.mark.parametrize("seed", [19, 31])
+@pytest.mark.parametrize("seed", [19, 31, 144])
 def test_torchcompile_regions_over_inputs_sharing_storage(seed):
     """Programs whose torchcompile regions read arguments sharing storage (and
     write them): AOTAutograd refused one at compile time ("non-differentiable
     view input mutations") and failed rebuilding an output of the other from a
-    synthetic base after its writes ran; such regions run as their torch calls."""
+    synthetic base after its writes ran; such regions run as their torch calls.
+    Seed 144's region views an input at a storage offset (see the next test)."""
     from thunderlite.executors.registry import get_executor
     ok, reason = get_executor("torchcompile").is_available()
     if not ok:
         pytest.skip(f"torchcompile executor unavailable: {reason}")
     check_seed(seed, executors=["torchcompile", "torch"])
+
+
+def test_torchcompile_region_viewing_inputs_at_storage_offsets():
+    """A region returning ``as_strided`` of an input with a storage offset: with
+    a ShapeEnv Inductor's code read the offset's symbol unbound (NameError);
+    each offset is its own layout, so a second offset is not served the first's
+    code."""
+    from thunderlite.executors.registry import get_executor
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"torchcompile executor unavailable: {reason}")
+
+    def f(x):
+        return x.flatten().as_strided((1, 2), (2, 1), 1) * 1
+    jfn = thunderlite.jit(f, executors=["torchcompile", "torch"])
+    base = torch.arange(8.0).reshape(4, 2)
+    for rows in (slice(1, 2), slice(2, 3), slice(0, 1)):
+        torch.testing.assert_close(jfn(base[rows]), f(base[rows]))
