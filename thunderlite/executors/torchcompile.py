@@ -207,8 +207,10 @@ def _compile_boxed(fn, example: list):
     AOTAutograd then returns a callable that takes the list and empties it).
     Compiled inside a tracing context whose fake mode has a ShapeEnv, as dynamo's
     calls are: Inductor's FX graph cache bypasses a graph compiled without one,
-    so every process would recompile every region from scratch. Not for inputs
-    with a storage offset: with a ShapeEnv the offset becomes a symbol that
+    so every process would recompile every region from scratch. Its fake mode
+    keeps shapes static (with a ShapeEnv a fake mode's default is symbolic
+    sizes: shape-generic code where the region is compiled per layout anyway).
+    Not for inputs with a storage offset: with a ShapeEnv the offset becomes a symbol that
     Inductor's code for ``as_strided`` reads without binding (NameError at the
     call); without one it is a constant of the code (part of the layout key).
     Where AOTAutograd refuses the inputs (aliased inputs with different
@@ -227,7 +229,7 @@ def _compile_boxed(fn, example: list):
             return _Unboxed(torch.compile(fn, dynamic=False))
         offsets = any(t.storage_offset() for t in example)
         try:
-            with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+            with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True))):
                 compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
         except Exception:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
             return _Unboxed(fn)
