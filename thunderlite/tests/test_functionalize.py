@@ -476,3 +476,137 @@ def test_as_strided_view_of_written_argument_is_guarded_on_its_offset():
         torch.testing.assert_close(w.grad, w_r.grad)
         assert thunderlite.last_backward_traces(jfn)[0].stage != EAGER_MODE_STAGE
     assert "storage offset of" in thunderlite.cache_info(jfn)["last_miss_reason"]
+
+
+# --- a write reading another view of the memory it writes (view_geometry.py) ---------------------
+# Functional where the view read lies apart from the one written, or on the same positions read
+# elementwise; eager mode where it overlaps partially (eager's order), or exactly but not elementwise.
+
+def read_same_positions_by_another_route(x, w):
+    y = x * w
+    y[:, 0:2].add_(y.t()[0:2].t())          # the same elements, reached through two transposes
+    return y
+
+
+def read_apart_through_a_reduction(x, w):
+    y = x * w
+    y[0:1].sub_(y[1:3].sum(0, keepdim=True))
+    y[:, 1].add_(y[:, ::2].sum(1))          # interleaved: the intervals overlap, the positions do not
+    return y
+
+
+def setitem_from_rows_apart(x, w):
+    y = x * w
+    y[0] = y[2] * 1.0
+    y[1:2] = y[2:3]
+    return y
+
+
+def read_same_positions_not_elementwise(x, w):
+    y = x * w
+    y.addmm_(y.t().t(), w.detach())         # matmul reads every element of a row it writes
+    return y
+
+
+def read_overlapping_partially(x, w):
+    y = x * w
+    y[:, 0:2].add_(y[:, 1:3])               # not dense, eager's kernel order decides
+    return y
+
+
+OVERLAP_FUNCTIONAL = [read_same_positions_by_another_route, read_apart_through_a_reduction, setitem_from_rows_apart]
+OVERLAP_EAGER = [read_same_positions_not_elementwise, read_overlapping_partially]
+OVERLAP_EXECUTORS = [None, ["torchcompile", "torch"], "shuffle"]
+
+
+def _overlap_exs(name):
+    return name if name != "shuffle" else _exs(name)
+
+
+def _mode(jfn) -> str:
+    text = str(thunderlite.last_backward_traces(jfn)[-1])
+    return "eager" if EAGER_MODE_STAGE in text.split("\n", 1)[0] else "functional"
+
+
+@pytest.mark.parametrize("exs", OVERLAP_EXECUTORS, ids=["default", "torchcompile", "shuffle"])
+@pytest.mark.parametrize("fn", OVERLAP_FUNCTIONAL + OVERLAP_EAGER, ids=lambda f: f.__name__)
+def test_write_reading_its_own_memory(fn, exs):
+    jfn = _run(fn, _overlap_exs(exs))
+    assert _mode(jfn) == ("functional" if fn in OVERLAP_FUNCTIONAL else "eager")
+    if fn in OVERLAP_EAGER:
+        assert "reads another view of the memory it writes" in str(thunderlite.last_backward_traces(jfn)[-1])
+
+
+def _shared(leaf, rows: tuple, cols: tuple):
+    """Two arguments viewing one base (rows/cols: slice bounds of each)."""
+    base = leaf * 1.5
+    return base, tuple(base[r0:r1, c0:c1] for (r0, r1), (c0, c1) in zip(rows, cols, strict=True))
+
+
+def add_into(a, b, w):
+    b.add_(a)
+    return (b * w).sum()
+
+
+def addcmul_copy_and_setitem(a, b, w):
+    b.addcmul_(a, w.detach())
+    a.copy_(b * 2)
+    a[0] = b[0]
+    return a
+
+
+SHARED = [  # (program, rows, cols, functional?)
+    (add_into, ((0, 3), (0, 3)), ((0, 3), (0, 3)), True),                # the same elements
+    (addcmul_copy_and_setitem, ((0, 3), (0, 3)), ((0, 3), (0, 3)), True),
+    (add_into, ((0, 3), (3, 6)), ((0, 3), (0, 3)), True),                # rows apart
+    (addcmul_copy_and_setitem, ((0, 3), (0, 3)), ((0, 3), (3, 6)), True),  # columns apart, interleaved
+    (add_into, ((0, 3), (0, 3)), ((0, 3), (1, 4)), False),               # overlapping columns
+]
+
+
+@pytest.mark.parametrize("exs", OVERLAP_EXECUTORS, ids=["default", "torchcompile", "shuffle"])
+@pytest.mark.parametrize("case", range(len(SHARED)), ids=lambda i: f"{SHARED[i][0].__name__}-{i}")
+def test_arguments_sharing_storage_read_and_written(case, exs):
+    """Arguments viewing one base, one written while reading the other: the
+    arguments, the base and the gradients are eager's afterwards."""
+    fn, rows, cols, functional = SHARED[case]
+    leaf, w = torch.randn(6, 6, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    leaf_r, w_r = leaf.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=_overlap_exs(exs))
+    base, args = _shared(leaf, rows, cols)
+    base_r, args_r = _shared(leaf_r, rows, cols)
+    out, ref = jfn(*args, w), fn(*args_r, w_r)
+    assert _mode(jfn) == ("functional" if functional else "eager")
+    torch.testing.assert_close((out, args, base), (ref, args_r, base_r))
+    (out.sum() + (base * base).sum()).backward()
+    (ref.sum() + (base_r * base_r).sum()).backward()
+    torch.testing.assert_close((w.grad, leaf.grad), (w_r.grad, leaf_r.grad))
+
+
+def test_placement_the_decision_read_is_guarded():
+    """Written exactly over, then called with the arguments overlapping
+    partially: the offsets are guarded, so it recompiles and keeps eager's
+    order (eager mode)."""
+    jfn = thunderlite.jit(add_into)
+    w = torch.randn(3, 3, requires_grad=True)
+    for cols, mode in ((((0, 3), (0, 3)), "functional"), (((0, 3), (1, 4)), "eager")):
+        leaf = torch.randn(6, 6, requires_grad=True)
+        leaf_r = leaf.detach().clone().requires_grad_()
+        (base, args), (base_r, args_r) = _shared(leaf, ((0, 3), (0, 3)), cols), _shared(leaf_r, ((0, 3), (0, 3)), cols)
+        torch.testing.assert_close(jfn(*args, w), add_into(*args_r, w))
+        torch.testing.assert_close(base, base_r)
+        assert _mode(jfn) == mode
+    assert "storage offset of" in thunderlite.cache_info(jfn)["last_miss_reason"]
+
+
+def test_same_positions_eager_refuses_are_refused():
+    """Two dense views of the same elements with different shapes: eager
+    raises ("refer to a single memory location"), and so does the program."""
+    def f(x, w):
+        y = x * w
+        y[0:1].add_(y[0])
+        return y
+    with pytest.raises(RuntimeError, match="single memory location"):
+        f(torch.randn(3, 3), torch.randn(3, 3, requires_grad=True))
+    with pytest.raises(RuntimeError, match="single memory location"):
+        thunderlite.jit(f)(torch.randn(3, 3), torch.randn(3, 3, requires_grad=True))

@@ -52,6 +52,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.torch.opaque import opaque_symbol_for
+from thunderlite.transforms import view_geometry
 from thunderlite.transforms.eager_layout import autograd_view, eager_view, same_storage
 from thunderlite.transforms.update_aliases import AliasGroups
 
@@ -223,20 +224,54 @@ class _Rewriter:
 
     def check_reads(self, bsym: BoundSymbol) -> None:
         """A write that reads another view of the memory it writes (``a.sub_(a[:, 0:1])``):
-        eager's result depends on the order its kernel visits the elements. Reading
-        exactly the elements written is fine (``y[1:] += 1`` reads ``y[1:]``)."""
+        eager's result depends on the order its kernel visits the elements, unless
+        the view read is the one written (``y[1:] += 1`` reads ``y[1:]``), lies apart
+        from it, or sits on the same positions and the op is elementwise from it
+        (view_geometry.py); the functional form computes from the values before the write."""
         local: dict[str, tuple] = {}
+        links: dict[str, tuple] = {}
         for leaf in walk(bsym):
             for o, b in views(leaf):
                 root, chain = local.get(b.name) or self.geometry(b.name)
                 local[o.name] = (root, chain + (_call_key(leaf),))
+                if not leaf.subsymbols and not writes(leaf):
+                    links[o.name] = (leaf, b)
         for dst in _written_deep(bsym):
             allowed = {self.geometry(dst.name), *local.values()}
+            root = (local.get(dst.name) or self.geometry(dst.name))[0]
             for p in bsym.tensor_args():
                 other = self.geometry(p.name)
-                if other[0] == self.base_of(dst.name)[0] and other not in allowed:
+                if other[0] == root and other not in allowed and not self.apart_or_same(bsym, dst, p, links):
                     raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} reads another view of the memory "
                                               "it writes")
+
+    def apart_or_same(self, bsym: BoundSymbol, dst: TensorProxy, p: TensorProxy, links: dict) -> bool:
+        """``p`` touches none of the positions ``bsym`` writes into ``dst``, or
+        exactly them, each read only by the element written there (see check_reads)."""
+        region = _written_view(bsym, dst, links)
+        written, read = self.geo(region, links), self.geo(p, links)
+        if written is None or read is None:
+            return False
+        if view_geometry.disjoint(written, read):
+            return True
+        return view_geometry.same_positions(written, read) and _elementwise_from(bsym, p, dst, region) and \
+            view_geometry.eager_allows(written, read)
+
+    def geo(self, p: TensorProxy, links: dict) -> view_geometry.Geo | None:
+        """Where ``p`` lies in its root's memory (view_geometry.py); ``links``:
+        views made inside the symbol being checked."""
+        if p.name in links:
+            leaf, b = links[p.name]
+            return view_geometry.apply(self.geo(b, links), leaf)
+        base, chain = self.base_of(p.name)
+        if base in self.storages:
+            _, shape, strides, offset, _ = chain[0].args
+            g, chain = view_geometry.placed(shape, strides, offset), chain[1:]
+        else:
+            g = view_geometry.stand_in(_first_arg(chain[0]).shape if chain else p.shape)
+        for v in chain:
+            g = view_geometry.apply(g, v)
+        return g
 
     def geometry(self, name: str) -> tuple:
         """The root and the view calls from it (equal for two views of the same elements)."""
@@ -665,6 +700,57 @@ def _positions(shape, strides, offset, device) -> TensorProxy:
         step = prims.iota(n, start=0, step=st, device=device, dtype=torch.int64)
         idx = prims.add(idx, prims.broadcast_in_dim(step, tuple(shape), (d,)))
     return idx
+
+
+# prims computing each output element from the input elements at its own index
+_ELEMENTWISE = frozenset(getattr(prims, n).meta for n in prims.UNARY + prims.BINARY + prims.TERNARY
+                         if n not in ("real", "imag")) | {prims.where.meta, prims.convert_element_type.meta}
+
+
+def _written_view(bsym: BoundSymbol, dst: TensorProxy, links: dict) -> TensorProxy:
+    """The view of ``dst`` eager's kernel writes: ``a[key] = v`` (basic indexing,
+    recorded as ``where(mask, padded v, a)`` written into ``a``) writes ``a[key]``,
+    the last view of ``a`` its decomposition makes; any other op writes ``dst``."""
+    if bsym.sym.id != "ltorch.setitem" or not any(
+            b.sym is prims.where and _named(b.args[2], dst) for b in walk(bsym) if not b.subsymbols):
+        return dst
+    region, made = dst, {dst.name}
+    for name, (leaf, base) in links.items():
+        if base.name in made:
+            made.add(name)
+            region = leaf.output
+    return region
+
+
+def _elementwise_from(bsym: BoundSymbol, p: TensorProxy, dst: TensorProxy, region: TensorProxy) -> bool:
+    """Each element ``bsym`` writes into ``region`` reads ``p`` only at its own
+    index: setitem's value of the view's size, or ``p`` flowing to the write
+    through elementwise prims of one shape (no reduction, matmul or view of it)."""
+    if _numel(p.shape) != _numel(region.shape):
+        return False
+    if region is not dst:
+        return _named(bsym.args[2], p)
+    if tuple(p.shape) != tuple(dst.shape):
+        return False
+    reach, wrote = {p.name}, False
+    for leaf in walk(bsym):
+        if leaf.subsymbols or not any(a.name in reach for a in leaf.tensor_args()):
+            continue
+        if leaf.sym is prims.copy_:
+            src = leaf.args[0] if leaf.args else leaf.kwargs.get("src")
+            to = leaf.args[1] if len(leaf.args) > 1 else leaf.kwargs.get("dst")
+            wrote = _named(to, dst) and _named(src, *reach)
+            if not wrote:
+                return False
+        elif leaf.sym.meta in _ELEMENTWISE and all(tuple(o.shape) == tuple(dst.shape) for o in leaf.tensor_outs()):
+            reach.update(o.name for o in leaf.tensor_outs())
+        else:
+            return False
+    return wrote
+
+
+def _named(x, *names) -> bool:
+    return isinstance(x, TensorProxy) and x.name in {n if isinstance(n, str) else n.name for n in names}
 
 
 def _call_key(view: BoundSymbol) -> tuple:

@@ -1,0 +1,192 @@
+"""Where views of one tensor lie in its memory, at compile time: whether a
+write that reads another view of the memory it writes depends on the order
+eager's kernel visits the elements (functionalize.py's ``check_reads``).
+
+A view is a ``Geo``: its shape, its strides and storage offset in the
+coordinates of its root, and, for strides eager computes the same way for any
+strides of the root, each stride as (root dim, multiplier). The root is one of
+
+- a flat storage that inputs sharing memory are placed in (their strides and
+  offsets as compiled for, guarded): coordinates are storage positions;
+- any other tensor: coordinates of a contiguous stand-in of it. Eager's root
+  maps distinct elements to distinct positions (a fresh result; an input that
+  is written), so two views touch the same positions in eager exactly when
+  they do in the stand-in.
+
+Two views are *disjoint* (no position in common: reading one while writing
+the other is order-independent for any op) or have the *same positions*
+element for element (order-independent when each written element reads only
+its own position: elementwise ops), decided exactly: intervals, else the
+positions enumerated up to ``_LIMIT``; beyond it nothing is claimed.
+
+Example: the root (4, 3); ``x[0:2]`` is ``Geo((2, 3), (3, 1), 0)``,
+``x[2:4]`` is ``Geo((2, 3), (3, 1), 6)``: disjoint.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from thunderlite.core import prims
+
+_LIMIT = 1 << 14   # positions enumerated when intervals cannot tell
+
+
+class Geo(NamedTuple):
+    shape: tuple
+    strides: tuple
+    offset: int
+    sym: tuple | None   # per dim (root dim, multiplier), or None where eager's strides may differ
+    real: bool          # coordinates are storage positions (not a stand-in's)
+
+
+def stand_in(shape: tuple) -> Geo | None:
+    """A contiguous stand-in of a root tensor of ``shape``."""
+    if not _ints(shape):
+        return None
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return Geo(tuple(shape), tuple(reversed(strides)), 0, tuple((d, 1) for d in range(len(shape))), False)
+
+
+def placed(shape: tuple, strides: tuple, offset: int) -> Geo | None:
+    """An input placed in a flat storage at its strides and offset."""
+    if not _ints(shape) or not _ints(strides) or type(offset) is not int:
+        return None
+    return Geo(tuple(shape), tuple(strides), offset, tuple((0, st) for st in strides), True)
+
+
+def apply(g: Geo | None, view) -> Geo | None:
+    """The geometry of ``view``'s output (a leaf view prim reading ``g``), or
+    None where this cannot say."""
+    out = getattr(view, "output", None)
+    if g is None or out is None or not _ints(getattr(out, "shape", (None,))):
+        return None
+    meta, shape = view.sym.meta, tuple(out.shape)
+    if meta is prims.slice_prim.meta:
+        return _slice(g, view, shape)
+    if meta is prims.squeeze.meta:
+        keep = [d for d in range(len(g.shape)) if d not in {x % len(g.shape) for x in view.args[1]}]
+        return _pick(g, keep, shape)
+    if meta is prims.permute.meta:
+        return _pick(g, [p % len(g.shape) for p in view.args[1]], shape)
+    if meta is prims.reshape.meta:
+        strides = _reshape_strides(g.shape, g.strides, shape)
+        return None if strides is None else Geo(shape, strides, g.offset, None, g.real)
+    if meta is prims.broadcast_in_dim.meta:
+        strides = [0] * len(shape)
+        for src, d in enumerate(view.args[2]):
+            strides[d] = g.strides[src] if g.shape[src] == shape[d] else 0
+        return Geo(shape, tuple(strides), g.offset, None, g.real)
+    return None
+
+
+def _slice(g: Geo, view, shape: tuple) -> Geo | None:
+    start = view.args[1]
+    steps = view.args[3] if len(view.args) > 3 else view.kwargs.get("strides")
+    steps = (1,) * len(g.shape) if steps is None else tuple(steps)
+    if not _ints(start) or not _ints(steps):
+        return None
+    offset = g.offset + sum(lo * st for lo, st in zip(start, g.strides, strict=True))
+    strides = tuple(st * k for st, k in zip(g.strides, steps, strict=True))
+    sym = None if g.sym is None else tuple((d, m * k) for (d, m), k in zip(g.sym, steps, strict=True))
+    return Geo(shape, strides, offset, sym, g.real)
+
+
+def _pick(g: Geo, dims: list, shape: tuple) -> Geo:
+    sym = None if g.sym is None else tuple(g.sym[d] for d in dims)
+    return Geo(shape, tuple(g.strides[d] for d in dims), g.offset, sym, g.real)
+
+
+def _reshape_strides(shape: tuple, strides: tuple, new: tuple) -> tuple | None:
+    """Strides making ``new`` a view of a (shape, strides) tensor in row-major
+    element order, or None when no strides can: each run of old dims that
+    merge (stride = next stride * next size) must be split exactly by new dims."""
+    if _numel(shape) == 0:
+        return stand_in(new).strides
+    old = [(n, st) for n, st in zip(shape, strides, strict=True) if n != 1]
+    out, j, k = [1] * len(new), len(new) - 1, len(old) - 1
+    while k >= 0:
+        first = k
+        while first > 0 and old[first - 1][1] == old[first][1] * old[first][0]:
+            first -= 1
+        run, acc = _numel([n for n, _ in old[first:k + 1]]), 1
+        while j >= 0 and (acc < run or new[j] == 1):
+            out[j] = acc * old[k][1]
+            acc *= new[j]
+            j -= 1
+        if acc != run:
+            return None
+        k = first - 1
+    if any(new[i] != 1 for i in range(j + 1)):
+        return None
+    return tuple(out)
+
+
+def disjoint(a: Geo, b: Geo) -> bool:
+    """No storage position in common (exact; False when it cannot tell)."""
+    if _numel(a.shape) == 0 or _numel(b.shape) == 0:
+        return True
+    (alo, ahi), (blo, bhi) = _span(a), _span(b)
+    if ahi < blo or bhi < alo:
+        return True
+    if _numel(a.shape) + _numel(b.shape) > _LIMIT:
+        return False
+    return not (_positions(a) & _positions(b))
+
+
+def same_positions(a: Geo, b: Geo) -> bool:
+    """Element i (row-major) of ``a`` and of ``b`` sit at one position, for every i."""
+    if _numel(a.shape) != _numel(b.shape):
+        return False
+    if _numel(a.shape) == 0:
+        return True
+    big = lambda g: [(n, st) for n, st in zip(g.shape, g.strides, strict=True) if n != 1]  # noqa: E731
+    return a.offset == b.offset and big(a) == big(b)
+
+
+def eager_allows(written: Geo, read: Geo) -> bool:
+    """Eager runs a kernel writing ``written`` and reading ``read``, two views
+    of the same positions: it refuses the pair when both are dense and their
+    shapes or strides differ ("some elements of the input tensor and the
+    written-to tensor refer to a single memory location"). True only where
+    that refusal is sure not to happen."""
+    if written.shape == read.shape and written.sym is not None and written.sym == read.sym:
+        return True
+    return written.real and read.real and not (_dense(written) and _dense(read))
+
+
+def _dense(g: Geo) -> bool:
+    """Eager's non-overlapping-and-dense: a permutation of a contiguous block."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(g.shape, g.strides, strict=True) if n != 1),
+                        key=lambda x: x[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _span(g: Geo) -> tuple[int, int]:
+    lo = g.offset + sum(min(0, (n - 1) * st) for n, st in zip(g.shape, g.strides, strict=True))
+    hi = g.offset + sum(max(0, (n - 1) * st) for n, st in zip(g.shape, g.strides, strict=True))
+    return lo, hi
+
+
+def _positions(g: Geo) -> set[int]:
+    pos = [g.offset]
+    for n, st in zip(g.shape, g.strides, strict=True):
+        pos = [p + i * st for p in pos for i in range(n)]
+    return set(pos)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _ints(xs) -> bool:
+    return all(type(x) is int for x in xs)
