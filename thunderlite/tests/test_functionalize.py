@@ -610,3 +610,40 @@ def test_same_positions_eager_refuses_are_refused():
         f(torch.randn(3, 3), torch.randn(3, 3, requires_grad=True))
     with pytest.raises(RuntimeError, match="single memory location"):
         thunderlite.jit(f)(torch.randn(3, 3), torch.randn(3, 3, requires_grad=True))
+
+
+def _random_view(rng, base: torch.Tensor) -> torch.Tensor:
+    v = base
+    for _ in range(rng.randint(1, 3)):
+        d = rng.randrange(v.ndim)
+        n = v.shape[d]
+        lo = rng.randrange(n)
+        v = v.narrow(d, lo, rng.randint(1, n - lo))[(slice(None),) * d + (slice(None, None, rng.randint(1, 2)),)]
+        if rng.random() < 0.3:
+            v = v.t() if v.ndim == 2 else v
+    return v
+
+
+def test_view_geometry_agrees_with_torch():
+    """Disjointness, same positions and reshape strides, against the positions
+    torch's own views of one storage hold (the stand-in coordinates are the
+    storage's: a contiguous base)."""
+    import random
+
+    from thunderlite.transforms import view_geometry as vg
+    rng = random.Random(0)
+    base = torch.arange(60).reshape(6, 10)
+    geo = lambda t: vg.Geo(tuple(t.shape), tuple(t.stride()), t.storage_offset(), None, True)  # noqa: E731
+    for _ in range(300):
+        a, b = _random_view(rng, base), _random_view(rng, base)
+        pa, pb = a.flatten().tolist(), b.flatten().tolist()
+        assert vg.disjoint(geo(a), geo(b)) == (not set(pa) & set(pb))
+        assert vg.same_positions(geo(a), geo(b)) == (pa == pb)
+        new = (a.numel(),) if rng.random() < 0.5 else (1, a.numel(), 1)
+        strides = vg._reshape_strides(tuple(a.shape), tuple(a.stride()), new)
+        try:
+            viewed = a.view(new)
+        except RuntimeError:
+            assert strides is None
+        else:
+            assert strides is not None and vg.same_positions(geo(viewed), vg.Geo(new, strides, a.storage_offset(), None, True))

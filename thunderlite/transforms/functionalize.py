@@ -28,10 +28,13 @@ prims only:
   chain has no inverse (through an expanded view) is one ``_Strided`` scatter
   when no written element is in two places.
 
-Where the pass cannot say how (an alias autograd does not track as a view, an
-overlapping write, a write reading another view of the memory it writes, an
-opaque in-place op), it raises ``NotFunctionalizable`` with the reason;
-autodiff then keeps its eager-mode replay and names that reason.
+A write reading another view of the memory it writes is functional where
+that view lies apart from the positions written or sits on exactly them, read
+elementwise (``check_reads``, view_geometry.py). Where the pass cannot say how
+(an alias autograd does not track as a view, an overlapping write, a write
+reading a partially overlapping view of the memory it writes, an opaque
+in-place op), it raises ``NotFunctionalizable`` with the reason; autodiff then
+keeps its eager-mode replay and names that reason.
 
 Example (``v = y[:, 0]; v.mul_(2); return y``)::
 
@@ -711,8 +714,7 @@ def _written_view(bsym: BoundSymbol, dst: TensorProxy, links: dict) -> TensorPro
     """The view of ``dst`` eager's kernel writes: ``a[key] = v`` (basic indexing,
     recorded as ``where(mask, padded v, a)`` written into ``a``) writes ``a[key]``,
     the last view of ``a`` its decomposition makes; any other op writes ``dst``."""
-    if bsym.sym.id != "ltorch.setitem" or not any(
-            b.sym is prims.where and _named(b.args[2], dst) for b in walk(bsym) if not b.subsymbols):
+    if not _basic_setitem(bsym, dst):
         return dst
     region, made = dst, {dst.name}
     for name, (leaf, base) in links.items():
@@ -722,13 +724,19 @@ def _written_view(bsym: BoundSymbol, dst: TensorProxy, links: dict) -> TensorPro
     return region
 
 
+def _basic_setitem(bsym: BoundSymbol, dst: TensorProxy) -> bool:
+    """``a[key] = v`` with basic indexing (no tensor index): a ``where`` into ``a``."""
+    return bsym.sym.id == "ltorch.setitem" and any(
+        b.sym is prims.where and _named(b.args[2], dst) for b in walk(bsym) if not b.subsymbols)
+
+
 def _elementwise_from(bsym: BoundSymbol, p: TensorProxy, dst: TensorProxy, region: TensorProxy) -> bool:
     """Each element ``bsym`` writes into ``region`` reads ``p`` only at its own
     index: setitem's value of the view's size, or ``p`` flowing to the write
     through elementwise prims of one shape (no reduction, matmul or view of it)."""
     if _numel(p.shape) != _numel(region.shape):
         return False
-    if region is not dst:
+    if _basic_setitem(bsym, dst):
         return _named(bsym.args[2], p)
     if tuple(p.shape) != tuple(dst.shape):
         return False
