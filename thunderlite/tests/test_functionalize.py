@@ -646,4 +646,5 @@ def test_view_geometry_agrees_with_torch():
         except RuntimeError:
             assert strides is None
         else:
-            assert strides is not None and vg.same_positions(geo(viewed), vg.Geo(new, strides, a.storage_offset(), None, True))
+            assert strides is not None
+            assert vg.same_positions(geo(viewed), vg.Geo(new, strides, a.storage_offset(), None, True))

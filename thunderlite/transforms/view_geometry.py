@@ -67,7 +67,8 @@ def apply(g: Geo | None, view) -> Geo | None:
     if meta is prims.slice_prim.meta:
         return _slice(g, view, shape)
     if meta is prims.squeeze.meta:
-        keep = [d for d in range(len(g.shape)) if d not in {x % len(g.shape) for x in view.args[1]}]
+        dims = view.args[1] if isinstance(view.args[1], (tuple, list)) else (view.args[1],)
+        keep = [d for d in range(len(g.shape)) if d not in {x % len(g.shape) for x in dims}]
         return _pick(g, keep, shape)
     if meta is prims.permute.meta:
         return _pick(g, [p % len(g.shape) for p in view.args[1]], shape)
