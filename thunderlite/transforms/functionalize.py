@@ -49,7 +49,7 @@ import torch
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.aliasing import views, writes
-from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.proxies import DataDependentError, Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
@@ -252,13 +252,16 @@ class _Rewriter:
         """``p`` touches none of the positions ``bsym`` writes into ``dst``, or
         exactly them, each read only by the element written there (see check_reads)."""
         region = _written_view(bsym, dst, links)
-        written, read = self.geo(region, links), self.geo(p, links)
-        if written is None or read is None:
+        try:
+            written, read = self.geo(region, links), self.geo(p, links)
+            if written is None or read is None:
+                return False
+            if view_geometry.disjoint(written, read):
+                return True
+            return view_geometry.same_positions(written, read) and _elementwise_from(bsym, p, dst, region) and \
+                view_geometry.eager_allows(written, read)
+        except DataDependentError:      # a size known only at run time
             return False
-        if view_geometry.disjoint(written, read):
-            return True
-        return view_geometry.same_positions(written, read) and _elementwise_from(bsym, p, dst, region) and \
-            view_geometry.eager_allows(written, read)
 
     def geo(self, p: TensorProxy, links: dict) -> view_geometry.Geo | None:
         """Where ``p`` lies in its root's memory (view_geometry.py); ``links``:

@@ -17,16 +17,20 @@ Two views are *disjoint* (no position in common: reading one while writing
 the other is order-independent for any op) or have the *same positions*
 element for element (order-independent when each written element reads only
 its own position: elementwise ops), decided exactly: intervals, else the
-positions enumerated up to ``_LIMIT``; beyond it nothing is claimed.
+positions enumerated up to ``_LIMIT``; beyond it nothing is claimed. Sizes may
+be symbolic: each comparison on them is a guard (core/symint.py), and
+enumerating specializes them.
 
 Example: the root (4, 3); ``x[0:2]`` is ``Geo((2, 3), (3, 1), 0)``,
 ``x[2:4]`` is ``Geo((2, 3), (3, 1), 6)``: disjoint.
 """
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 from thunderlite.core import prims
+from thunderlite.core.symint import is_int
 
 _LIMIT = 1 << 14   # positions enumerated when intervals cannot tell
 
@@ -52,7 +56,7 @@ def stand_in(shape: tuple) -> Geo | None:
 
 def placed(shape: tuple, strides: tuple, offset: int) -> Geo | None:
     """An input placed in a flat storage at its strides and offset."""
-    if not _ints(shape) or not _ints(strides) or type(offset) is not int:
+    if not _ints(shape) or not _ints(strides) or not is_int(offset):
         return None
     return Geo(tuple(shape), tuple(strides), offset, tuple((0, st) for st in strides), True)
 
@@ -176,8 +180,10 @@ def _span(g: Geo) -> tuple[int, int]:
 
 
 def _positions(g: Geo) -> set[int]:
-    pos = [g.offset]
+    """Concrete positions: symbolic sizes are specialized (guarded) here."""
+    pos = [operator.index(g.offset)]
     for n, st in zip(g.shape, g.strides, strict=True):
+        n, st = operator.index(n), operator.index(st)
         pos = [p + i * st for p in pos for i in range(n)]
     return set(pos)
 
@@ -190,4 +196,4 @@ def _numel(shape) -> int:
 
 
 def _ints(xs) -> bool:
-    return all(type(x) is int for x in xs)
+    return all(is_int(x) for x in xs)
