@@ -251,14 +251,14 @@ class _Rewriter:
     def apart_or_same(self, bsym: BoundSymbol, dst: TensorProxy, p: TensorProxy, links: dict) -> bool:
         """``p`` touches none of the positions ``bsym`` writes into ``dst``, or
         exactly them, each read only by the element written there (see check_reads)."""
-        region = _written_view(bsym, dst, links)
+        region = view_geometry.written_view(bsym, dst, links)
         try:
             written, read = self.geo(region, links), self.geo(p, links)
             if written is None or read is None:
                 return False
             if view_geometry.disjoint(written, read):
                 return True
-            return view_geometry.same_positions(written, read) and _elementwise_from(bsym, p, dst, region) and \
+            return view_geometry.same_positions(written, read) and view_geometry.elementwise_from(bsym, p, dst, region) and \
                 view_geometry.eager_allows(written, read)
         except DataDependentError:      # a size known only at run time
             return False
@@ -273,6 +273,12 @@ class _Rewriter:
         if base in self.storages:
             _, shape, strides, offset, _ = chain[0].args
             g, chain = view_geometry.placed(shape, strides, offset), chain[1:]
+        elif chain and isinstance(chain[0], _Strided):
+            # eager's strides in a dense base's storage: the stand-in's where the base is contiguous
+            _, shape, strides, offset, order = chain[0].args
+            contiguous = order == tuple(range(len(order)))
+            g = view_geometry.Geo(shape, strides, offset, None, False) if contiguous else None
+            chain = chain[1:]
         else:
             g = view_geometry.stand_in(_first_arg(chain[0]).shape if chain else p.shape)
         for v in chain:
@@ -706,62 +712,6 @@ def _positions(shape, strides, offset, device) -> TensorProxy:
         step = prims.iota(n, start=0, step=st, device=device, dtype=torch.int64)
         idx = prims.add(idx, prims.broadcast_in_dim(step, tuple(shape), (d,)))
     return idx
-
-
-# prims computing each output element from the input elements at its own index
-_ELEMENTWISE = frozenset(getattr(prims, n).meta for n in prims.UNARY + prims.BINARY + prims.TERNARY
-                         if n not in ("real", "imag")) | {prims.where.meta, prims.convert_element_type.meta}
-
-
-def _written_view(bsym: BoundSymbol, dst: TensorProxy, links: dict) -> TensorProxy:
-    """The view of ``dst`` eager's kernel writes: ``a[key] = v`` (basic indexing,
-    recorded as ``where(mask, padded v, a)`` written into ``a``) writes ``a[key]``,
-    the last view of ``a`` its decomposition makes; any other op writes ``dst``."""
-    if not _basic_setitem(bsym, dst):
-        return dst
-    region, made = dst, {dst.name}
-    for name, (leaf, base) in links.items():
-        if base.name in made:
-            made.add(name)
-            region = leaf.output
-    return region
-
-
-def _basic_setitem(bsym: BoundSymbol, dst: TensorProxy) -> bool:
-    """``a[key] = v`` with basic indexing (no tensor index): a ``where`` into ``a``."""
-    return bsym.sym.id == "ltorch.setitem" and any(
-        b.sym is prims.where and _named(b.args[2], dst) for b in walk(bsym) if not b.subsymbols)
-
-
-def _elementwise_from(bsym: BoundSymbol, p: TensorProxy, dst: TensorProxy, region: TensorProxy) -> bool:
-    """Each element ``bsym`` writes into ``region`` reads ``p`` only at its own
-    index: setitem's value of the view's size, or ``p`` flowing to the write
-    through elementwise prims of one shape (no reduction, matmul or view of it)."""
-    if _numel(p.shape) != _numel(region.shape):
-        return False
-    if _basic_setitem(bsym, dst):
-        return _named(bsym.args[2], p)
-    if tuple(p.shape) != tuple(dst.shape):
-        return False
-    reach, wrote = {p.name}, False
-    for leaf in walk(bsym):
-        if leaf.subsymbols or not any(a.name in reach for a in leaf.tensor_args()):
-            continue
-        if leaf.sym is prims.copy_:
-            src = leaf.args[0] if leaf.args else leaf.kwargs.get("src")
-            to = leaf.args[1] if len(leaf.args) > 1 else leaf.kwargs.get("dst")
-            wrote = _named(to, dst) and _named(src, *reach)
-            if not wrote:
-                return False
-        elif leaf.sym.meta in _ELEMENTWISE and all(tuple(o.shape) == tuple(dst.shape) for o in leaf.tensor_outs()):
-            reach.update(o.name for o in leaf.tensor_outs())
-        else:
-            return False
-    return wrote
-
-
-def _named(x, *names) -> bool:
-    return isinstance(x, TensorProxy) and x.name in {n if isinstance(n, str) else n.name for n in names}
 
 
 def _call_key(view: BoundSymbol) -> tuple:

@@ -30,6 +30,8 @@ import operator
 from typing import NamedTuple
 
 from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import is_int
 
 _LIMIT = 1 << 14   # positions enumerated when intervals cannot tell
@@ -160,6 +162,62 @@ def eager_allows(written: Geo, read: Geo) -> bool:
     if written.shape == read.shape and written.sym is not None and written.sym == read.sym:
         return True
     return written.real and read.real and not (_dense(written) and _dense(read))
+
+
+# prims computing each output element from the input elements at its own index
+_ELEMENTWISE = frozenset(getattr(prims, n).meta for n in prims.UNARY + prims.BINARY + prims.TERNARY
+                         if n not in ("real", "imag")) | {prims.where.meta, prims.convert_element_type.meta}
+
+
+def written_view(bsym: BoundSymbol, dst: TensorProxy, links: dict) -> TensorProxy:
+    """The view of ``dst`` eager's kernel writes: ``a[key] = v`` (basic indexing,
+    recorded as ``where(mask, padded v, a)`` written into ``a``) writes ``a[key]``,
+    the last view of ``a`` its decomposition makes; any other op writes ``dst``."""
+    if not _basic_setitem(bsym, dst):
+        return dst
+    region, made = dst, {dst.name}
+    for name, (leaf, base) in links.items():
+        if base.name in made:
+            made.add(name)
+            region = leaf.output
+    return region
+
+
+def _basic_setitem(bsym: BoundSymbol, dst: TensorProxy) -> bool:
+    """``a[key] = v`` with basic indexing (no tensor index): a ``where`` into ``a``."""
+    return bsym.sym.id == "ltorch.setitem" and any(
+        b.sym is prims.where and _named(b.args[2], dst) for b in walk(bsym) if not b.subsymbols)
+
+
+def elementwise_from(bsym: BoundSymbol, p: TensorProxy, dst: TensorProxy, region: TensorProxy) -> bool:
+    """Each element ``bsym`` writes into ``region`` reads ``p`` only at its own
+    index: setitem's value of the view's size, or ``p`` flowing to the write
+    through elementwise prims of one shape (no reduction, matmul or view of it)."""
+    if _numel(p.shape) != _numel(region.shape):
+        return False
+    if _basic_setitem(bsym, dst):
+        return _named(bsym.args[2], p)
+    if tuple(p.shape) != tuple(dst.shape):
+        return False
+    reach, wrote = {p.name}, False
+    for leaf in walk(bsym):
+        if leaf.subsymbols or not any(a.name in reach for a in leaf.tensor_args()):
+            continue
+        if leaf.sym is prims.copy_:
+            src = leaf.args[0] if leaf.args else leaf.kwargs.get("src")
+            to = leaf.args[1] if len(leaf.args) > 1 else leaf.kwargs.get("dst")
+            wrote = _named(to, dst) and _named(src, *reach)
+            if not wrote:
+                return False
+        elif leaf.sym.meta in _ELEMENTWISE and all(tuple(o.shape) == tuple(dst.shape) for o in leaf.tensor_outs()):
+            reach.update(o.name for o in leaf.tensor_outs())
+        else:
+            return False
+    return wrote
+
+
+def _named(x, *names) -> bool:
+    return isinstance(x, TensorProxy) and x.name in {n if isinstance(n, str) else n.name for n in names}
 
 
 def _dense(g: Geo) -> bool:
