@@ -21,6 +21,11 @@ positions enumerated up to ``_LIMIT``; beyond it nothing is claimed. Sizes may
 be symbolic: each comparison on them is a guard (core/symint.py), and
 enumerating specializes them.
 
+Which view an op writes (``written_view``: setitem writes ``a[key]``, not the
+``a`` its decomposition copies into) and whether it reads a value elementwise
+(``elementwise_from``: only through elementwise prims of one shape) are read
+from the op's decomposition.
+
 Example: the root (4, 3); ``x[0:2]`` is ``Geo((2, 3), (3, 1), 0)``,
 ``x[2:4]`` is ``Geo((2, 3), (3, 1), 6)``: disjoint.
 """
