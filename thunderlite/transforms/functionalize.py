@@ -258,8 +258,8 @@ class _Rewriter:
                 return False
             if view_geometry.disjoint(written, read):
                 return True
-            return view_geometry.same_positions(written, read) and view_geometry.elementwise_from(bsym, p, dst, region) and \
-                view_geometry.eager_allows(written, read)
+            return view_geometry.same_positions(written, read) and view_geometry.eager_allows(written, read) \
+                and view_geometry.elementwise_from(bsym, p, dst, region)
         except DataDependentError:      # a size known only at run time
             return False
 
