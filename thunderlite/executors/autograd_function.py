@@ -32,7 +32,9 @@ freed during the first one, and the second raises saying so.
 
 Inputs the program writes on a gradient path get their final values as extra
 forward outputs, copied into them after the Function with autograd recording
-(``_write_back``), so their history continues from the program's as in eager.
+(``_write_back``), so their history continues from the program's as in eager;
+an input only written under no_grad or through ``detach()``/``.data`` keeps
+its history, so its copy is not recorded.
 Programs with writes functionalize.py cannot rewrite run in *eager mode* (see
 transforms/autodiff.py): the finalized trace runs with autograd on and PyTorch
 records the graph, so results and errors are eager's own.
@@ -230,7 +232,11 @@ class DifferentiableProgram:
             return out
         out, values = out
         for i, v in zip(self.split.write_backs, values, strict=True):
-            flat_args[i].copy_(v)
+            if i in self.split.quiet_write_backs:     # written under no_grad or through detach(): history kept
+                with torch.no_grad():
+                    flat_args[i].copy_(v)
+            else:
+                flat_args[i].copy_(v)
         if self._epilogue_fn is None:
             return out
         where = dict(zip(self.split.epilogue[1], self._epilogue_fn(*flat_args), strict=True))

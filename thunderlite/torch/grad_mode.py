@@ -4,9 +4,10 @@
   switches grad mode (``with torch.no_grad()``, ``@torch.no_grad()``,
   ``torch.enable_grad()``, ``torch.set_grad_enabled``). Autodiff reads the mode
   from the proxies' ``requires_grad`` (set while tracing) and drops these
-  symbols from the functional forward/backward; the eager-mode replay (programs
-  that write into views on a gradient path) runs them, so updates made under
-  ``no_grad`` replay with grad mode off, as in eager. Tagged ``ORDER_BARRIER``:
+  symbols from the functional forward/backward; functionalize.py follows them
+  (a write under no_grad keeps the tensor's history); the eager-mode replay
+  runs them, so updates made under ``no_grad`` replay with grad mode off, as in
+  eager. Tagged ``ORDER_BARRIER``:
   a reordering pass must not move a symbol across a switch.
 - ``requires_grad_(a, requires_grad=True)``: flips the proxy's flag while
   tracing and records a symbol with no output (``autodiff.REQUIRES_GRAD_ID``);

@@ -44,7 +44,9 @@ gradient is the mathematically correct one. Writes into tensors that alias
 others (views, viewed bases, arguments) on a gradient path have no functional
 form in the trace: the barriers say *that* a group changed, not *how*;
 functionalize.py rewrites them functionally (written arguments become extra
-outputs, ``GradSplit.write_backs``, that the caller copies in). For the programs
+outputs, ``GradSplit.write_backs``, that the caller copies in; writes autograd
+does not record, under no_grad or through ``detach()``/``.data``, become
+``overwrite_values``: new values, the old history). For the programs
 it cannot rewrite ``GradSplit.mode`` is ``"eager"``: the caller runs the ordinary
 trace with autograd on, so outputs, gradients and errors are exactly eager's. A
 symbol with its own rule owns the writes hidden in its decomposition
@@ -80,7 +82,8 @@ from thunderlite.transforms.autodiff_function import function_vjp, is_function_s
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.eager_layout import eager_aliasing, eager_tensors, inputs_behind
-from thunderlite.transforms.functionalize import NotFunctionalizable, functionalize, take_write_backs
+from thunderlite.transforms.functionalize import (EagerRaises, NotFunctionalizable, functionalize, overwrite_values,
+                                                  take_write_backs)
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
 
@@ -105,6 +108,7 @@ class GradSplit:
     eager_reason: str = ""                     # eager mode: why the program could not be differentiated here
     functionalized: Trace | None = None        # functional mode reached by functionalize.py
     write_backs: tuple = ()                    # argument indices the caller copies the extra outputs into
+    quiet_write_backs: tuple = ()              # those copied without autograd recording (no_grad/detach writes)
     epilogue: tuple | None = None              # (trace, output positions): written inputs and views returned
     stride_inputs: tuple = ()                  # arguments whose strides decided a reshape's view-or-copy
     placed_inputs: tuple = ()                  # arguments sharing storage whose strides and offsets were used
@@ -162,11 +166,19 @@ def _new_leaf_needs_eager(trace: Trace, mask) -> str | None:
     return None
 
 
+@rules.register_vjp(overwrite_values)
+def _overwrite_values_vjp(g, out, a, new):
+    return g, None
+
+
+rules.register_non_differentiable(DETACH)     # functionalize.py: a value made under no_grad
+
+
 def _no_grad_write_on_path(trace: Trace, tracked: set[str], groups: AliasGroups) -> str | None:
     """A write made with grad mode off into storage a tracked value lives in:
     eager keeps the destination's history as it was (the write is invisible to
-    autograd), which a functional VJP cannot express; eager mode replays it.
-    Returns the reason, or None."""
+    autograd); functionalize.py expresses it (``overwrite_values``), and eager
+    mode replays it where it cannot. Returns the reason, or None."""
     roots = {groups.find(n) for n in tracked}
     grad = True
     for bsym in trace.bound_symbols:
@@ -356,23 +368,78 @@ def _stale_requires_grad(trace: Trace, tracked: set[str]) -> str | None:
     return None
 
 
-def _no_grad_values(trace: Trace) -> str | None:
-    """A value made with grad off from one requiring grad (``torch.no_grad()``
-    inside the program), or a grad-mode switch: functionalize.py does not
-    follow grad mode, so such programs keep the eager-mode replay. Aliases
-    that do not require grad (``detach()``, ``.data``) are not such values:
-    functionalize.py refuses writes through them (opaque views), and reading
-    them is reading a value that carries no gradient."""
+def _saved_by_eager(bsym: BoundSymbol, tracked: set[str]) -> list[str] | None:
+    """The names of the arguments and outputs of ``bsym`` (a torch call on a
+    gradient path) that eager's autograd saves for the backward, asked of
+    PyTorch: the call runs on meta tensors with autograd on, and a saved tensor
+    is one whose version counter moves with that value's. None where it cannot
+    tell (no torch callable, an op meta tensors cannot run)."""
+    fn = bsym.sym.torch_fn
+    if fn is None or bsym.sym.module == "autograd_function":
+        return None
+    metas: dict[str, torch.Tensor] = {}
+
+    def meta(p):
+        if type(p) is not TensorProxy:
+            return torch.device("meta") if isinstance(p, torch.device) else p
+        if p.name not in metas:
+            t = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            metas[p.name] = t.requires_grad_().clone() if p.name in tracked and dtypes.is_inexact(p.dtype) else t
+        return metas[p.name]
+    saved: list[torch.Tensor] = []
+    try:
+        margs, mkwargs = pytree.tree_map(meta, (bsym.args, bsym.kwargs))
+        if mkwargs.get("device") is not None:
+            mkwargs["device"] = "meta"
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                                           lambda t: t):
+            mout = fn(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - PyTorch cannot tell here: the caller assumes everything is saved
+        return None
+    outs = [o for o in pytree.leaves(mout) if isinstance(o, torch.Tensor)]
+    if len(outs) != len(bsym.tensor_outs()):
+        return None
+    metas.update((p.name, o) for p, o in zip(bsym.tensor_outs(), outs, strict=True))
+    hit = []
+    for name, t in metas.items():
+        before = [s._version for s in saved]
+        torch.autograd.graph.increment_version(t)
+        if any(s._version != v for s, v in zip(saved, before, strict=True)):
+            hit.append(name)
+    return hit
+
+
+def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasGroups,
+                                 owned: set[str]) -> str | None:
+    """A write autograd does not record (under no_grad, through a ``detach()``
+    or ``.data`` alias, into a tensor that does not require grad) into memory
+    that eager's autograd saved earlier for a backward: eager raises "modified
+    by an inplace operation" when that backward runs (through ``.data``, whose
+    version counter is its own, it differentiates with the new values). A
+    functional trace would give the gradient of the old values, so eager mode
+    replays the program. Returns the reason, or None."""
+    steps, grad = [], True
     for bsym in trace.bound_symbols:
-        sym = bsym.sym
-        if sym.id == GRAD_MODE_ID:
-            return f"a grad-mode switch at {_where(bsym)}"
-        if (Tag.RETURN in sym.tags or Tag.ALIAS_BARRIER in sym.tags or Tag.INPLACE in sym.tags
-                or rules.is_non_differentiable(sym) or sym is DETACH or views(bsym)
-                or not any(a.requires_grad for a in bsym.tensor_args())):
+        if bsym.sym.id == GRAD_MODE_ID:
+            grad = bool(bsym.args[0])
+        elif Tag.RETURN not in bsym.sym.tags and Tag.ALIAS_BARRIER not in bsym.sym.tags:
+            steps.append((bsym, grad and _on_path(bsym, tracked)))
+    unrecorded = [(i, d) for i, (bsym, on_path) in enumerate(steps) if not on_path
+                  for leaf in _leaves_of(bsym) for d, _ in writes(leaf) if d.name not in owned]
+    for i, (bsym, on_path) in enumerate(steps):
+        later = [(j, d) for j, d in unrecorded if j > i]
+        if not later or not on_path or rules.is_non_differentiable(bsym.sym):
             continue
-        if any(dtypes.is_inexact(o.dtype) and not o.requires_grad for o in bsym.tensor_outs()):
-            return f"{bsym.sym.name} at {_where(bsym)} makes a value that does not require grad"
+        touched = [p.name for p in (*bsym.tensor_args(), *bsym.tensor_outs())]
+        if not any(groups.same(n, d.name) for n in touched for _, d in later):
+            continue
+        names = _saved_by_eager(bsym, tracked)
+        for j, dst in later:
+            if any(groups.same(n, dst.name) for n in (touched if names is None else names)):
+                return (f"a write autograd does not record (under no_grad or through a detach()/.data alias) "
+                        f"at {_where(steps[j][0])} changes {dst.name}, which eager saved for the backward of "
+                        f"{_where(bsym)} (eager's backward raises 'modified by an inplace operation', or "
+                        "reads the new values)")
     return None
 
 
@@ -671,7 +738,8 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
     for bsym in flat:
         if not _on_path(bsym, tracked):
             continue
-        d = frozenset().union(*(deps.get(p.name, frozenset()) for p in bsym.proxy_args()))
+        reads = bsym.args[:1] if bsym.sym is overwrite_values else bsym.proxy_args()   # the new values carry none
+        d = frozenset().union(*(deps.get(p.name, frozenset()) for p in reads))
         for o in bsym.tensor_outs():
             if o.name in tracked:
                 deps[o.name] = d
@@ -760,17 +828,21 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     reason = _eager_reason(trace, flat, tracked, groups, mask)
     functional = rewritten = None
     tail, epilogue, used = [], None, set()
-    if reason is not None and _needs_eager(trace, flat, tracked, groups):
-        nograd = _no_grad_values(trace)
+    late = _saved_then_unrecorded_write(trace, tracked, groups, _owned_writes(flat, tracked))
+    quiet: set[str] = set()
+    if late is not None:
+        reason = late
+    elif reason is not None and (_needs_eager(trace, flat, tracked, groups)
+                                 or _no_grad_write_on_path(trace, tracked, groups)):
         try:
-            if nograd is not None:
-                raise NotFunctionalizable(f"it has values made without grad on a gradient path: {nograd}")
             layouts = eager_tensors(trace, input_strides or {}, input_alias_groups)
             rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups,
-                                      eager_aliasing(trace, layouts), used, input_strides, layouts)
+                                      eager_aliasing(trace, layouts), used, input_strides, layouts, quiet)
             functional, tail, epilogue = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
+        except EagerRaises:
+            raise
         except Exception as e:  # noqa: BLE001 - eager mode stays correct; the reason says what failed
             reason = f"{reason}; functionalizing it failed ({type(e).__name__}: {e})"
         else:
@@ -806,6 +878,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     split.functionalized = rewritten if trace is functional else None
     index = {a.name: i for i, a in enumerate(trace.args) if isinstance(a, Proxy)}
     split.write_backs = tuple(index[b.args[1].name] for b in tail)
+    split.quiet_write_backs = tuple(index[b.args[1].name] for b in tail if b.args[1].name in quiet)
     split.epilogue = epilogue
     placed = {n.split(":", 1)[1] for n in used if n.startswith("layout:")}
     decided = {n for n in used if not n.startswith("layout:")}

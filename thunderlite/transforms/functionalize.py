@@ -28,13 +28,22 @@ prims only:
   chain has no inverse (through an expanded view) is one ``_Strided`` scatter
   when no written element is in two places.
 
+A write autograd does not record (made under ``torch.no_grad()``, or through a
+``detach()``/``.data`` alias) changes values, not history: the base's new value
+is ``overwrite_values(old, new)``, whose forward is ``new`` and whose VJP sends
+the whole gradient to ``old`` (nothing to ``new``); a ``detach``/``.data`` link
+replays as itself (no gradient), and values made under ``no_grad`` stay
+constants (the pass follows grad-mode switches). An input written only that
+way is written back without autograd recording (``quiet``).
+
 A write reading another view of the memory it writes is functional where
 that view lies apart from the positions written or sits on exactly them, read
 elementwise (``check_reads``, view_geometry.py). Where the pass cannot say how
-(an alias autograd does not track as a view, an overlapping write, a write
-reading a partially overlapping view of the memory it writes, an opaque
-in-place op), it raises ``NotFunctionalizable`` with the reason; autodiff then
-keeps its eager-mode replay and names that reason.
+(an alias autograd does not track as a view other than ``detach()``/``.data``,
+an overlapping write, a write reading a partially overlapping view of the
+memory it writes, an opaque in-place op), it raises ``NotFunctionalizable``
+with the reason; autodiff then keeps its eager-mode replay and names that
+reason.
 
 Example (``v = y[:, 0]; v.mul_(2); return y``)::
 
@@ -50,12 +59,14 @@ import torch
 from thunderlite.core import prims, pytree
 from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import DataDependentError, Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol, free_tensors, walk
+from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.torch.grad_mode import SET_GRAD_ENABLED_ID
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.transforms import view_geometry
+from thunderlite.transforms.autodiff_ops import DETACH
 from thunderlite.transforms.eager_layout import autograd_view, eager_view, same_storage
 from thunderlite.transforms.update_aliases import AliasGroups
 
@@ -69,8 +80,31 @@ _ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten"
 _CERTAIN = _INVERTIBLE | frozenset(p.meta for p in (prims.broadcast_in_dim, prims.real, prims.imag))
 
 
+def _overwrite_values_meta_decomposition(a: TensorProxy, new: TensorProxy) -> TensorProxy:
+    everywhere = prims.full(a.shape, True, device=a.device, dtype=torch.bool)
+    return prims.where(everywhere, new, a)
+
+
+def _overwrite_values_torch(a: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    return new.clone()
+
+
+overwrite_values = Symbol("overwrite_values", decomposition=_overwrite_values_meta_decomposition,
+                          module="functionalize", torch_fn=_overwrite_values_torch)
+"""``overwrite_values(a, new)``: ``a`` with its values replaced by ``new`` (same
+shape and dtype) and its history kept: the value of a tensor after a write
+autograd does not record. Its VJP (autodiff.py) sends the whole gradient to
+``a`` and none to ``new``. The torch executor runs it as one copy; the
+decomposition (``where`` over an all-true mask) lets a fusion executor fuse it."""
+
+
 class NotFunctionalizable(Exception):
     """Why a write cannot be made functional here (the eager-mode fallback's reason)."""
+
+
+class EagerRaises(RuntimeError):
+    """An error eager raises in the forward that the eager-mode replay would not
+    (it detaches the views made under no_grad): raised to the user, with the line."""
 
 
 def _where(bsym: BoundSymbol) -> str:
@@ -109,6 +143,14 @@ class _Rewriter:
         self.base_proxy: dict[str, TensorProxy] = {}
         self.out: list[BoundSymbol] = []
         self.changed = False
+        self.grad = True                  # grad mode where the pass is (set_grad_enabled switches)
+        self.recorded: set[str] = set()   # bases a write autograd records changed
+        self.nograd: set[str] = set()     # views made under no_grad: constants wherever replayed
+        self.quiet: set[str] = set()      # inputs written only by writes autograd does not record
+        self.guarded: set[str] = set()    # views made under no_grad of a tensor requiring grad
+        self.stale: set[str] = set()      # such views after a write into their base: eager refuses reading them
+        self.tainted: set[str] = set()    # bases whose detach()/.data alias a grad value was written into
+        self.unreadable: set[str] = set()  # those aliases: eager gives them that value's history
 
     def share(self, group: list[str], layouts: dict) -> bool:
         """Describe inputs sharing storage as views of one flat storage (their
@@ -160,10 +202,11 @@ class _Rewriter:
         """``bsym`` reading the functional values. Where one of them requires grad
         and the value it replaces did not (a write of a value requiring grad into
         a tensor that did not: eager's ``x.mul_(w)``), the symbol is recorded
-        again, so its outputs' ``requires_grad`` is what eager gives them."""
+        again, so its outputs' ``requires_grad`` is what eager gives them
+        (not under no_grad: what it makes there is a constant)."""
         new = self.sub(bsym)
-        if not any(n.requires_grad and not o.requires_grad
-                   for o, n in zip(bsym.tensor_args(), new.tensor_args(), strict=True)):
+        if not self.grad or not any(n.requires_grad and not o.requires_grad
+                                    for o, n in zip(bsym.tensor_args(), new.tensor_args(), strict=True)):
             self.out.append(new)
             return
         if Tag.OPAQUE in bsym.sym.tags or bsym.sym.module == "autograd_function":
@@ -185,14 +228,35 @@ class _Rewriter:
         return self.chain.get(name, (name, ()))
 
     def replay(self, chain: tuple, base: TensorProxy, source) -> TensorProxy:
+        """The view ``chain`` on ``base``; a view made under no_grad stays a constant."""
         x = base
         for v in chain:
             x = self.record(source, v.sym, x, *v.args[1:], **v.kwargs)
+        if any(isinstance(v.output, Proxy) and v.output.name in self.nograd for v in chain):
+            x = self.constant(x, source)
         return x
+
+    def made_without_grad(self, chain: tuple) -> bool:
+        return any(isinstance(v.output, Proxy) and v.output.name in self.guarded for v in chain)
+
+    def constant(self, p: TensorProxy, source) -> TensorProxy:
+        return self.record(source, DETACH, p) if p.requires_grad else p
 
     # --- the pass ---------------------------------------------------------------------------------
     def top(self, bsym: BoundSymbol, parent: str = "") -> None:
-        if Tag.RETURN in bsym.sym.tags:
+        if self.unreadable and Tag.ALIAS_BARRIER not in bsym.sym.tags and \
+                any(p.name in self.unreadable for p in bsym.proxy_args()):
+            raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} reads a detach()/.data alias that a write gave "
+                                      "a value requiring grad (eager gives the alias that value's history)")
+        if self.stale and self.grad and Tag.ALIAS_BARRIER not in bsym.sym.tags and \
+                any(p.name in self.stale for p in bsym.proxy_args()):
+            raise EagerRaises(f"A view was created in no_grad mode and its base or another view of its base has "
+                              f"been modified inplace since: reading it with grad mode enabled{_where(bsym)} is "
+                              "forbidden (as in eager). Make the view outside no_grad, or read it under no_grad too.")
+        if bsym.sym.id == SET_GRAD_ENABLED_ID:
+            self.grad = bool(bsym.args[0])
+            self.out.append(bsym)
+        elif Tag.RETURN in bsym.sym.tags:
             self.finish(bsym)
         elif Tag.ALIAS_BARRIER in bsym.sym.tags:
             self.barrier(bsym)
@@ -235,15 +299,15 @@ class _Rewriter:
         links: dict[str, tuple] = {}
         for leaf in walk(bsym):
             for o, b in views(leaf):
-                root, chain = local.get(b.name) or self.geometry(b.name)
-                local[o.name] = (root, chain + (_call_key(leaf),))
+                root, chain = local.get(b.name) or self.elements(b.name)
+                local[o.name] = (root, chain + (() if _detaching(leaf) else (_call_key(leaf),)))
                 if not leaf.subsymbols and not writes(leaf):
                     links[o.name] = (leaf, b)
         for dst in _written_deep(bsym):
-            allowed = {self.geometry(dst.name), *local.values()}
-            root = (local.get(dst.name) or self.geometry(dst.name))[0]
+            allowed = {self.elements(dst.name), *local.values()}
+            root = (local.get(dst.name) or self.elements(dst.name))[0]
             for p in bsym.tensor_args():
-                other = self.geometry(p.name)
+                other = self.elements(p.name)
                 if other[0] == root and other not in allowed and not self.apart_or_same(bsym, dst, p, links):
                     raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} reads another view of the memory "
                                               "it writes")
@@ -290,6 +354,11 @@ class _Rewriter:
         base, chain = self.base_of(name)
         return base, tuple(_call_key(v) for v in chain)
 
+    def elements(self, name: str) -> tuple:
+        """``geometry`` without ``detach()``/``.data`` links: which elements, whatever the alias."""
+        base, chain = self.base_of(name)
+        return base, tuple(_call_key(v) for v in chain if not _detaching(v))
+
     def leaf(self, bsym: BoundSymbol, parent: str = "") -> None:
         pairs = writes(bsym)
         if pairs:
@@ -299,7 +368,7 @@ class _Rewriter:
             return
         pairs = views(bsym)
         if len(pairs) == 1 and len(bsym.tensor_outs()) == 1 and bsym.sym.meta not in _CERTAIN and \
-                bsym.sym.meta is not prims.reshape.meta and self.settle(bsym, *pairs[0]):
+                bsym.sym.meta is not prims.reshape.meta and not _detaching(bsym) and self.settle(bsym, *pairs[0]):
             return
         self.emit(bsym)
         for o, b in pairs:
@@ -308,7 +377,12 @@ class _Rewriter:
                 continue
             base, chain = self.base_of(b.name)
             self.chain[o.name] = (base, chain + (bsym,))
-            if bsym.sym.meta in _CERTAIN and (bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW):
+            if not self.grad:
+                self.nograd.add(o.name)
+                if b.requires_grad or b.name in self.guarded:
+                    self.guarded.add(o.name)
+            if _detaching(bsym) or (bsym.sym.meta in _CERTAIN and
+                                    (bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW)):
                 self.certain.add(bsym)
             elif bsym.sym.meta is prims.reshape.meta and self.aliasing.get(o.name):
                 self.certain.add(bsym)
@@ -323,9 +397,10 @@ class _Rewriter:
         memory where eager copies; where its layout is its input's or the base's,
         the same elements; else a strided view of the base (``_Strided``). False
         where that is unknown, or where autograd does not see the alias
-        (``detach()``, ``.data``, ``unsafe_split``: their writes change values, not
-        histories; autograd's view base is not the base's): the view then stays
-        one this pass cannot write through. A view is emitted as the elements
+        (``unsafe_split``: its writes change values, not histories; autograd's
+        view base is not the base's): the view then stays one this pass cannot
+        write through (``detach()``/``.data`` never come here: they are links of
+        their own, ``_detaching``). A view is emitted as the elements
         it names (``b``'s value, a gather), so it reads what writes made of
         them, as eager's view does."""
         m_in, m = self.layout(b.name), eager_view(bsym, o, self.layout)
@@ -439,12 +514,22 @@ class _Rewriter:
                                       "input of the program")
         self.check_chain(chain, bsym)
         written = self.writable(base, chain, dst, bsym)
+        # eager: a write under no_grad or through a detach()/.data alias changes values, not history
+        unrecorded = not self.grad or any(_detaching(v) for v in chain)
+        if unrecorded and self.grad and isinstance(src, TensorProxy) and src.requires_grad:
+            # the base takes the values only; the alias, which eager gives src's history, must not be read
+            self.tainted.add(base)
+            self.unreadable.add(bsym.output.name)
         old = self.current(base, chain, dst, bsym.source)
         if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
             src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
         if not isinstance(src, TensorProxy) or src.shape != dst.shape:
             src = self.record(bsym.source, _broadcast_to, src, dst)
-        self.cur[base] = self.scatter(old, src, written, bsym.source)
+        self.cur[base] = self.scatter(old, src, written, bsym.source, unrecorded)
+        if self.made_without_grad(chain):
+            self.stale.add(bsym.output.name)
+        if not unrecorded:
+            self.recorded.add(base)
         self.swap[bsym.output.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
         self.chain[bsym.output.name] = (base, chain)
         self.changed = True
@@ -473,7 +558,8 @@ class _Rewriter:
                 raise NotFunctionalizable(f"{v.sym.id} makes a view this pass cannot scatter into or replay "
                                           f"(an opaque or expanding view), and a write{_where(at)} changes its group")
 
-    def scatter(self, base: TensorProxy, src: TensorProxy, chain: tuple, source) -> TensorProxy:
+    def scatter(self, base: TensorProxy, src: TensorProxy, chain: tuple, source,
+                unrecorded: bool = False) -> TensorProxy:
         new = src
         if chain:
             values = [base]
@@ -481,6 +567,9 @@ class _Rewriter:
                 values.append(self.record(source, v.sym, values[-1], *v.args[1:], **v.kwargs))
             for v, x in zip(reversed(chain), reversed(values), strict=True):
                 new = self.record(source, _inverse, v, x, new)
+        if unrecorded:      # the base keeps its whole history; the written values carry none
+            return self.record(source, overwrite_values, base, new) if base.requires_grad else \
+                self.constant(new, source)
         # where(mask, new, base) or a scatter: the base keeps its history where not written
         selected = bool(chain) and (isinstance(chain[0], (_StorageView, _Strided))
                                     or chain[0].sym.meta is prims.slice_prim.meta)
@@ -499,6 +588,8 @@ class _Rewriter:
         bases = [self.base_of(m.name) for m in members]
         apart = self.apart(written | {b for b, _ in bases if b in self.cur})
         for (base, chain), m, n in zip(bases, members, bsym.output, strict=True):
+            if m.name in self.unreadable or (base in self.tainted and any(_detaching(v) for v in chain)):
+                self.unreadable.add(n.name)
             if base in self.opaque or (base not in self.cur and base not in apart):
                 raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
                                           + _where(bsym))
@@ -507,8 +598,11 @@ class _Rewriter:
                 self.chain[n.name] = (base, chain)
                 continue
             self.check_chain(chain, bsym)
+            if m.name in self.stale or self.made_without_grad(chain):
+                self.stale.add(n.name)
             self.swap[n.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
             self.chain[n.name] = (base, chain)
+        self.tainted -= written
 
     def apart(self, written: set[str]) -> set[str]:
         """Roots joined to the ``written`` roots only through reshapes eager
@@ -533,6 +627,7 @@ class _Rewriter:
         written = {n: self.base_of(n) for n in self.inputs if self.base_of(n)[0] in self.cur}
         finals = {n: self.replay(chain, self.cur[base], ret.source) if chain else self.cur[base]
                   for n, (base, chain) in written.items()}
+        self.quiet = {n for n, (base, _) in written.items() if base not in self.recorded}
         for n, final in finals.items():         # the copies last, together (take_write_backs)
             self.record(ret.source, prims.copy_, final, self.inputs[n])
         itself = {self.geometry(n): n for n in written}
@@ -686,7 +781,7 @@ def _flat_positions(shape, strides, offset, device) -> TensorProxy:
 def _invertible(v) -> bool:
     if isinstance(v, _Strided):
         return not v.overlaps
-    return isinstance(v, _StorageView) or v.sym.meta in _INVERTIBLE
+    return isinstance(v, _StorageView) or v.sym.meta in _INVERTIBLE or _detaching(v)
 
 
 def _inverse_perm(perm) -> tuple:
@@ -743,6 +838,8 @@ def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorPr
                              prims.reshape(new, (_numel(shape),)))
         out = prims.reshape(flat, tuple(base.shape[d] for d in order))
         return out if order == tuple(range(base.ndim)) else prims.permute(out, _inverse_perm(order))
+    if _detaching(view):
+        return new
     meta = view.sym.meta
     if meta is prims.reshape.meta or meta is prims.squeeze.meta:
         return prims.reshape(new, base.shape)
@@ -763,6 +860,14 @@ def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorPr
 def _overwrite(base: TensorProxy, src: TensorProxy) -> TensorProxy:
     everywhere = prims.full(base.shape, True, device=base.device, dtype=torch.bool)
     return prims.where(everywhere, src, base)
+
+
+def _detaching(view) -> bool:
+    """A ``detach()``/``.data`` alias: the same elements, no gradient."""
+    if isinstance(view, (_StorageView, _Strided)) or Tag.OPAQUE not in view.sym.tags:
+        return False
+    fn = view.sym.torch_fn
+    return fn is torch.Tensor.detach or fn is torch.detach or getattr(fn, "__name__", None) == "data"
 
 
 def _touches_memory(bsym: BoundSymbol) -> bool:
@@ -787,7 +892,8 @@ FUNCTIONALIZE_STAGE = "functionalize"
 @trace_pass(FUNCTIONALIZE_STAGE)
 def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None,
                   aliasing: dict[str, bool] | None = None, used: set[str] | None = None,
-                  input_layouts: dict | None = None, eager: dict | None = None) -> Trace:
+                  input_layouts: dict | None = None, eager: dict | None = None,
+                  quiet: set[str] | None = None) -> Trace:
     """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
@@ -800,7 +906,9 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     those inputs are added to ``used`` as ``"layout:<name>"``, and so are inputs
     whose storage offset placed an opaque view. ``eager`` (name -> meta tensor,
     ``eager_layout.eager_tensors``) gives eager's layouts, from which opaque
-    views and writes through expanded views are described. Raises
+    views and writes through expanded views are described. ``quiet`` gets the
+    names of inputs only writes autograd does not record change (no_grad,
+    ``detach()``/``.data``): their write-back is not recorded either. Raises
     ``NotFunctionalizable`` with the reason."""
     rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {}, input_layouts, eager)
     for bsym in trace.bound_symbols:
@@ -808,6 +916,8 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     if used is not None:
         used.update(rw.used)
         used.update(f"layout:{n}" for root, names in rw.storages.items() if root in rw.cur for n in names)
+    if quiet is not None:
+        quiet.update(rw.quiet)
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
