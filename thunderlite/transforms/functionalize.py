@@ -379,7 +379,9 @@ class _Rewriter:
             self.chain[o.name] = (base, chain + (bsym,))
             if not self.grad:
                 self.nograd.add(o.name)
-                if b.requires_grad or b.name in self.guarded:
+                # a view autograd knows as one (not detach/.data/unsafe_split) of a tensor requiring grad
+                if (b.requires_grad or b.name in self.guarded) and not _detaching(bsym) and \
+                        Tag.HIDDEN_VIEW not in bsym.sym.tags:
                     self.guarded.add(o.name)
             if _detaching(bsym) or (bsym.sym.meta in _CERTAIN and
                                     (bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW)):
