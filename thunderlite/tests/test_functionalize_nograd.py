@@ -101,6 +101,16 @@ def nograd_view_made_inside(x, w, a):
     return s, h.exp()
 
 
+def detach_made_under_no_grad_read_after(x, w, a):
+    h = x * w
+    v = h[1:]
+    with torch.no_grad():
+        d = h.detach()                  # not a view autograd guards: reading it after the write is fine
+        d.mul_(0.5)
+    v.add_(w[0])
+    return d.sum(0) * w, h.exp()
+
+
 def detach_write(x, w, a):
     h = x + w                           # add saves nothing
     h.detach().mul_(0.9)
@@ -165,7 +175,7 @@ def read_saves_nothing_then_nograd_write(x, w, a):
 
 
 FUNCTIONAL = [nograd_write_into_intermediate, nograd_write_into_view, nograd_value_and_view_write,
-              nograd_view_made_inside, detach_write, data_write, detach_slice_write_with_views,
+              nograd_view_made_inside, detach_made_under_no_grad_read_after, detach_write, data_write, detach_slice_write_with_views,
               nograd_write_into_leaf_argument, detach_write_into_argument_return_view,
               data_write_into_non_leaf_argument, detach_write_of_grad_value, grad_value_only_through_alias,
               detach_and_recorded_view_writes,
