@@ -448,6 +448,29 @@ def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, ma
             or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked))
 
 
+# in-place ops whose kernel reads an operand other than ``self`` across elements
+# (a row, a column, an index): where that operand shares the written memory,
+# eager's result depends on the order its kernel visits the elements
+_READS_ACROSS = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "addr", "index_add", "index_put", "scatter",
+                           "scatter_add"})
+
+
+def _reads_own_memory(trace: Trace, tracked: set[str], groups: AliasGroups) -> str | None:
+    """``v.addmm_(v, w)`` on a gradient path: a functional form would read
+    ``v`` before the write, eager's kernel reads it while writing; eager mode
+    runs the kernel itself. Returns the reason, or None."""
+    for bsym in trace.bound_symbols:
+        inplace_of = bsym.sym.inplace_of
+        if inplace_of is None or inplace_of.name not in _READS_ACROSS or not bsym.args:
+            continue
+        dst = bsym.args[0]
+        if (type(dst) is TensorProxy and _on_path(bsym, tracked)
+                and any(groups.same(p.name, dst.name) for p in bsym.tensor_args()[1:])):
+            return (f"{bsym.sym.name} at {_where(bsym)} reads an operand sharing the memory it writes (eager's "
+                    "result depends on its kernel's order)")
+    return None
+
+
 def _stale_reads(flat, tracked: set[str]) -> str | None:
     """An op whose only inputs on a gradient path are values a write made
     require grad after their proxies were recorded (``r = torch.zeros(3);
@@ -825,15 +848,16 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
-    reason = _eager_reason(trace, flat, tracked, groups, mask)
+    own = _reads_own_memory(trace, tracked, groups)
+    reason = own or _eager_reason(trace, flat, tracked, groups, mask)
     functional = rewritten = None
     tail, epilogue, used = [], None, set()
     late = _saved_then_unrecorded_write(trace, tracked, groups, _owned_writes(flat, tracked))
     quiet: set[str] = set()
-    if late is not None:
+    if own is None and late is not None:
         reason = late
-    elif reason is not None and (_needs_eager(trace, flat, tracked, groups)
-                                 or _no_grad_write_on_path(trace, tracked, groups)):
+    elif own is None and reason is not None and (_needs_eager(trace, flat, tracked, groups)
+                                                 or _no_grad_write_on_path(trace, tracked, groups)):
         try:
             layouts = eager_tensors(trace, input_strides or {}, input_alias_groups)
             rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups,
