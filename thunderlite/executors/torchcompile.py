@@ -34,9 +34,9 @@ import shutil
 
 import torch
 
-from thunderlite.core.aliasing import views
+from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -116,12 +116,13 @@ class TorchCompileExecutor(FusionExecutor):
 
     def _compile(self, sub: Trace, region: Region):
         fn = sub.python_callable()
+        writing = any(writes(leaf) for b in region.bsyms for leaf in walk(b))
         if any(mentions_symbolic(b) for b in region.bsyms):
-            return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options))
+            return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options), writing)
         if self.compile_options == {"dynamic": False} and region.inputs and \
                 all(type(p) is TensorProxy for p in region.inputs):
-            return BoxedRegion(fn)
-        return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options))
+            return BoxedRegion(fn, writing)
+        return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
 
 
 def _recording(tensors) -> bool:
@@ -129,14 +130,16 @@ def _recording(tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _as_torch_calls(tensors) -> bool:
+def _as_torch_calls(tensors, writing: bool = True) -> bool:
     """Run the region's torch calls instead of the compiled code: autograd records
-    the call (``_recording``), or two inputs share storage, where AOTAutograd
+    the call (``_recording``), or two inputs of a region that writes share storage, where AOTAutograd
     rebuilds outputs aliasing a synthetic base and fails for some views
     ("incorrect out shape after application of ViewMeta sequence") after the
     graph's writes ran (no retry is possible then)."""
     if _recording(tensors):
         return True
+    if not writing:     # AOTAutograd makes synthetic bases only for aliased inputs a graph writes
+        return False
     seen = set()
     for t in tensors:
         if isinstance(t, torch.Tensor):
@@ -153,12 +156,13 @@ class EagerWhenRecording:
     a tensor the compiled graph would have saved is no error eager does not
     raise ("modified by an inplace operation"), as the Triton executor does."""
 
-    def __init__(self, fn, compiled):
+    def __init__(self, fn, compiled, writing: bool = True):
         self.fn = fn
         self.compiled = compiled
+        self.writing = writing      # the region writes (into its inputs, maybe)
 
     def __call__(self, *args):
-        return self.fn(*args) if _as_torch_calls(args) else self.compiled(*args)
+        return self.fn(*args) if _as_torch_calls(args, self.writing) else self.compiled(*args)
 
 
 class BoxedRegion:
@@ -173,19 +177,21 @@ class BoxedRegion:
 
     One compilation per layout of the inputs (strides and storage offsets; the
     structure key fixes shapes, dtypes and devices). A call that autograd records (grad mode on and
-    an input requiring grad: an eager-mode program), or whose inputs share
-    storage, runs ``fn``'s torch calls (see ``_as_torch_calls``)."""
+    an input requiring grad: an eager-mode program), or a call of a region that
+    writes whose inputs share storage, runs ``fn``'s torch calls (see
+    ``_as_torch_calls``)."""
 
     _boxed_call = True
 
-    def __init__(self, fn):
+    def __init__(self, fn, writing: bool = True):
         self.fn = fn
+        self.writing = writing      # the region writes (into its inputs, maybe)
         self._by_layout: dict[tuple, object] = {}
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
-        if _as_torch_calls(box):    # as EagerWhenRecording: autograd saves what eager saves
+        if _as_torch_calls(box, self.writing):    # as EagerWhenRecording: autograd saves what eager saves
             flat = list(box)
             box.clear()
             return self.fn(*flat)

@@ -287,3 +287,24 @@ def test_boxed_regions_use_inductors_fx_graph_cache():
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1
     for out in outs:
         torch.testing.assert_close(out, region(x, y)[0])
+
+
+def test_region_reading_inputs_that_share_storage_stays_compiled():
+    """Inputs sharing storage (q, k, v split from one projection) only send a
+    region to its torch calls where the region writes: AOTAutograd needs a
+    synthetic base only for aliased inputs a graph mutates. A training step's
+    regions read q/k/v views of one tensor and must stay compiled."""
+    _torchcompile_or_skip()
+    from thunderlite.executors.torchcompile import BoxedRegion
+
+    def region(q, k):
+        return ((q * k).sin(),)
+
+    qkv = torch.randn(4, 6)
+    q, k = qkv[:, :3], qkv[:, 3:]
+    reading = BoxedRegion(region, writing=False)
+    torch.testing.assert_close(reading([q, k])[0], region(q, k)[0])
+    assert reading.compilations == 1
+    writing = BoxedRegion(region, writing=True)
+    torch.testing.assert_close(writing([q, k])[0], region(q, k)[0])
+    assert writing.compilations == 0       # its torch calls ran
