@@ -53,6 +53,16 @@ machine: cold cache 83 s wall / 9.4 s CPU before, 27 s / 8.2 s after (wall
 time is Inductor's compile workers under load); warm cache 4.4 s / 3.3 s
 before, 9.1 s / 7.9 s after: boxed regions gain less from Inductor's caches.
 
+Latest run (2026-11-25, the machine otherwise idle but for a paused job, one
+run of 16 interleaved steps, 1 thread; wall / CPU time, pinned time, memory):
+nanoGPT thunderlite / eager 1.01 / 1.01, pinned 1.02, memory 0.79;
+thunderlite+torchcompile / torch.compile 1.01 / 1.01, pinned 1.06, memory 0.67
+(torch.compile 0.81); tiny Llama thunderlite / eager 0.99 / 0.99, pinned 0.95,
+memory 0.66; thunderlite+torchcompile / torch.compile 1.01 / 1.01, pinned 1.10,
+memory 0.76 (torch.compile 0.69). First calls with a warm Inductor cache (boxed
+regions now hit Inductor's FX graph cache): thunderlite+torchcompile 4.3 s /
+4.5 s, torch.compile 0.7 s / 1.4 s, thunderlite 0.2 s / 0.3 s.
+
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
 1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load
