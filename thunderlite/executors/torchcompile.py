@@ -76,6 +76,8 @@ class TorchCompileExecutor(FusionExecutor):
             return False
         if bsym.sym.module == "custom" and views(bsym):
             return False           # Inductor cannot functionalize a non-ATen op whose output aliases an input
+        if _untracked_alias(bsym):
+            return False
         if torch_executor.claim(bsym) is not None:
             return True
         return bsym.sym.decomposition is not None and bool(bsym.subsymbols) and all(
@@ -123,6 +125,19 @@ class TorchCompileExecutor(FusionExecutor):
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn, writing)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
+
+
+def _untracked_alias(bsym: BoundSymbol) -> bool:
+    """An alias autograd does not know as a view (``detach()``, ``.data``,
+    ``unsafe_split``'s pieces): a compiled graph returns an output aliasing
+    another as a view of it (AOTAutograd regenerates it from its base), so a
+    later write with a value requiring grad (``r.detach().add_(a)``) would make
+    the base require grad, where eager's detached alias keeps it apart."""
+    if Tag.OPAQUE not in bsym.sym.tags or not views(bsym):
+        return False
+    fn = bsym.sym.torch_fn
+    return (fn is torch.Tensor.detach or fn is torch.detach or getattr(fn, "__name__", None) == "data"
+            or Tag.HIDDEN_VIEW in bsym.sym.tags)
 
 
 def _recording(tensors) -> bool:

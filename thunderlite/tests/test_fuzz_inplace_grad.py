@@ -115,3 +115,15 @@ def test_eager_mode_torchcompile_regions_save_what_eager_saves(seed):
     if not ok:
         pytest.skip(f"torchcompile executor unavailable: {reason}")
     check_seed(seed, executors=["torchcompile", "torch"])
+
+
+def test_torchcompile_regions_do_not_return_detached_aliases_as_views():
+    """Seed 2873: ``r3 = Fn.apply(w); r3.detach().add_(a)`` with ``a`` requiring
+    grad. A compiled region returning ``r3`` and its ``detach()`` gave the alias
+    back as a view of ``r3`` (AOTAutograd regenerates aliased outputs from their
+    base), so the write made ``r3`` require grad where eager's does not;
+    untracked aliases now stay outside torchcompile regions."""
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"torchcompile executor unavailable: {reason}")
+    check_seed(2873, executors=["torchcompile", "torch"])
