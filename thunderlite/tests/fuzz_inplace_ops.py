@@ -83,6 +83,9 @@ class AddDirty(torch.autograd.Function):
 
 
 class SaveThenWrite(torch.autograd.Function):
+    """Saves ``y`` and then writes it: PyTorch takes the saved version when
+    ``forward`` returns, so the backward sees the written value."""
+
     @staticmethod
     def forward(ctx, x):
         y = x.exp()
@@ -97,6 +100,8 @@ class SaveThenWrite(torch.autograd.Function):
 
 
 class GradInPlace(torch.autograd.Function):
+    """The backward writes its incoming gradient."""
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
@@ -110,6 +115,8 @@ class GradInPlace(torch.autograd.Function):
 
 
 class SwishInplaceBackward(torch.autograd.Function):
+    """Memory-saving swish: the backward reuses its saved buffers in place."""
+
     @staticmethod
     def forward(ctx, x):
         s = torch.sigmoid(x)

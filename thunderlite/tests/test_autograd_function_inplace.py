@@ -15,6 +15,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
+from thunderlite.tests.fuzz_inplace_ops import GradInPlace, SaveThenWrite, SwishInplaceBackward
 
 F64 = torch.float64
 EXECUTORS = [pytest.param(None, id="default"), pytest.param(["torchcompile", "torch"], id="torchcompile")]
@@ -47,23 +48,6 @@ def check(fn, shapes, executors, *, grad_mask=None):
         torch.testing.assert_close(o.detach(), r.detach())
         torch.testing.assert_close(o.grad, r.grad)
     return jfn
-
-
-class SaveThenWrite(torch.autograd.Function):
-    """Saves ``y`` and then writes it: PyTorch takes the saved version when
-    ``forward`` returns, so the backward sees the written value."""
-
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        y.mul_(2)
-        return y * 1
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
 
 
 class ScaleDirty(torch.autograd.Function):
@@ -109,37 +93,6 @@ class CtxAttribute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * ctx.y
-
-
-class SwishInplaceBackward(torch.autograd.Function):
-    """Memory-saving swish: the backward reuses its saved buffers in place."""
-
-    @staticmethod
-    def forward(ctx, x):
-        s = torch.sigmoid(x)
-        ctx.save_for_backward(x, s)
-        return x * s
-
-    @staticmethod
-    def backward(ctx, g):
-        x, s = ctx.saved_tensors
-        t = x * (1 - s)
-        t.add_(1)
-        return g * s.mul_(t)
-
-
-class GradInPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        g.mul_(x)                       # writes the incoming gradient
-        g.mul_(2)
-        return g
 
 
 class WriteOutsideBuffer(torch.autograd.Function):
