@@ -232,6 +232,7 @@ def test_value_needed_by_backward_then_its_input_overwritten(executors):
 
 # --- Functions in programs that functionalize rewrites (issue 9, found by the in-place fuzzer) --------
 
+
 class ExpDoubled(torch.autograd.Function):
     """A write inside forward into a tensor it made; a backward that is not the
     forward's derivative, so a lost user backward shows."""
