@@ -28,9 +28,9 @@ when the region returns.
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 import shutil
+import warnings
 
 import torch
 
@@ -202,6 +202,7 @@ class BoxedRegion:
         self.fn = fn
         self.writing = writing      # the region writes (into its inputs, maybe)
         self._by_layout: dict[tuple, object] = {}
+        self.fallbacks: list[str] = []     # why a layout runs uncompiled (see _compile_boxed)
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
@@ -213,7 +214,7 @@ class BoxedRegion:
         layout = tuple((t.stride(), t.storage_offset()) for t in box)
         compiled = self._by_layout.get(layout)
         if compiled is None:
-            compiled = self._by_layout[layout] = _compile_boxed(self.fn, box)
+            compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
         return compiled(box)
 
     @property
@@ -222,7 +223,7 @@ class BoxedRegion:
         return len(self._by_layout)
 
 
-def _compile_boxed(fn, example: list):
+def _compile_boxed(fn, example: list, fallbacks: list[str]):
     """``fn`` traced to an ATen graph and compiled by Inductor the way it compiles a
     graph with boxed inputs (``flatten_graph_inputs`` wraps it in ``GmWrapper``:
     AOTAutograd then returns a callable that takes the list and empties it).
@@ -236,7 +237,8 @@ def _compile_boxed(fn, example: list):
     call); without one it is a constant of the code (part of the layout key).
     Where AOTAutograd refuses the inputs (aliased inputs with different
     ``._base``: "non-differentiable view input mutations"; a view it cannot
-    replay), the region runs as its torch calls for that layout."""
+    replay), the region runs as its torch calls for that layout: correct, slower,
+    so it is said (a warning, and the reason in ``fallbacks``)."""
     from torch._dynamo.utils import GmWrapper
     from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx
@@ -246,13 +248,18 @@ def _compile_boxed(fn, example: list):
     with torch.no_grad():
         try:
             gm = make_fx(fn, tracing_mode="fake")(*example)
-        except Exception:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
+        except Exception as e:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
+            fallbacks.append(f"make_fx: {type(e).__name__}; compiled through dynamo")
             return _Unboxed(torch.compile(fn, dynamic=False))
         offsets = any(t.storage_offset() for t in example)
         try:
             with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True))):
                 compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
-        except Exception:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
+        except Exception as e:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            fallbacks.append(why)
+            warnings.warn(f"thunderlite.torchcompile: Inductor could not compile a region for this input layout "
+                          f"({why}); it runs as its torch calls", stacklevel=2)
             return _Unboxed(fn)
     if not getattr(compiled, "_boxed_call", False):
         raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")

@@ -308,3 +308,26 @@ def test_region_reading_inputs_that_share_storage_stays_compiled():
     writing = BoxedRegion(region, writing=True)
     torch.testing.assert_close(writing([q, k])[0], region(q, k)[0])
     assert writing.compilations == 0       # its torch calls ran
+
+
+def test_region_inductor_refuses_is_said(monkeypatch):
+    """Where Inductor refuses a region, it runs as its torch calls (right
+    values) and says so: a warning with the reason, kept in ``fallbacks``."""
+    _torchcompile_or_skip()
+    import torch._inductor.compile_fx as compile_fx_module
+    from thunderlite.executors.torchcompile import BoxedRegion
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no such luck")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", refuse)
+
+    def region(a):
+        return (a.sin(),)
+
+    x = torch.randn(3)
+    boxed = BoxedRegion(region, writing=False)
+    with pytest.warns(UserWarning, match="runs as its torch calls"):
+        out = boxed([x])[0]
+    torch.testing.assert_close(out, x.sin())
+    assert boxed.fallbacks == ["RuntimeError: no such luck"]
