@@ -192,10 +192,12 @@ _WHERE = _IMPLEMENTED[prims.where]
 
 
 def writes_out(bsym: BoundSymbol) -> bool:
-    """Whether ``bsym`` runs as a torch elementwise function taking ``out=``, so
-    that ``out=`` one of its inputs computes it in place
+    """Whether ``bsym`` runs as a torch elementwise function (or ATen
+    elementwise kernel) taking ``out=``, so that ``out=`` one of its inputs computes it in place
     (transforms/reuse_buffers.py). The out= overloads want a tensor first
     (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors."""
     if bsym.sym is _WHERE:
         return all(type(a) is TensorProxy for a in bsym.args)
+    if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff_kernels.py)
+        return bsym.sym.executor is ex
     return bsym.sym in _WRITES_OUT and bool(bsym.args) and type(bsym.args[0]) is TensorProxy

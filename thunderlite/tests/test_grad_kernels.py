@@ -566,6 +566,49 @@ def test_cross_entropy_forward_and_backward(reduction):
     _same(K.cross_entropy_backward, grad, log_probs, target, reduction, -100, total)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64, torch.bfloat16])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_cross_entropy_backward_kernel_is_eagers(reduction, dtype):
+    """The torch executor's cross-entropy backward (one buffer on the CPU in
+    float32/float64) returns what eager's nll_loss_backward and
+    _log_softmax_backward_data return, ignored targets included."""
+    x, target = _t(9, 7, dtype=dtype), torch.tensor([1, 0, 6, -100, 2, 2, -100, 5, 3])
+    log_probs = torch.log_softmax(x, 1)
+    _, total = aten.nll_loss_forward(log_probs, target, None, reduction, -100)
+    grad = (_t(9, seed=2) if reduction == 0 else _t(seed=2)).to(dtype)
+    want = aten._log_softmax_backward_data(
+        aten.nll_loss_backward(grad, log_probs, target, None, reduction, -100, total), log_probs, 1, dtype)
+    got = K.cross_entropy_backward.torch_fn(grad, log_probs, target, reduction, -100, total)
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+def test_linear_backward_reads_the_saved_input_before_the_input_gradient_is_made():
+    """Linear's VJP computes the weight's gradient first: it is the last read of
+    the saved activation (here gelu's output, recomputed), which then dies before
+    the input's gradient, as large, is allocated (the step's peak memory)."""
+    fc, out = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+
+    def fn(x):
+        return out(F.gelu(fc(x))).sum()
+
+    x = _t(4, 8, dtype=torch.float32).requires_grad_()
+    jf = thunderlite.jit(fn)
+    jf(x).backward()
+    grads = [x.grad, *(p.grad for p in (*fc.parameters(), *out.parameters()))]
+    for p in (x, *fc.parameters(), *out.parameters()):
+        p.grad = None
+    fn(x).backward()
+    for got, p in zip(grads, (x, *fc.parameters(), *out.parameters()), strict=True):
+        torch.testing.assert_close(got, p.grad)
+    bwd = thunderlite.last_backward_traces(jf)[-1]
+    names = [b.sym.name for b in bwd.bound_symbols]
+    recomputed = names.index("gelu")
+    dies = next(i for i, b in enumerate(bwd.bound_symbols) if b.sym.name == "del" and
+                any(a.name == bwd.bound_symbols[recomputed].output.name for a in b.args))
+    assert "gelu_backward" not in names[:dies], str(bwd)
+
+
 def test_dropout_saves_its_mask_and_draws_what_eager_draws():
     def fn(x, w):
         return F.dropout(x @ w, 0.3).sum(), F.dropout(x, 0.5, training=True) * 2

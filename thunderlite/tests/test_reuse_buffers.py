@@ -143,3 +143,26 @@ def test_saved_values_and_gradients_given_to_the_backward_are_not_written():
     foreign = {p.name for p in bwd.args if isinstance(p, TensorProxy)}
     foreign |= {o.name for b in bwd.bound_symbols if b.sym.executor is None for o in b.tensor_outs()}
     assert _targets(bwd) and not set(_targets(bwd)) & foreign
+
+
+def test_activation_backward_kernels_write_into_the_incoming_gradient():
+    """gelu/silu/tanh/sigmoid backward kernels are elementwise: the backward
+    gives them the dying incoming gradient as ``out`` (their ATen ``grad_input``
+    overload), so no fresh buffer is allocated; the gradients equal eager's."""
+    import torch.nn.functional as F
+
+    for act in (F.gelu, F.silu, torch.tanh, torch.sigmoid):
+        def fn(x, w):
+            return (act(x @ w) @ w.t()).sum()
+
+        x, w = _x(5, 4).requires_grad_(), _x(4, 4).requires_grad_()
+        jf = thunderlite.jit(fn)
+        jf(x, w).backward()
+        got = x.grad, w.grad
+        x.grad = w.grad = None
+        fn(x, w).backward()
+        torch.testing.assert_close(got[0], x.grad)
+        torch.testing.assert_close(got[1], w.grad)
+        bwd = thunderlite.last_backward_traces(jf)[-1]
+        kernels = [b for b in bwd.bound_symbols if b.sym.name.endswith("_backward")]
+        assert len(kernels) == 1 and kernels[0].kwargs.get("out") is kernels[0].args[0], str(bwd)

@@ -43,9 +43,25 @@ def _kernel(torch_fn, tags=()) -> Callable[[Callable], Symbol]:
     return deco
 
 
+def _out_form(op, overload: str = "grad_input", out_name: str = "grad_input") -> Callable:
+    """``op``, or its out= overload where the trace passes ``out``: an
+    elementwise kernel may write into an input of its own shape, so
+    reuse_buffers.py gives these a dying input (the incoming gradient) and the
+    backward allocates no fresh buffer for them (``takes_out``, torchex.writes_out)."""
+    default, with_out = op.default, getattr(op, overload)
+
+    def call(*args, out=None, **kwargs):
+        if out is None:
+            return default(*args, **kwargs)
+        return with_out(*args, **kwargs, **{out_name: out})
+    call.__name__ = call.__qualname__ = op.__name__
+    call.takes_out = True
+    return call
+
+
 # --- elementwise activations -------------------------------------------------------------------
 
-@_kernel(aten.gelu_backward)
+@_kernel(_out_form(aten.gelu_backward))
 def gelu_backward(grad_output, self, *, approximate: str = "none"):
     x = self
     if approximate == "tanh":
@@ -61,18 +77,18 @@ def gelu_backward(grad_output, self, *, approximate: str = "none"):
     return ew.mul(grad_output, d)
 
 
-@_kernel(aten.silu_backward)
+@_kernel(_out_form(aten.silu_backward))
 def silu_backward(grad_output, self):
     s = ew.sigmoid(self)
     return ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(self, ew.sub(1.0, s)), 1.0)))
 
 
-@_kernel(aten.tanh_backward)
+@_kernel(_out_form(aten.tanh_backward))
 def tanh_backward(grad_output, output):
     return ew.mul(grad_output, ew.sub(1.0, ew.mul(output, output)))
 
 
-@_kernel(aten.sigmoid_backward)
+@_kernel(_out_form(aten.sigmoid_backward))
 def sigmoid_backward(grad_output, output):
     return ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output)))
 
@@ -86,7 +102,7 @@ def native_dropout(input, p: float, train: bool):
     return ew.mul(ew.mul(input, keep), 1.0 / (1.0 - p)), keep
 
 
-@_kernel(aten.native_dropout_backward)
+@_kernel(_out_form(aten.native_dropout_backward, "out", "out"))
 def native_dropout_backward(grad_output, mask, scale: float):
     return ew.mul(ew.mul(grad_output, mask), scale)
 
@@ -129,8 +145,22 @@ def cross_entropy_forward(input, target, reduction: int, ignore_index: int):
 
 
 def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
-    g = aten.nll_loss_backward(grad, log_probs, target, None, reduction, ignore_index, total_weight)
-    return aten._log_softmax_backward_data(g, log_probs, 1, log_probs.dtype)
+    """Eager's two kernels, except for float32/float64 on the CPU: there the
+    gradient is built in one buffer, ``softmax * -v`` plus ``v`` at each row's
+    target (``v``: nll's gradient there; the same arithmetic as
+    ``_log_softmax_backward_data``, whose row sum of the one-hot nll gradient
+    is ``v``), so the step's largest backward temporary is allocated once,
+    not twice (fresh pages cost CPU time; CUDA's caching allocator makes the
+    second buffer free, and eager's kernels fewer launches)."""
+    if log_probs.device.type != "cpu" or log_probs.dtype not in (torch.float32, torch.float64):
+        g = aten.nll_loss_backward(grad, log_probs, target, None, reduction, ignore_index, total_weight)
+        return aten._log_softmax_backward_data(g, log_probs, 1, log_probs.dtype)
+    valid = target != ignore_index
+    v = -(grad / total_weight if reduction == 1 else grad)
+    v = torch.where(valid, v, 0).to(log_probs.dtype).unsqueeze(1)
+    out = torch.exp(log_probs)
+    out.mul_(-v)
+    return out.scatter_add_(1, torch.where(valid, target, 0).unsqueeze(1), v)
 
 
 @_kernel(_cross_entropy_backward_impl)

@@ -74,9 +74,11 @@ def _linear(g, out, input, weight, bias=None):
     n_out, n_in = weight.shape
     rows = math.prod(input.shape[:-1])      # 0 for an empty batch; 1 for a 1-d input
     g2 = reshape_to(g, (rows, n_out))
-    gi = linalg.matmul(g, weight) if _wants(input) else None
+    # the weight's gradient first: it is the last read of the saved input (often an activation, or one
+    # recomputed for it), which then dies before the input's gradient, as large, is allocated
     gw = linalg.matmul(shapes.transpose(g2, 0, 1), reshape_to(input, (rows, n_in))) if _wants(weight) else None
     gb = red.sum(g2, 0) if _wants(bias) else None
+    gi = linalg.matmul(g, weight) if _wants(input) else None
     return gi, gw, gb
 
 
