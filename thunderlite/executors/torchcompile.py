@@ -232,9 +232,10 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
     so every process would recompile every region from scratch. Its fake mode
     keeps shapes static (with a ShapeEnv a fake mode's default is symbolic
     sizes: shape-generic code where the region is compiled per layout anyway).
-    Not for inputs with a storage offset: with a ShapeEnv the offset becomes a symbol that
-    Inductor's code for ``as_strided`` reads without binding (NameError at the
-    call); without one it is a constant of the code (part of the layout key).
+    Not for a graph with ``as_strided`` over inputs with a storage offset: with a
+    ShapeEnv the offset becomes a symbol that Inductor's code for ``as_strided``
+    reads without binding (NameError at the call); without one it is a constant
+    of the code (part of the layout key).
     Where AOTAutograd refuses the inputs (aliased inputs with different
     ``._base``: "non-differentiable view input mutations"; a view it cannot
     replay), the region runs as its torch calls for that layout: correct, slower,
@@ -251,7 +252,7 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
         except Exception as e:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
             fallbacks.append(f"make_fx: {type(e).__name__}; compiled through dynamo")
             return _Unboxed(torch.compile(fn, dynamic=False))
-        offsets = any(t.storage_offset() for t in example)
+        offsets = any(t.storage_offset() for t in example) and _places_by_offset(gm)
         try:
             with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True))):
                 compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
@@ -264,6 +265,14 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
     if not getattr(compiled, "_boxed_call", False):
         raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
     return compiled
+
+
+def _places_by_offset(gm) -> bool:
+    """Whether the graph has an ``as_strided`` (which reads its input's storage
+    offset): with a ShapeEnv Inductor's code for it reads the offset's symbol
+    unbound. Other graphs over inputs at an offset (q, k, v split from one
+    projection) compile with one, so Inductor's caches serve them."""
+    return any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
 
 
 class _Unboxed:

@@ -331,3 +331,28 @@ def test_region_inductor_refuses_is_said(monkeypatch):
         out = boxed([x])[0]
     torch.testing.assert_close(out, x.sin())
     assert boxed.fallbacks == ["RuntimeError: no such luck"]
+
+
+def test_region_over_inputs_at_storage_offsets_uses_inductors_cache():
+    """q, k, v split from one projection sit at storage offsets: a region over
+    them without ``as_strided`` still compiles inside the tracing context, so
+    Inductor's FX graph cache serves it (a training step's attention backward
+    recompiled in every process before)."""
+    _torchcompile_or_skip()
+    from torch._dynamo.utils import counters
+    from thunderlite.executors.torchcompile import BoxedRegion
+
+    def region(q, k):
+        return ((q @ k.t()).sin(), q[:, 1:] * 2.0)
+
+    qkv = torch.randn(4, 12)
+    q, k = qkv[:, 4:8], qkv[:, 8:12]
+    counters.clear()
+    for _ in range(2):
+        boxed = BoxedRegion(region, writing=False)
+        outs = boxed([q, k])
+        for got, want in zip(outs, region(q, k), strict=True):
+            torch.testing.assert_close(got, want)
+        assert boxed.fallbacks == []
+    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1
