@@ -557,6 +557,29 @@ def test_residual_sum_is_saved_and_gelu_recomputed():
     assert bwd.count("gelu") == 1 and "add" not in bwd[:bwd.index("gelu")]
 
 
+def test_values_only_a_dead_gradient_reads_are_not_saved():
+    """``t * c`` where ``c`` needs no gradient: the rule's gradient for ``c``
+    (``g * t``) is dead, so ``t`` must not be kept for the backward (rotary
+    embedding's ``q * cos``: the rotated q was saved for nothing)."""
+    from test_grad_prims import check_grad
+    prog = check_grad(lambda q, c: ((q * 2.0).exp() * c).sum(), _t(4, 5).requires_grad_(), _t(4, 5, seed=1))
+    assert {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")} == {"exp"}
+
+
+def test_a_broadcast_is_recomputed_from_its_smaller_input():
+    """A saved broadcast of a smaller value (cos/sin spread over batch and
+    heads) is recomputed in the backward from its input, which is saved
+    instead: a fusion executor would otherwise write the broadcast in full."""
+    from test_grad_prims import check_grad
+
+    def fn(q, cos):
+        return (q * cos.unsqueeze(0).expand(8, 4, 5)).sum()
+    prog = check_grad(fn, _t(8, 4, 5).requires_grad_(), _t(4, 5, seed=1))
+    saved = [p for p in prog.split.saved_tensors + prog.split.saved_other if hasattr(p, "shape")]
+    assert saved and all(p.numel() <= 20 for p in saved), [(p.name, p.shape) for p in saved]
+    assert any(b.sym.name == "broadcast_in_dim" for b in prog.backward_traces[-1].bound_symbols)
+
+
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_cross_entropy_forward_and_backward(reduction):
     x, target = _t(6, 5), torch.tensor([1, 0, 4, -100, 2, 2])

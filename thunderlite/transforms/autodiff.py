@@ -884,6 +884,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
         tail, epilogue = [], None
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
+    # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
+    # only they read must not be saved
+    split.backward = dce(split.backward, keep_writes=True)
     split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]

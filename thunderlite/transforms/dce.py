@@ -44,24 +44,30 @@ def _visible_roots(trace: Trace, groups: AliasGroups) -> set[str]:
     return roots
 
 
-def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, observed: set[str]) -> bool:
+def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, observed: set[str],
+          keep_writes: bool = False) -> bool:
     """``observed``: alias groups the caller sees or a kept later symbol reads."""
     if any(has_tag_deep(bsym, t) for t in _ALWAYS_KEEP):
         return True
     if any(p.name in live for p in bsym.proxy_outs()):
         return True
+    if keep_writes and written(bsym):
+        return True
     return any(groups.find(dst.name) in observed for dst in written(bsym))
 
 
 @trace_pass("dce")
-def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None) -> Trace:
-    """Drop dead symbols; returns ``trace`` itself when nothing is dead."""
+def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None, *, keep_writes: bool = False) -> Trace:
+    """Drop dead symbols; returns ``trace`` itself when nothing is dead.
+    ``keep_writes``: every write stays (a trace reading values it does not
+    define, such as a backward reading forward values, whose memory the caller
+    may see though they are not its arguments)."""
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     observed = _visible_roots(trace, groups)
     live: set[str] = set()
     kept: list[BoundSymbol] = []
     for bsym in reversed(trace.bound_symbols):
-        if _keep(bsym, live, groups, observed):
+        if _keep(bsym, live, groups, observed, keep_writes):
             kept.append(bsym)
             for p in bsym.proxy_args():
                 live.add(p.name)

@@ -17,6 +17,10 @@ recomputation would read the wrong numbers; the value itself is saved), and
 values whose recomputation would need a value that is not saved anyway (that
 trades bytes for bytes and adds a kernel).
 
+A saved broadcast of a smaller value (``expand``, ``broadcast_in_dim``:
+rotary embedding's cos and sin spread over batch and heads) is always
+recomputed from its input, which is saved instead (``_spread_from``).
+
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
 only ``x`` is saved. For ``gelu(x @ w1) @ w2`` gelu's backward keeps the matmul
@@ -105,6 +109,11 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
     recompute: dict[str, BoundSymbol] = {}
     inputs: dict[str, Proxy] = {}
     for p in candidates:
+        src = _spread_from(producer[p.name], overwritten)
+        if src is not None:
+            recompute[p.name] = producer[p.name]
+            inputs[src.name] = src
+            continue
         found = _closure(p.name, producer, keep - {p.name}, overwritten)
         if found is None:
             continue
@@ -116,8 +125,27 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
         return bwd_bsyms, saved
     kept = [p for p in saved if p.name not in recompute]
     names = {p.name for p in kept}
-    added = [q for n, q in inputs.items() if n not in names and n not in recompute]   # visible values
+    added = [q for n, q in inputs.items() if n not in names and n not in recompute]   # visible, or spread
     return _place(bwd_bsyms, recompute), kept + added
+
+
+def _spread_from(bsym: BoundSymbol, overwritten) -> TensorProxy | None:
+    """The input of a ``broadcast_in_dim`` spreading a smaller value (rotary
+    embedding's cos and sin over batch and heads), or None: saving the input
+    instead never keeps more bytes, and recomputing the broadcast costs no
+    kernel (an ``expand`` view for the torch executor; a fusion executor reads
+    the small input in place, where a saved broadcast is an output it writes
+    in full)."""
+    leaf = bsym
+    while len(leaf.subsymbols) == 1:     # expand, broadcast_to: one broadcast_in_dim
+        leaf = leaf.subsymbols[0]
+    if leaf.sym.meta is not prims.broadcast_in_dim.meta or leaf.subsymbols or not leaf.args:
+        return None
+    src = leaf.args[0]
+    if type(src) is not TensorProxy or src.name not in {p.name for p in bsym.proxy_args()} or \
+            src.name in overwritten or src.numel() >= bsym.output.numel():
+        return None
+    return src
 
 
 def _place(bwd_bsyms: list[BoundSymbol], recompute: dict[str, BoundSymbol]) -> list[BoundSymbol]:
