@@ -3,6 +3,8 @@ with no registration, shapes from their fake/Meta kernel, writes and aliases
 as the schema says; checked against eager PyTorch."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -475,3 +477,169 @@ def test_custom_op_writing_a_leaf_that_requires_grad(executors):
         sum(o.sum() * (i + 1) for i, o in enumerate(got) if o.requires_grad).backward()
         outs.append((tuple(o.detach() for o in got), w.detach(), w.grad, w.is_leaf))
     torch.testing.assert_close(outs[1], outs[0])
+
+
+# --- mutating custom ops on a gradient path, functionalized (issue 9, docs §5 and §9) ------------
+# A write into memory other tensors share (a view, its base, an argument) is made functional: the
+# op runs on a clone of what it writes and the clone's new value is written back. A custom_op's
+# write is below autograd (the tensor keeps its history); a Library op's kernel is recorded.
+
+from thunderlite.executors.autograd_function import EAGER_MODE_STAGE  # noqa: E402
+from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion  # noqa: E402
+
+WRITE_EXECUTORS = [pytest.param(None, id="default"), pytest.param("shuffle", id="shuffle"),
+                   pytest.param(["torchcompile", "torch"], id="torchcompile")]
+
+
+def _exs(executors):
+    return [ShuffleFusion(3), "torch"] if executors == "shuffle" else executors
+
+
+def _functional(jfn):
+    """The program was differentiated by thunderlite, not replayed in eager mode."""
+    stages = [t.stage for t in thunderlite.last_traces(jfn)]
+    assert EAGER_MODE_STAGE not in stages, str(thunderlite.last_traces(jfn)[-1])
+    bwd = thunderlite.last_backward_traces(jfn)
+    assert bwd and bwd[-1].bound_symbols
+
+
+def _eager_mode_reason(jfn) -> str:
+    named = [t for t in thunderlite.last_traces(jfn) if t.stage == EAGER_MODE_STAGE]
+    assert named, "the program was expected to run in eager mode"
+    return str(named[0])
+
+
+def write_into_intermediate_then_used(x, y):
+    h = x * 2
+    v = h[:2]
+    r = mix_(h, y)                      # y requires grad, yet h's gradient reaches x only (and y gets None)
+    return h.sin(), v * 3, r.detach()
+
+
+def write_into_view_of_intermediate(x, y):
+    h = x + 1
+    v = h[1:]
+    scale_(v, 3.0)
+    return h.sin(), v * y[1:]
+
+
+def write_into_view_under_no_grad(x, y):
+    h = x * y
+    with torch.no_grad():
+        scale_(h[1:], 0.5)
+    return h.cos()
+
+
+def list_write_into_views(x, y):
+    h = x * 1
+    a, b = h[:2], h[2:]
+    scale_all_([a, b], 3.0)              # Tensor(a!)[]: two disjoint views of one tensor
+    m, n = scale_all_ret_([a, y[:2] * 1], 0.5)
+    return h.exp(), m * n
+
+
+def library_op_returning_its_written_view(x, y):
+    h = x * y
+    r = torch.ops.tl_aliasing_def.inc_(h[1:], 2.0)    # -> Tensor(a!): r is h[1:] after the write
+    return h.sin(), r * y[1:]
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+@pytest.mark.parametrize("fn", [write_into_intermediate_then_used, write_into_view_of_intermediate,
+                                write_into_view_under_no_grad, list_write_into_views,
+                                library_op_returning_its_written_view], ids=lambda f: f.__name__)
+def test_mutating_custom_op_into_shared_memory_is_functional(fn, executors):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op
+        jfn = _compare(fn, [(4,), (4,)], _exs(executors))
+    _functional(jfn)
+
+
+def test_written_intermediate_gives_no_gradient_to_what_the_op_read():
+    """Eager: ``mix_(h, y)`` adds ``y`` into ``h`` below autograd, so ``h``'s
+    later uses do not reach ``y``: its gradient is None, not zeros."""
+    x, y = (torch.randn(4, dtype=F64, requires_grad=True) for _ in range(2))
+    jfn = thunderlite.jit(write_into_intermediate_then_used)
+    outs = jfn(x, y)
+    _functional(jfn)
+    sum(o.sum() for o in outs if o.requires_grad).backward()
+    assert y.grad is None and x.grad is not None
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_mutating_custom_op_writes_an_argument_and_a_view_of_it(executors):
+    """The arguments are non-leaf descendants of leaves requiring grad: written
+    below autograd, each keeps its history (and stays a non-leaf of the same
+    graph), so the caller's gradients are eager's."""
+    def fn(a, b):
+        before = a * 2
+        scale_(a, 0.5)
+        r = mix_(b[1:], a[:3])
+        return before, a.sin() + b.cos(), r.detach()
+    exs = _exs(executors)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+    results = []
+    for f in (fn, jfn):
+        g = torch.Generator().manual_seed(4)
+        leaves = [torch.randn(4, dtype=F64, generator=g).requires_grad_() for _ in range(2)]
+        a, b = leaves[0] * 1.5, leaves[1] + 1
+        outs = f(a, b)
+        grads = torch.autograd.grad(sum(o.sum() * (i + 1) for i, o in enumerate(outs + (a, b)) if o.requires_grad),
+                                    leaves)
+        results.append((tuple(o.detach() for o in outs), a.detach(), b.detach(), grads,
+                        [o.requires_grad for o in outs], (a.grad_fn.name(), b.grad_fn.name())))
+    torch.testing.assert_close(results[1][:4], results[0][:4])
+    assert results[1][4:] == results[0][4:]
+    _functional(jfn)
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_differentiating_a_mutating_ops_output_raises_eagers_error(executors):
+    def fn(x, y):
+        h = x * 2
+        r = mix_(h[1:], y)
+        return h.sin(), r
+    x, y = torch.randn(4, dtype=F64, requires_grad=True), torch.randn(3, dtype=F64, requires_grad=True)
+    exs = _exs(executors)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+    want, got = fn(x, y), jfn(x, y)
+    torch.testing.assert_close(got, want)
+    assert [o.requires_grad for o in got] == [o.requires_grad for o in want] == [True, True]
+    _functional(jfn)
+    for outs in (want, got):
+        with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+            (outs[0].sum() + outs[1].sum()).backward()
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_mutating_custom_op_into_a_saved_tensor_keeps_eager_mode(executors):
+    """``h.sin()`` saves ``h``; the op's write bumps its version: eager's
+    backward raises "modified by an inplace operation", and so does ours."""
+    def fn(x, y):
+        h = x * 2
+        v = h[1:]
+        s = h.sin()
+        scale_(v, 3.0)
+        return s, v * y
+    x, y = torch.randn(4, dtype=F64, requires_grad=True), torch.randn(3, dtype=F64, requires_grad=True)
+    exs = _exs(executors)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+    want, got = fn(x, y), jfn(x, y)
+    torch.testing.assert_close(got, want)
+    assert "which eager saved for the backward of" in _eager_mode_reason(jfn)
+    for outs in (want, got):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            outs[0].sum().backward()
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_mutating_custom_op_reading_the_memory_it_writes_keeps_eager_mode(executors):
+    """``scale_all_([h[:3], h[1:]])``: the kernel writes overlapping views (what
+    it reads of one depends on its order of writes), so the program keeps
+    eager mode, named."""
+    def fn(x, y):
+        h = x * y
+        scale_all_([h[:3], h[1:]], 2.0)
+        return h.sin()
+    jfn = _compare(fn, [(4,), (4,)], _exs(executors))
+    assert "writes a tensor sharing memory with another it is given" in _eager_mode_reason(jfn)

@@ -412,7 +412,8 @@ def _saved_by_eager(bsym: BoundSymbol, tracked: set[str]) -> list[str] | None:
 def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasGroups,
                                  owned: set[str]) -> str | None:
     """A write autograd does not record (under no_grad, through a ``detach()``
-    or ``.data`` alias, into a tensor that does not require grad) into memory
+    or ``.data`` alias, into a tensor that does not require grad, by a
+    ``torch.library.custom_op`` whose kernel writes below autograd) into memory
     that eager's autograd saved earlier for a backward: eager raises "modified
     by an inplace operation" when that backward runs (through ``.data``, whose
     version counter is its own, it differentiates with the new values). A
@@ -424,7 +425,8 @@ def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasG
             grad = bool(bsym.args[0])
         elif Tag.RETURN not in bsym.sym.tags and Tag.ALIAS_BARRIER not in bsym.sym.tags:
             steps.append((bsym, grad and _on_path(bsym, tracked)))
-    unrecorded = [(i, d) for i, (bsym, on_path) in enumerate(steps) if not on_path
+    unrecorded = [(i, d) for i, (bsym, on_path) in enumerate(steps)
+                  if not on_path or Tag.WRITES_BELOW_AUTOGRAD in bsym.sym.tags
                   for leaf in _leaves_of(bsym) for d, _ in writes(leaf) if d.name not in owned]
     for i, (bsym, on_path) in enumerate(steps):
         later = [(j, d) for j, d in unrecorded if j > i]
@@ -436,7 +438,8 @@ def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasG
         names = _saved_by_eager(bsym, tracked)
         for j, dst in later:
             if any(groups.same(n, dst.name) for n in (touched if names is None else names)):
-                return (f"a write autograd does not record (under no_grad or through a detach()/.data alias) "
+                return (f"a write autograd does not record (under no_grad, through a detach()/.data alias, or by "
+                        f"a custom op) "
                         f"at {_where(steps[j][0])} changes {dst.name}, which eager saved for the backward of "
                         f"{_where(bsym)} (eager's backward raises 'modified by an inplace operation', or "
                         "reads the new values)")
@@ -763,9 +766,12 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
             continue
         reads = bsym.args[:1] if bsym.sym is overwrite_values else bsym.proxy_args()   # the new values carry none
         d = frozenset().union(*(deps.get(p.name, frozenset()) for p in reads))
+        # a custom_op's write is below autograd: the written tensor keeps its own history
+        below = {new.name: dst.name for dst, new in writes(bsym) if new is not None} \
+            if Tag.WRITES_BELOW_AUTOGRAD in bsym.sym.tags else {}
         for o in bsym.tensor_outs():
             if o.name in tracked:
-                deps[o.name] = d
+                deps[o.name] = deps.get(below[o.name], frozenset()) if o.name in below else d
     outs = [o for o in pytree.leaves(trace.output) if type(o) is TensorProxy]
     return [deps.get(outs[pos].name, frozenset()) for pos in grad_positions]
 

@@ -63,6 +63,7 @@ from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.torch.custom_ops import overload_of_symbol
 from thunderlite.torch.grad_mode import SET_GRAD_ENABLED_ID
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.transforms import view_geometry
@@ -362,9 +363,12 @@ class _Rewriter:
     def leaf(self, bsym: BoundSymbol, parent: str = "") -> None:
         pairs = writes(bsym)
         if pairs:
-            if bsym.sym.meta is not prims.copy_.meta:
+            if bsym.sym.meta is prims.copy_.meta:
+                self.write(bsym)
+            elif overload_of_symbol(bsym.sym) is not None:
+                self.custom_write(bsym, pairs)
+            else:
                 raise NotFunctionalizable(f"{bsym.sym.id} writes its argument{_where(bsym)}")
-            self.write(bsym)
             return
         pairs = views(bsym)
         if len(pairs) == 1 and len(bsym.tensor_outs()) == 1 and bsym.sym.meta not in _CERTAIN and \
@@ -392,6 +396,64 @@ class _Rewriter:
             elif bsym.sym.meta is not prims.reshape.meta and not self.tracked(bsym, o, b):
                 self.why[bsym] = "makes an alias autograd does not track as a view (a write through it changes " \
                                  "values, not gradients)"
+
+    def custom_write(self, bsym: BoundSymbol, pairs: list) -> None:
+        """A custom op writing its arguments (``Tensor(a!)``, torch/custom_ops.py):
+        it runs on clones of the tensors it writes, and each clone's new value is
+        written into its tensor as a ``copy_`` would be (views, aliases, inputs:
+        ``write``). The op stays one opaque call on the gradient path, so the
+        new value's gradient is eager's: through the clone alone where the op
+        writes below autograd (a ``custom_op``: the written tensor keeps its
+        history, and an input written only so is written back quietly),
+        through the kernel's recorded ops for a ``Library.define`` op. Its
+        fresh returns keep their meaning (no formula: backward raises eager's
+        error); a return naming a written argument is that tensor's new value."""
+        news = {n.name for _, n in pairs if n is not None}
+        if any(o.name not in news for o, _ in views(bsym)):
+            raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} writes an argument and returns a view of "
+                                      "another")
+        written = _written_positions(bsym)
+        self.check_custom_reads(bsym, written)
+
+        def arg(i: int, x):
+            def leaf(p):
+                if not isinstance(p, TensorProxy):
+                    return p
+                v = self.value(p) if self.grad else self.constant(self.value(p), bsym.source)
+                return self.record(bsym.source, prims.clone, v) if i in written else v
+            return pytree.tree_map(leaf, x)
+        args = tuple(arg(i, x) for i, x in enumerate(bsym.args))
+        result = self.record(bsym.source, bsym.sym, *args, **bsym.kwargs)
+        op = self.out[-1]
+        assert op.sym is bsym.sym, "a custom op records one leaf symbol"
+        below = Tag.WRITES_BELOW_AUTOGRAD in bsym.sym.tags
+        for (dst, new), (_, value) in zip(pairs, writes(op), strict=True):
+            if new is not None:
+                self.write(prims.copy_.bind(value, dst, output=new, source=bsym.source), below_autograd=below)
+        for o, r in zip(pytree.leaves(bsym.output[1]), pytree.leaves(result[1]), strict=True):
+            if isinstance(o, Proxy) and o.name not in news:
+                self.swap[o.name] = r
+        self.changed = True
+
+    def check_custom_reads(self, bsym: BoundSymbol, written: set[int]) -> None:
+        """A custom op's kernel is opaque: a tensor it writes may share no
+        memory with another tensor it is given (written or read), unless the
+        two lie apart (view_geometry.py). Otherwise eager's result depends on
+        the order the kernel reads and writes."""
+        given = [(p, i in written) for i, a in enumerate(bsym.args) for p in pytree.leaves(a)
+                 if isinstance(p, TensorProxy)]
+        for k, (p, pw) in enumerate(given):
+            for q, qw in given[k + 1:]:
+                if (pw or qw) and self.elements(p.name)[0] == self.elements(q.name)[0] and not self.lie_apart(p, q):
+                    raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} writes a tensor sharing memory with "
+                                              f"another it is given ({p.name}, {q.name})")
+
+    def lie_apart(self, p: TensorProxy, q: TensorProxy) -> bool:
+        try:
+            a, b = self.geo(p, {}), self.geo(q, {})
+            return a is not None and b is not None and view_geometry.disjoint(a, b)
+        except DataDependentError:      # a size known only at run time
+            return False
 
     def settle(self, bsym: BoundSymbol, o: TensorProxy, b: TensorProxy) -> bool:
         """An opaque view (``contiguous``, ``alias``, ``as_strided``, ``sum_to_size``...)
@@ -505,7 +567,7 @@ class _Rewriter:
         return bsym.sym.meta is prims.reshape.meta and parent not in _ALWAYS_VIEW and \
             self.aliasing.get(o.name) is False
 
-    def write(self, bsym: BoundSymbol) -> None:
+    def write(self, bsym: BoundSymbol, below_autograd: bool = False) -> None:
         src = self.sub(bsym).args[0] if bsym.args else self.sub(bsym).kwargs["src"]
         dst = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dst"]
         base, chain = self.base_of(dst.name)
@@ -530,7 +592,7 @@ class _Rewriter:
         self.cur[base] = self.scatter(old, src, written, bsym.source, unrecorded)
         if self.made_without_grad(chain):
             self.stale.add(bsym.output.name)
-        if not unrecorded:
+        if not unrecorded and not below_autograd:
             self.recorded.add(base)
         self.swap[bsym.output.name] = self.replay(chain, self.cur[base], bsym.source) if chain else self.cur[base]
         self.chain[bsym.output.name] = (base, chain)
@@ -870,6 +932,12 @@ def _detaching(view) -> bool:
         return False
     fn = view.sym.torch_fn
     return fn is torch.Tensor.detach or fn is torch.detach or getattr(fn, "__name__", None) == "data"
+
+
+def _written_positions(bsym: BoundSymbol) -> set[int]:
+    """The positions of a custom op's arguments its schema says it writes."""
+    schema = overload_of_symbol(bsym.sym)._schema
+    return {i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
 
 
 def _touches_memory(bsym: BoundSymbol) -> bool:
