@@ -538,6 +538,14 @@ def list_write_into_views(x, y):
     return h.exp(), m * n
 
 
+def same_tensor_written_and_read(x, y):
+    h = x * y
+    v = h[1:]
+    r = mix_(v, v)                      # eager: v += v, then r reads the new v
+    scale_all_([h, h], 0.5)             # the same tensor twice in a written list: scaled twice
+    return h.exp(), r.detach() * 1
+
+
 def library_op_returning_its_written_view(x, y):
     h = x * y
     r = torch.ops.tl_aliasing_def.inc_(h[1:], 2.0)    # -> Tensor(a!): r is h[1:] after the write
@@ -547,7 +555,7 @@ def library_op_returning_its_written_view(x, y):
 @pytest.mark.parametrize("executors", WRITE_EXECUTORS)
 @pytest.mark.parametrize("fn", [write_into_intermediate_then_used, write_into_view_of_intermediate,
                                 write_into_view_under_no_grad, list_write_into_views,
-                                library_op_returning_its_written_view], ids=lambda f: f.__name__)
+                                same_tensor_written_and_read, library_op_returning_its_written_view], ids=lambda f: f.__name__)
 def test_mutating_custom_op_into_shared_memory_is_functional(fn, executors):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op

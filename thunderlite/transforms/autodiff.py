@@ -316,16 +316,18 @@ def _shared_roots(bsyms, groups: AliasGroups, roots: set[str]) -> None:
                 roots.update(groups.find(out.name) for out, _ in views(b))
 
 
-def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups) -> str | None:
+def _needs_eager(trace: Trace, flat, tracked: set[str], groups: AliasGroups,
+                 private: frozenset[str] = frozenset()) -> str | None:
     """The reason (or None) when a write on a gradient path lands in a tensor that
     shares storage with another tensor of the program (a view, a viewed base, an
-    argument)."""
+    argument). ``private``: tensors functionalize.py cloned for a custom op to
+    write, read by nothing else (what views them later views the new value)."""
     shared = {groups.find(a.name) for a in trace.args if type(a) is TensorProxy}
     _shared_roots(trace.bound_symbols, groups, shared)
     for bsym in flat:
         owned = bsym.subsymbols and rules.has_rule_for(bsym)   # a rule owns its hidden writes (batch_norm stats)
         for dst, _ in (w for leaf in _leaves_of(bsym) for w in writes(leaf)):
-            if owned and dst.name not in tracked:
+            if (owned and dst.name not in tracked) or dst.name in private:
                 continue
             on_path = dst.name in tracked or _on_path(bsym, tracked)
             if on_path and groups.find(dst.name) in shared:
@@ -446,8 +448,9 @@ def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasG
     return None
 
 
-def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask) -> str | None:
-    return (_needs_eager(trace, flat, tracked, groups) or _new_leaf_needs_eager(trace, mask)
+def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask,
+                  private: frozenset[str] = frozenset()) -> str | None:
+    return (_needs_eager(trace, flat, tracked, groups, private) or _new_leaf_needs_eager(trace, mask)
             or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked))
 
 
@@ -860,6 +863,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     tail, epilogue, used = [], None, set()
     late = _saved_then_unrecorded_write(trace, tracked, groups, _owned_writes(flat, tracked))
     quiet: set[str] = set()
+    private: set[str] = set()
     if own is None and late is not None:
         reason = late
     elif own is None and reason is not None and (_needs_eager(trace, flat, tracked, groups)
@@ -867,7 +871,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
         try:
             layouts = eager_tensors(trace, input_strides or {}, input_alias_groups)
             rewritten = functionalize(trace, _owned_writes(flat, tracked), input_alias_groups,
-                                      eager_aliasing(trace, layouts), used, input_strides, layouts, quiet)
+                                      eager_aliasing(trace, layouts), used, input_strides, layouts, quiet, private)
             functional, tail, epilogue = take_write_backs(dce(rewritten, input_alias_groups), input_alias_groups)
         except NotFunctionalizable as e:
             reason = f"{reason}; it was not functionalized: {e}"
@@ -877,7 +881,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             reason = f"{reason}; functionalizing it failed ({type(e).__name__}: {e})"
         else:
             analysis = _analyse(functional, mask, executors, input_alias_groups)
-            reason = (_eager_reason(functional, analysis[1], analysis[0], analysis[3], mask)
+            reason = (_eager_reason(functional, analysis[1], analysis[0], analysis[3], mask, frozenset(private))
                       or _stale_requires_grad(functional, analysis[0]))
             if reason is None:
                 trace = functional

@@ -38,19 +38,27 @@ def _opaque_with_graph_impl(fn, args, kwargs, mask):
     A written input goes in as a clone of its detached leaf (a write into a leaf
     that requires grad is an error, into a non-leaf it is recorded as eager
     records it), and the clone's new value is copied back into the caller's
-    tensor; an output that is the clone comes back as that tensor."""
+    tensor; an output that is the clone comes back as that tensor. A written
+    tensor given twice is one clone (the op sees one tensor, as in eager): its
+    leaf is listed at each position, and gets its gradient at the first."""
     flags = iter(mask)
     inputs, written = [], []
+    once: dict[int, tuple] = {}
 
     def prep(x):
         flag = next(flags) if isinstance(x, torch.Tensor) else 0
         if not flag:
             return x
+        if flag == 2 and id(x) in once:
+            d, c = once[id(x)]
+            inputs.append(d)
+            return c
         d = x.detach().requires_grad_(True)
         inputs.append(d)
         if flag == 2:
             c = d.clone()
             written.append((c, x))
+            once[id(x)] = (d, c)
             return c
         return d
     with torch.enable_grad():
@@ -78,8 +86,11 @@ def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
     pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
     if not pairs or not inputs:
         return tuple(torch.zeros_like(i) for i in inputs)
-    res = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
-    return tuple(torch.zeros_like(i) if r is None else r for i, r in zip(inputs, res, strict=True))
+    unique = list({id(i): i for i in inputs}.values())
+    res = torch.autograd.grad([o for o, _ in pairs], unique, [g for _, g in pairs], allow_unused=True)
+    first = {id(i): r for i, r in zip(unique, res, strict=True)}
+    return tuple(torch.zeros_like(i) if r is None else r for i, r in
+                 ((i, first.pop(id(i), None)) for i in inputs))
 
 
 OPAQUE_BACKWARD = Symbol("opaque_backward", meta=_no_meta, impl=_opaque_backward_impl, module="autodiff")

@@ -152,6 +152,7 @@ class _Rewriter:
         self.stale: set[str] = set()      # such views after a write into their base: eager refuses reading them
         self.tainted: set[str] = set()    # bases whose detach()/.data alias a grad value was written into
         self.unreadable: set[str] = set()  # those aliases: eager gives them that value's history
+        self.private: set[str] = set()     # clones a custom op writes (custom_write), read by nothing else
 
     def share(self, group: list[str], layouts: dict) -> bool:
         """Describe inputs sharing storage as views of one flat storage (their
@@ -414,15 +415,22 @@ class _Rewriter:
                                       "another")
         written = _written_positions(bsym)
         self.check_custom_reads(bsym, written)
+        # one clone per tensor written; where eager passes that same tensor again, the op gets the clone again
+        clones = {self.geometry(p.name): None for i in written for p in pytree.leaves(bsym.args[i])
+                  if isinstance(p, TensorProxy)}
 
-        def arg(i: int, x):
-            def leaf(p):
-                if not isinstance(p, TensorProxy):
-                    return p
-                v = self.value(p) if self.grad else self.constant(self.value(p), bsym.source)
-                return self.record(bsym.source, prims.clone, v) if i in written else v
-            return pytree.tree_map(leaf, x)
-        args = tuple(arg(i, x) for i, x in enumerate(bsym.args))
+        def leaf(p):
+            if not isinstance(p, TensorProxy):
+                return p
+            v = self.value(p) if self.grad else self.constant(self.value(p), bsym.source)
+            key = self.geometry(p.name)
+            if key not in clones:
+                return v
+            if clones[key] is None:
+                clones[key] = self.record(bsym.source, prims.clone, v)
+                self.private.add(clones[key].name)
+            return clones[key]
+        args = pytree.tree_map(leaf, bsym.args)
         result = self.record(bsym.source, bsym.sym, *args, **bsym.kwargs)
         op = self.out[-1]
         assert op.sym is bsym.sym, "a custom op records one leaf symbol"
@@ -438,13 +446,15 @@ class _Rewriter:
     def check_custom_reads(self, bsym: BoundSymbol, written: set[int]) -> None:
         """A custom op's kernel is opaque: a tensor it writes may share no
         memory with another tensor it is given (written or read), unless the
-        two lie apart (view_geometry.py). Otherwise eager's result depends on
-        the order the kernel reads and writes."""
+        two lie apart (view_geometry.py) or are the same view (the op then gets
+        one clone for both, as eager gives it one tensor). Otherwise eager's
+        result depends on the order the kernel reads and writes."""
         given = [(p, i in written) for i, a in enumerate(bsym.args) for p in pytree.leaves(a)
                  if isinstance(p, TensorProxy)]
         for k, (p, pw) in enumerate(given):
             for q, qw in given[k + 1:]:
-                if (pw or qw) and self.elements(p.name)[0] == self.elements(q.name)[0] and not self.lie_apart(p, q):
+                if (pw or qw) and self.elements(p.name)[0] == self.elements(q.name)[0] and \
+                        self.geometry(p.name) != self.geometry(q.name) and not self.lie_apart(p, q):
                     raise NotFunctionalizable(f"{bsym.sym.id}{_where(bsym)} writes a tensor sharing memory with "
                                               f"another it is given ({p.name}, {q.name})")
 
@@ -963,7 +973,7 @@ FUNCTIONALIZE_STAGE = "functionalize"
 def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups=None,
                   aliasing: dict[str, bool] | None = None, used: set[str] | None = None,
                   input_layouts: dict | None = None, eager: dict | None = None,
-                  quiet: set[str] | None = None) -> Trace:
+                  quiet: set[str] | None = None, private: set[str] | None = None) -> Trace:
     """The trace with writes into views and inputs made functional, or the
     trace itself when it has none. ``keep``: names whose writes stay as they are
     (the hidden writes of composites that own them, such as batch_norm's
@@ -978,7 +988,9 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     ``eager_layout.eager_tensors``) gives eager's layouts, from which opaque
     views and writes through expanded views are described. ``quiet`` gets the
     names of inputs only writes autograd does not record change (no_grad,
-    ``detach()``/``.data``): their write-back is not recorded either. Raises
+    ``detach()``/``.data``, a ``custom_op``): their write-back is not recorded
+    either. ``private`` gets the names of the clones a custom op writes
+    (``custom_write``): nothing else reads them. Raises
     ``NotFunctionalizable`` with the reason."""
     rw = _Rewriter(trace, set(keep), input_alias_groups, aliasing or {}, input_layouts, eager)
     for bsym in trace.bound_symbols:
@@ -988,6 +1000,8 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
         used.update(f"layout:{n}" for root, names in rw.storages.items() if root in rw.cur for n in names)
     if quiet is not None:
         quiet.update(rw.quiet)
+    if private is not None:
+        private.update(rw.private)
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
