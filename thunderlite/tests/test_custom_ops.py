@@ -477,6 +477,7 @@ def test_custom_op_writing_a_leaf_that_requires_grad(executors):
         sum(o.sum() * (i + 1) for i, o in enumerate(got) if o.requires_grad).backward()
         outs.append((tuple(o.detach() for o in got), w.detach(), w.grad, w.is_leaf))
     torch.testing.assert_close(outs[1], outs[0])
+    _functional(jfn)
 
 
 # --- mutating custom ops on a gradient path, functionalized (issue 9, docs §5 and §9) ------------
@@ -651,3 +652,30 @@ def test_mutating_custom_op_reading_the_memory_it_writes_keeps_eager_mode(execut
         return h.sin()
     jfn = _compare(fn, [(4,), (4,)], _exs(executors))
     assert "writes a tensor sharing memory with another it is given" in _eager_mode_reason(jfn)
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_written_arguments_returned_are_the_callers_tensors(executors):
+    """``inc_(a) -> Tensor(a!)`` returns ``a`` itself (its kernel's write is
+    recorded: ``a``'s new history reaches the kernel's graph); a view of an
+    argument a ``custom_op`` wrote is a view of the caller's tensor."""
+    def fn(a, b):
+        v = b[1:]
+        r = torch.ops.tl_aliasing_def.inc_(a, 2.0)
+        scale_(v, 0.5)
+        return r, a.sin(), v
+    exs = _exs(executors)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+    results = []
+    for f in (fn, jfn):
+        g = torch.Generator().manual_seed(5)
+        leaves = [torch.randn(4, dtype=F64, generator=g).requires_grad_() for _ in range(2)]
+        a, b = leaves[0] * 1.5, leaves[1] + 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op
+            outs = f(a, b)
+            grads = torch.autograd.grad(sum((o * (i + 1)).sum() for i, o in enumerate(outs + (a, b))), leaves)
+        assert outs[0] is a and outs[2]._base is b
+        results.append((tuple(o.detach() for o in outs), a.detach(), b.detach(), grads))
+    torch.testing.assert_close(results[1], results[0])
+    _functional(jfn)

@@ -715,6 +715,10 @@ class _Rewriter:
             base, chain = self.base_of(x.name)
             if base not in self.inputs and base not in self.storages:
                 return self.value(x)
+            if base in self.storages and not isinstance(chain[0], _StorageView):
+                # a view of the shared storage itself (as_strided over it): no one input to make it from
+                raise NotFunctionalizable(f"the program returns a view of the storage of inputs it writes ({base})"
+                                          + _where(chain[-1]))
             name, rest = (chain[0].args[4], chain[1:]) if base in self.storages else (base, chain)
             if not rest or any(isinstance(v, _StorageView) for v in rest) or \
                     any(isinstance(v, _Strided) for v in rest[1:]):
