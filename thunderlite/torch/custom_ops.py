@@ -28,7 +28,10 @@ torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
   ``custom_op`` runs below autograd, so a written tensor keeps its history (its
   gradient passes through the write unchanged); a ``Library.define`` op's Python
   kernel runs with autograd on, so its writes are recorded and a written tensor
-  may start requiring grad (``_writes_seen_by_autograd``).
+  may start requiring grad (``_writes_seen_by_autograd``). A write into memory
+  other tensors share (a view, its base, an input) is made functional by
+  transforms/functionalize.py: the op runs on a clone, whose new value is
+  written back (``overload_of_symbol`` finds the schema there).
 
 In the trace a call prints as ``((x1,), t5) = custom.mylib_op_default(x, y)``:
 the first element names the written arguments that the op does not return,

@@ -36,12 +36,18 @@ replays as itself (no gradient), and values made under ``no_grad`` stay
 constants (the pass follows grad-mode switches). An input written only that
 way is written back without autograd recording (``quiet``).
 
+A custom op writing its arguments (``Tensor(a!)``) runs on clones of what it
+writes, and each clone's new value is written like a ``copy_`` (``custom_write``):
+the op stays one opaque call, so the value's gradient is eager's (through the
+clone alone for a ``custom_op``, whose write is below autograd).
+
 A write reading another view of the memory it writes is functional where
 that view lies apart from the positions written or sits on exactly them, read
 elementwise (``check_reads``, view_geometry.py). Where the pass cannot say how
 (an alias autograd does not track as a view other than ``detach()``/``.data``,
 an overlapping write, a write reading a partially overlapping view of the
-memory it writes, an opaque in-place op), it raises ``NotFunctionalizable``
+memory it writes, a custom op given memory overlapping what it writes, an
+opaque in-place op other than a custom op), it raises ``NotFunctionalizable``
 with the reason; autodiff then keeps its eager-mode replay and names that
 reason.
 
