@@ -580,6 +580,23 @@ def test_a_broadcast_is_recomputed_from_its_smaller_input():
     assert any(b.sym.name == "broadcast_in_dim" for b in prog.backward_traces[-1].bound_symbols)
 
 
+def test_a_broadcast_to_a_symbolic_shape_is_recomputed_with_its_sizes():
+    """Under ``dynamic=True`` the recomputed broadcast's shape names symbolic
+    sizes: they are saved with its input (the backward read an unsaved size:
+    grad fuzz seed 559)."""
+    def fn(w, b):
+        return torch.where(w > 0, w, b) * 2
+    jfn = thunderlite.jit(fn, dynamic=True)
+    for n in (3, 5):
+        w, b = _t(1, 4).requires_grad_(), _t(n, 4, seed=n).requires_grad_()
+        w2, b2 = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        jfn(w, b).sum().backward()
+        fn(w2, b2).sum().backward()
+        torch.testing.assert_close((w.grad, b.grad), (w2.grad, b2.grad))
+    bwd = thunderlite.last_backward_traces(jfn)[-1]
+    assert any(b.sym.name == "broadcast_in_dim" for b in bwd.bound_symbols), str(bwd)
+
+
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_cross_entropy_forward_and_backward(reduction):
     x, target = _t(6, 5), torch.tensor([1, 0, 4, -100, 2, 2])

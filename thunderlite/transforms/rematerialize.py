@@ -19,7 +19,8 @@ trades bytes for bytes and adds a kernel).
 
 A saved broadcast of a smaller value (``expand``, ``broadcast_in_dim``:
 rotary embedding's cos and sin spread over batch and heads) is always
-recomputed from its input, which is saved instead (``_spread_from``).
+recomputed from its input, which is saved instead (``_spread_from``; with
+the symbolic sizes of its shape, under ``dynamic=True``).
 
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
@@ -112,7 +113,8 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
         src = _spread_from(producer[p.name], overwritten)
         if src is not None:
             recompute[p.name] = producer[p.name]
-            inputs[src.name] = src
+            # the input, and any symbolic size of the shape it is spread to (saved with it)
+            inputs.update((a.name, a) for a in producer[p.name].proxy_args())
             continue
         found = _closure(p.name, producer, keep - {p.name}, overwritten)
         if found is None:
