@@ -90,3 +90,14 @@ def size_atoms(bsyms: list[BoundSymbol]) -> list:
                             for a in s.proxies():
                                 out.setdefault(a.name, a)
     return list(out.values())
+
+
+def size_inputs(trace, bsyms: list[BoundSymbol], inputs: list) -> list:
+    """The size atoms of ``bsyms`` a fused region takes besides ``inputs``:
+    those ``trace`` can read (its arguments, what its symbols define). A
+    backward has no size symbols of its own: the region reads them off its
+    tensors' shapes (``sizes_of``)."""
+    have = {p.name for p in trace.args if hasattr(p, "name")}
+    have.update(o.name for b in trace.bound_symbols for o in b.proxy_outs())
+    taken = {p.name for p in inputs}
+    return [a for a in size_atoms(bsyms) if a.name not in taken and a.name in have]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.specialize import MissingSize, hint_values, size_atoms, sizes_of, specialize
+from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
@@ -149,14 +149,14 @@ class NvFuserExecutor(FusionExecutor):
                    for sub in bsym.subsymbols)
 
     def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
-        return fuse(trace, self.can_fuse, self._make_fusion, min_size=self.min_size,
+        return fuse(trace, self.can_fuse, lambda region: self._make_fusion(trace, region), min_size=self.min_size,
                     input_alias_groups=input_alias_groups)
 
-    def _make_fusion(self, region: Region) -> BoundSymbol:
+    def _make_fusion(self, trace: Trace, region: Region) -> BoundSymbol:
         name = f"fusion{next(self._counter)}"
         inputs = list(region.inputs)
         if any(mentions_symbolic(b) for b in region.bsyms):     # the size symbols its shapes use come in too
-            inputs += [a for a in size_atoms(region.bsyms) if a.name not in {p.name for p in inputs}]
+            inputs += size_inputs(trace, region.bsyms, inputs)
         fn = NvFuserFusion(name, region, inputs)
         sym = self.fusion_symbol(name, fn)
         return sym.bind(*inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),

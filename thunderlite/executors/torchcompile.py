@@ -94,7 +94,13 @@ class TorchCompileExecutor(FusionExecutor):
 
     def _make_fusions(self, trace: Trace, region: Region) -> list[BoundSymbol]:
         pieces = split_region(region, repeat_bounds(region))
-        return [self._make_fusion(trace, piece) for piece in pieces if piece.bsyms]
+        out: list[BoundSymbol] = []
+        for piece in pieces:
+            if piece.bsyms:
+                piece, tail = _views_outside(piece)
+                out.append(self._make_fusion(trace, piece))
+                out.extend(tail)
+        return out
 
     def _make_fusion(self, trace: Trace, region: Region) -> BoundSymbol:
         key = structure_key(region)
@@ -119,12 +125,76 @@ class TorchCompileExecutor(FusionExecutor):
     def _compile(self, sub: Trace, region: Region):
         fn = sub.python_callable()
         writing = any(writes(leaf) for b in region.bsyms for leaf in walk(b))
+        if writing and _input_aliases(region):
+            # AOTAutograd rebuilds an output aliasing a written input from a view replay that fails for
+            # some views ("incorrect out shape after application of ViewMeta sequence") after the writes
+            # ran: such a region runs as its torch calls
+            return EagerWhenRecording(fn, fn, writing)
         if any(mentions_symbolic(b) for b in region.bsyms):
             return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options), writing)
         if self.compile_options == {"dynamic": False} and region.inputs and \
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn, writing)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
+
+
+def _input_aliases(region: Region, every: bool = False) -> dict[str, str]:
+    """Region outputs that may share storage with a region input (a view, or a
+    written input returned), each with the input it aliases; with ``every``,
+    every name in the region that may (inputs map to themselves)."""
+    root = {p.name: p.name for p in region.inputs if type(p) is TensorProxy}
+    for b in region.bsyms:
+        for leaf in walk(b):
+            if leaf.subsymbols:
+                continue
+            for out, base in views(leaf):
+                if base.name in root:
+                    root[out.name] = root[base.name]
+            for dst, new in writes(leaf):
+                if new is not None and dst.name in root:
+                    root[new.name] = root[dst.name]
+    if every:
+        return root
+    return {o.name: root[o.name] for o in region.outputs if o.name in root and root[o.name] != o.name}
+
+
+def _views_outside(region: Region) -> tuple[Region, list[BoundSymbol]]:
+    """A region that writes nothing returns no view of its inputs: the view
+    calls making such an output run again after it, as torch calls (free), and
+    the compiled graph returns only fresh tensors. AOTAutograd would rebuild a
+    returned view from a replay of its view steps, which fails for some
+    (``diagonal`` as slice, reshape and strided slice: "incorrect out shape
+    after application of ViewMeta sequence"). Outputs reached only through
+    pure views; anything else stays (a writing region is handled by ``_compile``)."""
+    if any(writes(leaf) for b in region.bsyms for leaf in walk(b)):
+        return region, []
+    aliased = _input_aliases(region)
+    if not aliased:
+        return region, []
+    alias_of = _input_aliases(region, every=True)
+    producer = {o.name: b for b in region.bsyms for o in b.proxy_outs()}
+    inputs = {p.name for p in region.inputs}
+    needed: set[int] = set()
+
+    def need(name: str) -> bool:
+        if name in inputs:
+            return True
+        b = producer.get(name)
+        if b is None or b.sym.tags & {Tag.RANDOM, Tag.DONT_DCE} or \
+                not all(o.name in alias_of for o in b.tensor_outs()):
+            return False
+        if not all(need(a.name) for a in b.proxy_args()):
+            return False
+        needed.add(id(b))
+        return True
+    moved = {name for name in aliased if need(name)}
+    if not moved:
+        return region, []
+    tail = [b for b in region.bsyms if id(b) in needed]
+    outputs = [o for o in region.outputs if o.name not in moved]
+    made_by_tail = {o.name for b in tail for o in b.proxy_outs()}
+    outputs = [o for o in outputs if o.name not in made_by_tail]
+    return Region(region.bsyms, region.inputs, outputs), tail
 
 
 def _untracked_alias(bsym: BoundSymbol) -> bool:
@@ -211,7 +281,7 @@ class BoxedRegion:
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = tuple((t.stride(), t.storage_offset()) for t in box)
+        layout = (tuple((t.stride(), t.storage_offset()) for t in box), _sharing(box))
         compiled = self._by_layout.get(layout)
         if compiled is None:
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
@@ -273,6 +343,15 @@ def _places_by_offset(gm) -> bool:
     unbound. Other graphs over inputs at an offset (q, k, v split from one
     projection) compile with one, so Inductor's caches serve them."""
     return any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
+
+
+def _sharing(box: list) -> tuple:
+    """Which inputs share storage (each input's first storage mate): code
+    compiled for one pattern is not served to another (a region shared by two
+    cache entries met its inputs aliased in one and apart in the other and
+    returned wrong values: jit fuzz seed 955 with torchcompile)."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(box))
 
 
 class _Unboxed:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.specialize import MissingSize, hint_values, size_atoms, sizes_of, specialize
+from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace, trace_pass
@@ -155,7 +155,7 @@ class TritonExecutor(FusionExecutor):
         fallback = _torch_callable(trace, region, name)
         inputs = list(region.inputs)
         if any(mentions_symbolic(b) for b in region.bsyms):
-            inputs += [a for a in size_atoms(region.bsyms) if a.name not in {p.name for p in inputs}]
+            inputs += size_inputs(trace, region.bsyms, inputs)
             impl = SizedTritonKernel(self, region, inputs, fallback)
         else:
             impl = self.kernel(region.bsyms, region.inputs, region.outputs, fallback)

@@ -356,3 +356,42 @@ def test_region_over_inputs_at_storage_offsets_uses_inductors_cache():
         assert boxed.fallbacks == []
     assert counters["inductor"]["fxgraph_cache_bypass"] == 0
     assert counters["inductor"]["fxgraph_cache_hit"] >= 1
+
+
+def test_region_compiles_per_storage_sharing_of_its_inputs():
+    """Code compiled while two inputs shared storage is not served to inputs
+    apart (nor the reverse): the sharing pattern is part of the layout key."""
+    _torchcompile_or_skip()
+    from thunderlite.executors.torchcompile import BoxedRegion
+
+    def region(a, b):
+        return ((a - b).abs() + a,)
+
+    boxed = BoxedRegion(region, writing=False)
+    x = torch.randn(6, 3)
+    torch.testing.assert_close(boxed([x, x])[0], region(x, x)[0])
+    y = torch.randn(6, 3)
+    torch.testing.assert_close(boxed([x, y])[0], region(x, y)[0])
+    assert boxed.compilations == 2
+
+
+def test_region_views_of_inputs_are_made_outside_it():
+    """A region that writes nothing returns no view of its inputs: the view
+    runs after it as a torch call, so the caller gets eager's view (its base
+    is the input) and Inductor compiles only fresh outputs."""
+    _torchcompile_or_skip()
+
+    def f(a):
+        v = a.diagonal()
+        return v, (v > 0.2), v.sin()
+
+    jf = thunderlite.jit(f, executors=["torchcompile", "torch"])
+    a = torch.randn(4, 3)
+    got = jf(a)
+    for g, w in zip(got, f(a), strict=True):
+        torch.testing.assert_close(g, w)
+    assert got[0]._base is a
+    trace = thunderlite.last_traces(jf)[-1]
+    fusions = [b for b in trace.bound_symbols if b.sym.name.startswith("fusion")]
+    assert fusions and all(o.name != got_name for b in fusions for o in b.tensor_outs()
+                           for got_name in [trace.output[0].name]), str(trace)
