@@ -297,8 +297,8 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
     """``fn`` traced to an ATen graph and compiled by Inductor the way it compiles a
     graph with boxed inputs (``flatten_graph_inputs`` wraps it in ``GmWrapper``:
     AOTAutograd then returns a callable that takes the list and empties it).
-    Compiled inside a tracing context whose fake mode has a ShapeEnv, as dynamo's
-    calls are: Inductor's FX graph cache bypasses a graph compiled without one,
+    Traced on the fake tensors of, and compiled inside a tracing context whose
+    fake mode has, a ShapeEnv, as dynamo's calls are: Inductor's FX graph cache bypasses a graph compiled without one,
     so every process would recompile every region from scratch. Its fake mode
     keeps shapes static (with a ShapeEnv a fake mode's default is symbolic
     sizes: shape-generic code where the region is compiled per layout anyway).
@@ -317,14 +317,21 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     with torch.no_grad():
+        mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
         try:
-            gm = make_fx(fn, tracing_mode="fake")(*example)
+            # traced on the fake tensors of the mode it is compiled under: a graph traced in another fake
+            # mode got wrong sizes from Inductor (diagonal(a) > 0.2 of a 3x4 `a` came out with 4 elements)
+            fakes = [mode.from_tensor(t, static_shapes=True) for t in example]
+            with mode:
+                gm = make_fx(fn)(*fakes)
+            if any(t.storage_offset() for t in example) and _places_by_offset(gm):
+                mode = None
+                gm = make_fx(fn, tracing_mode="fake")(*example)
         except Exception as e:  # noqa: BLE001 - an op fake tensors cannot run (linalg.lstsq): dynamo's path
             fallbacks.append(f"make_fx: {type(e).__name__}; compiled through dynamo")
             return _Unboxed(torch.compile(fn, dynamic=False))
-        offsets = any(t.storage_offset() for t in example) and _places_by_offset(gm)
         try:
-            with contextlib.nullcontext() if offsets else tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True))):
+            with contextlib.nullcontext() if mode is None else tracing(TracingContext(mode)):
                 compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(example))
         except Exception as e:  # noqa: BLE001 - AOTAutograd refuses some aliased inputs: the torch calls
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
