@@ -12,7 +12,8 @@ import torch
 import thunderlite
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
-from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE, take_write_backs
+from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.write_backs import take_write_backs
 
 
 def setitem_row(x, w):

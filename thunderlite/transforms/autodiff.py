@@ -82,10 +82,10 @@ from thunderlite.transforms.autodiff_function import function_vjp, is_function_s
 from thunderlite.transforms.autodiff_ops import DETACH, OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.eager_layout import eager_aliasing, eager_tensors, inputs_behind
-from thunderlite.transforms.functionalize import (EagerRaises, NotFunctionalizable, functionalize, overwrite_values,
-                                                  take_write_backs)
+from thunderlite.transforms.functionalize import EagerRaises, NotFunctionalizable, functionalize, overwrite_values
 from thunderlite.transforms.rematerialize import rematerialize
 from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
+from thunderlite.transforms.write_backs import take_write_backs
 
 
 class MissingGradRuleError(NotImplementedError):

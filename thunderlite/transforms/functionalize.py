@@ -16,16 +16,16 @@ prims only:
   permute permutes back);
 - every renamed member is the same chain replayed on ``y1``;
 - a written program input gets its final value by one ``copy_`` right before
-  the return; autodiff takes those off (``take_write_backs``) and the caller
+  the return; autodiff takes those off (``take_write_backs``, write_backs.py) and the caller
   copies them in after the differentiated forward, then makes what the program
   returns of written inputs (themselves, views of them) from the inputs;
-- inputs sharing storage are gathers from one flat storage (``_StorageView``:
+- inputs sharing storage are gathers from one flat storage (``StorageView`` in view_links.py:
   their strides and offsets at compile time, guarded), a write a scatter;
 - an opaque view (``alias``, ``contiguous``, ``as_strided``...) is what eager
   makes of it for the layouts compiled for (eager_layout.py's meta run,
   guarded): fresh memory, the same elements as its input or base, or a
-  ``_Strided`` gather of storage positions from its dense base; a write whose
-  chain has no inverse (through an expanded view) is one ``_Strided`` scatter
+  ``Strided`` gather of storage positions from its dense base; a write whose
+  chain has no inverse (through an expanded view) is one ``Strided`` scatter
   when no written element is in two places.
 
 A write autograd does not record (made under ``torch.no_grad()``, or through a
@@ -75,16 +75,17 @@ from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.transforms import view_geometry
 from thunderlite.transforms.autodiff_ops import DETACH
 from thunderlite.transforms.eager_layout import autograd_view, eager_view, same_storage
-from thunderlite.transforms.update_aliases import AliasGroups
+from thunderlite.transforms.view_links import (INVERTIBLE, StorageView, Strided, broadcast_to, call_key, detaching,
+                                               first_arg, inverse, invertible, overwrite, same_layout,
+                                               storage_order, within)
 
-_INVERTIBLE = frozenset(p.meta for p in (prims.reshape, prims.squeeze, prims.permute, prims.slice_prim))
 # ``prims.reshape`` is a view only when strides allow it (``x.t().reshape(-1)`` copies in
 # eager); recorded by these ops it is always a view (eager raises instead of copying, or,
 # for diagonal, makes a strided view of the same elements the decomposition picks)
 _ALWAYS_VIEW = frozenset({"view", "view_as", "unsqueeze", "squeeze", "unflatten", "getitem", "select", "diagonal"})
 # leaf prims the torch executor always runs as views; anything else that "may alias" (an
 # opaque op whose schema cannot tell) is not replayed on a written base
-_CERTAIN = _INVERTIBLE | frozenset(p.meta for p in (prims.broadcast_in_dim, prims.real, prims.imag))
+_CERTAIN = INVERTIBLE | frozenset(p.meta for p in (prims.broadcast_in_dim, prims.real, prims.imag))
 
 
 def _overwrite_values_meta_decomposition(a: TensorProxy, new: TensorProxy) -> TensorProxy:
@@ -179,7 +180,7 @@ class _Rewriter:
                        for p, (strides, off) in zip(ps, geo, strict=True))
             self.metas[root] = m.as_strided((last - lo + 1,), (1,), lo)     # eager's storage, from ``lo``
         for n, p, (strides, off) in zip(group, ps, geo, strict=True):
-            link = _StorageView(tuple(p.shape), tuple(strides), off - lo, n)
+            link = StorageView(tuple(p.shape), tuple(strides), off - lo, n)
             self.chain[n] = (root, (link,))
             self.certain.add(link)
         self.storages[root] = list(group)
@@ -189,13 +190,13 @@ class _Rewriter:
         """The value of ``base`` before its first write: a shared storage is
         assembled from the inputs that view it."""
         if base not in self.storages:
-            return self.value(dst if not chain else _first_arg(chain[0]))
+            return self.value(dst if not chain else first_arg(chain[0]))
         links = [self.chain[n][1][0] for n in self.storages[base]]
         size = max(v.last for v in links) + 1
         p = self.inputs[self.storages[base][0]]
         value = self.record(source, prims.full, (size,), 0, device=p.device, dtype=p.dtype)
         for n, v in zip(self.storages[base], links, strict=True):
-            value = self.record(source, _inverse, v, value, self.inputs[n])
+            value = self.record(source, inverse, v, value, self.inputs[n])
         return value
 
     # --- emitting -------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class _Rewriter:
         for leaf in walk(bsym):
             for o, b in views(leaf):
                 root, chain = local.get(b.name) or self.elements(b.name)
-                local[o.name] = (root, chain + (() if _detaching(leaf) else (_call_key(leaf),)))
+                local[o.name] = (root, chain + (() if detaching(leaf) else (call_key(leaf),)))
                 if not leaf.subsymbols and not writes(leaf):
                     links[o.name] = (leaf, b)
         for dst in _written_deep(bsym):
@@ -345,14 +346,14 @@ class _Rewriter:
         if base in self.storages:
             _, shape, strides, offset, _ = chain[0].args
             g, chain = view_geometry.placed(shape, strides, offset), chain[1:]
-        elif chain and isinstance(chain[0], _Strided):
+        elif chain and isinstance(chain[0], Strided):
             # eager's strides in a dense base's storage: the stand-in's where the base is contiguous
             _, shape, strides, offset, order = chain[0].args
             contiguous = order == tuple(range(len(order)))
             g = view_geometry.Geo(shape, strides, offset, None, False) if contiguous else None
             chain = chain[1:]
         else:
-            g = view_geometry.stand_in(_first_arg(chain[0]).shape if chain else p.shape)
+            g = view_geometry.stand_in(first_arg(chain[0]).shape if chain else p.shape)
         for v in chain:
             g = view_geometry.apply(g, v)
         return g
@@ -360,12 +361,12 @@ class _Rewriter:
     def geometry(self, name: str) -> tuple:
         """The root and the view calls from it (equal for two views of the same elements)."""
         base, chain = self.base_of(name)
-        return base, tuple(_call_key(v) for v in chain)
+        return base, tuple(call_key(v) for v in chain)
 
     def elements(self, name: str) -> tuple:
         """``geometry`` without ``detach()``/``.data`` links: which elements, whatever the alias."""
         base, chain = self.base_of(name)
-        return base, tuple(_call_key(v) for v in chain if not _detaching(v))
+        return base, tuple(call_key(v) for v in chain if not detaching(v))
 
     def leaf(self, bsym: BoundSymbol, parent: str = "") -> None:
         pairs = writes(bsym)
@@ -379,7 +380,7 @@ class _Rewriter:
             return
         pairs = views(bsym)
         if len(pairs) == 1 and len(bsym.tensor_outs()) == 1 and bsym.sym.meta not in _CERTAIN and \
-                bsym.sym.meta is not prims.reshape.meta and not _detaching(bsym) and self.settle(bsym, *pairs[0]):
+                bsym.sym.meta is not prims.reshape.meta and not detaching(bsym) and self.settle(bsym, *pairs[0]):
             return
         self.emit(bsym)
         for o, b in pairs:
@@ -391,10 +392,10 @@ class _Rewriter:
             if not self.grad:
                 self.nograd.add(o.name)
                 # a view autograd knows as one (not detach/.data/unsafe_split) of a tensor requiring grad
-                if (b.requires_grad or b.name in self.guarded) and not _detaching(bsym) and \
+                if (b.requires_grad or b.name in self.guarded) and not detaching(bsym) and \
                         Tag.HIDDEN_VIEW not in bsym.sym.tags:
                     self.guarded.add(o.name)
-            if _detaching(bsym) or (bsym.sym.meta in _CERTAIN and
+            if detaching(bsym) or (bsym.sym.meta in _CERTAIN and
                                     (bsym.sym.meta is not prims.reshape.meta or parent in _ALWAYS_VIEW)):
                 self.certain.add(bsym)
             elif bsym.sym.meta is prims.reshape.meta and self.aliasing.get(o.name):
@@ -475,12 +476,12 @@ class _Rewriter:
         """An opaque view (``contiguous``, ``alias``, ``as_strided``, ``sum_to_size``...)
         as eager makes it for the layouts compiled for (eager_layout.py): fresh
         memory where eager copies; where its layout is its input's or the base's,
-        the same elements; else a strided view of the base (``_Strided``). False
+        the same elements; else a strided view of the base (``Strided``). False
         where that is unknown, or where autograd does not see the alias
         (``unsafe_split``: its writes change values, not histories; autograd's
         view base is not the base's): the view then stays one this pass cannot
         write through (``detach()``/``.data`` never come here: they are links of
-        their own, ``_detaching``). A view is emitted as the elements
+        their own, ``detaching``). A view is emitted as the elements
         it names (``b``'s value, a gather), so it reads what writes made of
         them, as eager's view does."""
         m_in, m = self.layout(b.name), eager_view(bsym, o, self.layout)
@@ -492,21 +493,21 @@ class _Rewriter:
         if not same_storage(m, m_in):
             self.emit(bsym)
             self.cut[o.name] = b.name
-        elif root is not None and same_storage(m, root) and autograd_view(m, root) and not _same_layout(m, m_in):
-            if _same_layout(m, root):
+        elif root is not None and same_storage(m, root) and autograd_view(m, root) and not same_layout(m, m_in):
+            if same_layout(m, root):
                 self.chain[o.name] = (base, ())
                 self.swap[o.name] = now
             else:
-                if not _within(m, m_in):
+                if not within(m, m_in):
                     self.why[bsym] = "makes a view reaching past its input's elements (autograd differentiates " \
                                      "it through those only)"
                     return False
-                link = self.strided(base, m, _first_arg(chain[0]) if chain else b)
+                link = self.strided(base, m, first_arg(chain[0]) if chain else b)
                 if link is None:
                     return False
                 self.chain[o.name] = (base, (link,))
                 self.swap[o.name] = self.replay((link,), now, bsym.source)
-        elif autograd_view(m, m_in) and _same_layout(m, m_in):
+        elif autograd_view(m, m_in) and same_layout(m, m_in):
             self.chain[o.name] = (base, chain)      # the same elements as its input
             self.swap[o.name] = self.value(b)
         else:
@@ -531,9 +532,9 @@ class _Rewriter:
         m = self.layout(base) if base != name else None
         if chain:
             v = chain[-1]
-            if isinstance(v, _Strided):
+            if isinstance(v, Strided):
                 m = v.on(self.layout(base))
-            elif isinstance(v, _StorageView) or len(v.tensor_outs()) != 1:
+            elif isinstance(v, StorageView) or len(v.tensor_outs()) != 1:
                 m = None
             else:
                 m = eager_view(v, v.tensor_outs()[0], self.layout)
@@ -541,18 +542,18 @@ class _Rewriter:
         return m
 
     def strided(self, base: str, m, root: TensorProxy):
-        """``m`` (a meta view of ``base``'s storage) as a ``_Strided`` link from
+        """``m`` (a meta view of ``base``'s storage) as a ``Strided`` link from
         ``base`` (the proxy ``root``), or None where ``base`` is not dense (its
         elements are not one block of its storage) or ``m`` reaches outside it."""
         r = self.layout(base)
         if m is None or r is None or m.dtype != r.dtype or not same_storage(m, r) or r.numel() == 0:
             return None
-        order = _storage_order(r)
+        order = storage_order(r)
         lo = m.storage_offset() - r.storage_offset()
         hi = lo + sum((n - 1) * st for n, st in zip(m.shape, m.stride(), strict=True))
         if order is None or (m.numel() and (lo < 0 or hi >= r.numel())):
             return None
-        link = _Strided(tuple(m.shape), tuple(m.stride()), lo, order, root)
+        link = Strided(tuple(m.shape), tuple(m.stride()), lo, order, root)
         self.certain.add(link)
         return link
 
@@ -565,13 +566,13 @@ class _Rewriter:
             self.used.add(f"layout:{base}")
 
     def writable(self, base: str, chain: tuple, dst: TensorProxy, at: BoundSymbol) -> tuple:
-        """``chain``, or one ``_Strided`` link to the written elements where a link
+        """``chain``, or one ``Strided`` link to the written elements where a link
         of it has no inverse (an expanded view written where no element repeats,
         ``as_strided``): the scatter puts each written value in its one place."""
-        bad = next((v for v in chain if not _invertible(v)), None)
+        bad = next((v for v in chain if not invertible(v)), None)
         if bad is None:
             return chain
-        link = self.strided(base, self.layout(dst.name), _first_arg(chain[0]))
+        link = self.strided(base, self.layout(dst.name), first_arg(chain[0]))
         if link is None or link.overlaps:
             raise NotFunctionalizable(f"the write through a {bad.sym.id} view{_where(at)} has no functional "
                                       "form here")
@@ -595,7 +596,7 @@ class _Rewriter:
         self.check_chain(chain, bsym)
         written = self.writable(base, chain, dst, bsym)
         # eager: a write under no_grad or through a detach()/.data alias changes values, not history
-        unrecorded = not self.grad or any(_detaching(v) for v in chain)
+        unrecorded = not self.grad or any(detaching(v) for v in chain)
         if unrecorded and self.grad and isinstance(src, TensorProxy) and src.requires_grad:
             # the base takes the values only; the alias, which eager gives src's history, must not be read
             self.tainted.add(base)
@@ -604,7 +605,7 @@ class _Rewriter:
         if isinstance(src, TensorProxy) and src.dtype != dst.dtype:
             src = self.record(bsym.source, prims.convert_element_type, src, dst.dtype)
         if not isinstance(src, TensorProxy) or src.shape != dst.shape:
-            src = self.record(bsym.source, _broadcast_to, src, dst)
+            src = self.record(bsym.source, broadcast_to, src, dst)
         self.cur[base] = self.scatter(old, src, written, bsym.source, unrecorded)
         if self.made_without_grad(chain):
             self.stale.add(bsym.output.name)
@@ -646,16 +647,16 @@ class _Rewriter:
             for v in chain[:-1]:
                 values.append(self.record(source, v.sym, values[-1], *v.args[1:], **v.kwargs))
             for v, x in zip(reversed(chain), reversed(values), strict=True):
-                new = self.record(source, _inverse, v, x, new)
+                new = self.record(source, inverse, v, x, new)
         if unrecorded:      # the base keeps its whole history; the written values carry none
             return self.record(source, overwrite_values, base, new) if base.requires_grad else \
                 self.constant(new, source)
         # where(mask, new, base) or a scatter: the base keeps its history where not written
-        selected = bool(chain) and (isinstance(chain[0], (_StorageView, _Strided))
+        selected = bool(chain) and (isinstance(chain[0], (StorageView, Strided))
                                     or chain[0].sym.meta is prims.slice_prim.meta)
         if base.requires_grad and not selected:
             # eager: the overwritten tensor keeps its history (a zero gradient, still requires grad)
-            new = self.record(source, _overwrite, base, new)
+            new = self.record(source, overwrite, base, new)
         return new
 
     def barrier(self, bsym: BoundSymbol) -> None:
@@ -668,7 +669,7 @@ class _Rewriter:
         bases = [self.base_of(m.name) for m in members]
         apart = self.apart(written | {b for b, _ in bases if b in self.cur})
         for (base, chain), m, n in zip(bases, members, bsym.output, strict=True):
-            if m.name in self.unreadable or (base in self.tainted and any(_detaching(v) for v in chain)):
+            if m.name in self.unreadable or (base in self.tainted and any(detaching(v) for v in chain)):
                 self.unreadable.add(n.name)
             if base in self.opaque or (base not in self.cur and base not in apart):
                 raise NotFunctionalizable("an alias group mixes tensors written functionally and not"
@@ -721,17 +722,17 @@ class _Rewriter:
             base, chain = self.base_of(x.name)
             if base not in self.inputs and base not in self.storages:
                 return self.value(x)
-            if base in self.storages and not isinstance(chain[0], _StorageView):
+            if base in self.storages and not isinstance(chain[0], StorageView):
                 # a view of the shared storage itself (as_strided over it): no one input to make it from
                 raise NotFunctionalizable(f"the program returns a view of the storage of inputs it writes ({base})"
                                           + _where(chain[-1]))
             name, rest = (chain[0].args[4], chain[1:]) if base in self.storages else (base, chain)
-            if not rest or any(isinstance(v, _StorageView) for v in rest) or \
-                    any(isinstance(v, _Strided) for v in rest[1:]):
+            if not rest or any(isinstance(v, StorageView) for v in rest) or \
+                    any(isinstance(v, Strided) for v in rest[1:]):
                 raise NotFunctionalizable(f"the program returns a view of an input it writes ({base})"
                                           + _where(chain[-1]))
             view = self.inputs[name]
-            if isinstance(rest[0], _Strided):
+            if isinstance(rest[0], Strided):
                 # eager's elements of the input laid out as compiled for (its offset is guarded)
                 _, shape, strides, offset, _ = rest[0].args
                 start = self.layout(name).storage_offset() + offset
@@ -741,217 +742,6 @@ class _Rewriter:
             # a view of the input as it is after the write-back (take_write_backs: the epilogue)
             return self.replay(rest, view, ret.source)
         self.out.append(ret.replace(args=pytree.tree_map(leaf, ret.args)))
-
-
-class _Gather:
-    """The ``sym`` of a ``_StorageView``: replaying it gathers the view's elements."""
-    id = "functionalize.storage_view"
-    meta = None
-
-    def __call__(self, storage, shape, strides, offset, name):
-        return prims.reshape(prims.gather(storage, 0, _flat_positions(shape, strides, offset, storage.device)), shape)
-
-
-class _StorageView:
-    """A chain link from a flat storage shared by inputs to one of them."""
-    __slots__ = ("args", "kwargs", "last", "output", "source")
-    sym = _Gather()
-
-    def __init__(self, shape: tuple, strides: tuple, offset: int, name: str):
-        self.args = (None, shape, strides, offset, name)
-        self.kwargs = {}
-        self.last = offset + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
-        self.output = None
-        self.source = None
-
-
-class _StridedGather:
-    """The ``sym`` of a ``_Strided`` link: replaying it gathers the view's elements
-    from its base read in storage order."""
-    id = "functionalize.strided_view"
-    meta = None
-
-    def __call__(self, base, shape, strides, offset, order):
-        return prims.reshape(prims.gather(_storage_flat(base, order), 0, _flat_positions(shape, strides, offset,
-                                                                                     base.device)), shape)
-
-
-class _Strided:
-    """A chain link from a base to a view of it described by eager's strides and
-    storage offset (relative to the base's) for the layouts compiled for: an
-    ``as_strided`` view, a written part of an expanded view. The base is dense
-    (``order``: its dims from outermost in memory), so the view's elements are
-    positions in it read in storage order; a write scatters into them, which
-    needs each written element in one place (``overlaps`` False)."""
-    __slots__ = ("args", "kwargs", "output", "source", "overlaps", "root")
-    sym = _StridedGather()
-
-    def __init__(self, shape: tuple, strides: tuple, offset: int, order: tuple, root: TensorProxy):
-        self.args = (None, shape, strides, offset, order)
-        self.kwargs = {}
-        self.output = None
-        self.source = None
-        self.root = root
-        self.overlaps = _overlaps(shape, strides)
-
-    def on(self, base):
-        """The meta view this link makes of ``base``'s meta tensor."""
-        if base is None:
-            return None
-        _, shape, strides, offset, _ = self.args
-        return base.as_strided(shape, strides, base.storage_offset() + offset)
-
-
-def _storage_order(t) -> tuple | None:
-    """The dims of a dense meta tensor from outermost in memory, or None where its
-    elements are not one block of its storage."""
-    order = tuple(sorted(range(t.ndim), key=lambda d: -t.stride(d)))
-    expected = 1
-    for d in reversed(order):
-        if t.shape[d] != 1 and t.stride(d) != expected:
-            return None
-        expected *= t.shape[d]
-    return order
-
-
-_POSITIONS_LIMIT = 1 << 20
-
-
-def _within(m, m_in) -> bool:
-    """Whether every element of the meta view ``m`` lies in the elements of
-    ``m_in`` (same storage, bytes compared): eager's autograd differentiates a
-    view (``as_strided``) through its input's elements only, so one reaching
-    past them is not a scatter into the base that autograd agrees with. False
-    where too large to tell."""
-    if not m.numel():
-        return True
-    if not m_in.numel():
-        return False
-    size = max(t.element_size() * (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(
-        t.shape, t.stride(), strict=True))) for t in (m, m_in))
-    if size > _POSITIONS_LIMIT:
-        return False
-
-    def held(t):
-        pos = torch.arange(size // t.element_size()).as_strided(t.shape, t.stride(), t.storage_offset())
-        return (pos.reshape(-1, 1) * t.element_size() + torch.arange(t.element_size())).reshape(-1)
-    return bool(torch.isin(held(m), held(m_in)).all())
-
-
-def _overlaps(shape, strides) -> bool:
-    """Whether two elements of a strided view may share a storage position."""
-    reach = 0
-    for st, n in sorted((st, n) for n, st in zip(shape, strides, strict=True) if n > 1):
-        if st <= reach:
-            return True
-        reach += (n - 1) * st
-    return False
-
-
-def _same_layout(a, b) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and \
-        a.storage_offset() == b.storage_offset()
-
-
-def _storage_flat(base: TensorProxy, order: tuple) -> TensorProxy:
-    x = base if order == tuple(range(base.ndim)) else prims.permute(base, order)
-    return prims.reshape(x, (base.numel(),))
-
-
-def _flat_positions(shape, strides, offset, device) -> TensorProxy:
-    return prims.reshape(_positions(shape, strides, offset, device), (_numel(shape),))
-
-
-def _invertible(v) -> bool:
-    if isinstance(v, _Strided):
-        return not v.overlaps
-    return isinstance(v, _StorageView) or v.sym.meta in _INVERTIBLE or _detaching(v)
-
-
-def _inverse_perm(perm) -> tuple:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p % len(perm)] = i
-    return tuple(inv)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _positions(shape, strides, offset, device) -> TensorProxy:
-    """The flat storage positions of a strided tensor's elements (int64, its shape)."""
-    idx = prims.full(tuple(shape), offset, device=device, dtype=torch.int64)
-    for d, (n, st) in enumerate(zip(shape, strides, strict=True)):
-        if n == 1 or st == 0:
-            continue
-        step = prims.iota(n, start=0, step=st, device=device, dtype=torch.int64)
-        idx = prims.add(idx, prims.broadcast_in_dim(step, tuple(shape), (d,)))
-    return idx
-
-
-def _call_key(view: BoundSymbol) -> tuple:
-    return view.sym.id, repr(view.args[1:]), repr(view.kwargs)
-
-
-def _first_arg(link) -> TensorProxy | None:
-    if isinstance(link, _StorageView):
-        return None
-    return link.root if isinstance(link, _Strided) else link.tensor_args()[0]
-
-
-def _broadcast_to(src, like: TensorProxy):
-    if not isinstance(src, TensorProxy):
-        return prims.full(like.shape, src, device=like.device, dtype=like.dtype)
-    lead = len(like.shape) - len(src.shape)
-    return prims.broadcast_in_dim(src, like.shape, tuple(range(lead, len(like.shape))))
-
-
-def _inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorProxy:
-    """``base`` with ``new`` written where ``view`` (a leaf view prim of ``base``) looks."""
-    if isinstance(view, _StorageView):
-        _, shape, strides, offset, _ = view.args
-        return prims.scatter(base, 0, _flat_positions(shape, strides, offset, base.device),
-                             prims.reshape(new, (_numel(shape),)))
-    if isinstance(view, _Strided):
-        _, shape, strides, offset, order = view.args
-        flat = prims.scatter(_storage_flat(base, order), 0, _flat_positions(shape, strides, offset, base.device),
-                             prims.reshape(new, (_numel(shape),)))
-        out = prims.reshape(flat, tuple(base.shape[d] for d in order))
-        return out if order == tuple(range(base.ndim)) else prims.permute(out, _inverse_perm(order))
-    if _detaching(view):
-        return new
-    meta = view.sym.meta
-    if meta is prims.reshape.meta or meta is prims.squeeze.meta:
-        return prims.reshape(new, base.shape)
-    if meta is prims.permute.meta:
-        return prims.permute(new, _inverse_perm(view.args[1]))
-    start, end = view.args[1], view.args[2]
-    strides = view.args[3] if len(view.args) > 3 else view.kwargs.get("strides")
-    strides = (1,) * base.ndim if strides is None else strides
-    config = []
-    for size, lo, n, st in zip(base.shape, start, new.shape, strides, strict=True):
-        last = lo + (n - 1) * st if n else lo - 1
-        config.append((lo, size - 1 - last, st - 1))
-    padded = prims.pad(new, 0, config)
-    mask = prims.pad(prims.full(new.shape, True, device=new.device, dtype=torch.bool), False, config)
-    return prims.where(mask, padded, base)
-
-
-def _overwrite(base: TensorProxy, src: TensorProxy) -> TensorProxy:
-    everywhere = prims.full(base.shape, True, device=base.device, dtype=torch.bool)
-    return prims.where(everywhere, src, base)
-
-
-def _detaching(view) -> bool:
-    """A ``detach()``/``.data`` alias: the same elements, no gradient."""
-    if isinstance(view, (_StorageView, _Strided)) or Tag.OPAQUE not in view.sym.tags:
-        return False
-    fn = view.sym.torch_fn
-    return fn is torch.Tensor.detach or fn is torch.detach or getattr(fn, "__name__", None) == "data"
 
 
 def _written_positions(bsym: BoundSymbol) -> set[int]:
@@ -1015,72 +805,3 @@ def functionalize(trace: Trace, keep: set[str] = frozenset(), input_alias_groups
     if not rw.changed:
         return trace
     return trace.with_bound_symbols("", rw.out)
-
-
-def take_write_backs(trace: Trace, input_alias_groups=None):
-    """Split a functionalized trace's write-backs off for autodiff: the caller
-    copies each written input's final value into it *after* the differentiated
-    forward, under autograd (as eager's in-place op, the input's history then
-    reaches the forward's output), so those values become extra outputs.
-
-    Returns the trace (output ``(output, final_values)``), the ``copy_``
-    symbols taken off, and the *epilogue*: None, or a trace of the program's
-    arguments that the caller runs after the write-backs, returning what the
-    output returns of the written inputs (the inputs themselves, views of
-    them), with their tensor-leaf positions in the output (in the trace's
-    output these hold the input's final value). Raises ``NotFunctionalizable``
-    when an output may share memory with a written input when the forward runs
-    (a reshape eager copies, that runs as a view here): the write-back would
-    change it."""
-    *body, ret = trace.bound_symbols
-    inputs = {a.name for a in trace.args if isinstance(a, TensorProxy)}
-    views: list[BoundSymbol] = []
-    while body and not (body[-1].sym is prims.copy_ and body[-1].args[1].name in inputs):
-        if not any(b.sym is prims.copy_ for b in body):
-            break
-        views.insert(0, body.pop())
-    tail: list[BoundSymbol] = []
-    while body and body[-1].sym is prims.copy_ and body[-1].args[1].name in inputs:
-        tail.insert(0, body.pop())
-    if not tail:
-        return trace, [], None
-    final = {b.args[1].name: b.args[0] for b in tail}
-    made = {p.name: b for b in views for p in b.tensor_outs()}
-    picked, positions, position = [], [], 0
-
-    def leaf(x):
-        nonlocal position
-        if not isinstance(x, TensorProxy):
-            return x
-        position += 1
-        if x.name not in final and x.name not in made:
-            return x
-        picked.append(x)
-        positions.append(position - 1)
-        return final[x.name] if x.name in final else final[_input_of(x, made, inputs)]
-    output = pytree.tree_map(leaf, trace.output)
-    out = trace.with_bound_symbols(trace.stage, body)
-    _check_apart(out, (output, tuple(final.values())), final, input_alias_groups)
-    with tracectx(out):
-        out.set_return((output, tuple(b.args[0] for b in tail)))
-    epilogue = trace.with_bound_symbols("functionalize (epilogue)", views)
-    epilogue.name = "epilogue"
-    with tracectx(epilogue):
-        epilogue.set_return(tuple(picked))
-    return out, tail, (epilogue, tuple(positions)) if picked else None
-
-
-def _input_of(x: TensorProxy, made: dict, inputs: set[str]) -> str:
-    """The input a view computed in the epilogue is made from."""
-    while x.name not in inputs:
-        x = made[x.name].tensor_args()[0]
-    return x.name
-
-
-def _check_apart(trace: Trace, output, written: dict, input_alias_groups) -> None:
-    groups = AliasGroups.of_trace(trace, input_alias_groups)
-    for o in pytree.leaves(output):
-        near = isinstance(o, TensorProxy) and next((n for n in written if groups.same(o.name, n)), None)
-        if near:
-            raise NotFunctionalizable(f"the output {o.name} may share memory with the input {near} the program "
-                                      "writes")
