@@ -123,6 +123,9 @@ class TorchCompileExecutor(FusionExecutor):
 
 
     def _compile(self, sub: Trace, region: Region):
+        return _DistinctOutputs(self._compile_region(sub, region), _fresh_outputs(region))
+
+    def _compile_region(self, sub: Trace, region: Region):
         fn = sub.python_callable()
         writing = any(writes(leaf) for b in region.bsyms for leaf in walk(b))
         if writing and _input_aliases(region):
@@ -136,6 +139,44 @@ class TorchCompileExecutor(FusionExecutor):
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn, writing)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
+
+
+def _fresh_outputs(region: Region) -> tuple:
+    """For each output, whether the trace makes it fresh memory: made by a call
+    with no view, write or alias barrier anywhere in it."""
+    fresh = {o.name for b in region.bsyms for o in b.tensor_outs()
+             if not any(views(leaf) or writes(leaf) or Tag.ALIAS_BARRIER in leaf.sym.tags for leaf in walk(b))}
+    return tuple(o.name in fresh for o in region.outputs)
+
+
+class _DistinctOutputs:
+    """A compiled region whose outputs of different memory in the trace come
+    back as different tensors: Inductor returned one buffer for two equal
+    outputs (``b.clone()`` twice), so an in-place write after the region into
+    one changed the other (grad fuzz seed 2984). An output the trace makes
+    fresh that comes back sharing an earlier output's buffer is cloned."""
+
+    def __init__(self, compiled, fresh: tuple):
+        self.compiled = compiled
+        self.fresh = fresh
+        self._boxed_call = getattr(compiled, "_boxed_call", False)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+    def __call__(self, *args):
+        outs = self.compiled(*args)
+        seen: set[int] = set()
+        fixed = None
+        for i, (t, fresh) in enumerate(zip(outs, self.fresh)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen and ptr and fresh:
+                fixed = list(outs) if fixed is None else fixed
+                fixed[i] = t.clone()
+            seen.add(ptr)
+        return outs if fixed is None else type(outs)(fixed)
 
 
 def _input_aliases(region: Region, every: bool = False) -> dict[str, str]:
