@@ -159,6 +159,7 @@ class _DistinctOutputs:
     def __init__(self, compiled, fresh: tuple):
         self.compiled = compiled
         self.fresh = fresh
+        self.may_share = len(fresh) > 1 and any(fresh)     # else nothing to check per call
         self._boxed_call = getattr(compiled, "_boxed_call", False)
 
     def __getattr__(self, name):
@@ -166,6 +167,8 @@ class _DistinctOutputs:
 
     def __call__(self, *args):
         outs = self.compiled(*args)
+        if not self.may_share:
+            return outs
         seen: set[int] = set()
         fixed = None
         for i, (t, fresh) in enumerate(zip(outs, self.fresh)):

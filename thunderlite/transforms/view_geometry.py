@@ -31,6 +31,7 @@ Example: the root (4, 3); ``x[0:2]`` is ``Geo((2, 3), (3, 1), 0)``,
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import NamedTuple
 
@@ -115,7 +116,7 @@ def _reshape_strides(shape: tuple, strides: tuple, new: tuple) -> tuple | None:
     """Strides making ``new`` a view of a (shape, strides) tensor in row-major
     element order, or None when no strides can: each run of old dims that
     merge (stride = next stride * next size) must be split exactly by new dims."""
-    if _numel(shape) == 0:
+    if math.prod(shape) == 0:
         return stand_in(new).strides
     old = [(n, st) for n, st in zip(shape, strides, strict=True) if n != 1]
     out, j, k = [1] * len(new), len(new) - 1, len(old) - 1
@@ -123,7 +124,7 @@ def _reshape_strides(shape: tuple, strides: tuple, new: tuple) -> tuple | None:
         first = k
         while first > 0 and old[first - 1][1] == old[first][1] * old[first][0]:
             first -= 1
-        run, acc = _numel([n for n, _ in old[first:k + 1]]), 1
+        run, acc = math.prod([n for n, _ in old[first:k + 1]]), 1
         while j >= 0 and (acc < run or new[j] == 1):
             out[j] = acc * old[k][1]
             acc *= new[j]
@@ -138,21 +139,21 @@ def _reshape_strides(shape: tuple, strides: tuple, new: tuple) -> tuple | None:
 
 def disjoint(a: Geo, b: Geo) -> bool:
     """No storage position in common (exact; False when it cannot tell)."""
-    if _numel(a.shape) == 0 or _numel(b.shape) == 0:
+    if math.prod(a.shape) == 0 or math.prod(b.shape) == 0:
         return True
     (alo, ahi), (blo, bhi) = _span(a), _span(b)
     if ahi < blo or bhi < alo:
         return True
-    if _numel(a.shape) + _numel(b.shape) > _LIMIT:
+    if math.prod(a.shape) + math.prod(b.shape) > _LIMIT:
         return False
     return not (_positions(a) & _positions(b))
 
 
 def same_positions(a: Geo, b: Geo) -> bool:
     """Element i (row-major) of ``a`` and of ``b`` sit at one position, for every i."""
-    if _numel(a.shape) != _numel(b.shape):
+    if math.prod(a.shape) != math.prod(b.shape):
         return False
-    if _numel(a.shape) == 0:
+    if math.prod(a.shape) == 0:
         return True
     big = lambda g: [(n, st) for n, st in zip(g.shape, g.strides, strict=True) if n != 1]  # noqa: E731
     return a.offset == b.offset and big(a) == big(b)
@@ -198,7 +199,7 @@ def elementwise_from(bsym: BoundSymbol, p: TensorProxy, dst: TensorProxy, region
     """Each element ``bsym`` writes into ``region`` reads ``p`` only at its own
     index: setitem's value of the view's size, or ``p`` flowing to the write
     through elementwise prims of one shape (no reduction, matmul or view of it)."""
-    if _numel(p.shape) != _numel(region.shape):
+    if math.prod(p.shape) != math.prod(region.shape):
         return False
     if _basic_setitem(bsym, dst):
         return _named(bsym.args[2], p)
@@ -249,13 +250,6 @@ def _positions(g: Geo) -> set[int]:
         n, st = operator.index(n), operator.index(st)
         pos = [p + i * st for p in pos for i in range(n)]
     return set(pos)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _ints(xs) -> bool:

@@ -6,6 +6,8 @@ views eager makes by strides), and each invertible view prim's inverse
 reshape/squeeze reshape back, permute permutes back)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from thunderlite.core import prims
@@ -131,7 +133,7 @@ def _storage_flat(base: TensorProxy, order: tuple) -> TensorProxy:
 
 
 def _flat_positions(shape, strides, offset, device) -> TensorProxy:
-    return prims.reshape(_positions(shape, strides, offset, device), (_numel(shape),))
+    return prims.reshape(_positions(shape, strides, offset, device), (math.prod(shape),))
 
 
 def invertible(v) -> bool:
@@ -145,13 +147,6 @@ def _inverse_perm(perm) -> tuple:
     for i, p in enumerate(perm):
         inv[p % len(perm)] = i
     return tuple(inv)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _positions(shape, strides, offset, device) -> TensorProxy:
@@ -187,11 +182,11 @@ def inverse(view: BoundSymbol, base: TensorProxy, new: TensorProxy) -> TensorPro
     if isinstance(view, StorageView):
         _, shape, strides, offset, _ = view.args
         return prims.scatter(base, 0, _flat_positions(shape, strides, offset, base.device),
-                             prims.reshape(new, (_numel(shape),)))
+                             prims.reshape(new, (math.prod(shape),)))
     if isinstance(view, Strided):
         _, shape, strides, offset, order = view.args
         flat = prims.scatter(_storage_flat(base, order), 0, _flat_positions(shape, strides, offset, base.device),
-                             prims.reshape(new, (_numel(shape),)))
+                             prims.reshape(new, (math.prod(shape),)))
         out = prims.reshape(flat, tuple(base.shape[d] for d in order))
         return out if order == tuple(range(base.ndim)) else prims.permute(out, _inverse_perm(order))
     if detaching(view):
