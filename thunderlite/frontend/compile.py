@@ -38,7 +38,8 @@ from thunderlite.transforms.dce import dce
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.del_last_used import del_last_used
-from thunderlite.transforms.update_aliases import update_aliases
+from thunderlite.transforms.eager_layout import eager_copies, inputs_behind
+from thunderlite.transforms.update_aliases import check_writes, update_aliases
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
 
 INTERPRETATION_STAGE = "interpretation"
@@ -92,11 +93,11 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         for tr in transforms:
             tr.bind_inputs(values)
     traces = [trace]
-    comp, backward = run_pipeline(trace, traces, groups, executors, transforms, refused_writes(state.inputs),
-                                  _input_strides(state.inputs))
+    comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
+                                           refused_writes(state.inputs), _input_strides(state.inputs))
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
-    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), getattr(comp, "stride_inputs", ()),
+    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
                                    getattr(comp, "placed_inputs", ()))
     sym_guards = list(env.guards) if env is not None else []
     entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
@@ -249,14 +250,17 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
                  refused: dict | None = None, input_strides: dict | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
-    callable running the computation and the backward traces. ``refused``:
-    update_aliases' arguments naming inputs eager refuses to write (leaves
-    requiring grad, inference tensors...), so the error is raised here, at
-    trace time, before anything ran. ``input_strides``: for autodiff's
-    functionalization (eager's view-or-copy of reshapes; see
-    ``split_forward_backward``)."""
+    callable running the computation, the backward traces and the inputs whose
+    strides the program relies on. ``refused``: ``check_writes``' arguments
+    naming inputs eager refuses to write (leaves requiring grad, inference
+    tensors...), so the error is raised here, at trace time, before anything
+    ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
+    checks and in autodiff's functionalization (see ``split_forward_backward``)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
-    t = _record(traces, _step(update_aliases, t, groups, **(refused or {})))
+    refused = refused or {}
+    copies = eager_copies(t, input_strides, groups) if input_strides and any(refused.values()) else ()
+    strided = inputs_behind(t, check_writes(t, **refused, copies=copies))
+    t = _record(traces, _step(update_aliases, t, groups))
     t = _record(traces, _step(dce, t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
@@ -270,11 +274,11 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
         program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs,
                                       input_strides=input_strides)
         traces += program.forward_traces
-        return program, list(program.backward_traces)
+        return program, list(program.backward_traces), tuple(strided.union(program.stride_inputs))
     steps: list[Trace] = []
     final = finalize(t, exs, groups, steps, transforms)
     traces += steps
-    return final.python_callable(), []
+    return final.python_callable(), [], tuple(strided)
 
 
 def _makes_leaves(trace: Trace) -> bool:

@@ -316,3 +316,37 @@ def test_write_into_unsafe_split_piece_of_a_leaf_runs_as_in_eager(exs):
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(w.detach(), ref_w.detach())
     assert [t.requires_grad for t in got] == [t.requires_grad for t in expected]
+
+
+def _leaf(shape, strides):
+    return torch.empty_strided(shape, strides).normal_().requires_grad_()
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=_ids)
+def test_write_into_reshape_copy_of_a_leaf_view_runs_as_in_eager(exs):
+    """Grad fuzz seed 5033: ``w[:, ::2].reshape(-1)`` is a copy in eager when the
+    slice's strides cannot be flattened, so writing it is allowed; where they can
+    (another layout of ``w``, same shape), it is a view of the leaf and eager
+    raises. The decision follows ``w``'s strides, which the entry guards."""
+    state = {}
+
+    def fn(x):
+        v = state["w"][:, ::2].reshape(-1)
+        v.masked_fill_(v > 0.2, 0.02)
+        return x * 2, v * 1
+
+    jfn = _jit(fn, exs)
+    x = torch.randn(3, requires_grad=True)
+    w = _leaf((3, 6), (1, 3))          # the slice has strides (1, 6): a copy
+    state["w"] = w
+    expected = fn(x)
+    got = jfn(x)
+    torch.testing.assert_close(got, expected)
+    grads = torch.autograd.grad(got[1].sum(), w)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected[1].sum(), w))
+    state["w"] = _leaf((3, 6), (6, 1))  # strides (6, 2): flattens to a view of the leaf
+    with pytest.raises(RuntimeError, match="view of a leaf Variable") as info:
+        fn(x)
+    with pytest.raises(RuntimeError, match="view of a leaf Variable") as info:
+        jfn(x)
+    assert "v.masked_fill_" in str(info.value)

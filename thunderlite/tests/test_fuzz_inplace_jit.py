@@ -39,13 +39,7 @@ dropped, so every program is one eager runs. The menu (issue 9):
 
 Left out of the menu until the torch language handles it (reported): opaque
 in-place ops (``index_fill_``) on expanded views, which the opaque fallback runs
-on a clone and copies back, a copy eager refuses there.
-
-Known difference (reported, an error, never a wrong value): a write into
-``v.reshape(-1)`` where ``v`` is a non-contiguous view of a leaf requiring grad
-raises eager's "a view of a leaf Variable" at trace time, while eager's reshape
-copies there (``check_writes`` follows ``reshape`` as a possible view; grad
-seed 5033)."""
+on a clone and copies back, a copy eager refuses there."""
 from __future__ import annotations
 
 import linecache

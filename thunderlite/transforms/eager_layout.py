@@ -81,6 +81,17 @@ def eager_aliasing(trace: Trace, env: dict[str, torch.Tensor]) -> dict[str, bool
     return decided
 
 
+def eager_copies(trace: Trace, input_strides: dict[str, tuple], input_alias_groups=None) -> set[str]:
+    """The outputs of the stride-dependent top-level calls (reshape/flatten...)
+    eager makes as copies for inputs laid out as ``input_strides`` says: what
+    they return is fresh memory, not a view (empty when the trace has none).
+    Each decision holds for these strides only: guard ``inputs_behind`` them."""
+    if not any(stride_dependent(b) for b in trace.bound_symbols):
+        return set()
+    decided = eager_aliasing(trace, eager_tensors(trace, input_strides, input_alias_groups))
+    return {name for name, shares in decided.items() if not shares}
+
+
 def _extent(shape, strides, offset: int) -> int:
     """The storage size a strided tensor needs."""
     if not all(shape):

@@ -304,18 +304,29 @@ _INFERENCE = ("Inplace update to inference tensor outside InferenceMode is not a
 
 
 def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = (),
-                 refused_view_inputs: Mapping[str, str] | None = None) -> None:
+                 refused_view_inputs: Mapping[str, str] | None = None, copies: Collection[str] = ()) -> set[str]:
     """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
     requires grad (while grad mode was on: the write's result requires grad;
     not where autograd does not check it, see ``_all_writes``),
     into a view of one, into an inference tensor (or a view of one), or through
-    an expanded view. The message names the user's line."""
+    an expanded view. The message names the user's line.
+
+    ``copies`` names the results of reshapes eager makes as copies for the
+    strides compiled for (eager_layout.py ``eager_copies``): a write into one
+    is into fresh memory. Returns those of them a write's view chain crossed:
+    the decisions the program relies on (their inputs' strides are guarded)."""
     refused_views = refused_view_inputs or {}
     base_of: dict[str, tuple[str, BoundSymbol, bool]] = {}
     fills: set[str] = set()
+    cut: dict[str, tuple[str, BoundSymbol, bool]] = {}
+    relied: set[str] = set()
     for bsym in trace.bound_symbols:
         _note_views(bsym, base_of, fills)
+        for name in copies:
+            if name in base_of:
+                cut[name] = base_of.pop(name)
         for w, (dst, new), autograd_checks in _all_writes(bsym):
+            relied.update(_cuts_crossed(dst.name, base_of, cut))
             root, _ = _view_root(dst.name, base_of)
             grad_root, hops = _view_root(dst.name, base_of, autograd=True)
             grad_mode = new is not None and new.requires_grad and autograd_checks
@@ -328,6 +339,18 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
             filled = src is not None and (src.name in fills or src.name == dst.name)   # x.copy_(x) is a no-op
             overlap_ok = filled or not _refuses_overlap(bsym)
             check(link is None or overlap_ok or not _expands(link[1]), lambda: _at(bsym, _OVERLAP))
+    return relied
+
+
+def _cuts_crossed(name: str, base_of: dict, cut: dict) -> list[str]:
+    """The copies (``cut``) the view chain of ``name`` would cross but for them."""
+    crossed = []
+    while True:
+        name, _ = _view_root(name, base_of)
+        if name not in cut:
+            return crossed
+        crossed.append(name)
+        name = cut[name][0]
 
 
 def _all_writes(bsym: BoundSymbol, dirty: set | None = None):
