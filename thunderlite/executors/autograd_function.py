@@ -49,6 +49,7 @@ from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
 from thunderlite.executors.torchex import torch_executor, writes_out
 from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
+from thunderlite.transforms.autodiff_ops import skip_graph
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 
@@ -111,6 +112,9 @@ class _Function(torch.autograd.Function):
         reached = frozenset().union(*(r for g, r in zip(per_arg, program.split.grad_reach, strict=True)
                                       if g is not None))
         per_arg = [g if g is not None else _zeros(p) for g, p in zip(per_arg, program.split.grad_args, strict=True)]
+        for i in program.graph_slots:
+            if program.split.saved_other[i].name not in reached:
+                skip_graph(saved_other[i])
         result = program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
         return (None, None, *program.as_eager_grads(result, reached))
 
@@ -162,6 +166,7 @@ class DifferentiableProgram:
                                          split.forward, forward, *fwd_stages])
         self.backward_traces = _distinct([split.backward, backward, *bwd_stages])
         self.forward_fn = fwd_stages[-1].python_callable()
+        self.graph_slots = [i for i, p in enumerate(split.saved_other) if getattr(p, "name", None) in split.graphs]
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
         self._epilogue_fn = None

@@ -621,6 +621,32 @@ def test_differentiating_a_mutating_ops_output_raises_eagers_error(executors):
 
 
 @pytest.mark.parametrize("executors", WRITE_EXECUTORS)
+def test_a_mutating_op_no_gradient_reaches_is_not_differentiated(executors):
+    """Grad fuzz seed 4283: eager's backward from ``h.sin()`` alone never visits
+    the op's node (its write is below autograd), so its missing formula raises
+    nothing; the jitted backward skips the op's graph when no output's gradient
+    reaches it, and still raises eager's error when one does."""
+    def fn(x, y):
+        h = x * 2
+        r = mix_(h[1:], y)
+        return h.sin(), r * 3
+    x, y = torch.randn(4, dtype=F64, requires_grad=True), torch.randn(3, dtype=F64, requires_grad=True)
+    exs = _exs(executors)
+    jfn = thunderlite.jit(fn) if exs is None else thunderlite.jit(fn, executors=exs)
+    want, got = fn(x, y), jfn(x, y)
+    torch.testing.assert_close(got, want)
+    _functional(jfn)
+    expected = torch.autograd.grad(want[0].sum(), (x, y), allow_unused=True)
+    grads = torch.autograd.grad(got[0].sum(), (x, y), allow_unused=True)
+    torch.testing.assert_close(grads[0], expected[0])
+    assert grads[1] is expected[1] is None
+    want, got = fn(x, y), jfn(x, y)
+    for out in (want[1], got[1]):
+        with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("executors", WRITE_EXECUTORS)
 def test_mutating_custom_op_into_a_saved_tensor_keeps_eager_mode(executors):
     """``h.sin()`` saves ``h``; the op's write bumps its version: eager's
     backward raises "modified by an inplace operation", and so does ours."""

@@ -55,6 +55,9 @@ symbol with its own rule owns the writes hidden in its decomposition
 Which arguments get a gradient (None vs zeros) follows eager's graph: an
 in-place op keeps the overwritten tensor's history connected, so an argument
 reached only through overwritten values gets zeros (``GradSplit.grad_reach``).
+An opaque op's graph (``opaque_with_graph``) whose outputs no gradient reaches
+is not differentiated, as eager's backward never visits its node: a mutating
+custom op with no autograd formula raises only when it is reached.
 
 Also here: user ``torch.autograd.Function`` subclasses (autodiff_function.py:
 their forward is inlined, their backward is the VJP) and ``requires_grad_``
@@ -103,7 +106,9 @@ class GradSplit:
     saved_other: list = field(default_factory=list)
     grad_args: list = field(default_factory=list)
     grad_positions: list[int] = field(default_factory=list)   # tensor-leaf index of each grad arg
-    grad_reach: list[frozenset] = field(default_factory=list)  # argument indices each grad arg reaches
+    grad_reach: list[frozenset] = field(default_factory=list)  # argument indices each grad arg reaches,
+    #                                                            and the names of the opaque graphs it crosses
+    graphs: frozenset = frozenset()            # names of the opaque graph handles (in saved_other)
     eager_trace: Trace | None = None           # eager mode: the trace to run with autograd on
     eager_reason: str = ""                     # eager mode: why the program could not be differentiated here
     functionalized: Trace | None = None        # functional mode reached by functionalize.py
@@ -757,11 +762,13 @@ def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names
     return fwd, bwd, [rename.get(p.name, p) for p in saved]
 
 
-def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> list[frozenset]:
-    """Which arguments each differentiable output is connected to in eager's
-    autograd graph. An in-place op keeps the overwritten tensor's history in
-    that graph (with a zero gradient), so writes connect their destination too:
-    an argument reached only that way gets a zero gradient, not None, as in eager."""
+def _reach(trace: Trace, flat, tracked: set[str], grad_positions, handles: dict) -> list[frozenset]:
+    """Which arguments (their indices) and opaque graphs (their handles' names,
+    ``handles`` as ``_opaque_forward`` made them) each differentiable output is
+    connected to in eager's autograd graph. An in-place op keeps the
+    overwritten tensor's history in that graph (with a zero gradient), so
+    writes connect their destination too: an argument reached only that way
+    gets a zero gradient, not None, as in eager."""
     deps: dict[str, frozenset] = {a.name: frozenset({i}) for i, a in enumerate(trace.args)
                                   if isinstance(a, Proxy) and a.name in tracked}
     for bsym in flat:
@@ -769,6 +776,8 @@ def _reach(trace: Trace, flat, tracked: set[str], grad_args, grad_positions) -> 
             continue
         reads = bsym.args[:1] if bsym.sym is overwrite_values else bsym.proxy_args()   # the new values carry none
         d = frozenset().union(*(deps.get(p.name, frozenset()) for p in reads))
+        if id(bsym) in handles:
+            d = d | {handles[id(bsym)][0].name}
         # a custom_op's write is below autograd: the written tensor keeps its own history
         below = {new.name: dst.name for dst, new in writes(bsym) if new is not None} \
             if Tag.WRITES_BELOW_AUTOGRAD in bsym.sym.tags else {}
@@ -897,7 +906,8 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
     # only they read must not be saved
     split.backward = dce(split.backward, keep_writes=True)
-    split.grad_reach = _reach(trace, flat, tracked, split.grad_args, split.grad_positions)
+    split.grad_reach = _reach(trace, flat, tracked, split.grad_positions, handles)
+    split.graphs = frozenset(h.name for h, _ in handles.values())
     fwd_values = {p.name for b in fwd_bsyms for p in b.proxy_outs()} | _visible_names(trace)
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
     # the write-backs run after the forward: what they overwrite is saved as it was before them

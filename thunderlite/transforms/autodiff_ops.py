@@ -40,7 +40,9 @@ def _opaque_with_graph_impl(fn, args, kwargs, mask):
     records it), and the clone's new value is copied back into the caller's
     tensor; an output that is the clone comes back as that tensor. A written
     tensor given twice is one clone (the op sees one tensor, as in eager): its
-    leaf is listed at each position, and gets its gradient at the first."""
+    leaf is listed at each position, and gets its gradient at the first.
+    The handle's third item says which outputs are the op's own (not a written
+    clone): only they lead through the op's node (``skip_graph``)."""
     flags = iter(mask)
     inputs, written = [], []
     once: dict[int, tuple] = {}
@@ -72,18 +74,28 @@ def _opaque_with_graph_impl(fn, args, kwargs, mask):
     outs = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
     detached = pytree.tree_map(lambda o: (real[id(o)].detach() if id(o) in real else o.detach())
                                if isinstance(o, torch.Tensor) else o, out)
-    return detached, [inputs, outs]
+    return detached, [inputs, outs, [id(o) not in real for o in outs]]
 
 
 OPAQUE_WITH_GRAPH = Symbol("opaque_with_graph", meta=_no_meta, impl=_opaque_with_graph_impl, module="autodiff")
 
 
+def skip_graph(handle: list) -> None:
+    """Mark a graph whose op's own outputs no gradient reaches: its
+    ``opaque_backward`` differentiates only the tensors the op wrote (their
+    history runs around the op: its write is below autograd), so eager's
+    backward, which never visits the op's node, is what runs (an op with no
+    autograd formula raises there only when reached)."""
+    inputs, outs, own = handle
+    handle[1] = [None if mine else o for o, mine in zip(outs, own, strict=True)]
+
+
 def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
     """``torch.autograd.grad`` through the graph an ``opaque_with_graph`` kept;
     the handle is emptied so the graph is freed right away."""
-    inputs, outs = handle
+    inputs, outs, _ = handle
     handle.clear()
-    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o is not None and o.requires_grad]
     if not pairs or not inputs:
         return tuple(torch.zeros_like(i) for i in inputs)
     unique = list({id(i): i for i in inputs}.values())
