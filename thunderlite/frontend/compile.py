@@ -257,9 +257,8 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
     checks and in autodiff's functionalization (see ``split_forward_backward``)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
-    refused = refused or {}
-    copies = eager_copies(t, input_strides, groups) if input_strides and any(refused.values()) else ()
-    strided = inputs_behind(t, check_writes(t, **refused, copies=copies))
+    copies = lambda: eager_copies(t, input_strides or {}, groups)  # noqa: E731
+    strided = inputs_behind(t, check_writes(t, **(refused or {}), copies=copies))
     t = _record(traces, _step(update_aliases, t, groups))
     t = _record(traces, _step(dce, t, groups))
     exs = resolve_executors(executors)

@@ -27,7 +27,7 @@ write. ``ordering_edges`` lists these write-after-read edges for the one pass
 that reorders (transforms/fusion.py)."""
 from __future__ import annotations
 
-from typing import Collection, Mapping
+from typing import Callable, Collection, Mapping
 
 from thunderlite.core import prims, pytree
 from thunderlite.core.prims import check
@@ -304,18 +304,31 @@ _INFERENCE = ("Inplace update to inference tensor outside InferenceMode is not a
 
 
 def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_inputs: Collection[str] = (),
-                 refused_view_inputs: Mapping[str, str] | None = None, copies: Collection[str] = ()) -> set[str]:
+                 refused_view_inputs: Mapping[str, str] | None = None,
+                 copies: Callable[[], Collection[str]] | None = None) -> set[str]:
     """Raise the RuntimeError eager PyTorch raises for a write into a leaf that
     requires grad (while grad mode was on: the write's result requires grad;
     not where autograd does not check it, see ``_all_writes``),
     into a view of one, into an inference tensor (or a view of one), or through
     an expanded view. The message names the user's line.
 
-    ``copies`` names the results of reshapes eager makes as copies for the
+    ``copies()`` names the results of reshapes eager makes as copies for the
     strides compiled for (eager_layout.py ``eager_copies``): a write into one
-    is into fresh memory. Returns those of them a write's view chain crossed:
-    the decisions the program relies on (their inputs' strides are guarded)."""
-    refused_views = refused_view_inputs or {}
+    is into fresh memory. It is asked only where a write would be refused
+    (reading layouts specializes symbolic sizes). Returns the copies a write's
+    view chain crossed: the decisions the program relies on (their inputs'
+    strides are guarded)."""
+    args = (trace, leaf_inputs, inference_inputs, refused_view_inputs or {})
+    try:
+        return _check_writes(*args, ())
+    except RuntimeError:
+        cut = copies() if copies is not None else ()
+        if not cut:
+            raise
+    return _check_writes(*args, cut)
+
+
+def _check_writes(trace: Trace, leaf_inputs, inference_inputs, refused_views, copies) -> set[str]:
     base_of: dict[str, tuple[str, BoundSymbol, bool]] = {}
     fills: set[str] = set()
     cut: dict[str, tuple[str, BoundSymbol, bool]] = {}
