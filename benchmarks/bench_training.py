@@ -11,7 +11,9 @@ A step is forward + backward + SGD step. Every variant trains its own copy of
 the same initial model on the same batch; the steps of the variants alternate
 (the order rotates each round) so that load from other processes on a shared
 machine hits all of them alike. Reported: the median wall time and process CPU
-time of a step, each as a ratio to eager's; the first call (trace + autodiff +
+time of a step, each as a ratio to eager's (also "paired": the median of the
+per-round ratios, each taken between steps run back to back, which cancels
+load that drifts from round to round); the first call (trace + autodiff +
 passes + compilation) in seconds; and that every variant's parameters after
 all steps equal eager's (max abs difference).
 
@@ -233,23 +235,31 @@ def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> 
     the pinned-allocator process (see the module docstring)."""
     print(f"\n{kind}: layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}, {opts.steps} interleaved steps")
-    print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'time/eager':>12}{'cpu/eager':>11}{'first s':>9}{'param diff':>12}"
-          f"{'| pinned:':>10}{'time/eager':>12}{'peak MB':>9}{'mem/eager':>11}")
+    print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'time/eager':>12}{'paired':>8}{'cpu/eager':>11}{'first s':>9}"
+          f"{'param diff':>12}{'| pinned:':>10}{'time/eager':>12}{'peak MB':>9}{'mem/eager':>11}")
     e = rows[0]
     e_ms, e_cpu = statistics.median(e["ms"]), statistics.median(e["cpu"])
     pe = pinned[e["name"]]
     for r in rows:
         ms, cpu = statistics.median(r["ms"]), statistics.median(r["cpu"])
         p = pinned[r["name"]]
-        print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{ms / e_ms:>12.2f}{cpu / e_cpu:>11.2f}{r['first_s']:>9.1f}"
+        print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{ms / e_ms:>12.2f}{paired(r, e):>8.2f}{cpu / e_cpu:>11.2f}"
+              f"{r['first_s']:>9.1f}"
               f"{r['param_diff']:>12.1e}{'':>10}{p['ms'] / pe['ms']:>12.2f}{p['peak_mb']:>9.1f}"
               f"{p['peak_mb'] / pe['peak_mb']:>11.2f}")
     by = {r["name"]: r for r in rows}
     if "thunderlite+tc" in by and "torch.compile" in by:
         tc, tl = by["torch.compile"], by["thunderlite+tc"]
         print(f"{'thunderlite+tc / torch.compile':<32} time {statistics.median(tl['ms']) / statistics.median(tc['ms']):.2f}"
-              f"  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}"
+              f"  paired {paired(tl, tc):.2f}  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}"
+              f"  paired cpu {paired(tl, tc, 'cpu'):.2f}"
               f"  pinned time {pinned['thunderlite+tc']['ms'] / pinned['torch.compile']['ms']:.2f}")
+
+
+def paired(r: dict, ref: dict, key: str = "ms") -> float:
+    """The median over rounds of the ratio of ``r``'s step to ``ref``'s in the
+    same round: load that drifts between rounds cancels out of each ratio."""
+    return statistics.median(a / b for a, b in zip(r[key], ref[key], strict=True))
 
 
 def pinned_summary(rows: list[dict]) -> dict:
