@@ -95,7 +95,8 @@ def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
     the handle is emptied so the graph is freed right away."""
     inputs, outs, _ = handle
     handle.clear()
-    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o is not None and o.requires_grad]
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+             if g is not None and o is not None and o.requires_grad]
     if not pairs or not inputs:
         return tuple(torch.zeros_like(i) for i in inputs)
     unique = list({id(i): i for i in inputs}.values())
