@@ -127,3 +127,11 @@ def test_torchcompile_regions_do_not_return_detached_aliases_as_views():
     if not ok:
         pytest.skip(f"torchcompile executor unavailable: {reason}")
     check_seed(2873, executors=["torchcompile", "torch"])
+
+
+@pytest.mark.parametrize("seed", [4283, 5033])
+def test_seeds_that_raised_where_eager_did_not(seed):
+    """4283: a mutating custom op with no autograd formula whose own outputs no
+    loss reaches (its backward was called on zeros and raised); 5033: a write
+    into ``w[:, ::2].reshape(-1)``, a copy in eager, refused as a view of a leaf."""
+    check_seed(seed)
