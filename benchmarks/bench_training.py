@@ -201,7 +201,7 @@ def warm_inductor(device: str) -> None:
 
 def run_model(kind: str, names: list[str], opts, device: str, peak: bool) -> list[dict]:
     torch.manual_seed(0)
-    base = MODELS[kind](opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device)
+    base = MODELS[kind](opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq).to(device, getattr(torch, opts.dtype))
     g = torch.Generator().manual_seed(1)
     batch = tuple(torch.randint(0, opts.vocab, (opts.batch, opts.seq), generator=g).to(device) for _ in range(2))
     rows = []
@@ -233,7 +233,7 @@ def run_model(kind: str, names: list[str], opts, device: str, peak: bool) -> lis
 def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> None:
     """``pinned``: per variant, the median step ms and the peak MB measured in
     the pinned-allocator process (see the module docstring)."""
-    print(f"\n{kind}: layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} on {device}, "
+    print(f"\n{kind}: layers={opts.layers} dim={opts.dim} seq={opts.seq} batch={opts.batch} {opts.dtype} on {device}, "
           f"torch {torch.__version__}, threads {torch.get_num_threads()}, {opts.steps} interleaved steps")
     print(f"{'':<16}{'step ms':>9}{'cpu ms':>9}{'time/eager':>12}{'paired':>8}{'cpu/eager':>11}{'first s':>9}"
           f"{'param diff':>12}{'| pinned:':>10}{'time/eager':>12}{'peak MB':>9}{'mem/eager':>11}")
@@ -338,6 +338,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--models", default="gpt,llama")
+    ap.add_argument("--dtype", default="float32", help="the models' parameter dtype (bfloat16: half-precision training)")
     ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")

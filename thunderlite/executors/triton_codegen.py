@@ -6,7 +6,8 @@ expressions from ``EXPRESSIONS``, reductions ``tl.reduce`` calls on masked
 tiles. float16/bfloat16 operands are widened to float32 for each prim and its
 result rounded back to the prim's dtype, which is what eager PyTorch does per
 op. Only Triton builtins are called (see triton_runtime for why), so the same
-source runs natively and under the interpreter. Generated names are canonical
+source runs natively and under the interpreter, except for transcendental math:
+natively it is libdevice's (``_native_math``), as accurate as eager's CUDA kernels. Generated names are canonical
 (``v0``, ``in0``, ``out0``), so regions with the same structure, dtypes and
 shape class produce the same source and share one compiled kernel.
 
@@ -82,8 +83,33 @@ def _ieee(expr: str, ctx: torch.dtype) -> str:
         while depth:
             depth += {"(": 1, ")": -1}.get(expr[i], 0)
             i += 1
-        expr = expr[:start - 4] + "tl.fdiv(" + expr[start:i - 1] + ", True)" + expr[i:]
+        a, b = _split_args(expr[start:i - 1])
+        # tl.fdiv neither promotes nor takes a Python float (a float32 constant) beside a float64 tile
+        expr = expr[:start - 4] + f"tl.fdiv(tl.cast({a}, tl.float64), tl.cast({b}, tl.float64), True)" + expr[i:]
     return expr
+
+
+def _split_args(args: str) -> tuple[str, str]:
+    """``"a, b"`` at its top-level comma."""
+    depth = 0
+    for i, c in enumerate(args):
+        depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            return args[:i].strip(), args[i + 1:].strip()
+    raise ValueError(f"DIV needs two arguments: {args}")
+
+
+_NATIVE_MATH = ("exp", "exp2", "log", "log2", "sin", "cos", "erf")
+
+
+def _native_math(body: str) -> str:
+    """Native kernels call libdevice's correctly rounded-to-a-few-ulp math where
+    Triton's builtins lower to approximate instructions (``tl.exp`` is
+    ``ex2.approx`` of ``x * log2(e)``: about ``|x|`` ulp off for large ``x``),
+    as eager's CUDA kernels call the CUDA math library."""
+    for name in _NATIVE_MATH:
+        body = body.replace(f"tl.{name}(", f"libdevice.{name}(")
+    return body
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -197,10 +223,11 @@ def generate(plan: Plan, interpret: bool) -> KernelSpec:
             if v.total:
                 _store(w, v, f"out{k}", first=None)
     params = ([f"in{i}" for i in range(n_in)] + [f"out{k}" for k in range(n_out)] + ["M", "N"] + sizes + strides)
-    body = "\n".join(w.lines)
+    body = "\n".join(w.lines) if interpret else _native_math("\n".join(w.lines))
     digest = hashlib.sha1(f"{params}\n{body}".encode()).hexdigest()[:10]
     fn_name = f"fusion_{digest}"
-    source = (_HEADER + "\n\n" + f"def {fn_name}({', '.join(params)}, BM: tl.constexpr, BN: tl.constexpr):\n"
+    header = _HEADER if interpret else _HEADER + "from triton.language.extra import libdevice\n"
+    source = (header + "\n\n" + f"def {fn_name}({', '.join(params)}, BM: tl.constexpr, BN: tl.constexpr):\n"
               + body + "\n")
     BM, BN, grid, num_warps = _launch_config(plan, interpret)
     return KernelSpec(source=source, fn_name=fn_name, scalar_args=["M", "N"] + sizes, BM=BM, BN=BN,
@@ -291,7 +318,9 @@ def _elementwise(w: _Writer, op: Op) -> None:
         args = [w.operand(op.args[0], torch.bool)] + [w.operand(a, ctx) for a in op.args[1:]]
     else:
         args = [w.operand(a, ctx) for a in op.args]
-    if op.name in _MULTI_LINE:
+    if op.name in _MULTI_LINE and not w.interpret:
+        template = f"libdevice.{op.name}({{0}})"
+    elif op.name in _MULTI_LINE:
         x = w.fresh()
         w.emit(f"{x} = {args[0]}")
         template = _MULTI_LINE[op.name](w, x, ctx)

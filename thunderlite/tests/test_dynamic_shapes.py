@@ -204,15 +204,17 @@ def test_a_program_symbolic_sizes_cannot_handle_compiles_per_size():
 
 def test_triton_compiles_per_concrete_size_inside_its_own_cache():
     pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
+    from thunderlite.executors import triton_runtime
     from thunderlite.executors.tritonex import SizedTritonKernel, kernel_source
+    device = triton_runtime.DEVICE_TYPE          # the interpreter's CPU tensors, or native CUDA ones
 
     def f(x, w):
         y = (x * 2 + 1).softmax(-1)
         return F.layer_norm(y, (y.shape[-1],), w) + y.reshape(x.shape[0], -1, 2).sum(-1).repeat_interleave(2, -1)
     jf = thunderlite.jit(f, executors=["triton", "torch"], dynamic=True)
-    w = torch.randn(8)
+    w = torch.randn(8, device=device)
     for n in (3, 5, 7, 5):
-        x = torch.randn(n, 8)
+        x = torch.randn(n, 8, device=device)
         torch.testing.assert_close(jf(x, w), f(x, w))
     assert thunderlite.cache_info(jf)["misses"] == 1            # one trace for every size
     sized = [b.sym.impl for b in thunderlite.last_traces(jf)[-1].bound_symbols

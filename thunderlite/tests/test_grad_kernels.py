@@ -105,6 +105,79 @@ def test_flash_attention_forward_and_backward(kw, L, S):
           attn_mask=mask, scale=scale)
 
 
+HALVES = [torch.bfloat16, torch.float16]
+
+
+def _close_in(dtype, want, got) -> None:
+    """``got`` as ``want`` in dtype and shape, values within ``dtype``'s rounding."""
+    want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+    for w, g in zip(want, got, strict=True):
+        if w is None:
+            assert g is None
+            continue
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), (g.dtype, g.shape, w.dtype, w.shape)
+        if w.device.type != "meta":
+            torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
+
+
+def _half_cases(dtype, device="cpu"):
+    """(symbol, args, kwargs) of every fused kernel on half-precision tensors."""
+    def t(*shape, seed=0):
+        return _t(*shape, seed=seed, dtype=torch.float32).to(device, dtype)
+    x, w, b, g = t(2, 3, 8), t(8, seed=1), t(8, seed=2), t(2, 3, 8, seed=3)
+    _, mean, rstd = aten.native_layer_norm(x, (8,), w, b, 1e-5)
+    _, rms_rstd = aten._fused_rms_norm(x, (8,), w, None)
+    logits, target = t(6, 5), torch.tensor([1, 0, 4, -100, 2, 2], device=device)
+    _, log_probs, total = K.cross_entropy_forward.torch_fn(logits, target, 1, -100)
+    cases = [(K.gelu_backward, (g, x), {"approximate": "tanh"}), (K.gelu_backward, (g, x), {}),
+             (K.silu_backward, (g, x), {}), (K.tanh_backward, (g, x.tanh()), {}),
+             (K.sigmoid_backward, (g, x.sigmoid()), {}),
+             (K.softmax_backward_data, (g, x.softmax(1), 1, dtype), {}),
+             (K.log_softmax_backward_data, (g, x.log_softmax(2), 2, dtype), {}),
+             (K.native_layer_norm, (x, (8,), w, b, 1e-5), {}),
+             (K.native_layer_norm_backward, (g, x, (8,), mean, rstd, w, b, [True, True, True]), {}),
+             (K.fused_rms_norm, (x, (8,), w, None), {}),
+             (K.cross_entropy_forward, (logits, target, 1, -100), {}),
+             (K.cross_entropy_backward, (t(seed=4), log_probs, target, 1, -100, total), {})]
+    if device == "cpu":      # the CPU kernels; CUDA's rms_norm backward and attention kernels are others
+        q, k, v = t(2, 3, 5, 8), t(2, 3, 6, 8, seed=1), t(2, 3, 6, 8, seed=2)
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+        cases += [(K.fused_rms_norm_backward, (g, x, (8,), rms_rstd, w, [True, True]), {}),
+                  (K.sdpa_flash_cpu, (q, k, v, 0.0, False), {}),
+                  (K.sdpa_flash_cpu_backward, (t(2, 3, 5, 8, seed=5), q, k, v, out, lse, 0.0, False), {})]
+    return cases
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_precision_decompositions_compute_what_the_kernels_return(dtype):
+    """In float16/bfloat16 each decomposition returns the kernel's dtypes (the
+    CPU layer norm's statistics in the input's dtype, rms_norm's rstd and the
+    attention logsumexp in float32) and its values, computed in float32 and
+    rounded once, as the kernel computes them."""
+    for sym, args, kwargs in _half_cases(dtype):
+        _close_in(dtype, sym.torch_fn(*args, **kwargs), _decomposed(sym, *args, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_precision_decompositions_have_the_cuda_kernels_dtypes(dtype):
+    """On a device other than the CPU (meta tensors, whose functions describe
+    the CUDA kernels) the layer norm's statistics are float32."""
+    for sym, args, kwargs in _half_cases(dtype, "meta"):
+        _close_in(dtype, sym.torch_fn(*args, **kwargs), _decomposed(sym, *args, **kwargs))
+    _, mean, rstd = _decomposed(K.native_layer_norm, *_half_cases(dtype, "meta")[7][1])
+    assert mean.dtype == rstd.dtype == torch.float32
+
+
+def test_rms_norm_default_eps_is_the_compute_dtypes():
+    """``eps=None`` in bfloat16 is float32's epsilon, as ATen takes it (not
+    bfloat16's, 0.0078, which would swamp a small mean square)."""
+    x = torch.full((2, 64), 1e-2, dtype=torch.bfloat16)
+    want = F.rms_norm(x, (64,))
+    torch.testing.assert_close(_decomposed(K.fused_rms_norm, x, (64,), None, None)[0], want)
+    from thunderlite.torch import nn as lnn      # the decomposition of F.rms_norm itself, too
+    torch.testing.assert_close(_decomposed(lnn.rms_norm, x, (64,)), want)
+
+
 def _lse_rows(L: int) -> int:
     return -(-L // 32) * 32
 
@@ -486,6 +559,27 @@ def test_gpt_backward_uses_fused_kernels():
     # the backward keeps each kernel's decomposition for fusion executors
     sdpa_bwd = next(b for b in bwd.bound_symbols if b.sym.name == "sdpa_flash_cpu_backward")
     assert sdpa_bwd.subsymbols
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_precision_gpt_backward_uses_fused_kernels(dtype):
+    """Mixed-precision training gets the same fused backward kernels as float32
+    (the kernels compute in float32), with eager's gradients."""
+    torch.manual_seed(0)
+    model = _GPT().to(dtype)
+    idx, targets = torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16))
+    want_loss, want = _step_grads(model, model, idx, targets)
+    jm = thunderlite.jit(model)
+    got_loss, got = _step_grads(model, jm, idx, targets)
+    torch.testing.assert_close(got_loss, want_loss, atol=2e-2, rtol=2e-2)
+    for name in want:
+        assert got[name].dtype == dtype
+        torch.testing.assert_close(got[name], want[name], msg=name, atol=2e-2, rtol=2e-2)
+    names = [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
+    for kernel in ("sdpa_flash_cpu_backward", "native_layer_norm_backward", "gelu_backward"):
+        assert names.count(kernel) == len(model.blocks), names
+    assert names.count("cross_entropy_backward") == names.count("embedding_dense_backward") == 1
+    assert not {"softmax", "exp", "amax", "where", "pad"} & set(names), names
 
 
 class _NoKernels(OperatorExecutor):

@@ -49,8 +49,12 @@ _lib.impl("plain", lambda input, group_name: input * 3, "CompositeExplicitAutogr
 _lib._register_fake("scale", lambda input, s, group_name: torch.empty_like(input))
 _lib._register_fake("bump_", lambda input, group_name: input)
 _lib._register_fake("plain", lambda input, group_name: torch.empty_like(input))
-_lib.register_symm_mem_args("scale", ["input"])          # torch's registry (PyTorch #173513)
-_lib.register_symm_mem_args("bump_", ["input"])
+if hasattr(_lib, "register_symm_mem_args"):              # torch's registry (PyTorch #173513)
+    _lib.register_symm_mem_args("scale", ["input"])
+    _lib.register_symm_mem_args("bump_", ["input"])
+else:                                                    # older torch: thunderlite's own declarations
+    declare_symm_mem_args("tlsymm::scale", ["input"])
+    declare_symm_mem_args("tlsymm::bump_", ["input"])
 
 scale = torch.ops.tlsymm.scale
 bump_ = torch.ops.tlsymm.bump_

@@ -258,7 +258,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     x = _upcast(input)
     dims = _norm_dims(x, normalized_shape)
-    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    eps = torch.finfo(x.dtype).eps if eps is None else eps      # the compute dtype's, as ATen
     out = ew.mul(x, ew.rsqrt(ew.add(red.mean(ew.mul(x, x), dims, True), eps)))
     if weight is not None:
         out = ew.mul(out, weight)

@@ -9,8 +9,10 @@ Each symbol mirrors one ATen op's signature and has two faces:
   a fusion executor that does not claim the symbol can still fuse its parts.
 
 The decompositions compute exactly what the kernels return (the same saved
-statistics, in the same shapes), so a forward run by one executor and a
-backward run by another agree. Example::
+statistics, in the same shapes and dtypes), so a forward run by one executor
+and a backward run by another agree. float16/bfloat16 arguments are widened to
+float32 once and the results rounded once, as the kernels compute in float32
+(``_up``, ``_down``). Example::
 
     out, mean, rstd = native_layer_norm(x, (d,), w, b, 1e-5)     # forward, saves stats
     gx, gw, gb = native_layer_norm_backward(g, x, (d,), mean, rstd, w, b, (True, True, True))
@@ -34,6 +36,18 @@ from thunderlite.torch import shapes
 from thunderlite.torch.utils import convert
 
 aten = torch.ops.aten
+
+HALF = (torch.float16, torch.bfloat16)
+"""The dtypes ATen's kernels widen to float32 to compute in."""
+
+
+def _up(x):
+    """A float16/bfloat16 tensor widened to float32, the dtype ATen's kernels compute it in."""
+    return convert(x, torch.float32) if x is not None and x.dtype in HALF else x
+
+
+def _down(x, dtype):
+    return None if x is None else convert(x, dtype)
 
 
 def _kernel(torch_fn, tags=()) -> Callable[[Callable], Symbol]:
@@ -63,7 +77,7 @@ def _out_form(op, overload: str = "grad_input", out_name: str = "grad_input") ->
 
 @_kernel(_out_form(aten.gelu_backward))
 def gelu_backward(grad_output, self, *, approximate: str = "none"):
-    x = self
+    dtype, grad_output, x = grad_output.dtype, _up(grad_output), _up(self)
     if approximate == "tanh":
         k, c = math.sqrt(2 / math.pi), 0.044715
         inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), c)), k)
@@ -74,23 +88,26 @@ def gelu_backward(grad_output, self, *, approximate: str = "none"):
         cdf = ew.mul(ew.add(ew.erf(ew.mul(x, 1 / math.sqrt(2))), 1.0), 0.5)
         pdf = ew.mul(ew.exp(ew.mul(ew.mul(x, x), -0.5)), 1 / math.sqrt(2 * math.pi))
         d = ew.add(cdf, ew.mul(x, pdf))
-    return ew.mul(grad_output, d)
+    return _down(ew.mul(grad_output, d), dtype)
 
 
 @_kernel(_out_form(aten.silu_backward))
 def silu_backward(grad_output, self):
-    s = ew.sigmoid(self)
-    return ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(self, ew.sub(1.0, s)), 1.0)))
+    dtype, grad_output, x = grad_output.dtype, _up(grad_output), _up(self)
+    s = ew.sigmoid(x)
+    return _down(ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(x, ew.sub(1.0, s)), 1.0))), dtype)
 
 
 @_kernel(_out_form(aten.tanh_backward))
 def tanh_backward(grad_output, output):
-    return ew.mul(grad_output, ew.sub(1.0, ew.mul(output, output)))
+    dtype, grad_output, output = grad_output.dtype, _up(grad_output), _up(output)
+    return _down(ew.mul(grad_output, ew.sub(1.0, ew.mul(output, output))), dtype)
 
 
 @_kernel(_out_form(aten.sigmoid_backward))
 def sigmoid_backward(grad_output, output):
-    return ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output)))
+    dtype, grad_output, output = grad_output.dtype, _up(grad_output), _up(output)
+    return _down(ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output))), dtype)
 
 
 # --- dropout: the forward returns its mask, the backward reuses it ---------------------------------
@@ -111,12 +128,14 @@ def native_dropout_backward(grad_output, mask, scale: float):
 
 @_kernel(aten._softmax_backward_data)
 def softmax_backward_data(grad_output, output, dim: int, input_dtype):
+    grad_output, output = _up(grad_output), _up(output)
     gy = ew.mul(grad_output, output)
     return convert(ew.sub(gy, ew.mul(output, red.sum(gy, dim, True))), input_dtype)
 
 
 @_kernel(aten._log_softmax_backward_data)
 def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
+    grad_output, output = _up(grad_output), _up(output)
     return convert(ew.sub(grad_output, ew.mul(ew.exp(output), red.sum(grad_output, dim, True))), input_dtype)
 
 
@@ -133,15 +152,16 @@ def cross_entropy_forward(input, target, reduction: int, ignore_index: int):
     """``(loss, log_softmax(input), total_weight)`` for 2-d ``input``: what eager's
     log_softmax and nll_loss return (``reduction``: ATen's 0 none, 1 mean, 2 sum;
     ``total_weight`` is 0 for none)."""
+    dtype = input.dtype
     log_probs = lnn.log_softmax(input, 1)
     valid = ew.ne(target, ignore_index)
-    picked = indexing.gather(log_probs, 1, shapes.unsqueeze(ew.where(valid, target, 0), 1))
+    picked = indexing.gather(_up(log_probs), 1, shapes.unsqueeze(ew.where(valid, target, 0), 1))
     losses = ew.where(valid, ew.neg(shapes.squeeze(picked, 1)), 0)
-    count = red.sum(convert(valid, input.dtype))
+    count = red.sum(convert(valid, _up(log_probs).dtype))
     if reduction == 0:
-        return losses, log_probs, ew.mul(count, 0)
+        return _down(losses, dtype), log_probs, _down(ew.mul(count, 0), dtype)
     total = red.sum(losses)
-    return (ew.div(total, count) if reduction == 1 else total), log_probs, count
+    return _down(ew.div(total, count) if reduction == 1 else total, dtype), log_probs, _down(count, dtype)
 
 
 def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
@@ -167,6 +187,7 @@ def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore
 def cross_entropy_backward(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
     """nll_loss_backward then _log_softmax_backward_data: ``(softmax - onehot) * scale``."""
     n, c = log_probs.shape
+    dtype, grad, log_probs, total_weight = log_probs.dtype, _up(grad), _up(log_probs), _up(total_weight)
     valid = ew.ne(target, ignore_index)
     scale = {0: grad, 1: ew.div(grad, total_weight), 2: grad}[reduction]
     scale = ew.where(valid, scale, 0)
@@ -174,7 +195,7 @@ def cross_entropy_backward(grad, log_probs, target, reduction: int, ignore_index
                                      (n, c), (1,))
     onehot = ew.eq(classes, prims.broadcast_in_dim(target, (n, c), (0,)))
     gl = ew.where(onehot, ew.neg(shapes.unsqueeze(scale, 1)), 0)
-    return ew.sub(gl, ew.mul(ew.exp(log_probs), red.sum(gl, 1, True)))
+    return _down(ew.sub(gl, ew.mul(ew.exp(log_probs), red.sum(gl, 1, True))), dtype)
 
 
 # --- normalization --------------------------------------------------------------------------------------
@@ -189,40 +210,50 @@ def _norm_dims(x, normalized_shape) -> tuple:
 
 @_kernel(aten.native_layer_norm)
 def native_layer_norm(input, normalized_shape, weight, bias, eps: float):
-    """``(out, mean, rstd)``; the statistics keep the normalized dims as 1s."""
-    var, mean = red.var_mean(input, _norm_dims(input, normalized_shape), keepdim=True, correction=0)
+    """``(out, mean, rstd)``; the statistics keep the normalized dims as 1s.
+    For float16/bfloat16 the CPU kernel returns them in that dtype, the CUDA
+    one in float32."""
+    dtype = input.dtype
+    stats = torch.float32 if dtype in HALF and input.device.type != "cpu" else dtype
+    x = _up(input)
+    var, mean = red.var_mean(x, _norm_dims(x, normalized_shape), keepdim=True, correction=0)
     rstd = ew.rsqrt(ew.add(var, eps))
-    out = ew.mul(ew.sub(input, mean), rstd)
+    out = ew.mul(ew.sub(x, mean), rstd)
     if weight is not None:
-        out = ew.mul(out, weight)
+        out = ew.mul(out, _up(weight))
     if bias is not None:
-        out = ew.add(out, bias)
-    return out, mean, rstd
+        out = ew.add(out, _up(bias))
+    return _down(out, dtype), _down(mean, stats), _down(rstd, stats)
 
 
 @_kernel(aten.native_layer_norm_backward)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
+    dtypes = [None if t is None else t.dtype for t in (input, weight, bias)]
+    grad_out, input, mean, rstd, weight = (_up(t) for t in (grad_out, input, mean, rstd, weight))
     xhat = ew.mul(ew.sub(input, mean), rstd)
     gi = gw = gb = None
     if output_mask[0]:
         gxhat = ew.mul(grad_out, weight) if weight is not None else grad_out
         centered = ew.sub(gxhat, red.mean(gxhat, dims, True))
-        gi = ew.mul(rstd, ew.sub(centered, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
+        gi = _down(ew.mul(rstd, ew.sub(centered, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True)))),
+                   dtypes[0])
     if output_mask[1] and weight is not None:
-        gw = red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat)
+        gw = _down(red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat), dtypes[1])
     if output_mask[2] and bias is not None:
-        gb = red.sum(grad_out, lead) if lead else grad_out
+        gb = _down(red.sum(grad_out, lead) if lead else grad_out, dtypes[2])
     return gi, gw, gb
 
 
 @_kernel(aten._fused_rms_norm)
 def fused_rms_norm(input, normalized_shape, weight, eps):
-    """``(out, rstd)``; ``eps=None`` is the dtype's machine epsilon (as F.rms_norm)."""
-    eps = torch.finfo(input.dtype).eps if eps is None else eps
-    rstd = ew.rsqrt(ew.add(red.mean(ew.mul(input, input), _norm_dims(input, normalized_shape), True), eps))
-    out = ew.mul(input, rstd)
-    return (ew.mul(out, weight) if weight is not None else out), rstd
+    """``(out, rstd)``; ``eps=None`` is the compute dtype's machine epsilon (as
+    ATen); rstd is float32 for float16/bfloat16 inputs."""
+    dtype, x = input.dtype, _up(input)
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    rstd = ew.rsqrt(ew.add(red.mean(ew.mul(x, x), _norm_dims(x, normalized_shape), True), eps))
+    out = ew.mul(x, rstd)
+    return _down(ew.mul(out, _up(weight)) if weight is not None else out, dtype), rstd
 
 
 def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weight, output_mask):
@@ -230,28 +261,34 @@ def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weigh
     formula in a few torch calls."""
     if input.is_cuda:
         return aten._fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask)
+    dtype, wdtype = input.dtype, None if weight is None else weight.dtype
+    if dtype in HALF:
+        grad_out, input = grad_out.float(), input.float()
+        weight = None if weight is None else weight.float()
     n = len(normalized_shape)
     dims, lead = tuple(range(input.ndim - n, input.ndim)), tuple(range(input.ndim - n))
     xhat = input * rstd
     gi = gw = None
     if output_mask[0]:
         gxhat = grad_out * weight if weight is not None else grad_out
-        gi = rstd * (gxhat - xhat * (gxhat * xhat).mean(dims, keepdim=True))
+        gi = (rstd * (gxhat - xhat * (gxhat * xhat).mean(dims, keepdim=True))).to(dtype)
     if output_mask[1] and weight is not None:
-        gw = (grad_out * xhat).sum(lead) if lead else grad_out * xhat
+        gw = ((grad_out * xhat).sum(lead) if lead else grad_out * xhat).to(wdtype)
     return gi, gw
 
 
 @_kernel(_fused_rms_norm_backward_impl)
 def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
     dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
+    dtype, wdtype = input.dtype, None if weight is None else weight.dtype
+    grad_out, input, rstd, weight = (_up(t) for t in (grad_out, input, rstd, weight))
     xhat = ew.mul(input, rstd)
     gi = gw = None
     if output_mask[0]:
         gxhat = ew.mul(grad_out, weight) if weight is not None else grad_out
-        gi = ew.mul(rstd, ew.sub(gxhat, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True))))
+        gi = _down(ew.mul(rstd, ew.sub(gxhat, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True)))), dtype)
     if output_mask[1] and weight is not None:
-        gw = red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat)
+        gw = _down(red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat), wdtype)
     return gi, gw
 
 
@@ -329,14 +366,17 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
 @_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_for_cpu, (0, 1, 2)))
 def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
                    scale=None):
-    """``(out, logsumexp)``, the logsumexp ``[B, H, L]``."""
-    return _attention(query, key, value, is_causal, attn_mask, scale)
+    """``(out, logsumexp)``, the logsumexp ``[B, H, L]`` (float32 for float16/bfloat16)."""
+    out, lse = _attention(_up(query), _up(key), _up(value), is_causal, _up(attn_mask), scale)
+    return _down(out, query.dtype), lse
 
 
 @_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_for_cpu_backward, (0, 1, 2, 3, 4)))
 def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
                             attn_mask=None, scale=None):
-    return _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale)
+    grads = _attention_grads(*(_up(t) for t in (grad_out, query, key, value, out)), logsumexp, is_causal,
+                             _up(attn_mask), scale)
+    return tuple(_down(g, query.dtype) for g in grads)
 
 
 # --- attention (CUDA memory-efficient attention) --------------------------------------------------------

@@ -40,6 +40,15 @@ def _float_input(bsym) -> bool:
     return bool(first) and first[0].dtype in _FLOATS
 
 
+def _kernel_input(bsym) -> bool:
+    """Float input of any precision: the rules whose backward is ATen's fused
+    kernel (autodiff_kernels.py) take float16/bfloat16 too, as eager runs
+    them, the kernels computing in float32 (so mixed-precision training gets
+    them); the other rules, float32/float64 only."""
+    first = bsym.tensor_args()
+    return bool(first) and first[0].dtype in _FLOATS + kernels.HALF
+
+
 def _arg(bsym, index: int, name: str, default=None):
     if len(bsym.args) > index:
         return bsym.args[index]
@@ -53,10 +62,10 @@ register_vjp(linalg.matmul)(lambda g, out, input, other: matmul_vjp(g, input, ot
 
 def _linear_when(bsym) -> bool:
     w = _arg(bsym, 1, "weight")
-    return isinstance(w, TensorProxy) and w.ndim == 2 and _float_input(bsym)
+    return isinstance(w, TensorProxy) and w.ndim == 2 and _kernel_input(bsym)
 
 
-@register_vjp(shapes.split, when=lambda b: _float_input(b) and b.tensor_args()[0].ndim > 0)
+@register_vjp(shapes.split, when=lambda b: _kernel_input(b) and b.tensor_args()[0].ndim > 0)
 def _split(g, out, a, split_size_or_sections, dim=0):
     """One cat of the pieces' gradients (eager's split_backward), not a pad and
     an add per piece."""
@@ -110,7 +119,7 @@ def _softmax_dim(input, dim):
 
 
 def _softmax_when(bsym) -> bool:
-    return _float_input(bsym) and _arg(bsym, 3, "dtype") is None and bsym.tensor_args()[0].ndim > 0
+    return _kernel_input(bsym) and _arg(bsym, 3, "dtype") is None and bsym.tensor_args()[0].ndim > 0
 
 
 @register_vjp(lnn.softmax, when=_softmax_when)
@@ -126,9 +135,11 @@ def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
 # --- normalization -----------------------------------------------------------------------------
 
 def _norm_when(bsym) -> bool:
-    """Float inputs; weight and bias absent or tensors (aten's kernels take no numbers)."""
+    """Float inputs; weight and bias absent or tensors of the input's dtype
+    (aten's kernels take no numbers; mixed dtypes change its statistics' dtype)."""
     w, b = _arg(bsym, 2, "weight"), _arg(bsym, 3, "bias")
-    return _float_input(bsym) and all(x is None or isinstance(x, TensorProxy) for x in (w, b))
+    return _kernel_input(bsym) and all(x is None or isinstance(x, TensorProxy) and x.dtype == bsym.args[0].dtype
+                                       for x in (w, b))
 
 
 @register_forward(lnn.layer_norm, when=_norm_when)
@@ -146,7 +157,7 @@ def _native_layer_norm(g, out, input, normalized_shape, weight, bias, eps):
     return gi, None, gw, gb, None
 
 
-@register_forward(lnn.rms_norm, when=lambda b: _float_input(b) and not isinstance(_arg(b, 2, "weight", 0), float))
+@register_forward(lnn.rms_norm, when=lambda b: _kernel_input(b) and not isinstance(_arg(b, 2, "weight", 0), float))
 def _rms_norm_forward(input, normalized_shape, weight=None, eps=None):
     """_fused_rms_norm: the output plus the rstd eager saves."""
     return kernels.fused_rms_norm(input, tuple(normalized_shape), weight, eps)
@@ -186,18 +197,18 @@ def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None
 
 # --- cross entropy -------------------------------------------------------------------------------
 
-def _ce_when(bsym) -> bool:
+def _ce_when(bsym, dtype_ok=_float_input) -> bool:
     target = _arg(bsym, 1, "target")
     plain = (_arg(bsym, 2, "weight") is None and _arg(bsym, 3, "size_average") is None
              and _arg(bsym, 5, "reduce") is None and _arg(bsym, 7, "label_smoothing", 0.0) == 0.0)
-    return (plain and _float_input(bsym) and isinstance(target, TensorProxy)
+    return (plain and dtype_ok(bsym) and isinstance(target, TensorProxy)
             and not target.dtype.is_floating_point and _arg(bsym, 6, "reduction", "mean") in ("mean", "sum", "none"))
 
 
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
 
 
-@register_forward(lnn.cross_entropy, when=lambda b: _ce_when(b) and b.tensor_args()[0].ndim == 2
+@register_forward(lnn.cross_entropy, when=lambda b: _ce_when(b, _kernel_input) and b.tensor_args()[0].ndim == 2
                   and _arg(b, 1, "target").ndim == 1)
 def _cross_entropy_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                            reduction="mean", label_smoothing=0.0):
@@ -249,7 +260,7 @@ def _flash_cpu_when(bsym) -> bool:
     mask = _arg(bsym, 3, "attn_mask")
     mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
                                and not _wants(mask))
-    return (_float_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not _arg(bsym, 7, "enable_gqa", False)
+    return (_kernel_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not _arg(bsym, 7, "enable_gqa", False)
             and mask_ok and q.dtype == k.dtype == v.dtype and q.device.type == "cpu" and q.ndim == k.ndim == v.ndim == 4
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2]
             and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
@@ -465,22 +476,22 @@ def _floor_divide(g, out, input, other):
 
 # --- activations: one backward kernel instead of the formula's elementwise chain --------------------
 
-@register_vjp(lnn.gelu, when=_float_input)
+@register_vjp(lnn.gelu, when=_kernel_input)
 def _gelu(g, out, input, approximate="none"):
     return kernels.gelu_backward(g, input, approximate=approximate), None
 
 
-@register_vjp(lnn.silu, when=_float_input)
+@register_vjp(lnn.silu, when=_kernel_input)
 def _silu(g, out, input, inplace=False):
     return kernels.silu_backward(g, input), None
 
 
-@register_vjp(ew.tanh, when=_float_input)
+@register_vjp(ew.tanh, when=_kernel_input)
 def _tanh(g, out, a):
     return (kernels.tanh_backward(g, out),)
 
 
-@register_vjp(ew.sigmoid, when=_float_input)
+@register_vjp(ew.sigmoid, when=_kernel_input)
 def _sigmoid(g, out, a):
     return (kernels.sigmoid_backward(g, out),)
 

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The checks that need a CUDA GPU, as one run: environment facts, the test
+# files whose GPU tests skip on a CPU machine, and the training benchmark on
+# CUDA. Usage: OUT=<dir> bash scripts/gpu_checks.sh
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_checks}; mkdir -p "$OUT"
+nvidia-smi -L
+python3 - <<'PY' 2>&1 | tee "$OUT/env.log"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+print("capability", torch.cuda.get_device_capability(), torch.cuda.get_device_name())
+get = getattr(torch._C, "_get_sdp_priority_order", None)
+print("sdp priority", list(get()) if get else None)
+import thunderlite, thunderlite.executors  # noqa: F401
+print("thunderlite imports")
+PY
+timeout ${TEST_S:-220} python3 -m pytest -q -rs -n 8 -p no:cacheprovider \
+  thunderlite/tests/test_grad_kernels.py thunderlite/tests/test_prims.py thunderlite/tests/test_symm_mem.py \
+  thunderlite/tests/test_fusion_executors.py thunderlite/tests/test_triton.py thunderlite/tests/test_dynamic_shapes.py \
+  --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/tests.log" | tail -n 60
+for dtype in ${BENCH_DTYPES:-float32 bfloat16}; do
+  timeout ${BENCH_S:-170} python3 benchmarks/bench_training.py --steps 12 --dtype $dtype \
+    ${BENCH_ARGS:---dim 512 --layers 4 --seq 256 --batch 8} 2>&1 | tee "$OUT/bench_$dtype.log"
+done
