@@ -72,8 +72,9 @@ def symm_mem_args(op: Any) -> tuple[str, ...]:
         names = [key]
         if key.endswith(".default"):
             names.append(key[: -len(".default")])
-        for name in names:
-            entry = singleton.get(name)
+        get = getattr(singleton, "get", None)          # a torch without the registry (before PyTorch #173513)
+        for name in names if get is not None else ():
+            entry = get(name)
             if entry is not None and getattr(entry, "symm_mem_args", None) is not None \
                     and entry.symm_mem_args.is_registered():
                 return tuple(entry.symm_mem_args.get())

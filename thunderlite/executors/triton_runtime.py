@@ -107,8 +107,10 @@ def launch(kernel: Callable, grid: tuple, args: list, constexprs: dict, num_warp
         with np.errstate(all="ignore"):
             kernel[grid](*args, **constexprs)
     else:
+        # No fused multiply-add contraction: the kernel rounds after every prim, as eager rounds after every
+        # op; an fma (which LLVM also forms from float16 products narrowed back) would skip a rounding.
         with torch.cuda.device(args[0].device):     # Triton launches on the current device
-            kernel[grid](*args, **constexprs, num_warps=num_warps)
+            kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
 
 
 def cached_kernel_count() -> int:
