@@ -460,10 +460,65 @@ def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type
     return None, kernels.embedding_dense_backward(g, input, num, pad, scale_grad_by_freq), None, None, None, None, None
 
 
+# --- float16/bfloat16 arithmetic: eager's formulas on the half-precision tensors --------------------------
+
+def _half_arith(bsym) -> bool:
+    """Every tensor argument (at least one) and the result of one half dtype:
+    differentiated through the decomposition, the op's gradient would be made
+    from its float32 widenings and save them (twice eager's bytes, and a
+    widening and a rounding kernel around each backward op); eager saves and
+    multiplies the half-precision tensors, each op computing in float32."""
+    tensors = [a for a in (*bsym.args, *bsym.kwargs.values()) if isinstance(a, TensorProxy)]
+    out = bsym.output
+    return (bool(tensors) and isinstance(out, TensorProxy) and out.dtype in kernels.HALF
+            and all(t.dtype == out.dtype for t in tensors))
+
+
+def _to(g, like):
+    """``g`` as the gradient of ``like``: reduced over broadcast dims; None for a number."""
+    return sum_to(g, like.shape) if isinstance(like, TensorProxy) else None
+
+
+def _scaled(g, alpha):
+    return g if alpha == 1 else ew.mul(g, alpha)
+
+
+@register_vjp(ew.add, when=_half_arith)
+def _half_add(g, out, input, other, *, alpha=1):
+    return _to(g, input), _to(_scaled(g, alpha), other)
+
+
+@register_vjp(ew.sub, when=_half_arith)
+def _half_sub(g, out, input, other, *, alpha=1):
+    return _to(g, input), _to(ew.neg(_scaled(g, alpha)), other)
+
+
+@register_vjp(ew.mul, when=lambda b: _half_arith(b) and all(isinstance(a, TensorProxy) or isinstance(a, (int, float))
+                                                          and not isinstance(a, bool) for a in b.args))
+def _half_mul(g, out, input, other):
+    return (_to(ew.mul(g, other), input) if isinstance(input, TensorProxy) else None,
+            _to(ew.mul(g, input), other) if isinstance(other, TensorProxy) else None)
+
+
+def _half_div(g, input, other):
+    """eager's: ``grad / other`` and ``-grad * ((input / other) / other)``."""
+    ga = _to(ew.div(g, other), input) if isinstance(input, TensorProxy) else None
+    gb = (_to(ew.mul(ew.neg(g), ew.div(ew.div(input, other), other)), other)
+          if isinstance(other, TensorProxy) else None)
+    return ga, gb
+
+
+@register_vjp(ew.neg, when=_half_arith)
+def _half_neg(g, out, a):
+    return (ew.neg(g),)
+
+
 # --- rounding divisions: eager's derivatives differ between the two spellings -----------------------
 
-@register_vjp(ew.div, when=lambda bsym: _arg(bsym, 2, "rounding_mode") is not None)
-def _rounding_div(g, out, input, other, *, rounding_mode=None):
+@register_vjp(ew.div, when=lambda b: _arg(b, 2, "rounding_mode") is not None or _half_arith(b))
+def _div(g, out, input, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return _half_div(g, input, other)
     return (zeros_like(input) if _wants(input) else None, zeros_like(other) if _wants(other) else None)
 
 
