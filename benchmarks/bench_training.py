@@ -65,6 +65,22 @@ memory 0.76 (torch.compile 0.69). First calls with a warm Inductor cache (boxed
 regions now hit Inductor's FX graph cache): thunderlite+torchcompile 4.3 s /
 4.5 s, torch.compile 0.7 s / 1.4 s, thunderlite 0.2 s / 0.3 s.
 
+On an H100 (2026-11-26, torch 2.11 + CUDA 13, ``--dim 512 --layers 4 --seq 256
+--batch 8``, 12 steps; step time / peak memory vs eager). float32: nanoGPT
+thunderlite 1.01 / 0.76, thunderlite+torchcompile 0.99 / 0.83, torch.compile
+0.94 / 0.97; Llama thunderlite 0.81 / 0.49, thunderlite+torchcompile 0.60 /
+0.79, torch.compile 0.50 / 0.61. bfloat16 (``--dtype bfloat16``, after the
+half-precision rules of autodiff_rules_torch.py; before them Llama took 1.17x
+eager's time and 1.85x its memory): nanoGPT thunderlite 0.89 / 0.79,
+thunderlite+torchcompile 1.02 / 0.65, torch.compile 0.90 / 0.85; Llama
+thunderlite 0.98 / 0.74, thunderlite+torchcompile 0.67 / 1.00, torch.compile
+0.44 / 0.63. Steps this small are bound by the CPU launching kernels (CPU time
+equals wall time), where Inductor's one graph per direction beats
+thunderlite+torchcompile's regions with torch calls between them
+(thunderlite+torchcompile / torch.compile 1.05-1.21 in float32, 1.14-1.51 in
+bfloat16). bfloat16 on the 2-core CPU (default sizes, 6 steps, under load):
+nanoGPT thunderlite 0.96 / 0.78, Llama 0.96 / 0.67 (1.15 / 1.47 before).
+
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
 1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load
