@@ -262,7 +262,7 @@ def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> 
         print(f"{r['name']:<16}{ms:>9.1f}{cpu:>9.1f}{ms / e_ms:>12.2f}{paired(r, e):>8.2f}{cpu / e_cpu:>11.2f}"
               f"{r['first_s']:>9.1f}"
               f"{r['param_diff']:>12.1e}{'':>10}{p['ms'] / pe['ms']:>12.2f}{p['peak_mb']:>9.1f}"
-              f"{p['peak_mb'] / pe['peak_mb']:>11.2f}")
+              + (f"{p['peak_mb'] / pe['peak_mb']:>11.2f}" if pe["peak_mb"] > 0 else f"{'-':>11}"))
     by = {r["name"]: r for r in rows}
     if "thunderlite+tc" in by and "torch.compile" in by:
         tc, tl = by["torch.compile"], by["thunderlite+tc"]
