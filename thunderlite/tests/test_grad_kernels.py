@@ -404,13 +404,8 @@ def _cuda_step_matches_eager(dtype) -> list[str]:
     torch.manual_seed(0)
     model = _GPT().to("cuda", dtype)
     idx, targets = torch.randint(0, 32, (2, 16), device="cuda"), torch.randint(0, 32, (2, 16), device="cuda")
-    want_loss, want = _step_grads(model, model, idx, targets)
-    jm = thunderlite.jit(model)
-    got_loss, got = _step_grads(model, jm, idx, targets)
     tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
-    torch.testing.assert_close(got_loss, want_loss, **tol)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name, **tol)
+    jm = _jit_step_matches_eager(model, idx, targets, **tol)
     return [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
 
 
@@ -534,16 +529,22 @@ def _step_grads(model, fn, idx, targets):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def test_gpt_backward_uses_fused_kernels():
-    torch.manual_seed(0)
-    model = _GPT().to(F64)
-    idx, targets = torch.randint(0, 32, (2, 6)), torch.randint(0, 32, (2, 6))
+def _jit_step_matches_eager(model, idx, targets, **tol):
+    """The jitted model's loss and parameter gradients equal eager's; returns it."""
     want_loss, want = _step_grads(model, model, idx, targets)
     jm = thunderlite.jit(model)
     got_loss, got = _step_grads(model, jm, idx, targets)
-    torch.testing.assert_close(got_loss, want_loss)
+    torch.testing.assert_close(got_loss, want_loss, **tol)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=name)
+        assert got[name].dtype == want[name].dtype
+        torch.testing.assert_close(got[name], want[name], msg=name, **tol)
+    return jm
+
+
+def test_gpt_backward_uses_fused_kernels():
+    torch.manual_seed(0)
+    model = _GPT().to(F64)
+    jm = _jit_step_matches_eager(model, torch.randint(0, 32, (2, 6)), torch.randint(0, 32, (2, 6)))
     fwd, bwd = thunderlite.last_traces(jm)[-1], thunderlite.last_backward_traces(jm)[-1]
     names = [b.sym.name for b in bwd.bound_symbols]
     layers = len(model.blocks)
@@ -567,14 +568,8 @@ def test_half_precision_gpt_backward_uses_fused_kernels(dtype):
     (the kernels compute in float32), with eager's gradients."""
     torch.manual_seed(0)
     model = _GPT().to(dtype)
-    idx, targets = torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16))
-    want_loss, want = _step_grads(model, model, idx, targets)
-    jm = thunderlite.jit(model)
-    got_loss, got = _step_grads(model, jm, idx, targets)
-    torch.testing.assert_close(got_loss, want_loss, atol=2e-2, rtol=2e-2)
-    for name in want:
-        assert got[name].dtype == dtype
-        torch.testing.assert_close(got[name], want[name], msg=name, atol=2e-2, rtol=2e-2)
+    jm = _jit_step_matches_eager(model, torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16)),
+                                 atol=2e-2, rtol=2e-2)
     names = [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
     for kernel in ("sdpa_flash_cpu_backward", "native_layer_norm_backward", "gelu_backward"):
         assert names.count(kernel) == len(model.blocks), names
