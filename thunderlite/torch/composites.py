@@ -25,13 +25,14 @@ from thunderlite.torch.utils import broadcast, canonical_dim, convert, is_tensor
 T = torch.Tensor
 
 # ``torch.Tensor.__radd__(x, 2)`` is ``2 + x`` (the OpInfos call the dunders directly).
-for _dunder, _name in [("__radd__", "add"), ("__rsub__", "sub"), ("__rmul__", "mul"), ("__rtruediv__", "div"),
-                       ("__rdiv__", "div"), ("__rfloordiv__", "floor_divide"), ("__rmod__", "remainder"),
+for _dunder, _name in [("__radd__", "add"), ("__rsub__", "sub"), ("__rmul__", "mul"),
+                       ("__rfloordiv__", "floor_divide"), ("__rmod__", "remainder"),
                        ("__rpow__", "pow"), ("__rmatmul__", "matmul"), ("__rand__", "bitwise_and"),
                        ("__ror__", "bitwise_or"), ("__rxor__", "bitwise_xor"), ("__rlshift__", "bitwise_left_shift"),
                        ("__rrshift__", "bitwise_right_shift")]:
-    if _dunder != "__rdiv__" or T.__rdiv__ is not T.__rtruediv__:     # one function under two names
-        register_torch_callable(getattr(T, _dunder), ew.reflected(all_symbols()[_name]))
+    register_torch_callable(getattr(T, _dunder), ew.reflected(all_symbols()[_name]))
+for _dunder in {T.__rtruediv__, T.__rdiv__}:    # one function under two names in torch
+    register_torch_callable(_dunder, ew.rtruediv)
 
 
 def _copy_of(view_name: str):

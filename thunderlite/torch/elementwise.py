@@ -330,7 +330,14 @@ def reflected(sym):
     return op
 
 
-for _op, _sym in [("__radd__", add), ("__rsub__", sub), ("__rmul__", mul), ("__rtruediv__", div),
+def rtruediv(self, other):
+    """``other / self`` as eager spells it: ``self.reciprocal() * other``
+    (two roundings, not one division)."""
+    return mul(_g["reciprocal"](self), other)
+
+
+_register_method("__rtruediv__", rtruediv)
+for _op, _sym in [("__radd__", add), ("__rsub__", sub), ("__rmul__", mul),
                   ("__rfloordiv__", floor_divide), ("__rmod__", _g["remainder"]), ("__rpow__", pow),
                   ("__rand__", _g["bitwise_and"]), ("__ror__", _g["bitwise_or"]), ("__rxor__", _g["bitwise_xor"]),
                   ("__rlshift__", _g["bitwise_left_shift"]), ("__rrshift__", _g["bitwise_right_shift"])]:

@@ -236,7 +236,7 @@ def _tensor_grads(g, args, grads):
 
 # --- elementwise unary ---------------------------------------------------------------
 
-_UNARY_RULES: dict[str, Callable] = {
+UNARY_RULES: dict[str, Callable] = {     # prim name -> gradient of its argument, from (g, out, a)
     "neg": lambda g, out, a: _neg(g),
     "exp": lambda g, out, a: _mul(g, out),
     "exp2": lambda g, out, a: _mul(g, _mul(out, math.log(2.0))),
@@ -272,7 +272,7 @@ _ZERO_GRAD_UNARY = ("floor", "ceil", "round", "trunc", "sign")
 
 
 def _install_unary() -> None:
-    for name, fn in _UNARY_RULES.items():
+    for name, fn in UNARY_RULES.items():
         def rule(g, out, a, _fn=fn):
             return (_fn(g, out, a),)
         register_vjp(getattr(prims, name))(rule)

@@ -25,8 +25,8 @@ from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
 from thunderlite.transforms import autodiff_kernels as kernels
 from thunderlite.transforms.autodiff_ops import batch_norm_backward, cross_entropy_backward
-from thunderlite.transforms.autodiff_rules import (backward_error, register_forward, register_vjp, reshape_to, sum_to,
-                                                   zeros_like, matmul_vjp)
+from thunderlite.transforms.autodiff_rules import (UNARY_RULES, backward_error, register_forward, register_vjp,
+                                                   reshape_to, sum_to, vjp_rule, zeros_like, matmul_vjp)
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -463,7 +463,8 @@ def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type
 # --- float16/bfloat16 arithmetic: eager's formulas on the half-precision tensors --------------------------
 
 def _half_arith(bsym) -> bool:
-    """Every tensor argument (at least one) and the result of one half dtype:
+    """Every tensor argument (at least one) and the result of one half dtype
+    (binary arithmetic here, unary ops in ``_install_half_unary``):
     differentiated through the decomposition, the op's gradient would be made
     from its float32 widenings and save them (twice eager's bytes, and a
     widening and a rounding kernel around each backward op); eager saves and
@@ -508,9 +509,17 @@ def _half_div(g, input, other):
     return ga, gb
 
 
-@register_vjp(ew.neg, when=_half_arith)
-def _half_neg(g, out, a):
-    return (ew.neg(g),)
+def _install_half_unary() -> None:
+    """The unary ops' prim rules (``UNARY_RULES``) applied to the half-precision
+    tensors themselves: eager's formulas (``grad * result`` for exp, ``grad /
+    self`` for log...) on what eager saves. Ops with a rule of their own
+    (tanh, sigmoid: fused kernels) keep it."""
+    for name, fn in UNARY_RULES.items():
+        sym = getattr(ew, name, None)
+        if sym is None or vjp_rule(sym) is not None:
+            continue
+        register_vjp(sym, when=_half_arith)(lambda g, out, a, _fn=fn: (_fn(g, out, a),))
+
 
 
 # --- rounding divisions: eager's derivatives differ between the two spellings -----------------------
@@ -711,3 +720,6 @@ def _logcumsumexp(g, out, input, dim):
     parts = [ew.exp(ew.add(_reverse_logcumsumexp(ew.sub(ew.where(sign, log_abs, lowest), out), d), input))
              for sign in (ew.gt(g, 0), ew.lt(g, 0))]
     return ew.sub(parts[0], parts[1]), None
+
+
+_install_half_unary()       # last: after the rules of their own (tanh, sigmoid)
