@@ -5,8 +5,9 @@ Regions come from the shared dataflow region former (transforms/fusion.py).
 A region holds only symbols the torch executor can run as one torch call and
 that are safe to hand to Dynamo: no random ops (Inductor draws differently from
 eager, which would break reproducibility, see core/prims.py), no writes into
-memory, no alias barriers, nothing that returns a Python number. Each region
-becomes a small trace of torch calls, compiled to Python and then by
+memory, no alias barriers, nothing that returns a Python number computed at
+run time (constants of the trace, as CUDA flash attention's sequence lengths,
+may be returned). Each region becomes a small trace of torch calls, compiled to Python and then by
 ``torch.compile``; the fusion symbol prints as ``torchcompile.fusion<N>`` and
 keeps the region's symbols as subsymbols.
 
@@ -72,7 +73,7 @@ class TorchCompileExecutor(FusionExecutor):
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None:
             return False
-        if not all(type(o) is TensorProxy for o in bsym.flat_outs()):
+        if not _tensor_outputs(bsym):
             return False
         if bsym.sym.module == "custom" and views(bsym):
             return False           # Inductor cannot functionalize a non-ATen op whose output aliases an input
@@ -139,6 +140,13 @@ class TorchCompileExecutor(FusionExecutor):
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn, writing)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
+
+
+def _tensor_outputs(bsym: BoundSymbol) -> bool:
+    """Its results are tensors, beside constants of the trace (CUDA flash
+    attention's ``None``s and its sequence lengths, ints): no Python number
+    computed at run time, which a compiled region could not return."""
+    return all(type(o) is TensorProxy or o is None or type(o) in (int, float, bool) for o in bsym.flat_outs())
 
 
 def _fresh_outputs(region: Region) -> tuple:

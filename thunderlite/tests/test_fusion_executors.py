@@ -431,3 +431,34 @@ def test_equal_region_outputs_written_after_the_region_stay_apart():
     a = torch.randn(4)
     for got, want in zip(jf(a), f(a), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
+    """CUDA flash attention returns constants of the trace beside its tensors
+    (``None``s, the sequence lengths as ints): it is fused with the rest of its
+    layer, not left between two regions per layer (on CUDA proxies: no GPU is
+    needed to form the regions, which compile at their first call)."""
+    from thunderlite.core.proxies import TensorProxy
+    from thunderlite.core.trace import Trace
+    from thunderlite.core.tracectx import tracectx
+    from thunderlite.torch import elementwise as ew, linalg, nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff import split_forward_backward
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    trc = Trace()
+    with tracectx(trc):
+        x = TensorProxy((2, 3, 32, 64), torch.bfloat16, "cuda", requires_grad=True, name="x")
+        w = TensorProxy((64, 64), torch.bfloat16, "cuda", requires_grad=True, name="w")
+        trc.args = [x, w]
+        h = x
+        for _ in range(2):
+            q = linalg.matmul(h, w)
+            h = ew.add(h, lnn.scaled_dot_product_attention(q, q, q, is_causal=True))
+        trc.set_return(red.sum(h))
+    split = split_forward_backward(trc, [True, True])
+    assert [b.sym.name for b in split.forward.bound_symbols].count("sdpa_flash_cuda") == 2
+    fused = TorchCompileExecutor("torchcompile_flash").fusion_pass(split.forward)
+    left = [b.sym.name for b in fused.bound_symbols if Tag.FUSION not in b.sym.tags]
+    assert left == ["return"], left
+    inside = [s.sym.name for f in _fusions(fused) for s in f.subsymbols]
+    assert inside.count("sdpa_flash_cuda") == 2

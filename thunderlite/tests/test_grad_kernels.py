@@ -398,15 +398,18 @@ def test_cuda_attention_follows_eagers_toggles(monkeypatch, enabled, want):
     assert fused == ({want} if want else set()), fwd
 
 
-def _cuda_step_matches_eager(dtype) -> list[str]:
+def _cuda_step_matches_eager(dtype, executors=None) -> list[str]:
     """A nanoGPT-like step's loss and gradients under thunderlite equal eager's;
     returns the names in the backward trace."""
+    return [b.sym.name for b in thunderlite.last_backward_traces(_cuda_step(dtype, executors))[-1].bound_symbols]
+
+
+def _cuda_step(dtype, executors=None):
     torch.manual_seed(0)
     model = _GPT().to("cuda", dtype)
     idx, targets = torch.randint(0, 32, (2, 16), device="cuda"), torch.randint(0, 32, (2, 16), device="cuda")
     tol = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
-    jm = _jit_step_matches_eager(model, idx, targets, **tol)
-    return [b.sym.name for b in thunderlite.last_backward_traces(jm)[-1].bound_symbols]
+    return _jit_step_matches_eager(model, idx, targets, executors, **tol)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA memory-efficient attention needs a CUDA GPU")
@@ -429,6 +432,17 @@ def test_cuda_flash_attention_step_matches_eager(dtype):
     names = _cuda_step_matches_eager(dtype)
     assert names.count("sdpa_flash_cuda_backward") == len(_GPT().blocks), names
     assert "sdpa_efficient_backward" not in names and not {"softmax", "exp", "amax"} & set(names), names
+
+
+@pytest.mark.skipif(not _eager_picks_flash(),
+                    reason="CUDA flash attention needs an sm80+ GPU and a PyTorch built with flash attention")
+def test_cuda_flash_attention_step_under_torchcompile_matches_eager():
+    """With executors=["torchcompile", "torch"] flash attention is compiled
+    inside its layer's region (its None and int outputs are constants), and
+    the step still equals eager's."""
+    jm = _cuda_step(torch.bfloat16, ["torchcompile", "torch"])
+    outside = [b.sym.name for b in thunderlite.last_traces(jm)[-1].bound_symbols if "sdpa" in b.sym.name]
+    assert not outside, outside
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compares with eager's dispatcher on a CUDA GPU")
@@ -529,10 +543,10 @@ def _step_grads(model, fn, idx, targets):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def _jit_step_matches_eager(model, idx, targets, **tol):
+def _jit_step_matches_eager(model, idx, targets, executors=None, **tol):
     """The jitted model's loss and parameter gradients equal eager's; returns it."""
     want_loss, want = _step_grads(model, model, idx, targets)
-    jm = thunderlite.jit(model)
+    jm = thunderlite.jit(model, executors=executors)
     got_loss, got = _step_grads(model, jm, idx, targets)
     torch.testing.assert_close(got_loss, want_loss, **tol)
     for name in want:
