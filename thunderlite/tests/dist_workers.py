@@ -18,12 +18,13 @@ from thunderlite.distributed import ddp
 
 
 @contextlib.contextmanager
-def _group(rank: int, world: int, port: int):
-    """A gloo group for one worker. On success the ranks meet at a barrier before
+def _group(rank: int, world: int, store: str):
+    """A gloo group for one worker, meeting at the file ``store`` (no port that
+    another test run could take between its choice and its use). On success the ranks meet at a barrier before
     the group is destroyed, so no rank tears down while a peer still communicates,
     and the process exits at once with status 0."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     try:
         yield
@@ -54,8 +55,8 @@ def _program(x, y, out, shards):
     return z, q + y, b, f, g
 
 
-def collectives_in_jitted_code(rank: int, world: int, port: int) -> None:
-    with _group(rank, world, port):
+def collectives_in_jitted_code(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
         x = torch.arange(6.).reshape(2, 3) + rank
         y = torch.full((2, 3), float(rank + 1))
 
@@ -79,8 +80,8 @@ def _net() -> torch.nn.Module:
                                torch.nn.Linear(16, 4))
 
 
-def ddp_matches_single_process(rank: int, world: int, port: int) -> None:
-    with _group(rank, world, port):
+def ddp_matches_single_process(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
         net = _net()
         ref = copy.deepcopy(net)
         g = torch.Generator().manual_seed(1)
@@ -106,8 +107,8 @@ def ddp_matches_single_process(rank: int, world: int, port: int) -> None:
         assert last_issue < first_wait, "every bucket is issued before the first wait (overlap)"
 
 
-def ddp_no_sync_accumulation(rank: int, world: int, port: int) -> None:
-    with _group(rank, world, port):
+def ddp_no_sync_accumulation(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
         net = _net()
         ref = copy.deepcopy(net)
         g = torch.Generator().manual_seed(2)
@@ -125,8 +126,8 @@ def ddp_no_sync_accumulation(rank: int, world: int, port: int) -> None:
             torch.testing.assert_close(p.grad, r.grad)
 
 
-def functional_collectives_gradients(rank: int, world: int, port: int) -> None:
-    with _group(rank, world, port):
+def functional_collectives_gradients(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
         def f(w):
             full = funcol.all_gather_tensor_autograd(w, 0, dist.group.WORLD)
             return (full * torch.arange(full.numel(), dtype=full.dtype).reshape(full.shape)).sum()
@@ -137,9 +138,9 @@ def functional_collectives_gradients(rank: int, world: int, port: int) -> None:
         torch.testing.assert_close(w.grad, we.grad)
 
 
-def fsdp_matches_single_process(rank: int, world: int, port: int) -> None:
+def fsdp_matches_single_process(rank: int, world: int, store: str) -> None:
     from thunderlite.distributed import fsdp, full_state_dict
-    with _group(rank, world, port):
+    with _group(rank, world, store):
         for reshard in (True, False):
             net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))  # 5: padded
             torch.manual_seed(0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import tempfile
 import time
 
@@ -26,20 +25,16 @@ WORLD = 2
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(worker) -> None:
-    ctx = mp.start_processes(worker, args=(WORLD, _free_port()), nprocs=WORLD, join=False, start_method="spawn")
-    end = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=5):
-        if time.monotonic() > end:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{worker.__name__}: ranks still running after {TIMEOUT_S} s")
+    with tempfile.TemporaryDirectory() as d:
+        store = os.path.join(d, "store")       # a file of this run's own: no port shared with a concurrent run
+        ctx = mp.start_processes(worker, args=(WORLD, store), nprocs=WORLD, join=False, start_method="spawn")
+        end = time.monotonic() + TIMEOUT_S
+        while not ctx.join(timeout=5):
+            if time.monotonic() > end:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"{worker.__name__}: ranks still running after {TIMEOUT_S} s")
 
 
 @pytest.mark.parametrize("worker", [dist_workers.collectives_in_jitted_code, dist_workers.ddp_matches_single_process,
