@@ -354,7 +354,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--models", default="gpt,llama")
-    ap.add_argument("--dtype", default="float32", help="the models' parameter dtype (bfloat16: half-precision training)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the models' parameter dtype (bfloat16: half-precision training)")
     ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")

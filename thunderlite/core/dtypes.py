@@ -11,6 +11,8 @@ import torch
 bool_ = torch.bool
 float_dtypes = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
                           torch.float8_e4m3fn, torch.float8_e5m2})
+low_precision_floats = frozenset({torch.float16, torch.bfloat16})
+"""Floats eager computes in float32 (ATen's opmath) and rounds back."""
 complex_dtypes = frozenset({torch.complex32, torch.complex64, torch.complex128})
 int_dtypes = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                         torch.uint16, torch.uint32, torch.uint64})

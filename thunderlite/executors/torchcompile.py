@@ -7,8 +7,8 @@ that are safe to hand to Dynamo: no random ops (Inductor draws differently from
 eager, which would break reproducibility, see core/prims.py), no writes into
 memory, no alias barriers, nothing that returns a Python number computed at
 run time (constants of the trace, as CUDA flash attention's sequence lengths,
-may be returned). Each region becomes a small trace of torch calls, compiled to Python and then by
-``torch.compile``; the fusion symbol prints as ``torchcompile.fusion<N>`` and
+may be returned). Each region becomes a small trace of torch calls, compiled
+to Python and then by ``torch.compile``; the fusion symbol prints as ``torchcompile.fusion<N>`` and
 keeps the region's symbols as subsymbols.
 
 Regions with the same structure share one compiled artifact: a region is cut

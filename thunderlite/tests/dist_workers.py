@@ -20,9 +20,10 @@ from thunderlite.distributed import ddp
 @contextlib.contextmanager
 def _group(rank: int, world: int, store: str):
     """A gloo group for one worker, meeting at the file ``store`` (no port that
-    another test run could take between its choice and its use). On success the ranks meet at a barrier before
-    the group is destroyed, so no rank tears down while a peer still communicates,
-    and the process exits at once with status 0."""
+    another test run could take between its choice and its use). On success
+    the ranks meet at a barrier before the group is destroyed, so no rank tears
+    down while a peer still communicates, and the process exits at once with
+    status 0."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))

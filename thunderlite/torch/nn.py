@@ -18,13 +18,9 @@ from thunderlite.torch import shapes
 from thunderlite.torch.data_dependent import check_all
 from thunderlite.torch.linalg import matmul
 from thunderlite.torch.registry import decomposable, torchsymbol
-from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, ntuple
+from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, ntuple, upcast
 
 T = torch.Tensor
-
-
-def _upcast(a):
-    return convert(a, torch.float32) if a.dtype in (torch.float16, torch.bfloat16) else a
 
 
 # --- activations --------------------------------------------------------------------------
@@ -82,7 +78,7 @@ def selu(input, inplace: bool = False):
 
 @torchsymbol(F.gelu)
 def gelu(input, approximate: str = "none"):
-    x = _upcast(input)
+    x = upcast(input)
     if approximate == "tanh":
         inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
         out = ew.mul(ew.mul(x, 0.5), ew.add(ew.tanh(inner), 1.0))
@@ -94,14 +90,14 @@ def gelu(input, approximate: str = "none"):
 @torchsymbol(torch_fn=F.silu)
 def silu(input, inplace: bool = False):
     _not_inplace(inplace)
-    x = _upcast(input)
+    x = upcast(input)
     return convert(ew.mul(x, ew.sigmoid(x)), input.dtype)
 
 
 @torchsymbol(torch_fn=F.mish)
 def mish(input, inplace: bool = False):
     _not_inplace(inplace)
-    x = _upcast(input)
+    x = upcast(input)
     return convert(ew.mul(x, ew.tanh(softplus(x))), input.dtype)
 
 
@@ -109,7 +105,7 @@ def mish(input, inplace: bool = False):
 def softplus(input, beta: float = 1.0, threshold: float = 20.0):
     # float16/bfloat16 compute in float32 and round once, as eager's kernel does
     # (exp rounded to float16 would overflow from x > 11)
-    x = _upcast(input)
+    x = upcast(input)
     scaled = ew.mul(x, beta) if beta != 1 else x
     soft = ew.log1p(ew.exp(scaled))
     soft = ew.div(soft, beta) if beta != 1 else soft
@@ -189,7 +185,7 @@ def _softmax_args(input, dim, dtype, stacklevel):
     x, out_dtype = _softmax_in(input, dtype, stacklevel)
     if dim is None:
         dim = 0 if x.ndim in (0, 1, 3) else 1
-    return _upcast(x), dim, out_dtype
+    return upcast(x), dim, out_dtype
 
 
 def _row_max(x, dim):
@@ -243,7 +239,7 @@ def _norm_dims(a, normalized_shape):
 
 @torchsymbol(F.layer_norm, torch.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
-    x = _upcast(input)
+    x = upcast(input)
     dims = _norm_dims(x, normalized_shape)
     var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
     out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
@@ -256,7 +252,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 
 @torchsymbol(F.rms_norm, torch.rms_norm)
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
-    x = _upcast(input)
+    x = upcast(input)
     dims = _norm_dims(x, normalized_shape)
     eps = torch.finfo(x.dtype).eps if eps is None else eps      # the compute dtype's, as ATen
     out = ew.mul(x, ew.rsqrt(ew.add(red.mean(ew.mul(x, x), dims, True), eps)))
@@ -272,7 +268,7 @@ def _channel_shape(a, v):
 @torchsymbol(F.batch_norm)
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5):
-    x = _upcast(input)
+    x = upcast(input)
     dims = tuple(i for i in range(x.ndim) if i != 1)
     if training or running_mean is None:
         var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
@@ -295,7 +291,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 @torchsymbol(F.group_norm, torch.group_norm)
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
-    x = _upcast(input)
+    x = upcast(input)
     n, c = x.shape[0], x.shape[1]
     check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
                                        f"but got input of shape {x.shape} and num_groups={num_groups}")
@@ -313,7 +309,7 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5):
     decomposable(running_mean is None and use_input_stats, lambda: "instance_norm with running stats is not decomposed")
-    x = _upcast(input)
+    x = upcast(input)
     var, mean = red.var_mean(x, tuple(range(2, x.ndim)), keepdim=True, correction=0)
     out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
     if weight is not None:
@@ -349,7 +345,7 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False)
         return input
     if p == 1.0:
         return ew.mul(input, 0.0)
-    keep = prims.uniform(input.shape, 0.0, 1.0, device=input.device, dtype=_upcast(input).dtype)
+    keep = prims.uniform(input.shape, 0.0, 1.0, device=input.device, dtype=upcast(input).dtype)
     mask = ew.lt(keep, 1.0 - p)
     return ew.mul(ew.mul(input, mask), 1.0 / (1.0 - p))
 
@@ -398,7 +394,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None):
     decomposable(weight is None, lambda: "huber_loss(weight=) is not decomposed")
     # float16/bfloat16: the elementwise loss is computed in float32 and rounded once, as eager's kernel
-    d = ew.abs(ew.sub(_upcast(input), _upcast(target)))
+    d = ew.abs(ew.sub(upcast(input), upcast(target)))
     loss = ew.where(ew.lt(d, delta), ew.mul(ew.mul(d, d), 0.5), ew.mul(ew.sub(d, 0.5 * delta), delta))
     return _reduce_loss(convert(loss, torch.promote_types(input.dtype, target.dtype)), reduction)
 

@@ -89,6 +89,12 @@ _LOW_PRECISION = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
                   torch.complex32: torch.complex64}
 
 
+def upcast(a):
+    """A tensor in the dtype eager computes it in (half precision widened, see
+    ``promote``); anything else (None, a number, a wider tensor) as it is."""
+    return convert(a, _LOW_PRECISION[a.dtype]) if is_tensor(a) and a.dtype in _LOW_PRECISION else a
+
+
 def promote(args, kind: Promotion = Promotion.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) for an elementwise op on ``args``.
     Half-precision floats compute in float32, as eager PyTorch's opmath does."""

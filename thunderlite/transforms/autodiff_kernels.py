@@ -12,7 +12,7 @@ The decompositions compute exactly what the kernels return (the same saved
 statistics, in the same shapes and dtypes), so a forward run by one executor
 and a backward run by another agree. float16/bfloat16 arguments are widened to
 float32 once and the results rounded once, as the kernels compute in float32
-(``_up``, ``_down``). Example::
+(``upcast``, ``_down``). Example::
 
     out, mean, rstd = native_layer_norm(x, (d,), w, b, 1e-5)     # forward, saves stats
     gx, gw, gb = native_layer_norm_backward(g, x, (d,), mean, rstd, w, b, (True, True, True))
@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from thunderlite.core import prims
+from thunderlite.core import dtypes, prims
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch import elementwise as ew
@@ -33,18 +33,9 @@ from thunderlite.torch import linalg
 from thunderlite.torch import nn as lnn
 from thunderlite.torch import reductions as red
 from thunderlite.torch import shapes
-from thunderlite.torch.utils import convert
+from thunderlite.torch.utils import convert, upcast
 
 aten = torch.ops.aten
-
-HALF = (torch.float16, torch.bfloat16)
-"""The dtypes ATen's kernels widen to float32 to compute in."""
-
-
-def _up(x):
-    """A float16/bfloat16 tensor widened to float32, the dtype ATen's kernels compute it in."""
-    return convert(x, torch.float32) if x is not None and x.dtype in HALF else x
-
 
 def _down(x, dtype):
     return None if x is None else convert(x, dtype)
@@ -77,7 +68,7 @@ def _out_form(op, overload: str = "grad_input", out_name: str = "grad_input") ->
 
 @_kernel(_out_form(aten.gelu_backward))
 def gelu_backward(grad_output, self, *, approximate: str = "none"):
-    dtype, grad_output, x = grad_output.dtype, _up(grad_output), _up(self)
+    dtype, grad_output, x = grad_output.dtype, upcast(grad_output), upcast(self)
     if approximate == "tanh":
         k, c = math.sqrt(2 / math.pi), 0.044715
         inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), c)), k)
@@ -93,20 +84,20 @@ def gelu_backward(grad_output, self, *, approximate: str = "none"):
 
 @_kernel(_out_form(aten.silu_backward))
 def silu_backward(grad_output, self):
-    dtype, grad_output, x = grad_output.dtype, _up(grad_output), _up(self)
+    dtype, grad_output, x = grad_output.dtype, upcast(grad_output), upcast(self)
     s = ew.sigmoid(x)
     return _down(ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(x, ew.sub(1.0, s)), 1.0))), dtype)
 
 
 @_kernel(_out_form(aten.tanh_backward))
 def tanh_backward(grad_output, output):
-    dtype, grad_output, output = grad_output.dtype, _up(grad_output), _up(output)
+    dtype, grad_output, output = grad_output.dtype, upcast(grad_output), upcast(output)
     return _down(ew.mul(grad_output, ew.sub(1.0, ew.mul(output, output))), dtype)
 
 
 @_kernel(_out_form(aten.sigmoid_backward))
 def sigmoid_backward(grad_output, output):
-    dtype, grad_output, output = grad_output.dtype, _up(grad_output), _up(output)
+    dtype, grad_output, output = grad_output.dtype, upcast(grad_output), upcast(output)
     return _down(ew.mul(grad_output, ew.mul(output, ew.sub(1.0, output))), dtype)
 
 
@@ -128,14 +119,14 @@ def native_dropout_backward(grad_output, mask, scale: float):
 
 @_kernel(aten._softmax_backward_data)
 def softmax_backward_data(grad_output, output, dim: int, input_dtype):
-    grad_output, output = _up(grad_output), _up(output)
+    grad_output, output = upcast(grad_output), upcast(output)
     gy = ew.mul(grad_output, output)
     return convert(ew.sub(gy, ew.mul(output, red.sum(gy, dim, True))), input_dtype)
 
 
 @_kernel(aten._log_softmax_backward_data)
 def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
-    grad_output, output = _up(grad_output), _up(output)
+    grad_output, output = upcast(grad_output), upcast(output)
     return convert(ew.sub(grad_output, ew.mul(ew.exp(output), red.sum(grad_output, dim, True))), input_dtype)
 
 
@@ -155,9 +146,9 @@ def cross_entropy_forward(input, target, reduction: int, ignore_index: int):
     dtype = input.dtype
     log_probs = lnn.log_softmax(input, 1)
     valid = ew.ne(target, ignore_index)
-    picked = indexing.gather(_up(log_probs), 1, shapes.unsqueeze(ew.where(valid, target, 0), 1))
+    picked = indexing.gather(upcast(log_probs), 1, shapes.unsqueeze(ew.where(valid, target, 0), 1))
     losses = ew.where(valid, ew.neg(shapes.squeeze(picked, 1)), 0)
-    count = red.sum(convert(valid, _up(log_probs).dtype))
+    count = red.sum(convert(valid, upcast(log_probs).dtype))
     if reduction == 0:
         return _down(losses, dtype), log_probs, _down(ew.mul(count, 0), dtype)
     total = red.sum(losses)
@@ -187,7 +178,7 @@ def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore
 def cross_entropy_backward(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
     """nll_loss_backward then _log_softmax_backward_data: ``(softmax - onehot) * scale``."""
     n, c = log_probs.shape
-    dtype, grad, log_probs, total_weight = log_probs.dtype, _up(grad), _up(log_probs), _up(total_weight)
+    dtype, grad, log_probs, total_weight = log_probs.dtype, upcast(grad), upcast(log_probs), upcast(total_weight)
     valid = ew.ne(target, ignore_index)
     scale = {0: grad, 1: ew.div(grad, total_weight), 2: grad}[reduction]
     scale = ew.where(valid, scale, 0)
@@ -214,15 +205,15 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps: float):
     For float16/bfloat16 the CPU kernel returns them in that dtype, the CUDA
     one in float32."""
     dtype = input.dtype
-    stats = torch.float32 if dtype in HALF and input.device.type != "cpu" else dtype
-    x = _up(input)
+    stats = torch.float32 if dtype in dtypes.low_precision_floats and input.device.type != "cpu" else dtype
+    x = upcast(input)
     var, mean = red.var_mean(x, _norm_dims(x, normalized_shape), keepdim=True, correction=0)
     rstd = ew.rsqrt(ew.add(var, eps))
     out = ew.mul(ew.sub(x, mean), rstd)
     if weight is not None:
-        out = ew.mul(out, _up(weight))
+        out = ew.mul(out, upcast(weight))
     if bias is not None:
-        out = ew.add(out, _up(bias))
+        out = ew.add(out, upcast(bias))
     return _down(out, dtype), _down(mean, stats), _down(rstd, stats)
 
 
@@ -230,7 +221,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps: float):
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
     dtypes = [None if t is None else t.dtype for t in (input, weight, bias)]
-    grad_out, input, mean, rstd, weight = (_up(t) for t in (grad_out, input, mean, rstd, weight))
+    grad_out, input, mean, rstd, weight = (upcast(t) for t in (grad_out, input, mean, rstd, weight))
     xhat = ew.mul(ew.sub(input, mean), rstd)
     gi = gw = gb = None
     if output_mask[0]:
@@ -249,11 +240,11 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 def fused_rms_norm(input, normalized_shape, weight, eps):
     """``(out, rstd)``; ``eps=None`` is the compute dtype's machine epsilon (as
     ATen); rstd is float32 for float16/bfloat16 inputs."""
-    dtype, x = input.dtype, _up(input)
+    dtype, x = input.dtype, upcast(input)
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     rstd = ew.rsqrt(ew.add(red.mean(ew.mul(x, x), _norm_dims(x, normalized_shape), True), eps))
     out = ew.mul(x, rstd)
-    return _down(ew.mul(out, _up(weight)) if weight is not None else out, dtype), rstd
+    return _down(ew.mul(out, upcast(weight)) if weight is not None else out, dtype), rstd
 
 
 def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weight, output_mask):
@@ -262,7 +253,7 @@ def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weigh
     if input.is_cuda:
         return aten._fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask)
     dtype, wdtype = input.dtype, None if weight is None else weight.dtype
-    if dtype in HALF:
+    if dtype in dtypes.low_precision_floats:
         grad_out, input = grad_out.float(), input.float()
         weight = None if weight is None else weight.float()
     n = len(normalized_shape)
@@ -281,7 +272,7 @@ def _fused_rms_norm_backward_impl(grad_out, input, normalized_shape, rstd, weigh
 def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
     dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
     dtype, wdtype = input.dtype, None if weight is None else weight.dtype
-    grad_out, input, rstd, weight = (_up(t) for t in (grad_out, input, rstd, weight))
+    grad_out, input, rstd, weight = (upcast(t) for t in (grad_out, input, rstd, weight))
     xhat = ew.mul(input, rstd)
     gi = gw = None
     if output_mask[0]:
@@ -367,15 +358,15 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
 def sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
                    scale=None):
     """``(out, logsumexp)``, the logsumexp ``[B, H, L]`` (float32 for float16/bfloat16)."""
-    out, lse = _attention(_up(query), _up(key), _up(value), is_causal, _up(attn_mask), scale)
+    out, lse = _attention(upcast(query), upcast(key), upcast(value), is_causal, upcast(attn_mask), scale)
     return _down(out, query.dtype), lse
 
 
 @_kernel(_dense_last_dims(aten._scaled_dot_product_flash_attention_for_cpu_backward, (0, 1, 2, 3, 4)))
 def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p: float, is_causal: bool, *,
                             attn_mask=None, scale=None):
-    grads = _attention_grads(*(_up(t) for t in (grad_out, query, key, value, out)), logsumexp, is_causal,
-                             _up(attn_mask), scale)
+    grads = _attention_grads(*(upcast(t) for t in (grad_out, query, key, value, out)), logsumexp, is_causal,
+                             upcast(attn_mask), scale)
     return tuple(_down(g, query.dtype) for g in grads)
 
 

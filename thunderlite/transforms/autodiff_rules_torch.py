@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from thunderlite.core import prims
+from thunderlite.core import dtypes, prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.torch import composites
 from thunderlite.torch import elementwise as ew
@@ -46,7 +46,7 @@ def _kernel_input(bsym) -> bool:
     them, the kernels computing in float32 (so mixed-precision training gets
     them); the other rules, float32/float64 only."""
     first = bsym.tensor_args()
-    return bool(first) and first[0].dtype in _FLOATS + kernels.HALF
+    return bool(first) and (first[0].dtype in _FLOATS or first[0].dtype in dtypes.low_precision_floats)
 
 
 def _arg(bsym, index: int, name: str, default=None):
@@ -471,7 +471,7 @@ def _half_arith(bsym) -> bool:
     multiplies the half-precision tensors, each op computing in float32."""
     tensors = [a for a in (*bsym.args, *bsym.kwargs.values()) if isinstance(a, TensorProxy)]
     out = bsym.output
-    return (bool(tensors) and isinstance(out, TensorProxy) and out.dtype in kernels.HALF
+    return (bool(tensors) and isinstance(out, TensorProxy) and out.dtype in dtypes.low_precision_floats
             and all(t.dtype == out.dtype for t in tensors))
 
 
@@ -494,8 +494,7 @@ def _half_sub(g, out, input, other, *, alpha=1):
     return _to(g, input), _to(ew.neg(_scaled(g, alpha)), other)
 
 
-@register_vjp(ew.mul, when=lambda b: _half_arith(b) and all(isinstance(a, TensorProxy) or isinstance(a, (int, float))
-                                                          and not isinstance(a, bool) for a in b.args))
+@register_vjp(ew.mul, when=_half_arith)
 def _half_mul(g, out, input, other):
     return (_to(ew.mul(g, other), input) if isinstance(input, TensorProxy) else None,
             _to(ew.mul(g, input), other) if isinstance(other, TensorProxy) else None)
@@ -519,7 +518,6 @@ def _install_half_unary() -> None:
         if sym is None or vjp_rule(sym) is not None:
             continue
         register_vjp(sym, when=_half_arith)(lambda g, out, a, _fn=fn: (_fn(g, out, a),))
-
 
 
 # --- rounding divisions: eager's derivatives differ between the two spellings -----------------------
