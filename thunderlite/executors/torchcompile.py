@@ -12,11 +12,13 @@ to Python and then by ``torch.compile``; the fusion symbol prints as ``torchcomp
 keeps the region's symbols as subsymbols.
 
 Regions with the same structure share one compiled artifact: a region is cut
-where it repeats (``transforms.fusion.repeat_bounds``: a model with N
-identical layers gives N identical pieces), and each piece is looked up by its
-structure key (symbols, constants, input/output metadata, dataflow with
-canonical names). A model's layer is compiled once, whatever the number of
-layers; ``artifacts`` counts the distinct compiled callables.
+where it repeats (``transforms.fusion.repeat_span``: a model with N identical
+layers gives N/k identical pieces of k layers), and each piece is looked up by
+its structure key (symbols, constants, input/output metadata, dataflow with
+canonical names). A model's k layers are compiled once, whatever the number of
+layers; ``artifacts`` counts the distinct compiled callables. k is 1 where a
+layer computes for long, more where its work is small next to the price of
+calling a region (``executors/cost.py``; ``layers_per_region`` fixes it).
 
 A region of tensor inputs compiled with the default options is a
 ``BoxedRegion``: Inductor's boxed calling convention, as AOTAutograd calls
@@ -44,17 +46,22 @@ from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.claim import claim_executors
-from thunderlite.transforms.fusion import Region, fuse, repeat_bounds, split_region
+from thunderlite.executors.cost import layers_per_region
+from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN})
 
 
 class TorchCompileExecutor(FusionExecutor):
-    """Compiles fusible regions of at least ``min_size`` symbols with torch.compile."""
+    """Compiles fusible regions of at least ``min_size`` symbols with torch.compile.
+    ``layers_per_region``: how many repeated layers one region holds (None:
+    chosen per region from their estimated work, ``executors/cost.py``)."""
 
-    def __init__(self, name: str = "torchcompile", *, min_size: int = 2, compile_options: dict | None = None):
+    def __init__(self, name: str = "torchcompile", *, min_size: int = 2, compile_options: dict | None = None,
+                 layers_per_region: int | None = None):
         super().__init__(name)
         self.min_size = min_size
+        self.layers_per_region = layers_per_region
         self.compile_options = {"dynamic": False, **(compile_options or {})}
         # a region with symbolic sizes (dynamic shapes, sizes known only at run time) gets
         # torch.compile's automatic dynamic unless the user chose: one recompile, not one per size
@@ -94,7 +101,8 @@ class TorchCompileExecutor(FusionExecutor):
         return len(self._artifacts)
 
     def _make_fusions(self, trace: Trace, region: Region) -> list[BoundSymbol]:
-        pieces = split_region(region, repeat_bounds(region))
+        span = repeat_span(region)
+        pieces = split_region(region, span_bounds(len(region.bsyms), span, self._group(region, span)))
         out: list[BoundSymbol] = []
         for piece in pieces:
             if piece.bsyms:
@@ -102,6 +110,17 @@ class TorchCompileExecutor(FusionExecutor):
                 out.append(self._make_fusion(trace, piece))
                 out.extend(tail)
         return out
+
+    def _group(self, region: Region, span: tuple[int, int, int] | None) -> int:
+        """Repeated layers per region: few when layers compute for long, so
+        identical layers share one compilation; several when a layer's work is
+        small next to a region call's price (``executors/cost.py``)."""
+        if span is None:
+            return 1
+        if self.layers_per_region is not None:
+            return self.layers_per_region
+        start, period, reps = span
+        return layers_per_region(region.bsyms[start:start + period], reps)
 
     def _make_fusion(self, trace: Trace, region: Region) -> BoundSymbol:
         key = structure_key(region)
@@ -177,17 +196,16 @@ class _DistinctOutputs:
         outs = self.compiled(*args)
         if not self.may_share:
             return outs
+        ptrs = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else 0 for t in outs]
+        if not _shares(ptrs):
+            return outs
         seen: set[int] = set()
-        fixed = None
-        for i, (t, fresh) in enumerate(zip(outs, self.fresh)):
-            if not isinstance(t, torch.Tensor):
-                continue
-            ptr = t.untyped_storage().data_ptr()
+        fixed = list(outs)
+        for i, (ptr, fresh) in enumerate(zip(ptrs, self.fresh)):
             if ptr in seen and ptr and fresh:
-                fixed = list(outs) if fixed is None else fixed
-                fixed[i] = t.clone()
+                fixed[i] = outs[i].clone()
             seen.add(ptr)
-        return outs if fixed is None else type(outs)(fixed)
+        return type(outs)(fixed)
 
 
 def _input_aliases(region: Region, every: bool = False) -> dict[str, str]:
@@ -277,14 +295,7 @@ def _as_torch_calls(tensors, writing: bool = True) -> bool:
         return True
     if not writing:     # AOTAutograd makes synthetic bases only for aliased inputs a graph writes
         return False
-    seen = set()
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in seen and ptr:
-                return True
-            seen.add(ptr)
-    return False
+    return _shares([t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)])
 
 
 class EagerWhenRecording:
@@ -329,11 +340,13 @@ class BoxedRegion:
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
-        if _as_torch_calls(box, self.writing):    # as EagerWhenRecording: autograd saves what eager saves
+        ptrs = list(map(_data_ptr, map(_storage, box)))
+        pattern = _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None
+        if _recording(box) or (self.writing and pattern is not None and _shares(ptrs)):    # see _as_torch_calls
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = (tuple((t.stride(), t.storage_offset()) for t in box), _sharing(box))
+        layout = (*map(_stride, box), *map(_offset, box), pattern)
         compiled = self._by_layout.get(layout)
         if compiled is None:
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
@@ -404,13 +417,25 @@ def _places_by_offset(gm) -> bool:
     return any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
 
 
-def _sharing(box: list) -> tuple:
-    """Which inputs share storage (each input's first storage mate): code
-    compiled for one pattern is not served to another (a region shared by two
-    cache entries met its inputs aliased in one and apart in the other and
-    returned wrong values: jit fuzz seed 955 with torchcompile)."""
+def _sharing(ptrs: list[int]) -> tuple:
+    """Which inputs share storage (each input's first storage mate; ``ptrs``:
+    the inputs' storages' addresses): code compiled for one pattern is not
+    served to another (a region shared by two cache entries met its inputs
+    aliased in one and apart in the other and returned wrong values: jit fuzz
+    seed 955 with torchcompile)."""
     first: dict[int, int] = {}
-    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(box))
+    return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
+
+
+def _shares(ptrs: list[int]) -> bool:
+    """Two of the storages at ``ptrs`` are one (empty storages, address 0, share nothing)."""
+    real = [p for p in ptrs if p]
+    return len(set(real)) < len(real)
+
+
+# unbound methods: a region's per-call checks map them over its inputs (faster than a loop in Python)
+_storage, _data_ptr = torch.Tensor.untyped_storage, torch.UntypedStorage.data_ptr
+_stride, _offset = torch.Tensor.stride, torch.Tensor.storage_offset
 
 
 class _Unboxed:

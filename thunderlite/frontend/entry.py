@@ -85,7 +85,11 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
     if g.kind == "keys":
+        if not g.value:     # a module's hooks, nearly always none: the cheapest check
+            return f"not isinstance({v}, dict) or {v}"
         return f"not isinstance({v}, dict) or tuple({v}) != {_const(consts, g.value)}"
+    if g.value is None or type(g.value) is bool:
+        return f"{v} is not {g.value!r}"
     return f"type({v}) is not {_const(consts, type(g.value))} or {v} != {_const(consts, g.value)}"
 
 

@@ -42,7 +42,7 @@ def test_identical_layers_share_one_compiled_artifact():
     ok, reason = tc.is_available()
     if not ok:
         pytest.skip(f"torch.compile executor unavailable: {reason}")
-    fresh = TorchCompileExecutor("torchcompile_shared")      # its own artifact cache
+    fresh = TorchCompileExecutor("torchcompile_shared", layers_per_region=1)      # its own artifact cache
     model = _Stack(4)
     x = torch.randn(3, 8)
     jm = thunderlite.jit(model, executors=[fresh])
@@ -86,6 +86,64 @@ def test_repeat_bounds_cuts_each_repetition():
     keys = [structure_key(p) for p in pieces[1:4]]
     assert keys[0] == keys[1] == keys[2] and structure_key(pieces[0]) != keys[0]
     assert repeat_bounds(Region(region.bsyms[:2], [], [])) == [0, 2]
+
+
+def test_small_layers_share_a_region_big_layers_get_their_own():
+    """The default groups repeated layers by their estimated work
+    (executors/cost.py): layers computing for microseconds go several to a
+    region (each region call costs tens of microseconds on the host), layers
+    computing for milliseconds one to a region (one compilation shared by all)."""
+    from thunderlite.executors.cost import MAX_LAYERS_PER_REGION, estimated_seconds, layers_per_region
+    tc = get_executor("torchcompile")
+    ok, reason = tc.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+    model, x = _Stack(4), torch.randn(3, 8)
+    jm = thunderlite.jit(model, executors=[TorchCompileExecutor("torchcompile_grouped")])
+    with torch.no_grad():
+        torch.testing.assert_close(jm(x), model(x))
+    (fusion,) = _fusions(thunderlite.last_traces(jm)[-1])
+    assert [s.sym.id for s in fusion.subsymbols].count("ltorch.gelu") == 4
+
+    def layer(n: int, dtype=torch.float32, device="cpu"):
+        from thunderlite.core.proxies import TensorProxy
+        from thunderlite.core.trace import Trace
+        from thunderlite.core.tracectx import tracectx
+        from thunderlite.torch import elementwise as ew, linalg
+        trc = Trace()
+        with tracectx(trc):
+            h = TensorProxy((n, n), dtype, device, name="h")
+            trc.args = [h]
+            trc.set_return(ew.add(h, linalg.matmul(h, h)))
+        return trc.bound_symbols
+    assert 1e-8 < estimated_seconds(layer(16)) < 1e-5 and layers_per_region(layer(16), 6) == 6
+    assert layers_per_region(layer(16), 40) == MAX_LAYERS_PER_REGION
+    assert estimated_seconds(layer(2048)) > 0.1 and layers_per_region(layer(2048), 6) == 1
+    # a GPU computes the same layer hundreds of times faster: grouped there
+    assert layers_per_region(layer(512), 4) == 1 and layers_per_region(layer(512, torch.bfloat16, "cuda"), 4) == 4
+
+
+def test_layers_per_region_groups_consecutive_layers_sharing_one_artifact():
+    tc = get_executor("torchcompile")
+    ok, reason = tc.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+    fresh = TorchCompileExecutor("torchcompile_pairs", layers_per_region=2)
+    model, x = _Stack(5), torch.randn(3, 8)
+    jm = thunderlite.jit(model, executors=[fresh])
+    with torch.no_grad():
+        torch.testing.assert_close(jm(x), model(x))
+    layered = [f for f in _fusions(thunderlite.last_traces(jm)[-1])
+               if any(s.sym.id == "ltorch.gelu" for s in f.subsymbols)]
+    assert [[s.sym.id for s in f.subsymbols].count("ltorch.gelu") for f in layered] == [2, 2, 1]
+    assert layered[0].sym.impl is layered[1].sym.impl is not layered[2].sym.impl
+
+
+def test_span_bounds_groups_repetitions():
+    from thunderlite.transforms.fusion import span_bounds
+    assert span_bounds(12, (1, 2, 5), 1) == [0, 1, 3, 5, 7, 9, 11, 12]
+    assert span_bounds(12, (1, 2, 5), 2) == [0, 1, 5, 9, 11, 12]
+    assert span_bounds(12, (1, 2, 5), 5) == span_bounds(12, None) == [0, 12]
 
 
 def test_repeat_bounds_finds_layers_behind_more_frequent_inner_repeats():

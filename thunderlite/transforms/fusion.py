@@ -207,11 +207,11 @@ as the period: in a backward, a layer's own repeats (the same reshape for q, k
 and v; a linear's two matmuls) are more frequent than the layer period."""
 
 
-def repeat_bounds(region: Region, min_period: int = 2) -> list[int]:
-    """Cut points that put each repetition of a repeated stretch of ``region``
-    (N identical layers: the same symbols from the same source lines) in its
-    own piece, so identical pieces can share one compiled artifact. ``[0, n]``
-    when nothing repeats at least twice."""
+def repeat_span(region: Region, min_period: int = 2) -> tuple[int, int, int] | None:
+    """The longest stretch of ``region`` that repeats (N identical layers: the
+    same symbols from the same source lines) as ``(start, period, repeats)``:
+    ``region.bsyms[start + k * period:start + (k + 1) * period]`` is the k-th
+    layer. None when nothing repeats at least twice."""
     sigs = [(b.sym, b.source) for b in region.bsyms]
     n = len(sigs)
     last: dict = {}
@@ -238,10 +238,25 @@ def repeat_bounds(region: Region, min_period: int = 2) -> list[int]:
         reps = (length + p) // p          # a run of matches of length L spans L + p symbols
         if reps >= 2 and (best is None or reps * p > best[2] * best[1]):
             best = (start, p, reps)
-    if best is None:
+    return best
+
+
+def repeat_bounds(region: Region, min_period: int = 2, group: int = 1) -> list[int]:
+    """Cut points that put every ``group`` consecutive repetitions of the
+    repeated stretch of ``region`` (``repeat_span``) in a piece of their own,
+    so identical pieces can share one compiled artifact."""
+    return span_bounds(len(region.bsyms), repeat_span(region, min_period), group)
+
+
+def span_bounds(n: int, span: tuple[int, int, int] | None, group: int = 1) -> list[int]:
+    """Cut points of ``n`` symbols whose repeated stretch is ``span``
+    (``repeat_span``), every ``group`` repetitions (the last piece may hold
+    fewer). ``[0, n]`` when nothing repeats, or when one group holds every
+    repetition: then nothing is shared, so nothing is cut."""
+    if span is None or group >= span[2]:
         return [0, n]
-    start, p, reps = best
-    cuts = [start + k * p for k in range(reps + 1)]
+    start, p, reps = span
+    cuts = [start + k * p for k in range(0, reps, group)] + [start + reps * p]
     return sorted({0, n, *cuts})
 
 

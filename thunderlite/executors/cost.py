@@ -1,0 +1,87 @@
+"""A rough cost model of trace regions, for fusion executors choosing how large
+their regions are.
+
+Every compiled region pays a fixed price per call on the host (the trace's
+glue, the compiled wrapper's input checks, AOTAutograd's and Inductor's Python
+around the kernels): tens of microseconds. A model whose layers each take less
+than that to compute (a small model, or a GPU fast enough that the host
+launching work is the bottleneck) runs faster with several layers per region.
+The estimate only has to tell "microseconds" from "milliseconds": matmul and
+convolution FLOPs at a nominal throughput of the device, every other
+symbol's output bytes at a nominal bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol, walk
+
+# nominal throughputs (orders of magnitude; a region's size only needs to be right within ~10x)
+_FLOPS = {"cpu": 50e9, "cuda": 100e12}                # per second: one CPU thread; a datacenter GPU, half precision
+_FLOPS_FLOAT32_CUDA = 25e12                           # float32 matmuls without TF32
+_BYTES = {"cpu": 10e9, "cuda": 2e12}                  # per second
+
+REGION_CALL_SECONDS = 50e-6
+"""What one call of a compiled region costs on the host beyond its kernels."""
+
+CALLS_PER_REGION_TIME = 20
+"""A region should compute for at least this many times its call price."""
+
+MAX_LAYERS_PER_REGION = 8
+"""Layers merged into one region at most: compile time grows with a region's
+size, and the call price is already small against eight layers' work."""
+
+
+def estimated_seconds(bsyms: Iterable[BoundSymbol]) -> float | None:
+    """How long ``bsyms`` take to compute, roughly; None when a size is not
+    known while tracing (dynamic shapes) or the device is not one modelled."""
+    total = 0.0
+    for top in bsyms:
+        for b in walk(top):
+            if b.subsymbols:
+                continue
+            for out in b.tensor_outs():
+                if not all(type(s) is int for s in out.shape):
+                    return None
+                kind = out.device.type
+                if kind not in _FLOPS:
+                    return None
+                flops = _flops(b, out)
+                if flops:
+                    rate = _FLOPS_FLOAT32_CUDA if kind == "cuda" and out.dtype == torch.float32 else _FLOPS[kind]
+                    total += flops / rate / _threads(kind)
+                total += out.numel() * out.dtype.itemsize / _BYTES[kind] / _threads(kind)
+    return total
+
+
+def layers_per_region(layer: Iterable[BoundSymbol], repeats: int) -> int:
+    """How many consecutive identical layers (``layer``: one of them) to compile
+    as one region: enough that the region's work outweighs its call price
+    ``CALLS_PER_REGION_TIME`` times, at most ``MAX_LAYERS_PER_REGION`` and
+    ``repeats``; one layer when the work cannot be estimated."""
+    seconds = estimated_seconds(layer)
+    if seconds is None:
+        return 1
+    want = CALLS_PER_REGION_TIME * REGION_CALL_SECONDS / max(seconds, 1e-9)
+    return max(1, min(repeats, MAX_LAYERS_PER_REGION, math.ceil(want)))
+
+
+def _flops(b: BoundSymbol, out: TensorProxy) -> int:
+    name = b.sym.name
+    if name == "matmul":
+        a = b.args[0]
+        return 2 * out.numel() * (a.shape[-1] if isinstance(a, TensorProxy) and a.ndim else 1)
+    if name == "convolution":
+        a, w = b.args[0], b.args[1]
+        transposed = b.args[6] if len(b.args) > 6 else b.kwargs.get("transposed", False)
+        per = w.numel() // max(w.shape[0], 1)
+        return 2 * (a.numel() if transposed else out.numel()) * per
+    return 0
+
+
+def _threads(kind: str) -> int:
+    return torch.get_num_threads() if kind == "cpu" else 1
