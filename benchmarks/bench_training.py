@@ -81,6 +81,15 @@ thunderlite+torchcompile's regions with torch calls between them
 bfloat16). bfloat16 on the 2-core CPU (default sizes, 6 steps, under load):
 nanoGPT thunderlite 0.96 / 0.78, Llama 0.96 / 0.67 (1.15 / 1.47 before).
 
+The same host-bound regime on the 2-core CPU (2026-11-26, idle machine, ``--dim
+32 --layers 4 --seq 32 --batch 2``, 40 steps, 1 thread): thunderlite+torchcompile
+/ torch.compile was 1.11 (nanoGPT) and 1.07 (Llama) with one region per layer;
+with layers grouped by executors/cost.py (one region per direction at this
+size), cheaper per-call layout checks in the regions and cheaper entry guards it
+is 1.03 and 0.96. At the default sizes layers stay one to a region and the
+ratios are unchanged (1.00-1.01 and 1.00; thunderlite / eager 1.00 and 0.99,
+memory 0.68 and 0.57; thunderlite+torchcompile memory 0.68 and 0.66).
+
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
 1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load

@@ -62,12 +62,15 @@ def layers_per_region(layer: Iterable[BoundSymbol], repeats: int) -> int:
     """How many consecutive identical layers (``layer``: one of them) to compile
     as one region: enough that the region's work outweighs its call price
     ``CALLS_PER_REGION_TIME`` times, at most ``MAX_LAYERS_PER_REGION`` and
-    ``repeats``; one layer when the work cannot be estimated."""
+    ``repeats``, evened out over the regions (4 layers wanting 3 a region get
+    2 and 2: one compilation, not two); one layer when the work cannot be
+    estimated."""
     seconds = estimated_seconds(layer)
     if seconds is None:
         return 1
     want = CALLS_PER_REGION_TIME * REGION_CALL_SECONDS / max(seconds, 1e-9)
-    return max(1, min(repeats, MAX_LAYERS_PER_REGION, math.ceil(want)))
+    k = max(1, min(repeats, MAX_LAYERS_PER_REGION, math.ceil(want)))
+    return math.ceil(repeats / math.ceil(repeats / k))
 
 
 def _flops(b: BoundSymbol, out: TensorProxy) -> int:

@@ -118,6 +118,7 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
         return trc.bound_symbols
     assert 1e-8 < estimated_seconds(layer(16)) < 1e-5 and layers_per_region(layer(16), 6) == 6
     assert layers_per_region(layer(16), 40) == MAX_LAYERS_PER_REGION
+    assert layers_per_region(layer(16), MAX_LAYERS_PER_REGION + 2) == MAX_LAYERS_PER_REGION // 2 + 1   # evened out
     assert estimated_seconds(layer(2048)) > 0.1 and layers_per_region(layer(2048), 6) == 1
     # a GPU computes the same layer hundreds of times faster: grouped there
     assert layers_per_region(layer(512), 4) == 1 and layers_per_region(layer(512, torch.bfloat16, "cuda"), 4) == 4
