@@ -86,9 +86,13 @@ The same host-bound regime on the 2-core CPU (2026-11-26, idle machine, ``--dim
 / torch.compile was 1.11 (nanoGPT) and 1.07 (Llama) with one region per layer;
 with layers grouped by executors/cost.py (one region per direction at this
 size), cheaper per-call layout checks in the regions and cheaper entry guards it
-is 1.03 and 0.96. At the default sizes layers stay one to a region and the
-ratios are unchanged (1.00-1.01 and 1.00; thunderlite / eager 1.00 and 0.99,
-memory 0.68 and 0.57; thunderlite+torchcompile memory 0.68 and 0.66).
+is 1.03 and 0.96. At the default sizes (about 20 ms a layer's forward) the
+two layers now share a region too (fusion and memory planning across layers:
+forward + backward alone, 30 interleaved rounds, one region per layer against
+one for both: nanoGPT 159.1 against 152.6 ms, torch.compile 157.4; Llama 148.2
+against 144.4, torch.compile 145.7); the benchmark's step ratios went from
+1.00-1.01 and 1.00 to 0.99-1.00 and 0.99 (thunderlite / eager 1.00 and 0.99,
+memory 0.68 and 0.58; thunderlite+torchcompile memory 0.67 and 0.67).
 
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,

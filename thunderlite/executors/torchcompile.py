@@ -16,9 +16,10 @@ where it repeats (``transforms.fusion.repeat_span``: a model with N identical
 layers gives N/k identical pieces of k layers), and each piece is looked up by
 its structure key (symbols, constants, input/output metadata, dataflow with
 canonical names). A model's k layers are compiled once, whatever the number of
-layers; ``artifacts`` counts the distinct compiled callables. k is 1 where a
-layer computes for long, more where its work is small next to the price of
-calling a region (``executors/cost.py``; ``layers_per_region`` fixes it).
+layers; ``artifacts`` counts the distinct compiled callables. k grows until a
+region computes for about 50 ms, at most 8 (``executors/cost.py``: what a cut
+costs against what a bigger region costs to compile; ``layers_per_region``
+fixes it).
 
 A region of tensor inputs compiled with the default options is a
 ``BoxedRegion``: Inductor's boxed calling convention, as AOTAutograd calls
@@ -112,9 +113,9 @@ class TorchCompileExecutor(FusionExecutor):
         return out
 
     def _group(self, region: Region, span: tuple[int, int, int] | None) -> int:
-        """Repeated layers per region: few when layers compute for long, so
-        identical layers share one compilation; several when a layer's work is
-        small next to a region call's price (``executors/cost.py``)."""
+        """Repeated layers per region: one when a layer computes for long, so
+        identical layers share one compilation; more as layers get cheaper,
+        each cut costing a region call and fusion across it (``executors/cost.py``)."""
         if span is None:
             return 1
         if self.layers_per_region is not None:
