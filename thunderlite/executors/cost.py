@@ -65,14 +65,23 @@ def estimated_seconds(bsyms: Iterable[BoundSymbol]) -> float | None:
 def layers_per_region(layer: Iterable[BoundSymbol], repeats: int) -> int:
     """How many consecutive identical layers (``layer``: one of them) to compile
     as one region: enough that the region computes for ``REGION_SECONDS``, at
-    most ``MAX_LAYERS_PER_REGION`` and ``repeats``, evened out over the regions
-    (4 layers wanting 3 a region get 2 and 2: one compilation, not two); one
+    most ``MAX_LAYERS_PER_REGION`` and ``repeats`` (``group_size``); one
     layer when the work cannot be estimated."""
     seconds = estimated_seconds(layer)
     if seconds is None:
         return 1
-    want = REGION_SECONDS / max(seconds, 1e-12)
+    return group_size(REGION_SECONDS / max(seconds, 1e-12), repeats)
+
+
+def group_size(want: float, repeats: int) -> int:
+    """Layers per region for ``want`` layers wanted and ``repeats`` layers:
+    a divisor of ``repeats`` down to half of ``want`` (8 layers wanting 3 get
+    2 a region: one compilation of 2 layers, not one of 3 and one of 2), else
+    as even as equal pieces go (10 wanting 8 get 5)."""
     k = max(1, min(repeats, MAX_LAYERS_PER_REGION, math.ceil(want)))
+    for d in range(k, (k + 1) // 2 - 1, -1):
+        if repeats % d == 0:
+            return d
     return math.ceil(repeats / math.ceil(repeats / k))
 
 
