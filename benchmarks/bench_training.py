@@ -176,6 +176,9 @@ class LlamaLoss(nn.Module):
 MODELS = {"gpt": NanoGPT, "llama": LlamaLoss}
 
 
+_INDUCTOR = ("thunderlite+tc", "thunderlite+tc1", "torch.compile")     # the variants needing a C++ compiler on CPU
+
+
 def _variant_fn(name: str, model: nn.Module):
     if name == "eager":
         return model
@@ -183,6 +186,10 @@ def _variant_fn(name: str, model: nn.Module):
         return thunderlite.jit(model)
     if name == "thunderlite+tc":
         return thunderlite.jit(model, executors=["torchcompile", "torch"])
+    if name == "thunderlite+tc1":     # one region per layer (the default groups cheap layers, executors/cost.py)
+        from thunderlite.executors.torchcompile import TorchCompileExecutor
+        return thunderlite.jit(model, executors=[TorchCompileExecutor("torchcompile_per_layer", layers_per_region=1),
+                                                 "torch"])
     if name == "torch.compile":
         return torch.compile(model)
     raise ValueError(name)
@@ -369,7 +376,8 @@ def main() -> None:
     ap.add_argument("--models", default="gpt,llama")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the models' parameter dtype (bfloat16: half-precision training)")
-    ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile")
+    ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile",
+                    help="comma-separated; also thunderlite+tc1 (torchcompile with one region per layer)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")
     ap.add_argument("--scaling-point", action="store_true", help=argparse.SUPPRESS)
@@ -394,11 +402,11 @@ def main() -> None:
     names = opts.variants.split(",")
     if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
                                    for p in os.environ.get("PATH", "").split(os.pathsep)):
-        names = [n for n in names if n not in ("thunderlite+tc", "torch.compile")]
+        names = [n for n in names if n not in _INDUCTOR]
         if not opts.pinned:
             print("no C++ compiler: the Inductor variants are skipped")
     kinds = opts.models.split(",")
-    if any(n in ("thunderlite+tc", "torch.compile") for n in names):
+    if any(n in _INDUCTOR for n in names):
         warm_inductor(device)
     if opts.pinned:
         print(json.dumps({k: pinned_summary(run_model(k, names, opts, device, peak=True)) for k in kinds}))

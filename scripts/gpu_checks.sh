@@ -22,6 +22,10 @@ for dtype in ${BENCH_DTYPES-float32 bfloat16}; do     # BENCH_DTYPES= (empty): n
   timeout ${BENCH_S:-170} python3 benchmarks/bench_training.py --steps 12 --dtype $dtype \
     ${BENCH_ARGS:---dim 512 --layers 4 --seq 256 --batch 8} 2>&1 | tee "$OUT/bench_$dtype.log"
 done
+# layers grouped into regions (the default, executors/cost.py) against one region per layer
+timeout ${AB_S:-120} python3 benchmarks/bench_training.py --steps 8 --dtype bfloat16 --models llama \
+  --variants eager,thunderlite+tc,thunderlite+tc1,torch.compile ${BENCH_ARGS:---dim 512 --layers 4 --seq 256 --batch 8} \
+  2>&1 | tee "$OUT/bench_grouping.log"
 for model in gpt llama; do     # how thunderlite+tc splits the step on CUDA (regions, calls between them)
   timeout ${REGIONS_S:-60} python3 scripts/tc_regions.py --model $model --dtype bfloat16 2>&1 | grep -v -i warn \
     | tee -a "$OUT/regions.log"
