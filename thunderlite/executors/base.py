@@ -51,6 +51,10 @@ class Executor:
     (core/symint.py); one that compiles for static shapes says False and is
     not offered them (they stay for the next executor)."""
     symbolic_sizes = True
+    fuses_elementwise = False
+    """Whether it fuses elementwise symbols into their neighbours' kernels: then
+    autodiff recomputes a cheap value in the backward from fewer saved bytes
+    (a widening from its half precision input; transforms/rematerialize.py)."""
 
     def __init__(self, name: str):
         if not name.isidentifier():
@@ -312,6 +316,7 @@ class FusionExecutor(Executor):
 
     Subclasses implement ``fusion_pass``. Region forming is shared
     (transforms/fusion.py); ``fusion_symbol`` makes the symbol for one region."""
+    fuses_elementwise = True
 
     def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
         raise NotImplementedError(f"fusion executor {self.name!r} does not implement fusion_pass")

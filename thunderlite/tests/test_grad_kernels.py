@@ -684,6 +684,34 @@ def test_a_broadcast_is_recomputed_from_its_smaller_input():
     assert any(b.sym.name == "broadcast_in_dim" for b in prog.backward_traces[-1].bound_symbols)
 
 
+def test_a_widening_is_recomputed_from_its_half_input_under_a_fusion_executor():
+    """``h = x.float()`` of a bfloat16 intermediate ``x`` that the backward
+    reads: the torch executor saves ``h`` (recomputing it would add a kernel);
+    under a fusion executor ``x`` is saved, half the bytes, and ``h`` is
+    recomputed inside the fused backward (as torch.compile's partitioner does)."""
+    from thunderlite.extend import get_executor
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+
+    def fn(a):
+        h = (a * 2).float()
+        return (h * h).sum()
+    a = torch.randn(8, 16, dtype=torch.bfloat16)
+    for executors, widened in ((None, True), (["torchcompile", "torch"], False)):
+        x, ref = a.clone().requires_grad_(), a.clone().requires_grad_()
+        jfn = thunderlite.jit(fn, executors=executors)
+        out = jfn(x)
+        out.backward()
+        expected = fn(ref)
+        expected.backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x.grad, ref.grad)
+        ret = thunderlite.last_traces(jfn)[-1].bound_symbols[-1]
+        saved = [p for p in ret.args[0][2] if hasattr(p, "dtype")]
+        assert saved and all(p.dtype == (torch.float32 if widened else torch.bfloat16) for p in saved), saved
+
+
 def test_a_broadcast_to_a_symbolic_shape_is_recomputed_with_its_sizes():
     """Under ``dynamic=True`` the recomputed broadcast's shape names symbolic
     sizes: they are saved with its input (the backward read an unsaved size:

@@ -912,8 +912,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     saved = [p for p in _free_names(split.backward) if p.name in fwd_values]
     # the write-backs run after the forward: what they overwrite is saved as it was before them
     overwritten = set(_first_write_after(fwd_bsyms + tail, groups, trace.args))
+    fusing = any(getattr(ex, "fuses_elementwise", False) for ex in executors or ())
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
-                                     overwritten)
+                                     overwritten, fusing)
     fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace)
     fwd_bsyms = [b for b in fwd_bsyms if not any(b is t for t in tail)]
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)

@@ -22,6 +22,12 @@ rotary embedding's cos and sin spread over batch and heads) is always
 recomputed from its input, which is saved instead (``_spread_from``; with
 the symbolic sizes of its shape, under ``dynamic=True``).
 
+Under a fusion executor (``fusing``) a cheap value whose inputs are not saved
+is recomputed too when they hold fewer bytes than it (``_smaller_inputs``: a
+float32 widening of a bfloat16 intermediate); the recomputation is one more
+step inside a fused backward kernel, where the torch executor would run it as
+a kernel of its own.
+
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
 only ``x`` is saved. For ``gelu(x @ w1) @ w2`` gelu's backward keeps the matmul
@@ -88,12 +94,13 @@ time at 0.91-1.11x its memory; four buys Llama 3% less memory for 4% more time."
 
 
 def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], saved: list[Proxy],
-                  visible: set[str], overwritten: frozenset | set = frozenset()
+                  visible: set[str], overwritten: frozenset | set = frozenset(), fusing: bool = False
                   ) -> tuple[list[BoundSymbol], list[Proxy]]:
     """Return the backward's symbols with recomputations inserted, and the new
     list of values to save. ``visible`` names the program's arguments and
     outputs (always alive, so free to save); ``overwritten`` names the values
     whose memory a later forward symbol writes (never recomputed from).
+    ``fusing``: a fusion executor runs the program (``_smaller_inputs``).
 
     A saved intermediate made by a short cheap chain (``_MAX_RECOMPUTE``
     symbols) is recomputed in the backward when the chain's inputs (its
@@ -123,6 +130,16 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
         if len(chain) <= _MAX_RECOMPUTE and all(n in keep for n in frontier):
             recompute.update(chain)
             inputs.update(frontier)
+    if fusing:
+        for p in candidates:
+            if p.name in recompute or p.name in inputs:
+                continue
+            b = producer[p.name]
+            new = _smaller_inputs(b, p, keep, overwritten, recompute)
+            if new is not None:
+                recompute[p.name] = b
+                inputs.update((a.name, a) for a in b.proxy_args())
+                keep |= new
     if not recompute:
         return bwd_bsyms, saved
     kept = [p for p in saved if p.name not in recompute]
@@ -148,6 +165,38 @@ def _spread_from(bsym: BoundSymbol, overwritten) -> TensorProxy | None:
             src.name in overwritten or src.numel() >= bsym.output.numel():
         return None
     return src
+
+
+def _smaller_inputs(bsym: BoundSymbol, out: Proxy, keep: set[str], overwritten, recompute: dict) -> set[str] | None:
+    """Under a fusion executor: the names ``bsym``'s inputs add to what is
+    saved when ``out`` (its one output) is recomputed from them, or None when
+    that saves no bytes. A widening (``x.float()`` of a bfloat16 ``x``: half
+    precision models save float32 copies around their norms) is recomputed
+    from its half the bytes; the recomputation is one more elementwise step
+    of a fused backward kernel, not a kernel of its own, as torch.compile's
+    partitioner recomputes such values."""
+    if type(out) is not TensorProxy or not _sized(out):
+        return None
+    new: dict[str, TensorProxy] = {}
+    for a in bsym.proxy_args():
+        if a.name in overwritten or a.name in recompute:
+            return None
+        if a.name in keep:
+            continue
+        if type(a) is not TensorProxy or not _sized(a):
+            return None
+        new[a.name] = a
+    if sum(_nbytes(a) for a in new.values()) >= _nbytes(out):
+        return None
+    return set(new)
+
+
+def _sized(p: TensorProxy) -> bool:
+    return all(type(s) is int for s in p.shape)
+
+
+def _nbytes(p: TensorProxy) -> int:
+    return p.numel() * p.dtype.itemsize
 
 
 def _place(bwd_bsyms: list[BoundSymbol], recompute: dict[str, BoundSymbol]) -> list[BoundSymbol]:
