@@ -92,7 +92,11 @@ forward + backward alone, 30 interleaved rounds, one region per layer against
 one for both: nanoGPT 159.1 against 152.6 ms, torch.compile 157.4; Llama 148.2
 against 144.4, torch.compile 145.7); the benchmark's step ratios went from
 1.00-1.01 and 1.00 to 0.99-1.00 and 0.99 (thunderlite / eager 1.00 and 0.99,
-memory 0.68 and 0.58; thunderlite+torchcompile memory 0.67 and 0.67).
+memory 0.68 and 0.58; thunderlite+torchcompile memory 0.67 and 0.67). bfloat16
+(8 steps): Llama thunderlite+torchcompile memory 0.77 -> 0.70 of eager once a
+fusion executor's backward recomputes the float32 widenings around the norms
+from their bfloat16 inputs (transforms/rematerialize.py; torch.compile 0.53),
+time 0.98-1.00 of torch.compile.
 
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
