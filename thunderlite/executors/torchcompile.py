@@ -45,9 +45,9 @@ from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.cost import layers_per_region
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.claim import claim_executors
-from thunderlite.executors.cost import layers_per_region
 from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN})

@@ -120,7 +120,8 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
     assert 1e-8 < estimated_seconds(layer(16)) < 1e-5 and layers_per_region(layer(16), 6) == 6
     assert layers_per_region(layer(16), 40) == MAX_LAYERS_PER_REGION
     assert layers_per_region(layer(16), MAX_LAYERS_PER_REGION + 2) == MAX_LAYERS_PER_REGION // 2 + 1   # evened out
-    assert [group_size(2.5, 8), group_size(3, 4), group_size(3, 7), group_size(0.2, 5), group_size(4, 4)] == [2, 2, 3, 1, 4]
+    assert [group_size(2.5, 8), group_size(3, 4), group_size(3, 7), group_size(0.2, 5),
+            group_size(4, 4)] == [2, 2, 3, 1, 4]
     assert estimated_seconds(layer(2048)) > 0.1 and layers_per_region(layer(2048), 6) == 1
     # a GPU computes the same layer hundreds of times faster: grouped there
     assert layers_per_region(layer(1024), 4) == 2 and layers_per_region(layer(1024, torch.bfloat16, "cuda"), 4) == 4
