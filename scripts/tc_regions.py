@@ -16,6 +16,7 @@ import sys
 import torch
 
 import thunderlite
+from thunderlite.core.tags import Tag
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from bench_training import MODELS, _step  # noqa: E402
@@ -39,9 +40,9 @@ def main() -> None:
     print(f"{opts.model} {opts.dtype} {opts.layers} layers on {device}")
     for direction, trace in (("forward", thunderlite.last_traces(fn)[-1]),
                              ("backward", thunderlite.last_backward_traces(fn)[-1])):
-        regions = [b for b in trace.bound_symbols if b.sym.name.startswith("fusion")]
+        regions = [b for b in trace.bound_symbols if Tag.FUSION in b.sym.tags]
         between = collections.Counter(b.sym.name for b in trace.bound_symbols
-                                      if not b.sym.name.startswith("fusion") and b.sym.name not in _GLUE)
+                                      if Tag.FUSION not in b.sym.tags and b.sym.name not in _GLUE)
         print(f"  {direction}: {len(regions)} regions ({sum(len(b.subsymbols) for b in regions)} symbols inside), "
               f"{sum(between.values())} calls between them: {dict(between.most_common())}")
 

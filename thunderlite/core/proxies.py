@@ -151,6 +151,11 @@ class TensorProxy(Proxy):
 
     nelement = numel
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a dense tensor of this shape and dtype, as ``torch.Tensor.nbytes``."""
+        return self.numel() * self.dtype.itemsize
+
     def element_size(self) -> int:
         return torch.empty((), dtype=self.dtype, device="meta").element_size()
 

@@ -24,6 +24,7 @@ import torch
 
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
+from thunderlite.core.symint import has_symbolic
 
 # nominal throughputs (orders of magnitude; a region's size only needs to be right within a few x)
 _FLOPS = {"cpu": 50e9, "cuda": 100e12}                # per second: one CPU thread; a datacenter GPU, half precision
@@ -49,16 +50,13 @@ def estimated_seconds(bsyms: Iterable[BoundSymbol]) -> float | None:
             if b.subsymbols:
                 continue
             for out in b.tensor_outs():
-                if not all(type(s) is int for s in out.shape):
+                if has_symbolic(out.shape):
                     return None
                 kind = out.device.type
                 if kind not in _FLOPS:
                     return None
-                flops = _flops(b, out)
-                if flops:
-                    rate = _FLOPS_FLOAT32_CUDA if kind == "cuda" and out.dtype == torch.float32 else _FLOPS[kind]
-                    total += flops / rate / _threads(kind)
-                total += out.numel() * out.dtype.itemsize / _BYTES[kind] / _threads(kind)
+                rate = _FLOPS_FLOAT32_CUDA if kind == "cuda" and out.dtype == torch.float32 else _FLOPS[kind]
+                total += (_flops(b, out) / rate + out.nbytes / _BYTES[kind]) / _threads(kind)
     return total
 
 

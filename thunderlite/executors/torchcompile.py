@@ -286,17 +286,20 @@ def _recording(tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _as_torch_calls(tensors, writing: bool = True) -> bool:
+def _as_torch_calls(tensors, writing: bool = True, ptrs: list[int] | None = None) -> bool:
     """Run the region's torch calls instead of the compiled code: autograd records
     the call (``_recording``), or two inputs of a region that writes share storage, where AOTAutograd
     rebuilds outputs aliasing a synthetic base and fails for some views
     ("incorrect out shape after application of ViewMeta sequence") after the
-    graph's writes ran (no retry is possible then)."""
+    graph's writes ran (no retry is possible then). ``ptrs``: the tensors'
+    storages' addresses, where the caller has them."""
     if _recording(tensors):
         return True
     if not writing:     # AOTAutograd makes synthetic bases only for aliased inputs a graph writes
         return False
-    return _shares([t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)])
+    if ptrs is None:
+        ptrs = [t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)]
+    return _shares(ptrs)
 
 
 class EagerWhenRecording:
@@ -342,12 +345,11 @@ class BoxedRegion:
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
         ptrs = list(map(_data_ptr, map(_storage, box)))
-        pattern = _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None
-        if _recording(box) or (self.writing and pattern is not None and _shares(ptrs)):    # see _as_torch_calls
+        if _as_torch_calls(box, self.writing, ptrs):    # as EagerWhenRecording: autograd saves what eager saves
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = (*map(_stride, box), *map(_offset, box), pattern)
+        layout = (*map(_stride, box), *map(_offset, box), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
         compiled = self._by_layout.get(layout)
         if compiled is None:
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)

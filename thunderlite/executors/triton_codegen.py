@@ -8,8 +8,9 @@ result rounded back to the prim's dtype, which is what eager PyTorch does per
 op. Only Triton builtins are called (see triton_runtime for why), so the same
 source runs natively and under the interpreter, except for transcendental
 math: natively it is libdevice's (``_native_math``), as accurate as eager's
-CUDA kernels. Generated names are canonical (``v0``, ``in0``, ``out0``), so regions with the same structure, dtypes and
-shape class produce the same source and share one compiled kernel.
+CUDA kernels. Generated names are canonical (``v0``, ``in0``, ``out0``), so
+regions with the same structure, dtypes and shape class produce the same
+source and share one compiled kernel.
 
 Example (``x * 2 + 1`` on ``f32[4, 8]``, abridged)::
 

@@ -1,6 +1,6 @@
 """Fusion executors (issue 10): torchcompile shares one compiled artifact
 between regions of the same structure; the shared region former's
-``repeat_bounds`` / ``split_region``."""
+``repeat_span`` / ``span_bounds`` / ``split_region``."""
 import pytest
 import torch
 
@@ -9,7 +9,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.torchcompile import TorchCompileExecutor, structure_key
 from thunderlite.extend import get_executor
-from thunderlite.transforms.fusion import Region, fusion_regions, repeat_bounds, split_region
+from thunderlite.transforms.fusion import Region, fusion_regions, repeat_span, span_bounds, split_region
 
 
 class _Layer(torch.nn.Module):
@@ -62,7 +62,7 @@ def test_identical_layers_share_one_compiled_artifact():
     assert fresh.artifacts == before
 
 
-def test_repeat_bounds_cuts_each_repetition():
+def test_repeated_layers_are_cut_one_to_a_piece():
     from thunderlite.core import prims
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
@@ -78,14 +78,14 @@ def test_repeat_bounds_cuts_each_repetition():
         trc.source = ("model.py", 20, "return x.cos()")
         trc.set_return(prims.cos(x))
     (region,) = fusion_regions(trc, lambda b: True)
-    bounds = repeat_bounds(region)
+    bounds = span_bounds(len(region.bsyms), repeat_span(region))
     pieces = split_region(region, bounds)
     assert [len(p.bsyms) for p in pieces] == [1, 2, 2, 2, 1]
     assert [p.outputs for p in pieces[:-1]] == [[p.bsyms[-1].output] for p in pieces[:-1]]
     assert pieces[-1].outputs == region.outputs
     keys = [structure_key(p) for p in pieces[1:4]]
     assert keys[0] == keys[1] == keys[2] and structure_key(pieces[0]) != keys[0]
-    assert repeat_bounds(Region(region.bsyms[:2], [], [])) == [0, 2]
+    assert repeat_span(Region(region.bsyms[:2], [], [])) is None
 
 
 def test_small_layers_share_a_region_big_layers_get_their_own():
@@ -144,13 +144,12 @@ def test_layers_per_region_groups_consecutive_layers_sharing_one_artifact():
 
 
 def test_span_bounds_groups_repetitions():
-    from thunderlite.transforms.fusion import span_bounds
     assert span_bounds(12, (1, 2, 5), 1) == [0, 1, 3, 5, 7, 9, 11, 12]
     assert span_bounds(12, (1, 2, 5), 2) == [0, 1, 5, 9, 11, 12]
     assert span_bounds(12, (1, 2, 5), 5) == span_bounds(12, None) == [0, 12]
 
 
-def test_repeat_bounds_finds_layers_behind_more_frequent_inner_repeats():
+def test_repeat_span_finds_layers_behind_more_frequent_inner_repeats():
     """A backward's layer repeats its own short patterns (q, k and v alike; a
     linear's two matmuls) more often than the layer period itself occurs."""
     from thunderlite.core import prims
@@ -172,7 +171,7 @@ def test_repeat_bounds_finds_layers_behind_more_frequent_inner_repeats():
         trc.set_return(prims.cos(x))
     (region,) = fusion_regions(trc, lambda b: True)
     n = len(body)
-    assert repeat_bounds(region) == [0, 1, 1 + n, 1 + 2 * n, 1 + 3 * n, 2 + 3 * n]
+    assert repeat_span(region) == (1, n, 3)
 
 
 # --- nvFuser ------------------------------------------------------------------------------------

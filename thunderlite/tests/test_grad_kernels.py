@@ -689,6 +689,7 @@ def test_a_widening_is_recomputed_from_its_half_input_under_a_fusion_executor():
     reads: the torch executor saves ``h`` (recomputing it would add a kernel);
     under a fusion executor ``x`` is saved, half the bytes, and ``h`` is
     recomputed inside the fused backward (as torch.compile's partitioner does)."""
+    from test_grad_half import _saved
     from thunderlite.extend import get_executor
     ok, reason = get_executor("torchcompile").is_available()
     if not ok:
@@ -707,8 +708,7 @@ def test_a_widening_is_recomputed_from_its_half_input_under_a_fusion_executor():
         expected.backward()
         torch.testing.assert_close(out, expected)
         torch.testing.assert_close(x.grad, ref.grad)
-        ret = thunderlite.last_traces(jfn)[-1].bound_symbols[-1]
-        saved = [p for p in ret.args[0][2] if hasattr(p, "dtype")]
+        saved = _saved(jfn)
         assert saved and all(p.dtype == (torch.float32 if widened else torch.bfloat16) for p in saved), saved
 
 

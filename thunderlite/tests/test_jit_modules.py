@@ -241,3 +241,35 @@ def test_torch_transformer_layer_and_lstm():
         torch.testing.assert_close(thunderlite.jit(layer)(x), layer(x))
         torch.testing.assert_close(thunderlite.jit(lstm)(s)[0], lstm(s)[0])
     assert not thunderlite.examine(layer, x).opaque
+
+
+def test_hooks_added_and_attributes_changed_after_compiling_are_seen():
+    """The entry checks a module's hooks (none when compiled: checked by the
+    dicts' truth) and its None and bool attributes (by identity): a hook added
+    later, an attribute set from None and a flag flipped each reach the next call."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.scale = None
+            self.double = False
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.scale is not None:
+                y = y * self.scale
+            return y * 2 if self.double else y
+
+    model = Scaled()
+    jm = thunderlite.jit(model)
+    x = torch.randn(2, 3)
+    changes = [lambda: model.lin.register_forward_hook(lambda mod, inp, out: out + 1),
+               lambda: model.register_forward_pre_hook(lambda mod, inp: (inp[0] * -1,)),
+               lambda: setattr(model, "scale", 3.0),
+               lambda: setattr(model, "double", True),
+               lambda: setattr(model, "double", 1)]       # equal to True, but not a bool: not what was compiled
+    with torch.no_grad():
+        torch.testing.assert_close(jm(x), model(x))
+        for change in changes:
+            change()
+            torch.testing.assert_close(jm(x), model(x))

@@ -37,6 +37,7 @@ from thunderlite.torch.utils import convert, upcast
 
 aten = torch.ops.aten
 
+
 def _down(x, dtype):
     return None if x is None else convert(x, dtype)
 
@@ -220,7 +221,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps: float):
 @_kernel(aten.native_layer_norm_backward)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     dims, lead = _norm_dims(input, normalized_shape), _lead(input, normalized_shape)
-    dtypes = [None if t is None else t.dtype for t in (input, weight, bias)]
+    out_dtypes = [None if t is None else t.dtype for t in (input, weight, bias)]
     grad_out, input, mean, rstd, weight = (upcast(t) for t in (grad_out, input, mean, rstd, weight))
     xhat = ew.mul(ew.sub(input, mean), rstd)
     gi = gw = gb = None
@@ -228,11 +229,11 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
         gxhat = ew.mul(grad_out, weight) if weight is not None else grad_out
         centered = ew.sub(gxhat, red.mean(gxhat, dims, True))
         gi = _down(ew.mul(rstd, ew.sub(centered, ew.mul(xhat, red.mean(ew.mul(gxhat, xhat), dims, True)))),
-                   dtypes[0])
+                   out_dtypes[0])
     if output_mask[1] and weight is not None:
-        gw = _down(red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat), dtypes[1])
+        gw = _down(red.sum(ew.mul(grad_out, xhat), lead) if lead else ew.mul(grad_out, xhat), out_dtypes[1])
     if output_mask[2] and bias is not None:
-        gb = _down(red.sum(grad_out, lead) if lead else grad_out, dtypes[2])
+        gb = _down(red.sum(grad_out, lead) if lead else grad_out, out_dtypes[2])
     return gi, gw, gb
 
 

@@ -241,17 +241,11 @@ def repeat_span(region: Region, min_period: int = 2) -> tuple[int, int, int] | N
     return best
 
 
-def repeat_bounds(region: Region, min_period: int = 2, group: int = 1) -> list[int]:
-    """Cut points that put every ``group`` consecutive repetitions of the
-    repeated stretch of ``region`` (``repeat_span``) in a piece of their own,
-    so identical pieces can share one compiled artifact."""
-    return span_bounds(len(region.bsyms), repeat_span(region, min_period), group)
-
-
 def span_bounds(n: int, span: tuple[int, int, int] | None, group: int = 1) -> list[int]:
     """Cut points of ``n`` symbols whose repeated stretch is ``span``
-    (``repeat_span``), every ``group`` repetitions (the last piece may hold
-    fewer). ``[0, n]`` when nothing repeats, or when one group holds every
+    (``repeat_span``), every ``group`` repetitions in a piece of their own (the
+    last piece may hold fewer), so identical pieces can share one compiled
+    artifact. ``[0, n]`` when nothing repeats, or when one group holds every
     repetition: then nothing is shared, so nothing is cut."""
     if span is None or group >= span[2]:
         return [0, n]

@@ -39,6 +39,7 @@ from __future__ import annotations
 from thunderlite.core import prims
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
 
 _CHEAP = frozenset(prims.all_prims()[n] for n in (
@@ -175,7 +176,7 @@ def _smaller_inputs(bsym: BoundSymbol, out: Proxy, keep: set[str], overwritten, 
     from its half the bytes; the recomputation is one more elementwise step
     of a fused backward kernel, not a kernel of its own, as torch.compile's
     partitioner recomputes such values."""
-    if type(out) is not TensorProxy or not _sized(out):
+    if type(out) is not TensorProxy or has_symbolic(out.shape):
         return None
     new: dict[str, TensorProxy] = {}
     for a in bsym.proxy_args():
@@ -183,20 +184,12 @@ def _smaller_inputs(bsym: BoundSymbol, out: Proxy, keep: set[str], overwritten, 
             return None
         if a.name in keep:
             continue
-        if type(a) is not TensorProxy or not _sized(a):
+        if type(a) is not TensorProxy or has_symbolic(a.shape):
             return None
         new[a.name] = a
-    if sum(_nbytes(a) for a in new.values()) >= _nbytes(out):
+    if sum(a.nbytes for a in new.values()) >= out.nbytes:
         return None
     return set(new)
-
-
-def _sized(p: TensorProxy) -> bool:
-    return all(type(s) is int for s in p.shape)
-
-
-def _nbytes(p: TensorProxy) -> int:
-    return p.numel() * p.dtype.itemsize
 
 
 def _place(bwd_bsyms: list[BoundSymbol], recompute: dict[str, BoundSymbol]) -> list[BoundSymbol]:

@@ -421,7 +421,7 @@ def _expands(view: BoundSymbol) -> bool:
     of half the size, nor a ``to`` that may return its input)."""
     outs, ins = view.tensor_outs(), view.tensor_args()
     grows = bool(outs and ins) and outs[0].numel() > ins[0].numel() and \
-        outs[0].numel() * outs[0].dtype.itemsize > ins[0].numel() * ins[0].dtype.itemsize
+        outs[0].nbytes > ins[0].nbytes
     if grows and getattr(view.sym.torch_fn, "__name__", None) == "as_strided":
         # eager refuses only zero strides; as_strided may reach past its input without overlapping
         stride = view.args[2] if len(view.args) > 2 else view.kwargs.get("stride", ())
