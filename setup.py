@@ -15,9 +15,9 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel",
                  "playwright", "triton>=3.0", "numpy"],
-        # executors/triton_runtime.py imports triton; Triton's CPU interpreter (and the runtime) numpy
+        # executors/triton/runtime.py imports triton; Triton's CPU interpreter (and the runtime) numpy
         "triton": ["triton>=3.0", "numpy"],
-        # executors/nvfuser.py imports nvfuser_direct, shipped by NVIDIA's per-CUDA wheels
+        # executors/nvfuser/executor.py imports nvfuser_direct, shipped by NVIDIA's per-CUDA wheels
         # (nvfuser-cu126, nvfuser-cu128, nvfuser-cu130...); the unsuffixed "nvfuser" is a 2023 build without it
         "nvfuser": ["nvfuser-cu128"],
     },

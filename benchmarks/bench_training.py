@@ -70,7 +70,7 @@ On an H100 (2026-11-26, torch 2.11 + CUDA 13, ``--dim 512 --layers 4 --seq 256
 thunderlite 1.01 / 0.76, thunderlite+torchcompile 0.99 / 0.83, torch.compile
 0.94 / 0.97; Llama thunderlite 0.81 / 0.49, thunderlite+torchcompile 0.60 /
 0.79, torch.compile 0.50 / 0.61. bfloat16 (``--dtype bfloat16``, after the
-half-precision rules of autodiff_rules_torch.py; before them Llama took 1.17x
+half-precision rules of autodiff/torch_rules.py; before them Llama took 1.17x
 eager's time and 1.85x its memory): nanoGPT thunderlite 0.89 / 0.79,
 thunderlite+torchcompile 1.02 / 0.65, torch.compile 0.90 / 0.85; Llama
 thunderlite 0.98 / 0.74, thunderlite+torchcompile 0.67 / 1.00, torch.compile
@@ -95,7 +95,7 @@ against 144.4, torch.compile 145.7); the benchmark's step ratios went from
 memory 0.68 and 0.58; thunderlite+torchcompile memory 0.67 and 0.67). bfloat16
 (8 steps): Llama thunderlite+torchcompile memory 0.77 -> 0.70 of eager once a
 fusion executor's backward recomputes the float32 widenings around the norms
-from their bfloat16 inputs (transforms/rematerialize.py; torch.compile 0.53),
+from their bfloat16 inputs (transforms/autodiff/rematerialize.py; torch.compile 0.53),
 time 0.98-1.00 of torch.compile.
 
 Parameters after all steps equal eager's within 3e-8. First call vs layers

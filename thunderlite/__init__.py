@@ -27,7 +27,7 @@ _LAZY = {
     "compile_stats": ("thunderlite.api", "compile_stats"),
     "examine": ("thunderlite.api", "examine"),
     "trace_report": ("thunderlite.report", "trace_report"),
-    "kernel_source": ("thunderlite.executors.tritonex", "kernel_source"),
+    "kernel_source": ("thunderlite.api", "kernel_source"),
     "thunderfx": ("thunderlite.dynamo", "thunderfx"),
     "ThunderCompiler": ("thunderlite.dynamo", "ThunderCompiler"),
     "CACHE_MODES": ("thunderlite.api", "CACHE_MODES"),

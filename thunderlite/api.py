@@ -29,6 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
+from thunderlite.executors.triton.executor import kernel_sources
 from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names, user_stacklevel
 from thunderlite.frontend.compile import compile_call
 from thunderlite.frontend.entry import MISS
@@ -306,6 +307,15 @@ def compile_stats(jfn) -> dict:
     """Compile time per stage of the last compiled entry (ms), and cache counts."""
     entry = _last(jfn)
     return {"stage_ms": dict(entry.stage_ms), "total_ms": entry.total_ms, **cache_info(jfn)}
+
+
+def kernel_source(jfn) -> str:
+    """The generated Triton source of every kernel the last call of ``jfn`` ran
+    (forward, then backward if there was one), each under a comment naming its
+    fusion symbol. Empty if the Triton executor claimed nothing."""
+    entry = _last(jfn)
+    return kernel_sources({"forward": entry.traces[-1],
+                           "backward": entry.backward_traces[-1] if entry.backward_traces else None})
 
 
 def examine(fn: Callable | torch.nn.Module, *args, executors=None, **kwargs):

@@ -1,2 +1,4 @@
-"""The IR: dtypes, devices, proxies, symbols, traces, prims. Knows nothing of
-the torch language, transforms or executors (docs/architecture.md §2)."""
+"""The IR: dtypes, devices, proxies, symbols, traces, prims.
+
+May import ``interpreter`` only: it knows nothing of the torch language,
+transforms or executors (docs/architecture.md §2)."""

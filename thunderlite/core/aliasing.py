@@ -31,7 +31,7 @@ registers a rule::
 Rules are keyed by symbol and by meta function, so an executor's symbol for a
 prim (executors/base.py ``executor_symbol``, which shares the prim's meta)
 shares the prim's rules. The barrier symbol ``update_aliases`` inserted by
-``transforms/update_aliases.py`` lives here because every layer that runs or
+``transforms/aliasing/update_aliases.py`` lives here because every layer that runs or
 analyses traces must know it."""
 from __future__ import annotations
 

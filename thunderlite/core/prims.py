@@ -40,7 +40,7 @@ existing tensor; it returns a new proxy naming the updated ``dst``.
 
 Adding a prim: one ``make_prim`` call with its meta function, here; its
 implementation in executors/torchex.py (a test checks every prim has one); its
-VJP rule in transforms/autodiff_rules.
+VJP rule in transforms/autodiff/rules.py.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 renamed so that they produce exactly that bound symbol's output proxies.
 
 Used by an executor's ``execution_transform`` (executors/base.py) and
-``grad_transform`` (transforms/autodiff_executors.py). Example::
+``grad_transform`` (transforms/autodiff/executors.py). Example::
 
     recorded = retrace(bsym, lambda a: prims.mul(a, a), names=trace.names, what="square")
 """

@@ -1,6 +1,6 @@
 """Bound symbols with their symbolic sizes replaced by numbers.
 
-An executor that compiles for static shapes (executors/tritonex.py) takes a
+An executor that compiles for static shapes (executors/triton/executor.py) takes a
 region of a trace whose sizes are symbolic (core/symint.py) and, at run time,
 compiles it once per set of concrete sizes: ``specialize`` gives it the region
 as it would have been traced for those sizes (same names, concrete shapes)."""

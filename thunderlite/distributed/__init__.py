@@ -9,10 +9,13 @@
 
 The collectives themselves (``torch.distributed.all_reduce`` and friends,
 functional collectives) are traced as symbols by the torch language
-(``thunderlite/torch/distributed.py``), so they also work directly inside any
+(``thunderlite/torch/ops/distributed.py``), so they also work directly inside any
 jitted function. Launch on CPU with gloo::
 
     torchrun --nproc-per-node 2 train.py
+
+Its transforms may import ``transforms``, the torch language and ``core``
+(no executor, ``frontend`` or ``api``).
 """
 from thunderlite.distributed.ddp import DDPModule, DDPTransform, ddp
 from thunderlite.distributed.fsdp import FSDPModule, FSDPTransform, fsdp, full_state_dict

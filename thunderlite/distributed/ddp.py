@@ -31,7 +31,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
-from thunderlite.torch import distributed as d
+from thunderlite.torch.ops import distributed as d
 from thunderlite.torch import symbol_for
 from thunderlite.transforms.user import Transform
 

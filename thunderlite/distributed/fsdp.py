@@ -37,8 +37,8 @@ from thunderlite.core import pytree
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace
-from thunderlite.torch import distributed as d
-from thunderlite.transforms.autodiff_ops import UNPACK_SAVED
+from thunderlite.torch.ops import distributed as d
+from thunderlite.transforms.autodiff.symbols import UNPACK_SAVED
 from thunderlite.transforms.user import Transform
 
 SHARD_PREFIX = "_fsdp_shard_"

@@ -7,6 +7,8 @@
 - ``thunderfx(fn_or_module, **options)``: ``torch.compile`` with a fresh
   ``ThunderCompiler``; the result carries it, so ``last_traces(compiled)`` and
   ``report(compiled)`` show every thunderlite piece and every split.
+
+A front door above ``api``: may import it and every layer below.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Executors: the Executor API, the registry, the torch executor, and
-``run_trace`` (claim + compile + call) for traces built by hand.
+``run_trace`` (claim + compile + call) for traces built by hand. The generated
+code executors have rooms of their own (``triton/``, ``nvfuser/``, ``symm_mem/``).
+May import ``transforms``, the torch language and ``core``; never ``frontend`` or ``api``.
 
 Entry points for other parts of thunderlite:
 

@@ -36,7 +36,7 @@ forward outputs, copied into them after the Function with autograd recording
 an input only written under no_grad or through ``detach()``/``.data`` keeps
 its history, so its copy is not recorded.
 Programs with writes functionalize.py cannot rewrite run in *eager mode* (see
-transforms/autodiff.py): the finalized trace runs with autograd on and PyTorch
+transforms/autodiff/split.py): the finalized trace runs with autograd on and PyTorch
 records the graph, so results and errors are eager's own.
 """
 from __future__ import annotations
@@ -48,8 +48,8 @@ import torch
 from thunderlite.core import pytree
 from thunderlite.core.trace import Trace
 from thunderlite.executors.torchex import torch_executor, writes_out
-from thunderlite.transforms.autodiff import GradSplit, split_forward_backward
-from thunderlite.transforms.autodiff_ops import skip_graph
+from thunderlite.transforms.autodiff.split import GradSplit, split_forward_backward
+from thunderlite.transforms.autodiff.symbols import skip_graph
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 
@@ -232,7 +232,7 @@ class DifferentiableProgram:
         eager's in-place ops would have, recorded by autograd (so each input's
         history continues from the forward's output), then put what the program
         returns of those inputs (themselves, views of them) in place
-        (transforms/functionalize.py)."""
+        (transforms/aliasing/functionalize.py)."""
         if not self.split.write_backs:
             return out
         out, values = out
@@ -262,7 +262,7 @@ def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Tr
     """Split ``trace`` into forward and backward and wrap them for autograd.
     ``after_split(forward, backward) -> (forward, backward)`` runs between the
     split and ``finalize``; ``executors`` (priority order) may own the
-    differentiation of the symbols they implement (see transforms/autodiff.py);
+    differentiation of the symbols they implement (see transforms/autodiff/split.py);
     ``input_strides`` (argument name -> strides) and the program's
     ``stride_inputs``: see ``split_forward_backward``."""
     split = split_forward_backward(trace, requires_grad_mask, input_alias_groups, executors=executors,

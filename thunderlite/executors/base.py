@@ -54,7 +54,7 @@ class Executor:
     fuses_elementwise = False
     """Whether it fuses elementwise symbols into their neighbours' kernels: then
     autodiff recomputes a cheap value in the backward from fewer saved bytes
-    (a widening from its half precision input; transforms/rematerialize.py)."""
+    (a widening from its half precision input; transforms/autodiff/rematerialize.py)."""
 
     def __init__(self, name: str):
         if not name.isidentifier():

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from thunderlite.core.prims import check
 from thunderlite.executors.base import Executor
-from thunderlite.executors.nvfuser import nvfuser_executor
-from thunderlite.executors.symm_memex import symm_mem_executor
+from thunderlite.executors.nvfuser.executor import nvfuser_executor
+from thunderlite.executors.symm_mem.executor import symm_mem_executor
 from thunderlite.executors.torchcompile import torchcompile_executor
 from thunderlite.executors.torchex import torch_executor
-from thunderlite.executors.tritonex import triton_executor
+from thunderlite.executors.triton.executor import triton_executor
 
 _executors: dict[str, Executor] = {}
 _default_names: list[str] = []

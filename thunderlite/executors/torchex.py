@@ -198,6 +198,6 @@ def writes_out(bsym: BoundSymbol) -> bool:
     (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors."""
     if bsym.sym is _WHERE:
         return all(type(a) is TensorProxy for a in bsym.args)
-    if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff_kernels.py)
+    if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
         return bsym.sym.executor is ex
     return bsym.sym in _WRITES_OUT and bool(bsym.args) and type(bsym.args[0]) is TensorProxy

@@ -25,14 +25,15 @@ named points of the pipeline. Both plug in without touching thunderlite::
   (thunderlite's own declarations beside torch's ``register_symm_mem_args``),
   ``symm_mem_args`` (what an op declares).
 
-``notebooks/extending.ipynb`` walks through all of it.
+``notebooks/extending.ipynb`` walks through all of it. A public face: it
+re-exports from ``executors`` and ``transforms`` and defines nothing of its own.
 """
 from thunderlite.executors.base import Executor, FusionExecutor, Implementation, OperatorExecutor
 from thunderlite.executors.registry import (add_default_executor, get_all_executors, get_default_executors,
                                             get_executor, register_executor, remove_default_executor)
-from thunderlite.executors.symm_mem_plan import declare_symm_mem_args, symm_mem_args
-from thunderlite.executors.symm_memex import SymmMemBackend, SymmMemExecutor
-from thunderlite.transforms.autodiff_executors import get_grad, put_grad
+from thunderlite.executors.symm_mem.plan import declare_symm_mem_args, symm_mem_args
+from thunderlite.executors.symm_mem.executor import SymmMemBackend, SymmMemExecutor
+from thunderlite.transforms.autodiff.executors import get_grad, put_grad
 from thunderlite.transforms.user import Transform
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Implementation", "Transform", "register_executor",

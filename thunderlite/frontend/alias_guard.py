@@ -36,7 +36,7 @@ import torch
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.cache_key import alias_pattern
 from thunderlite.frontend.state import Input
-from thunderlite.transforms.update_aliases import AliasGroups, written
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 
 PLAIN, INFERENCE, LEAF, VIEW_OF_LEAF, NO_GRAD_VIEW = range(5)
 

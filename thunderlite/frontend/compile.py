@@ -32,14 +32,14 @@ from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
-from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
+from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.del_last_used import del_last_used
-from thunderlite.transforms.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.update_aliases import check_writes, update_aliases
+from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
+from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
 
 INTERPRETATION_STAGE = "interpretation"

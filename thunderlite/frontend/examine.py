@@ -12,7 +12,7 @@ from collections import Counter
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.registry import resolve_executors, skipped_executors
-from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 from thunderlite.frontend.unused_impls import unused_implementations
 
 

@@ -31,9 +31,10 @@ from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
-from thunderlite.torch import grad_mode, opaque_symbol_for, symbol_for
+from thunderlite.torch.ops import grad_mode
+from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
-from thunderlite.transforms.autodiff_function import function_symbol
+from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 
@@ -44,7 +45,7 @@ class NotTracedError(RuntimeError):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-_DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})   # item/tolist give symbolic numbers (torch/data_dependent.py)
+_DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})   # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
 
 _DATA_DEPENDENT_HINT = (". Compute both branches and pick with torch.where, or use the ThunderFX backend "
                         "(torch.compile(fn, backend=\"thunderlite\")), which splits the graph there.")
@@ -204,7 +205,7 @@ class TracingHooks(InterpreterHooks):
 
     def set_grad_enabled(self, mode: bool) -> None:
         """Switch grad mode while tracing and record the switch (the eager-mode
-        replay of autodiff runs it; see torch/grad_mode.py)."""
+        replay of autodiff runs it; see torch/ops/grad_mode.py)."""
         if mode != self.grad_enabled:
             self.trace.source = self.locate()
             grad_mode.set_grad_enabled(mode)

@@ -1,6 +1,7 @@
 """A CPython bytecode interpreter in pure Python (3.10-3.13) with hooks for the jit.
 
-Imports neither torch nor anything else from thunderlite.
+Imports neither torch nor anything else from thunderlite; ``ops/`` holds the
+opcode handlers and ``tables/`` the per-version opcode tables built from them.
 """
 from .api import interpret
 from .frame import current_source_location, source_locations

@@ -13,7 +13,8 @@ styles, script, chart and data are all inline. Example::
 
 Modules: ``memory`` (live memory from shapes and ``del`` points), ``stages``
 (traces -> rows, diffs, regions, sources), ``chart`` (the SVG), ``page`` (the
-HTML); ``assets/`` holds the page's CSS and script.
+HTML); ``assets/`` holds the page's CSS and script. A reader above ``api``:
+it may import it and every layer below.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch
 from thunderlite.core import pytree
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.tests.opinfo_harness import _clone, first_sample, is_random, op_db, record, tensors_of
-from thunderlite.transforms.update_aliases import AliasGroups
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups
 
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs the expecttest package")
 

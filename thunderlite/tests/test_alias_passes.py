@@ -17,7 +17,7 @@ from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used, is_del
 from thunderlite.transforms.fusion import dependencies, fuse, fusion_regions, reorder
-from thunderlite.transforms.update_aliases import AliasGroups, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.executors.registry import resolve_executors
 
 from thunderlite.tests.test_fuzz_inplace import ToyFusion

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import thunderlite
-from thunderlite.transforms.rematerialize import rematerialize
+from thunderlite.transforms.autodiff.rematerialize import rematerialize
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace

@@ -20,7 +20,7 @@ from thunderlite.torch.custom_ops import custom_op_callable, is_custom_op
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used, is_del
 from thunderlite.transforms.fusion import fuse
-from thunderlite.transforms.update_aliases import update_aliases
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 
 from thunderlite.tests.test_fuzz_inplace import ToyFusion
 

@@ -1,7 +1,7 @@
 """Data-dependent output sizes (issue 14): ops whose output size depends on the
 data are traced with *unbacked* sizes (known only at run time), so one trace
 serves every input without recompiling; values, gradients and errors are
-eager's (torch/data_dependent.py, docs/architecture.md §8)."""
+eager's (torch/ops/data_dependent.py, docs/architecture.md §8)."""
 from __future__ import annotations
 
 import pytest

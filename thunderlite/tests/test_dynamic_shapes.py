@@ -204,9 +204,10 @@ def test_a_program_symbolic_sizes_cannot_handle_compiles_per_size():
 
 def test_triton_compiles_per_concrete_size_inside_its_own_cache():
     pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
-    from thunderlite.executors import triton_runtime
-    from thunderlite.executors.tritonex import SizedTritonKernel, kernel_source
-    device = triton_runtime.DEVICE_TYPE          # the interpreter's CPU tensors, or native CUDA ones
+    from thunderlite.executors.triton import runtime
+    from thunderlite import kernel_source
+    from thunderlite.executors.triton.executor import SizedTritonKernel
+    device = runtime.DEVICE_TYPE          # the interpreter's CPU tensors, or native CUDA ones
 
     def f(x, w):
         y = (x * 2 + 1).softmax(-1)
@@ -244,7 +245,7 @@ def test_tiny_llama_over_ten_prompt_lengths(options, compiles):
 
 
 def test_nvfuser_defines_a_fusion_per_concrete_size():
-    from thunderlite.executors.nvfuser import NvFuserFusion
+    from thunderlite.executors.nvfuser.executor import NvFuserFusion
     from thunderlite.executors.registry import get_executor
     ok, reason = get_executor("nvfuser").is_available()
     if not ok:

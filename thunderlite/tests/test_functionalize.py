@@ -12,8 +12,8 @@ import torch
 import thunderlite
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
-from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
-from thunderlite.transforms.write_backs import take_write_backs
+from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.aliasing.write_backs import take_write_backs
 
 
 def setitem_row(x, w):
@@ -640,7 +640,7 @@ def test_view_geometry_agrees_with_torch():
     storage's: a contiguous base)."""
     import random
 
-    from thunderlite.transforms import view_geometry as vg
+    from thunderlite.transforms.aliasing import view_geometry as vg
     rng = random.Random(0)
     base = torch.arange(60).reshape(6, 10)
     geo = lambda t: vg.Geo(tuple(t.shape), tuple(t.stride()), t.storage_offset(), None, True)  # noqa: E731

@@ -25,7 +25,7 @@ import thunderlite
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.registry import get_executor
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
-from thunderlite.transforms.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 
 
 def _executors(name):

@@ -110,7 +110,7 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
         from thunderlite.core.proxies import TensorProxy
         from thunderlite.core.trace import Trace
         from thunderlite.core.tracectx import tracectx
-        from thunderlite.torch import elementwise as ew, linalg
+        from thunderlite.torch.ops import elementwise as ew, linalg
         trc = Trace()
         with tracectx(trc):
             h = TensorProxy((n, n), dtype, device, name="h")
@@ -178,7 +178,7 @@ def test_repeat_span_finds_layers_behind_more_frequent_inner_repeats():
 
 def test_nvfuser_translation_table_covers_every_prim():
     from thunderlite.core import prims
-    from thunderlite.executors.nvfuser_ops import TRANSLATIONS, UNSUPPORTED
+    from thunderlite.executors.nvfuser.translate import TRANSLATIONS, UNSUPPORTED
     names = set(prims.all_prims())
     assert not set(TRANSLATIONS) & set(UNSUPPORTED)
     assert sorted(names - set(TRANSLATIONS) - set(UNSUPPORTED)) == []
@@ -191,7 +191,7 @@ def test_nvfuser_translation_table_covers_every_prim():
 def test_nvfuser_checker_refuses_what_it_cannot_express():
     from thunderlite.core import prims
     from thunderlite.core.proxies import TensorProxy
-    from thunderlite.executors.nvfuser_ops import accepts
+    from thunderlite.executors.nvfuser.translate import accepts
     cuda = torch.device("cuda")
     a = TensorProxy((4, 3), name="a", device=cuda)
     cpu = TensorProxy((4, 3), name="c")
@@ -258,8 +258,8 @@ def test_nvfuser_extra_installs_what_the_executor_imports():
     extras = next(ast.literal_eval(kw.value) for node in ast.walk(setup) if isinstance(node, ast.Call)
                   for kw in node.keywords if kw.arg == "extras_require")
     imported = set()
-    for name in ("nvfuser.py", "nvfuser_ops.py"):
-        for node in ast.walk(ast.parse((root / "thunderlite" / "executors" / name).read_text())):
+    for name in ("executor.py", "translate.py"):
+        for node in ast.walk(ast.parse((root / "thunderlite" / "executors" / "nvfuser" / name).read_text())):
             if isinstance(node, ast.Import):
                 imported.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -502,8 +502,8 @@ def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch import elementwise as ew, linalg, nn as lnn, reductions as red
-    from thunderlite.transforms.autodiff import split_forward_backward
+    from thunderlite.torch.ops import elementwise as ew, linalg, nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff.split import split_forward_backward
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
     trc = Trace()

@@ -34,7 +34,7 @@ from thunderlite.executors.registry import resolve_executors
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
-from thunderlite.transforms.update_aliases import update_aliases
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 
 F64 = torch.float64
 UNARY = {"sin": torch.sin, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "twice": lambda t: t * 2.0,

@@ -28,11 +28,12 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.run import compile_trace
-from thunderlite.torch import opaque_symbol_for, shapes, tensor_attribute_fallback
+from thunderlite.torch import opaque_symbol_for, tensor_attribute_fallback
+from thunderlite.torch.ops import shapes
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.fusion import dependencies, fuse
-from thunderlite.transforms.update_aliases import update_aliases
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 
 _UNARY = [prims.sin, prims.cos, prims.neg, prims.tanh, prims.abs]
 _BINARY = [prims.add, prims.mul, prims.sub]

@@ -1,5 +1,5 @@
 """Half-precision (float16/bfloat16) training: gradients as eager computes them,
-from the half-precision tensors eager saves (transforms/autodiff_rules_torch.py,
+from the half-precision tensors eager saves (transforms/autodiff/torch_rules.py,
 "float16/bfloat16 arithmetic"), not from float32 widenings of them."""
 from __future__ import annotations
 

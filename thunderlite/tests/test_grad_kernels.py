@@ -1,4 +1,4 @@
-"""The fused-kernel symbols of transforms/autodiff_kernels.py: each one's
+"""The fused-kernel symbols of transforms/autodiff/kernels.py: each one's
 decomposition (what a fusion executor runs) computes what its ATen kernel (what
 the torch executor runs) returns, in float64; and a training step's backward
 uses the kernels, one symbol each."""
@@ -12,7 +12,7 @@ import thunderlite
 from test_grad_prims import _finalize, trace_of
 from thunderlite.executors.base import OperatorExecutor
 from thunderlite.executors.torchex import torch_executor
-from thunderlite.transforms import autodiff_kernels as K
+from thunderlite.transforms.autodiff import kernels as K
 
 F64 = torch.float64
 aten = torch.ops.aten
@@ -175,7 +175,7 @@ def test_rms_norm_default_eps_is_the_compute_dtypes():
     x = torch.full((2, 64), 1e-2, dtype=torch.bfloat16)
     want = F.rms_norm(x, (64,))
     torch.testing.assert_close(_decomposed(K.fused_rms_norm, x, (64,), None, None)[0], want)
-    from thunderlite.torch import nn as lnn      # the decomposition of F.rms_norm itself, too
+    from thunderlite.torch.ops import nn as lnn  # the decomposition of F.rms_norm itself, too
     torch.testing.assert_close(_decomposed(lnn.rms_norm, x, (64,)), want)
 
 
@@ -240,8 +240,8 @@ def test_cuda_attention_takes_the_efficient_kernels():
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch import nn as lnn, reductions as red
-    from thunderlite.transforms.autodiff import split_forward_backward
+    from thunderlite.torch.ops import nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff.split import split_forward_backward
     trc = Trace()
     with tracectx(trc):
         q, k, v = (TensorProxy((2, 3, 32, 8), torch.float16, "cuda", requires_grad=True, name=n) for n in "qkv")
@@ -330,8 +330,8 @@ def _cuda_sdpa_split(dtype, *, L=32, S=32, E=64, mask=False, is_causal=False):
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch import nn as lnn, reductions as red
-    from thunderlite.transforms.autodiff import split_forward_backward
+    from thunderlite.torch.ops import nn as lnn, reductions as red
+    from thunderlite.transforms.autodiff.split import split_forward_backward
     trc = Trace()
     with tracectx(trc):
         q, k, v = (TensorProxy((2, 3, n, E), dtype, "cuda", requires_grad=True, name=c)
@@ -455,7 +455,7 @@ def test_flash_cuda_rule_agrees_with_eagers_dispatcher():
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.transforms.autodiff_rules_torch import _Call, _flash_cuda_when
+    from thunderlite.transforms.autodiff.torch_rules import _Call, _flash_cuda_when
     grid = itertools.product((torch.float16, torch.bfloat16, torch.float32), (8, 64, 200, 256, 264),
                              ((16, 16, True), (8, 16, True), (8, 16, False)), (True, False))
     differ = []

@@ -15,7 +15,7 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.run import compile_trace
-from thunderlite.transforms import autodiff_rules
+from thunderlite.transforms.autodiff import rules
 
 F64 = torch.float64
 
@@ -87,7 +87,7 @@ _UNARY_DOMAIN = {"log": (0.1, 3), "log1p": (-0.5, 3), "log2": (0.1, 3), "log10":
                  "sqrt": (0.1, 3), "rsqrt": (0.1, 3), "asin": (-0.9, 0.9), "acos": (-0.9, 0.9),
                  "atanh": (-0.9, 0.9), "acosh": (1.1, 3), "erfinv": (-0.9, 0.9), "lgamma": (0.1, 3),
                  "digamma": (0.1, 3), "reciprocal": (0.5, 2)}
-_DIFF_UNARY = [n for n in prims.UNARY if autodiff_rules.vjp_rule(getattr(prims, n)) is not None
+_DIFF_UNARY = [n for n in prims.UNARY if rules.vjp_rule(getattr(prims, n)) is not None
                and n not in ("real", "imag", "conj")]
 
 
@@ -101,7 +101,7 @@ _BINARY_DOMAIN = {"pow": ((0.5, 2), (-2, 2)), "zeta": ((1.5, 3), (0.5, 2)), "pol
                   "remainder": ((-3, 3), (0.5, 2)), "fmod": ((-3, 3), (0.5, 2)),
                   "floor_divide": ((-3, 3), (0.5, 2)), "div": ((-2, 2), (0.5, 2))}
 _TENSOR_ONLY = {"atan2", "maximum", "minimum", "hypot", "nextafter"}   # torch takes no Python number there
-_DIFF_BINARY = [n for n in prims.BINARY if autodiff_rules.vjp_rule(getattr(prims, n)) is not None
+_DIFF_BINARY = [n for n in prims.BINARY if rules.vjp_rule(getattr(prims, n)) is not None
                 and n not in ("polygamma", "zeta")]
 
 
@@ -190,19 +190,19 @@ def test_copy_into_intermediate():
 
 
 def test_every_prim_has_a_rule_or_is_non_differentiable():
-    assert autodiff_rules.missing_prim_rules() == []
+    assert rules.missing_prim_rules() == []
 
 
 def test_duplicate_rule_refused():
     with pytest.raises(ValueError, match="already"):
-        autodiff_rules.register_vjp(prims.sin)(lambda g, out, a: (g,))
+        rules.register_vjp(prims.sin)(lambda g, out, a: (g,))
 
 
 def test_requires_grad_inside_the_program_makes_a_new_leaf():
     """``ltorch.requires_grad_`` (no output; the torch language flips the proxy's
     flag while tracing) starts a new differentiable leaf, as eager's does."""
     from thunderlite.core.symbol import Symbol
-    from thunderlite.transforms.autodiff import REQUIRES_GRAD_ID
+    from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 
     def meta(a, requires_grad=True):
         a.requires_grad = requires_grad

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from test_grad_prims import check_grad
-from thunderlite.torch import elementwise as ew
-from thunderlite.torch import linalg
-from thunderlite.torch import shapes
-from thunderlite.torch import nn as lnn
+from thunderlite.torch.ops import elementwise as ew
+from thunderlite.torch.ops import linalg
+from thunderlite.torch.ops import shapes
+from thunderlite.torch.ops import nn as lnn
 
 F64 = torch.float64
 

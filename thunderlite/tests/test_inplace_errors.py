@@ -10,7 +10,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
-from thunderlite.transforms.update_aliases import check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
 
 _LINE = ("model.py", 7, "p.add_(1)")
 

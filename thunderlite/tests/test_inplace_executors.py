@@ -20,9 +20,9 @@ reads around it must be carried by the trace's dependencies alone (the
 """
 import pytest
 
-from thunderlite.executors.nvfuser import NvFuserExecutor
+from thunderlite.executors.nvfuser.executor import NvFuserExecutor
 from thunderlite.executors.torchcompile import TorchCompileExecutor
-from thunderlite.executors.tritonex import TritonExecutor
+from thunderlite.executors.triton.executor import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
 from thunderlite.tests import test_fuzz_inplace_grad
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, check_seed

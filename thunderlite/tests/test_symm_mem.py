@@ -124,8 +124,8 @@ def test_declarations_are_read_from_torch_and_thunderlite():
     try:
         assert symm_mem_args(plain.default) == ("input",)
     finally:
-        from thunderlite.executors import symm_mem_plan
-        del symm_mem_plan._own["tlsymm::plain"]
+        from thunderlite.executors.symm_mem import plan
+        del plan._own["tlsymm::plain"]
 
 
 def test_unavailable_without_cuda_with_reason():

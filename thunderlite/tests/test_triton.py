@@ -1,4 +1,4 @@
-"""The Triton executor (executors/tritonex.py): generated kernels equal eager
+"""The Triton executor (executors/triton/executor.py): generated kernels equal eager
 PyTorch, one kernel per region, what it refuses falls through to torch. The
 in-place suite and the alias fuzzer with ``executors=["triton", "torch"]`` run in
 test_inplace_executors.py, the OpInfo sweep in test_triton_opinfo.py.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderlite
-from thunderlite.executors.tritonex import TritonKernel, triton_executor
+from thunderlite.executors.triton.executor import TritonKernel, triton_executor
 
 _ok, _why = triton_executor.is_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"Triton executor unavailable: {_why}")
@@ -26,8 +26,8 @@ EXECUTORS = ["triton", "torch"]
 
 
 def _device() -> str:
-    from thunderlite.executors import triton_runtime
-    return triton_runtime.DEVICE_TYPE
+    from thunderlite.executors.triton import runtime
+    return runtime.DEVICE_TYPE
 
 
 def _kernels(jfn) -> list:
@@ -197,7 +197,7 @@ def test_interpreter_mode_does_not_leak_into_the_environment():
             "f = thunderlite.jit(lambda x: x.exp() + 1, executors=['triton'])\n"
             "x = torch.randn(8)\n"
             "torch.testing.assert_close(f(x), x.exp() + 1)\n"
-            "from thunderlite.executors import triton_runtime as rt\n"
+            "from thunderlite.executors.triton import runtime as rt\n"
             "print(rt.INTERPRET, os.environ.get('TRITON_INTERPRET'))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -23,7 +23,7 @@ import torch
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs the expecttest package")
 
 import thunderlite  # noqa: E402
-from thunderlite.executors.tritonex import TritonKernel, triton_executor  # noqa: E402
+from thunderlite.executors.triton.executor import TritonKernel, triton_executor  # noqa: E402
 from thunderlite.tests.opinfo_harness import check, ops_for  # noqa: E402
 
 _ok, _why = triton_executor.is_available()

@@ -8,15 +8,16 @@ torch callable -> symbol, and the opaque fallback for everything else.
 Importing this package fills ``core.proxies.method_table``/``property_table``
 (Tensor methods and operators on proxies) and sets the torch-function handler,
 so torch functions applied to proxies record into the active trace.
+
+May import ``core`` and ``interpreter``; the symbols live in ``ops/``.
 """
 from __future__ import annotations
 
 import torch
 
 from thunderlite.core.proxies import DataDependentError, set_attribute_fallback, set_torch_function_handler
-from thunderlite.torch import (composites, creation, data_dependent, elementwise, grad_mode, indexing,  # noqa: F401
-                               inplace, distributed, linalg, nn, pooling, reductions, rng, shapes)
-from thunderlite.torch.creation import get_factory_defaults
+from thunderlite.torch.ops import composites, creation, data_dependent, elementwise, grad_mode, indexing, inplace, distributed, linalg, nn, pooling, reductions, rng, shapes
+from thunderlite.torch.ops.creation import get_factory_defaults
 from thunderlite.torch.opaque import OpaqueDataDependentError, opaque_symbol_for, opaque_symbols
 from thunderlite.torch.registry import all_symbols, is_opaque, symbol_for, torchsymbol
 

@@ -20,7 +20,7 @@ torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
   ``Tensor(a)``, whichever position it has (``_views``, the symbol's view rule).
   A return without annotation is fresh memory;
 - gradients: every custom op is ``Tag.OPAQUE`` with ``torch_fn``, so on a
-  gradient path autodiff runs it under PyTorch's autograd (transforms/autodiff.py,
+  gradient path autodiff runs it under PyTorch's autograd (transforms/autodiff/split.py,
   ``opaque_with_graph``): the op's ``register_autograd`` formula (setup_context
   and backward, arbitrary user code) runs exactly as in eager, and an op without
   one raises eager's "no autograd formula was registered" at backward. Outputs
@@ -30,7 +30,7 @@ torch/registry.py asks ``custom_op_callable``; ``custom_op_callable`` also takes
   kernel runs with autograd on, so its writes are recorded and a written tensor
   may start requiring grad (``_writes_seen_by_autograd``). A write into memory
   other tensors share (a view, its base, an input) is made functional by
-  transforms/functionalize.py: the op runs on a clone, whose new value is
+  transforms/aliasing/functionalize.py: the op runs on a clone, whose new value is
   written back (``overload_of_symbol`` finds the schema there).
 
 In the trace a call prints as ``((x1,), t5) = custom.mylib_op_default(x, y)``:

@@ -27,7 +27,7 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.transforms.update_aliases import AliasGroups, has_tag_deep, written
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, has_tag_deep, written
 
 _ALWAYS_KEEP = (Tag.DONT_DCE, Tag.RETURN, Tag.RANDOM)
 

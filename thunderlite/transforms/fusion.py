@@ -34,7 +34,7 @@ from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.transforms.update_aliases import has_tag_deep, ordering_edges
+from thunderlite.transforms.aliasing.update_aliases import has_tag_deep, ordering_edges
 
 CanFuse = Callable[[BoundSymbol], bool]
 

@@ -20,7 +20,7 @@ import heapq
 
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.torch import distributed as d
+from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.fusion import dependencies, effect_chain
 
 _ISSUES = frozenset(s.id for s in d.ISSUES)

@@ -384,7 +384,7 @@ def _repo_root():
 
 
 def test_table_registration_validates():
-    from thunderlite.interpreter.registry import HandlerTable
+    from thunderlite.interpreter.tables.registry import HandlerTable
 
     t = HandlerTable("test")
     t.register("NOP", lambda f, ins: None)

@@ -1,0 +1,279 @@
+"""The Triton executor: a fusion executor whose kernels are generated from the trace.
+
+Regions come from the shared region former (transforms/fusion.py) with a
+predicate that accepts a symbol when it alone would make a kernel
+(triton/plan.py). A region is then cut greedily into consecutive pieces that each
+analyse as ONE kernel (a consecutive run of a topological order is still free of
+cycles); each piece becomes a fusion symbol ``triton.fusion<N>`` whose subsymbols
+are the piece's symbols and whose callable launches the generated kernel
+(triton/codegen.py). Everything the analysis refuses stays in the trace for the
+next executor.
+
+Where it runs: natively on CUDA tensors, or under the Triton interpreter on CPU
+tensors when there is no GPU (triton/runtime.py explains the choice of mode). The
+interpreter is slow: use it to check correctness, not speed. ``triton`` is
+imported only when the executor is first asked whether it is available, so
+``import thunderlite`` does not pay for it. ``kernel_source(jfn)`` returns the
+source of the kernels of a jitted function's last call.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import torch
+
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
+from thunderlite.core.symint import mentions_symbolic
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.torchex import torch_executor
+from thunderlite.executors.triton.plan import Plan, Unsupported, plan_region
+from thunderlite.transforms.claim import claim_executors
+from thunderlite.transforms.fusion import fusion_regions, reorder
+
+
+class TritonKernel:
+    """The callable of one fusion symbol: allocates the outputs and launches the kernel.
+
+    A kernel is not differentiable. When autograd is recording (grad mode on and an
+    input requiring grad: an eager-mode program, see executors/autograd_function.py)
+    the region runs as its torch calls (``torch_fallback``) so that autograd records
+    it as eager would. A differentiable jit call runs its forward with grad mode off,
+    so the kernel runs there."""
+
+    def __init__(self, spec, kernel: Callable, launch: Callable, torch_fallback: Callable):
+        self.spec = spec
+        self.torch_fallback = torch_fallback
+        self.source: str = spec.source
+        self._kernel = kernel
+        self._launch = launch
+        plan: Plan = spec.plan
+        self._inputs = [(v.shape, [j for j, d in enumerate(v.amap) if d is not None]) for v in plan.inputs]
+        self._outputs = [(v.shape, v.dtype, [j for j, d in enumerate(v.amap) if d is not None])
+                         for v in plan.outputs]
+        self._scalars = [plan.M, plan.N, *plan.domain]
+        self._constexprs = {"BM": spec.BM, "BN": spec.BN}
+
+    def __repr__(self):
+        return f"<TritonKernel {self.spec.fn_name}>"
+
+    def __call__(self, *tensors: torch.Tensor):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.torch_fallback(*tensors)
+        device = tensors[0].device
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in self._outputs]
+        strides = []
+        for t, (shape, dims) in zip(tensors, self._inputs, strict=True):
+            if tuple(t.shape) != shape:
+                raise RuntimeError(f"{self.spec.fn_name}: input of shape {tuple(t.shape)}, compiled for {shape}")
+            strides += [t.stride(j) for j in dims]
+        for t, (_, _, dims) in zip(outs, self._outputs):
+            strides += [t.stride(j) for j in dims]
+        self._launch(self._kernel, self.spec.grid, [*tensors, *outs, *self._scalars, *strides],
+                     self._constexprs, self.spec.num_warps)
+        return tuple(outs)
+
+
+class TritonExecutor(FusionExecutor):
+    """Generates one Triton kernel per claimed region (see the module docstring).
+
+    ``max_prims``: the longest region (in prims) analysed as one kernel; longer
+    runs are cut, which bounds the greedy cutting's cost."""
+    symbolic_sizes = True       # a region with symbolic sizes compiles per concrete sizes at run time
+
+    def __init__(self, name: str = "triton", *, max_prims: int = 400):
+        super().__init__(name)
+        self.max_prims = max_prims
+        self._counter = itertools.count()
+
+    def check_availability(self) -> tuple[bool, str]:
+        from thunderlite.executors.triton import runtime
+        return runtime.availability()
+
+    def _runtime(self):
+        from thunderlite.executors.triton import runtime
+        return runtime
+
+    def can_fuse(self, bsym: BoundSymbol) -> bool:
+        """Whether ``bsym`` alone would be one kernel (on this mode's device type)."""
+        if bsym.sym.executor is not None:
+            return False
+        if mentions_symbolic(bsym):     # analysed as traced; run per concrete sizes (SizedTritonKernel)
+            try:
+                bsym = specialize([bsym], hint_values([bsym]))[0][0]
+            except MissingSize:         # a size known only at run time (nonzero's length): no traced value
+                return False
+        device_type = self._runtime().DEVICE_TYPE
+        proxies = bsym.proxy_args() + bsym.proxy_outs()
+        if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
+            return False
+        try:
+            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES)
+        except Unsupported:
+            return False
+        return True
+
+    def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
+        if not self.is_available()[0]:
+            return trace
+        return _triton_fusion(trace, self, input_alias_groups)
+
+    def pieces(self, bsyms: list[BoundSymbol]) -> list[list[BoundSymbol]]:
+        """``bsyms`` cut into consecutive runs that each analyse as one kernel."""
+        out: list[list[BoundSymbol]] = []
+        run: list[BoundSymbol] = []
+        for b in bsyms:
+            if run and self._one_kernel(run + [b]):
+                run.append(b)
+                continue
+            if run:
+                out.append(run)
+            run = [b]
+        if run:
+            out.append(run)
+        return out
+
+    def _one_kernel(self, bsyms: list[BoundSymbol]) -> bool:
+        if any(mentions_symbolic(b) for b in bsyms):
+            try:
+                bsyms = specialize(bsyms, hint_values(bsyms))[0]
+            except MissingSize:
+                return False
+        defined = {p.name for b in bsyms for p in b.proxy_outs()}
+        inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
+        try:
+            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES)
+        except Unsupported:
+            return False
+        return len(plan.ops) <= self.max_prims
+
+    def make_fusion(self, trace: Trace, region) -> BoundSymbol:
+        name = f"fusion{next(self._counter)}"
+        fallback = _torch_callable(trace, region, name)
+        inputs = list(region.inputs)
+        if any(mentions_symbolic(b) for b in region.bsyms):
+            inputs += size_inputs(trace, region.bsyms, inputs)
+            impl = SizedTritonKernel(self, region, inputs, fallback)
+        else:
+            impl = self.kernel(region.bsyms, region.inputs, region.outputs, fallback)
+        sym = self.fusion_symbol(name, impl)
+        return sym.bind(*inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
+                        source=region.bsyms[0].source)
+
+    def kernel(self, bsyms: list[BoundSymbol], inputs: list, outputs: list, fallback: Callable) -> TritonKernel:
+        """The compiled kernel of a region whose sizes are all static."""
+        from thunderlite.executors.triton.codegen import generate
+        rt = self._runtime()
+        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES)
+        spec = generate(plan, rt.INTERPRET)
+        kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
+        return TritonKernel(spec, kernel, rt.launch, fallback)
+
+
+class SizedTritonKernel:
+    """The callable of a region whose sizes are symbolic: on each call the
+    concrete sizes (read from its int inputs and its tensors' shapes) pick a
+    kernel compiled for them, made on first use (the planner and the
+    generated code work on static shapes). Sizes it cannot read run the region
+    as its torch calls, as an autograd-recording call does."""
+
+    def __init__(self, ex: TritonExecutor, region, inputs: list, torch_fallback: Callable):
+        self.ex = ex
+        self.bsyms = list(region.bsyms)
+        self.inputs = inputs            # the region's inputs, then the size symbols its shapes read
+        self.n_region_inputs = len(region.inputs)
+        self.outputs = list(region.outputs)
+        self.torch_fallback = torch_fallback
+        self.tensor_positions = [i for i, p in enumerate(self.inputs) if type(p) is TensorProxy]
+        self.kernels: dict[tuple, TritonKernel] = {}
+
+    @property
+    def source(self) -> str:
+        """The source of every kernel compiled so far, one per set of sizes."""
+        return "\n\n".join(f"# sizes {dict(key)}\n{k.source}" for key, k in self.kernels.items())
+
+    def __repr__(self):
+        return f"<SizedTritonKernel {len(self.kernels)} size(s)>"
+
+    def __call__(self, *args):
+        tensors = [args[i] for i in self.tensor_positions]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.torch_fallback(*args[:self.n_region_inputs])
+        values = sizes_of(self.inputs, list(args))
+        key = tuple(sorted(values.items()))
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            try:
+                bsyms, conv = specialize(self.bsyms, values)
+            except MissingSize:
+                return self.torch_fallback(*args[:self.n_region_inputs])
+            inputs = [conv(self.inputs[i]) for i in self.tensor_positions]
+            kernel = self.kernels[key] = self.ex.kernel(bsyms, inputs, [conv(o) for o in self.outputs],
+                                                        self.torch_fallback)
+        return kernel(*tensors)
+
+
+def _torch_callable(trace: Trace, region, name: str) -> Callable:
+    """The region as a program of torch calls (what runs while autograd records)."""
+    sub = Trace(name, stage="triton region (torch fallback)", names=trace.names)
+    sub.args = list(region.inputs)
+    sub.bound_symbols[:] = region.bsyms
+    sub.set_return(tuple(region.outputs))
+    return claim_executors(sub, [torch_executor]).python_callable()
+
+
+def _unique(proxies: list) -> list:
+    seen, out = set(), []
+    for p in proxies:
+        if p.name not in seen:
+            seen.add(p.name)
+            out.append(p)
+    return out
+
+
+@trace_pass("triton fusion")
+def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) -> Trace:
+    """Reorder (shared former), find the fusible runs, cut them into kernels, replace each."""
+    cache: dict[int, bool] = {}
+
+    def can_fuse(b: BoundSymbol) -> bool:
+        hit = cache.get(id(b))
+        if hit is None:
+            hit = cache[id(b)] = ex.can_fuse(b)
+        return hit
+
+    ordered = reorder(trace, can_fuse, input_alias_groups)
+    fused: dict[int, BoundSymbol] = {}          # id of a piece's first symbol -> its fusion symbol
+    skip: set[int] = set()
+    for region in fusion_regions(ordered, can_fuse):
+        for piece in ex.pieces(region.bsyms):
+            ids = {id(b) for b in piece}
+            (exact,) = fusion_regions(ordered, lambda b: id(b) in ids)    # the piece's own inputs/outputs
+            fused[id(piece[0])] = ex.make_fusion(ordered, exact)
+            skip.update(ids)
+    if not fused:
+        return trace
+    out = [fused.get(id(b), b) for b in ordered.bound_symbols if id(b) not in skip or id(b) in fused]
+    return ordered.with_bound_symbols("triton fusion", out)
+
+
+triton_executor = TritonExecutor()
+
+
+def kernel_sources(traces: dict) -> str:
+    """The generated Triton source of every kernel the final traces ran
+    (``{"forward": trace, "backward": trace or None}``), each under a comment
+    naming its fusion symbol. Empty if the Triton executor claimed nothing."""
+    parts = []
+    for label, trace in traces.items():
+        if trace is None:
+            continue
+        for bsym in trace.bound_symbols:
+            impl = bsym.sym.impl
+            if isinstance(impl, (TritonKernel, SizedTritonKernel)):
+                parts.append(f"# {label}: {bsym.sym.module}.{bsym.sym.name} "
+                             f"({', '.join(o.name for o in bsym.proxy_outs())})\n{impl.source}")
+    return "\n\n".join(parts)

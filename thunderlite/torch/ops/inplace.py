@@ -1,0 +1,202 @@
+"""In-place variants, generated: ``add_(a, b)`` is recorded as the functional
+``add`` followed by ``prims.copy_(result, a)`` (docs/architecture.md §5), under a
+composite tagged ``Tag.INPLACE`` with ``inplace_of`` the functional symbol.
+Also ``fill_``/``zero_``/``copy_`` and ``out=``-free torch spellings
+(``torch.relu_``...)."""
+from __future__ import annotations
+
+import inspect
+import linecache
+
+import torch
+import torch.nn.functional as F
+
+from thunderlite.core import prims
+from thunderlite.core.prims import check
+from thunderlite.core.proxies import register_method
+from thunderlite.core.symbol import Symbol
+from thunderlite.core.tags import Tag
+from thunderlite.interpreter import current_source_location
+from thunderlite.torch.ops import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
+from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
+from thunderlite.torch.utils import convert, expand_to, is_tensor
+
+T = torch.Tensor
+INPLACE = {Tag.INPLACE}
+
+
+def write_into(a, result):
+    """``copy_(result, a)`` after checking torch's in-place rules (same shape
+    after broadcasting, a result dtype castable to ``a``'s)."""
+    check(result.shape == a.shape or prims.broadcast_shapes(result.shape, a.shape) == a.shape,
+          lambda: f"output with shape {list(a.shape)} doesn't match the broadcast shape {list(result.shape)}")
+    check(torch.can_cast(result.dtype, a.dtype),
+          lambda: f"result type {str(result.dtype).removeprefix('torch.').capitalize()} can't be cast to the "
+                  f"desired output type {str(a.dtype).removeprefix('torch.').capitalize()}")
+    return prims.copy_(convert(expand_to(result, a.shape), a.dtype), a)
+
+
+def _make_inplace(functional: Symbol, name: str, torch_fns) -> Symbol:
+    def decomposition(a, *args, **kwargs):
+        return write_into(a, functional(a, *args, **kwargs))
+    decomposition.__name__ = name
+    return torchsymbol(*torch_fns, name=name, method_name=name, tags=INPLACE, inplace_of=functional)(decomposition)
+
+
+_NAMES = [
+    "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "atan2",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "bitwise_not",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "eq", "ne", "lt", "le", "gt", "ge",
+    "copysign", "nextafter", "hypot", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt",
+    "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "erf", "erfc", "erfinv", "lgamma", "digamma", "sigmoid", "reciprocal", "neg", "abs", "sign", "floor",
+    "ceil", "round", "trunc", "frac", "square", "clamp", "clamp_min", "clamp_max", "lerp", "addcmul",
+    "addcdiv", "masked_fill", "where", "relu", "logit", "nan_to_num", "xlogy", "deg2rad", "rad2deg",
+    "sinc", "float_power", "fmax", "fmin", "ldexp", "hardshrink", "addmm", "baddbmm", "addbmm", "addmv",
+    "addr", "index_add", "index_put", "scatter", "scatter_add", "tril", "triu", "clip", "sgn", "heaviside",
+    "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "fix",
+    "multiply", "subtract", "divide", "arctan2", "not_equal", "greater", "less", "greater_equal",
+    "less_equal", "mvlgamma", "cumsum", "cumprod", "t", "transpose", "squeeze", "unsqueeze",
+    "swapaxes", "swapdims", "exponent",
+]
+_SHAPE_INPLACE = {"t", "transpose", "squeeze", "unsqueeze", "swapaxes", "swapdims"}
+
+
+def _generate():
+    from thunderlite.torch.registry import symbol_for
+    made = {}
+    for name in _NAMES:
+        functional = symbol_for(getattr(T, name, None))
+        method = getattr(T, name + "_", None)
+        if functional is None or method is None or name in _SHAPE_INPLACE:
+            continue
+        fns = [method] + [f for f in (getattr(torch, name + "_", None),) if f is not None]
+        made[name + "_"] = _make_inplace(functional, name + "_", fns)
+    return made
+
+
+globals().update(_generate())
+
+
+@torchsymbol(T.polygamma_, name="polygamma_", method_name="polygamma_", tags=INPLACE,
+             inplace_of=all_symbols()["polygamma"])
+def polygamma_(a, n: int):
+    # the method takes (self, n) while torch.polygamma takes (n, input)
+    return write_into(a, all_symbols()["polygamma"](n, a))
+
+
+@torchsymbol(T.fill_, torch.fill_, method_name="fill_", tags=INPLACE)
+def fill_(a, value):
+    v = convert(expand_to(value, a.shape), a.dtype) if is_tensor(value) else \
+        prims.full(a.shape, value, device=a.device, dtype=a.dtype)
+    return prims.copy_(v, a)
+
+
+@torchsymbol(T.zero_, torch.zero_, method_name="zero_", tags=INPLACE)
+def zero_(a):
+    return prims.copy_(prims.full(a.shape, False if a.dtype is torch.bool else 0, device=a.device, dtype=a.dtype), a)
+
+
+@torchsymbol(T.copy_, method_name="copy_", tags=INPLACE)
+def copy_(a, src, non_blocking: bool = False):
+    return prims.copy_(convert(expand_to(src, a.shape), a.dtype), a)
+
+
+def _nn_inplace(name: str, functional: Symbol, torch_fns):
+    def decomposition(input, *args, **kwargs):
+        return write_into(input, functional(input, *args, **kwargs))
+    decomposition.__name__ = name
+    return torchsymbol(*torch_fns, name=name, tags=INPLACE, inplace_of=functional)(decomposition)
+
+
+for _name, _fns in [("elu_", (F.elu_,)), ("leaky_relu_", (F.leaky_relu_,)), ("hardtanh_", (F.hardtanh_,)),
+                    ("celu_", (F.celu_, torch.celu_)), ("selu_", (F.selu_, torch.selu_)),
+                    ("threshold_", (F.threshold_, torch.threshold_))]:
+    globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)
+
+
+for _name, _fns in [("relu6_", ()), ("silu_", ()), ("mish_", ()), ("hardsigmoid_", ()), ("hardswish_", ()),
+                    ("dropout_", ())]:
+    globals()[_name] = _nn_inplace(_name, all_symbols()[_name[:-1]], _fns)
+
+
+class InplaceFlag:
+    """A torch callable with an ``inplace`` flag (``F.relu(x, inplace=True)``)
+    records the in-place symbol when the flag is set (the functional op then
+    ``copy_``, tagged INPLACE, so update_aliases sees the write at top level)
+    and the functional symbol otherwise. Stands in for a symbol in the table."""
+
+    def __init__(self, torch_fn, functional: Symbol, inplace: Symbol):
+        self.functional, self.inplace = functional, inplace
+        self.position = list(inspect.signature(torch_fn).parameters).index("inplace")
+        self.__name__ = functional.name
+
+    def __call__(self, *args, **kwargs):
+        if len(args) > self.position:
+            flag, args = args[self.position], args[:self.position] + args[self.position + 1:]
+        else:
+            kwargs = dict(kwargs)
+            flag = kwargs.pop("inplace", False)
+        return (self.inplace if flag else self.functional)(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<{self.functional.id} or {self.inplace.id} by inplace=>"
+
+
+for _fn, _name in [(F.relu, "relu"), (F.relu6, "relu6"), (F.hardtanh, "hardtanh"), (F.leaky_relu, "leaky_relu"),
+                   (F.elu, "elu"), (F.celu, "celu"), (F.selu, "selu"), (F.silu, "silu"), (F.mish, "mish"),
+                   (F.hardsigmoid, "hardsigmoid"), (F.hardswish, "hardswish"), (F.threshold, "threshold"),
+                   (F.dropout, "dropout")]:
+    register_torch_callable(_fn, InplaceFlag(_fn, all_symbols()[_name], all_symbols()[_name + "_"]))
+
+
+# Augmented assignment on a tensor writes in place (``a += b`` is ``a.add_(b)``);
+# without these Python falls back to ``a = a + b`` and the write is lost.
+_AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
+              "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
+              "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",
+              "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
+for _op, _name in _AUGMENTED.items():
+    register_method(_op, all_symbols()[_name])
+
+
+class MetadataMutation:
+    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, a resizing
+    ``resize_``) change the tensor *object's* size and strides. A trace names
+    values, not objects, so the proxy the program keeps using cannot change shape;
+    these are refused with the op and the user's line instead of computing a wrong
+    answer. Stands in for a symbol in the table."""
+
+    def __init__(self, name: str, functional: str | None):
+        self.__name__ = name
+        self.functional = functional
+
+    def __call__(self, a, *args, **kwargs):
+        if _is_noop(self.__name__, a, args, kwargs):
+            return a                        # x.squeeze_() with no size-1 dim, resize_ to the same size...
+        loc = current_source_location()
+        where = f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
+        fix = f"; use the out-of-place form, e.g. x = x.{self.functional}(...)" if self.functional else ""
+        raise NotImplementedError(f"Tensor.{self.__name__} changes the shape of a tensor object in place{where}, "
+                                  f"which thunderlite does not support{fix}")
+
+    def __repr__(self):
+        return f"<unsupported metadata mutation {self.__name__}>"
+
+
+def _is_noop(name: str, a, args, kwargs) -> bool:
+    """Whether the op leaves a contiguous tensor's size and strides as they are
+    (asked of PyTorch on a meta tensor)."""
+    try:
+        m = torch.empty(a.shape, dtype=a.dtype, device="meta")
+        before = (m.shape, m.stride())
+        getattr(m, name)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - arguments eager would refuse: report the op as unsupported
+        return False
+    return (m.shape, m.stride()) == before
+
+
+for _name in sorted(_SHAPE_INPLACE) + ["as_strided", "resize"]:
+    _mm = MetadataMutation(_name + "_", _name if _name != "resize" else "reshape")
+    register_torch_callable(getattr(T, _name + "_"), _mm)
+    register_method(_name + "_", _mm)
