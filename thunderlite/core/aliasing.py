@@ -36,7 +36,8 @@ analyses traces must know it."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -193,7 +194,7 @@ def _aten_name(fn: Callable) -> str | None:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema_aliases(name: str) -> SchemaAliases | None:
     """``SchemaAliases`` of ``torch.ops.aten.<name>`` (all overloads), or None
     when ATen has no op of that name."""
@@ -213,7 +214,7 @@ def callable_aliases(fn: Callable) -> SchemaAliases | None:
         return schema_aliases(name) if name else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _callable_aliases(fn: Callable) -> SchemaAliases | None:
     name = _aten_name(fn)
     return schema_aliases(name) if name else None

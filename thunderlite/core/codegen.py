@@ -10,7 +10,8 @@ from __future__ import annotations
 import keyword
 import linecache
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -45,14 +45,14 @@ VJP rule in transforms/autodiff/rules.py.
 from __future__ import annotations
 
 import builtins
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from thunderlite.core.symint import SymInt, is_int, sym_max
 from thunderlite.core import devices, dtypes
 from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
+from thunderlite.core.symint import SymInt, is_int, sym_max
 from thunderlite.core.tags import Tag
 
 _registry: dict[str, Symbol] = {}

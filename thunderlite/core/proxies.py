@@ -14,11 +14,12 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from thunderlite.core import dtypes, devices
+from thunderlite.core import devices, dtypes
 from thunderlite.core.tracectx import current_trace
 
 # name -> callable(proxy, *args, **kwargs); filled by thunderlite.torch.
@@ -201,7 +202,7 @@ class TensorProxy(Proxy):
     def __repr__(self):
         return f"<TensorProxy {self.name}: {self.type_string()}>"
 
-    def replace(self, **changes) -> "TensorProxy":
+    def replace(self, **changes) -> TensorProxy:
         """A proxy with the same metadata except ``changes`` (a fresh name unless given)."""
         kw = dict(shape=self.shape, dtype=self.dtype, device=self.device,
                   requires_grad=self.requires_grad, memory=self.memory)

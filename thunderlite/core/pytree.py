@@ -4,7 +4,8 @@ Only the containers that appear in traces: tuple, list, dict, torch.Size and
 slice. Kept tiny and fast because passes call it on every bound symbol."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def leaves(x: Any) -> Iterator[Any]:

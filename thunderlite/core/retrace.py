@@ -8,7 +8,7 @@ Used by an executor's ``execution_transform`` (executors/base.py) and
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from thunderlite.core import pytree
 from thunderlite.core.prims import check

@@ -17,14 +17,15 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from thunderlite.core.codegen import bsym_line
-from thunderlite.core.tags import Tag
-from thunderlite.core.tracectx import current_trace
 from thunderlite.core import pytree
+from thunderlite.core.codegen import bsym_line
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symint import SymInt
+from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import current_trace
 
 
 class Symbol:
@@ -36,7 +37,7 @@ class Symbol:
 
     def __init__(self, name: str, *, meta: Callable | None = None, decomposition: Callable | None = None,
                  module: str = "ltorch", tags=(), executor=None, impl: Callable | None = None,
-                 torch_fn: Callable | None = None, inplace_of: "Symbol | None" = None):
+                 torch_fn: Callable | None = None, inplace_of: Symbol | None = None):
         if meta is None and decomposition is None and impl is None:
             raise ValueError(f"symbol {name!r} needs a meta function, a decomposition or an impl")
         self.name = name
@@ -72,7 +73,7 @@ class Symbol:
             raise RuntimeError(f"{self.id} was called outside a trace; run traces through an executor")
         return trc.record_call(self, args, kwargs)
 
-    def bind(self, *args, output=None, subsymbols=(), source=None, **kwargs) -> "BoundSymbol":
+    def bind(self, *args, output=None, subsymbols=(), source=None, **kwargs) -> BoundSymbol:
         """A bound symbol built directly, without running meta (for passes)."""
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols), source)
 
@@ -111,7 +112,7 @@ class BoundSymbol:
         self._flat_args = None      # (args, kwargs, leaves): passes ask for the leaves many times
         self._flat_outs = None
 
-    def replace(self, **changes) -> "BoundSymbol":
+    def replace(self, **changes) -> BoundSymbol:
         kw = dict(sym=self.sym, args=self.args, kwargs=self.kwargs, output=self.output,
                   subsymbols=self.subsymbols, source=self.source, header=self.header)
         kw.update(changes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 # An expression is a tuple of (monomial, coefficient) sorted by monomial; a
 # monomial is a sorted tuple of atom keys (a repeated key is a power). The

@@ -30,11 +30,26 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from thunderlite.core.proxies import DataDependentError, NumberProxy
-from thunderlite.core.symexpr import (Expr, add, atom, atom_order, const, constant, divide_exactly, evaluate,
-                                   floordiv, free_atoms, mod, mul, substitute, to_python)
+from thunderlite.core.symexpr import (
+    Expr,
+    add,
+    atom,
+    atom_order,
+    const,
+    constant,
+    divide_exactly,
+    evaluate,
+    floordiv,
+    free_atoms,
+    mod,
+    mul,
+    substitute,
+    to_python,
+)
 
 # --- the environment: atoms, guards, replacements -----------------------------------------
 
@@ -80,10 +95,10 @@ _NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 _FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _SIGNS = {"==": {0}, "!=": {-1, 1}, "<": {-1}, "<=": {-1, 0}, ">": {1}, ">=": {0, 1}}   # of diff, op true
 
-_active: list["ShapeEnv"] = []
+_active: list[ShapeEnv] = []
 
 
-def active_env() -> "ShapeEnv | None":
+def active_env() -> ShapeEnv | None:
     return _active[-1] if _active else None
 
 
@@ -109,12 +124,12 @@ class ShapeEnv:
     def __exit__(self, *exc):
         _active.remove(self)
 
-    def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> "SymInt":
+    def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> SymInt:
         """A backed symbol (its value is known while tracing) held by ``proxy``."""
         self.atoms[proxy.name] = Atom(proxy, hint, lower, origin)
         return SymInt(atom(proxy.name), self)
 
-    def unbacked_symbol(self, proxy: NumberProxy, origin: str, lower: int | None = 0) -> "SymInt":
+    def unbacked_symbol(self, proxy: NumberProxy, origin: str, lower: int | None = 0) -> SymInt:
         """A symbol an op produces at run time: a data-dependent size (``lower``
         0), or an int read from a tensor (``.item()``: ``lower`` None)."""
         self.atoms[proxy.name] = Atom(proxy, None, lower, origin)
@@ -491,7 +506,7 @@ def _expr_of(x) -> Expr | None:
     return None
 
 
-def wrap(e: Expr, env: ShapeEnv) -> "SymInt | int":
+def wrap(e: Expr, env: ShapeEnv) -> SymInt | int:
     """A plain int when ``e`` is a constant, else a SymInt."""
     e = env.canon(e)
     c = constant(e)

@@ -18,12 +18,12 @@ stay unique across the family) and never mutates its input (CONTRIBUTING.md, sty
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from thunderlite.core import codegen
-from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tags import Tag
 
@@ -136,13 +136,13 @@ class Trace:
         self._scopes[-1].append(bsym)
 
     # --- deriving --------------------------------------------------------------------
-    def from_trace(self, stage: str) -> "Trace":
+    def from_trace(self, stage: str) -> Trace:
         """An empty trace of the same family and signature, for a pass to fill."""
         t = Trace(self.name, stage, self.names)
         t.args = list(self.args)
         return t
 
-    def with_bound_symbols(self, stage: str, bound_symbols: list[BoundSymbol]) -> "Trace":
+    def with_bound_symbols(self, stage: str, bound_symbols: list[BoundSymbol]) -> Trace:
         t = self.from_trace(stage)
         t.bound_symbols = list(bound_symbols)
         t._scopes = [t.bound_symbols]

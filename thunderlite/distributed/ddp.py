@@ -22,7 +22,8 @@ two cases separately; leaving the block averages what was accumulated in it. Exa
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,15 +32,15 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
-from thunderlite.torch.ops import distributed as d
 from thunderlite.torch import symbol_for
+from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.user import Transform
 
 
 class DDPTransform(Transform):
     """Inserts the bucketed gradient all-reduce into the backward trace."""
 
-    def __init__(self, module: "DDPModule", group: Any, bucket_size_mb: float):
+    def __init__(self, module: DDPModule, group: Any, bucket_size_mb: float):
         self.module = module
         self.group = group
         self.bucket_bytes = int(bucket_size_mb * 2**20)

@@ -102,7 +102,7 @@ def _shard_module(m: torch.nn.Module, group: Any, rank: int, world: int) -> list
 class FSDPTransform(Transform):
     """Re-gathers, in the backward, the saved values that come from shards alone."""
 
-    def __init__(self, module: "FSDPModule"):
+    def __init__(self, module: FSDPModule):
         self.module = module
         self._shards: set[str] = set()
 
@@ -213,7 +213,7 @@ class FSDPModule(torch.nn.Module):
 
 
 @torch.no_grad()
-def full_state_dict(model: torch.nn.Module) -> "OrderedDict[str, torch.Tensor]":
+def full_state_dict(model: torch.nn.Module) -> OrderedDict[str, torch.Tensor]:
     """The unsharded parameters and the buffers of an ``fsdp`` module (or a jitted
     one), under the original module's names. Every rank must call it."""
     inner = getattr(model, "_model", model)        # thunderlite.jit(fsdp(...)) keeps it as _model

@@ -3,7 +3,8 @@
 behind a compiled callable."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

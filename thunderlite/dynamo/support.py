@@ -12,8 +12,9 @@ from __future__ import annotations
 import builtins
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx

@@ -12,9 +12,16 @@ Entry points for other parts of thunderlite:
 - ``resolve_executors(names_or_executors)`` for ``jit(fn, executors=[...])``.
 """
 from thunderlite.executors.base import Executor, FusionExecutor, OperatorExecutor, torch_path
-from thunderlite.executors.registry import (all_executors, available_executors, default_executors,
-                                            executor_status, get_executor, register_executor,
-                                            resolve_executors, skipped_executors)
+from thunderlite.executors.registry import (
+                                            all_executors,
+                                            available_executors,
+                                            default_executors,
+                                            executor_status,
+                                            get_executor,
+                                            register_executor,
+                                            resolve_executors,
+                                            skipped_executors,
+)
 from thunderlite.executors.run import compile_trace, run_trace
 from thunderlite.executors.torchcompile import TorchCompileExecutor, torchcompile_executor
 from thunderlite.executors.torchex import torch_executor

@@ -41,7 +41,7 @@ records the graph, so results and errors are eager's own.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -81,7 +81,7 @@ def _zeros(p) -> torch.Tensor:
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, program: "DifferentiableProgram", box: list, *flat_args):
+    def forward(ctx, program: DifferentiableProgram, box: list, *flat_args):
         out, saved_tensors, saved_other = program.forward_fn(*flat_args)
         ctx.program = program
         ctx.set_materialize_grads(False)

@@ -31,14 +31,14 @@ and is not offered such symbols (the next executor runs them).
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from thunderlite.core import prims
 from thunderlite.core.retrace import retrace
-from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
@@ -84,7 +84,7 @@ class Executor:
     def claim(self, bsym: BoundSymbol) -> BoundSymbol | list[BoundSymbol] | None:
         return None
 
-    def differentiation(self, bsym: BoundSymbol) -> "Implementation | None":
+    def differentiation(self, bsym: BoundSymbol) -> Implementation | None:
         """The implementation whose forward must survive autodiff, or None."""
         return None
 

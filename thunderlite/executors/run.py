@@ -2,7 +2,8 @@
 results, used by tests (the OpInfo sweep) and by the jit's pipeline tail."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from thunderlite.core.trace import Trace
 from thunderlite.executors.registry import resolve_executors

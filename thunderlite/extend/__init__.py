@@ -29,10 +29,16 @@ named points of the pipeline. Both plug in without touching thunderlite::
 re-exports from ``executors`` and ``transforms`` and defines nothing of its own.
 """
 from thunderlite.executors.base import Executor, FusionExecutor, Implementation, OperatorExecutor
-from thunderlite.executors.registry import (add_default_executor, get_all_executors, get_default_executors,
-                                            get_executor, register_executor, remove_default_executor)
-from thunderlite.executors.symm_mem.plan import declare_symm_mem_args, symm_mem_args
+from thunderlite.executors.registry import (
+                                            add_default_executor,
+                                            get_all_executors,
+                                            get_default_executors,
+                                            get_executor,
+                                            register_executor,
+                                            remove_default_executor,
+)
 from thunderlite.executors.symm_mem.executor import SymmMemBackend, SymmMemExecutor
+from thunderlite.executors.symm_mem.plan import declare_symm_mem_args, symm_mem_args
 from thunderlite.transforms.autodiff.executors import get_grad, put_grad
 from thunderlite.transforms.user import Transform
 

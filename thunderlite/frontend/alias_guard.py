@@ -29,7 +29,7 @@ Example (the generated prologue lines)::
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

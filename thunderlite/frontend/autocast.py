@@ -20,7 +20,8 @@ The lists were checked against eager CPU autocast with the OpInfo samples.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import types
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -18,28 +19,28 @@ from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, Ten
 from thunderlite.core.symint import ShapeEnv
 from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
+from thunderlite.executors.autograd_function import make_differentiable
+from thunderlite.executors.registry import resolve_executors
 from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
+from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.cache import CompiledEntry
 from thunderlite.frontend.cache_key import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
-from thunderlite.executors.autograd_function import make_differentiable
-from thunderlite.executors.registry import resolve_executors
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
-from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
-from thunderlite.transforms.claim import claim_executors
-from thunderlite.transforms.dce import dce
-from thunderlite.transforms.schedule_collectives import schedule_collectives
-from thunderlite.transforms.box_inputs import box_inputs
-from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
 from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
+from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
+from thunderlite.transforms.box_inputs import box_inputs
+from thunderlite.transforms.claim import claim_executors
+from thunderlite.transforms.dce import dce
+from thunderlite.transforms.del_last_used import del_last_used
+from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
 
 INTERPRETATION_STAGE = "interpretation"

@@ -18,7 +18,8 @@ The same guards are also printed as the prologue trace (``last_prologue_traces``
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from thunderlite.core.proxies import Proxy
 from thunderlite.core.symexpr import evaluate
 from thunderlite.core.symint import SymInt
-from thunderlite.core.proxies import Proxy
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 

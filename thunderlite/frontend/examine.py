@@ -12,8 +12,8 @@ from collections import Counter
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.registry import resolve_executors, skipped_executors
-from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 from thunderlite.frontend.unused_impls import unused_implementations
+from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 
 
 class Examination:

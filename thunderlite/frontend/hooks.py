@@ -18,22 +18,23 @@ from __future__ import annotations
 import linecache
 import os
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.frontend import autocast
-from thunderlite.frontend.lookasides import proxy_aware_builtins, is_creation_fn
-from thunderlite.frontend.source_map import mapped_line
+from thunderlite.frontend.lookasides import is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.source_map import mapped_line
 from thunderlite.frontend.state import DELETED, TraceState
-from thunderlite.interpreter import InterpreterHooks, MISSING, source_locations
+from thunderlite.interpreter import MISSING, InterpreterHooks, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
-from thunderlite.torch.ops import grad_mode
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
+from thunderlite.torch.ops import grad_mode
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")

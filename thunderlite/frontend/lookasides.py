@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

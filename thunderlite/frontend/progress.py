@@ -21,12 +21,12 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 SHOW_AFTER_S = 2.0
 INTERVAL_S = 0.5
 
-_active: list["_Reporter"] = []
+_active: list[_Reporter] = []
 
 
 class _Reporter:

@@ -25,7 +25,7 @@ class Prov:
     ``_buffers``, ``_modules``) an attribute lives in, for a faster read."""
     __slots__ = ("kind", "parent", "key", "root", "module_slot", "_hash")
 
-    def __init__(self, kind: str, parent: "Prov | None", key: Any, root: Any = None, module_slot: str | None = None):
+    def __init__(self, kind: str, parent: Prov | None, key: Any, root: Any = None, module_slot: str | None = None):
         self.kind = kind
         self.parent = parent
         self.key = key
@@ -34,30 +34,30 @@ class Prov:
         self._hash = hash((kind, parent, _hashable(key), id(root)))
 
     @staticmethod
-    def arg(i: int) -> "Prov":
+    def arg(i: int) -> Prov:
         return Prov("arg", None, i)
 
     @staticmethod
-    def kwarg(name: str) -> "Prov":
+    def kwarg(name: str) -> Prov:
         return Prov("kwarg", None, name)
 
     @staticmethod
-    def global_(globals_dict: dict, name: str) -> "Prov":
+    def global_(globals_dict: dict, name: str) -> Prov:
         return Prov("global", None, name, root=globals_dict)
 
     @staticmethod
-    def cell(cell) -> "Prov":
+    def cell(cell) -> Prov:
         return Prov("cell", None, None, root=cell)
 
     @staticmethod
-    def object(obj) -> "Prov":
+    def object(obj) -> Prov:
         """An object held by the jitted callable itself (the ``self`` of a bound method)."""
         return Prov("object", None, None, root=obj)
 
-    def attr(self, name: str, module_slot: str | None = None) -> "Prov":
+    def attr(self, name: str, module_slot: str | None = None) -> Prov:
         return Prov("attr", self, name, module_slot=module_slot)
 
-    def item(self, key: Any) -> "Prov":
+    def item(self, key: Any) -> Prov:
         return Prov("item", self, key)
 
     def __eq__(self, other):

@@ -12,7 +12,6 @@ compared. ``record`` (trace-level, without the jit) stays for unit tests.
 """
 from __future__ import annotations
 
-import itertools
 import linecache
 import sys
 import warnings
@@ -20,6 +19,7 @@ import warnings
 import torch
 
 import thunderlite
+import thunderlite.torch as ltorch
 from thunderlite.core import pytree
 from thunderlite.core.proxies import TensorProxy, proxy_of_tensor
 from thunderlite.core.tags import Tag
@@ -27,7 +27,6 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors import compile_trace
-import thunderlite.torch as ltorch
 
 RANDOM_WORDS = ("rand", "dropout", "bernoulli", "multinomial", "normal", "uniform", "poisson", "exponential",
                 "geometric", "cauchy", "log_normal", "randint", "randperm", "rrelu")

@@ -12,15 +12,14 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
+from thunderlite.executors.registry import resolve_executors
 from thunderlite.executors.run import compile_trace
+from thunderlite.tests.test_fuzz_inplace import ToyFusion
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used, is_del
 from thunderlite.transforms.fusion import dependencies, fuse, fusion_regions, reorder
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
-from thunderlite.executors.registry import resolve_executors
-
-from thunderlite.tests.test_fuzz_inplace import ToyFusion
 
 
 def _trace(build, *shapes, names="abcd"):

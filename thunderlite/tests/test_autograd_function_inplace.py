@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import thunderlite
-from thunderlite.transforms.autodiff.rematerialize import rematerialize
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.tests.fuzz_inplace_ops import GradInPlace, SaveThenWrite, SwishInplaceBackward
+from thunderlite.transforms.autodiff.rematerialize import rematerialize
 
 F64 = torch.float64
 EXECUTORS = [pytest.param(None, id="default"), pytest.param(["torchcompile", "torch"], id="torchcompile")]

@@ -135,6 +135,7 @@ def test_composite_that_returns_its_input_records_nothing():
 
 def test_source_line_is_the_plain_tuple_plus_its_callers():
     import pickle
+
     from thunderlite.core.symbol import SourceLine
     s = SourceLine(("lib.py", 3, "return F.linear(x)"), (("user.py", 10),))
     assert s == ("lib.py", 3, "return F.linear(x)") and s.callers == (("user.py", 10),)

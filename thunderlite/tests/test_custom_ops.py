@@ -16,13 +16,12 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.run import compile_trace
+from thunderlite.tests.test_fuzz_inplace import ToyFusion
 from thunderlite.torch.custom_ops import custom_op_callable, is_custom_op
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used, is_del
 from thunderlite.transforms.fusion import fuse
-from thunderlite.transforms.aliasing.update_aliases import update_aliases
-
-from thunderlite.tests.test_fuzz_inplace import ToyFusion
 
 
 @torch.library.custom_op("tl_aliasing::scale_", mutates_args={"x"})

@@ -113,6 +113,7 @@ def test_wrappers_require_a_process_group(wrap):
 
 def test_fsdp_one_rank_gathers_where_used_and_matches_eager(one_rank_group):
     import copy
+
     from thunderlite.distributed import fsdp, full_state_dict
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import thunderlite
 from thunderlite.core.proxies import NumberProxy
-from thunderlite.core.symint import ShapeEnv, SymInt
+from thunderlite.core.symint import ShapeEnv
 
 
 def _env_with(*hints):
@@ -204,8 +204,8 @@ def test_a_program_symbolic_sizes_cannot_handle_compiles_per_size():
 
 def test_triton_compiles_per_concrete_size_inside_its_own_cache():
     pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]')")
-    from thunderlite.executors.triton import runtime
     from thunderlite import kernel_source
+    from thunderlite.executors.triton import runtime
     from thunderlite.executors.triton.executor import SizedTritonKernel
     device = runtime.DEVICE_TYPE          # the interpreter's CPU tensors, or native CUDA ones
 

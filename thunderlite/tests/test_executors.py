@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import thunderlite
-
 from thunderlite.core import prims
 from thunderlite.core.aliasing import prim_aliases
 from thunderlite.core.proxies import TensorProxy
@@ -12,10 +11,22 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
-from thunderlite.executors import (Executor, FusionExecutor, OperatorExecutor, compile_trace, default_executors,
-                                   torchcompile_executor,
-                                   executor_status, get_executor, register_executor, resolve_executors,
-                                   run_trace, skipped_executors, torch_executor, torch_path)
+from thunderlite.executors import (
+    Executor,
+    FusionExecutor,
+    OperatorExecutor,
+    compile_trace,
+    default_executors,
+    executor_status,
+    get_executor,
+    register_executor,
+    resolve_executors,
+    run_trace,
+    skipped_executors,
+    torch_executor,
+    torch_path,
+    torchcompile_executor,
+)
 from thunderlite.transforms.claim import ClaimError, claim_executors
 
 # Hand-made torch-language symbols: composites with a torch_fn, as thunderlite/torch makes them.

@@ -9,10 +9,20 @@ import thunderlite
 from thunderlite.core import prims
 from thunderlite.core.tags import Tag
 from thunderlite.core.verify import verify_trace
-from thunderlite.extend import (FusionExecutor, OperatorExecutor, Transform, add_default_executor,
-                                get_all_executors, get_default_executors, get_executor, get_grad, put_grad,
-                                register_executor, remove_default_executor)
 from thunderlite.executors import torchcompile_executor
+from thunderlite.extend import (
+    FusionExecutor,
+    OperatorExecutor,
+    Transform,
+    add_default_executor,
+    get_all_executors,
+    get_default_executors,
+    get_executor,
+    get_grad,
+    put_grad,
+    register_executor,
+    remove_default_executor,
+)
 
 
 def _counting(name: str, fn, calls: list):
@@ -356,8 +366,8 @@ def test_extending_notebook_is_committed_with_outputs_and_executes():
     assert code and all(c["outputs"] for c in code), "commit the notebook executed, with its outputs"
     assert all(o.get("output_type") != "error" for c in code for o in c["outputs"])
     try:
-        from nbclient import NotebookClient
         import ipykernel  # noqa: F401
+        from nbclient import NotebookClient
     except ImportError:
         NotebookClient = None
     if NotebookClient is not None:

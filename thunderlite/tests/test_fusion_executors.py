@@ -110,7 +110,8 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
         from thunderlite.core.proxies import TensorProxy
         from thunderlite.core.trace import Trace
         from thunderlite.core.tracectx import tracectx
-        from thunderlite.torch.ops import elementwise as ew, linalg
+        from thunderlite.torch.ops import elementwise as ew
+        from thunderlite.torch.ops import linalg
         trc = Trace()
         with tracectx(trc):
             h = TensorProxy((n, n), dtype, device, name="h")
@@ -332,6 +333,7 @@ def test_boxed_regions_use_inductors_fx_graph_cache():
     function) is a cache hit, not a bypass that recompiles from scratch."""
     _torchcompile_or_skip()
     from torch._dynamo.utils import counters
+
     from thunderlite.executors.torchcompile import BoxedRegion
 
     def region(a, b):
@@ -376,6 +378,7 @@ def test_region_inductor_refuses_is_said(monkeypatch):
     values) and says so: a warning with the reason, kept in ``fallbacks``."""
     _torchcompile_or_skip()
     import torch._inductor.compile_fx as compile_fx_module
+
     from thunderlite.executors.torchcompile import BoxedRegion
 
     def refuse(*args, **kwargs):
@@ -401,6 +404,7 @@ def test_region_over_inputs_at_storage_offsets_uses_inductors_cache():
     recompiled in every process before)."""
     _torchcompile_or_skip()
     from torch._dynamo.utils import counters
+
     from thunderlite.executors.torchcompile import BoxedRegion
 
     def region(q, k):
@@ -502,7 +506,10 @@ def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch.ops import elementwise as ew, linalg, nn as lnn, reductions as red
+    from thunderlite.torch.ops import elementwise as ew
+    from thunderlite.torch.ops import linalg
+    from thunderlite.torch.ops import nn as lnn
+    from thunderlite.torch.ops import reductions as red
     from thunderlite.transforms.autodiff.split import split_forward_backward
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)

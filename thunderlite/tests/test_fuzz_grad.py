@@ -31,10 +31,10 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
-from thunderlite.transforms.aliasing.update_aliases import update_aliases
 
 F64 = torch.float64
 UNARY = {"sin": torch.sin, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "twice": lambda t: t * 2.0,

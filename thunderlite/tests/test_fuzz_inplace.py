@@ -13,9 +13,8 @@ Outputs and every input afterwards must match. A few hundred seeds here;
 """
 from __future__ import annotations
 
-import re
-
 import random
+import re
 
 import pytest
 import torch
@@ -30,10 +29,10 @@ from thunderlite.core.verify import verify_trace
 from thunderlite.executors.run import compile_trace
 from thunderlite.torch import opaque_symbol_for, tensor_attribute_fallback
 from thunderlite.torch.ops import shapes
+from thunderlite.transforms.aliasing.update_aliases import update_aliases
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.fusion import dependencies, fuse
-from thunderlite.transforms.aliasing.update_aliases import update_aliases
 
 _UNARY = [prims.sin, prims.cos, prims.neg, prims.tanh, prims.abs]
 _BINARY = [prims.add, prims.mul, prims.sub]

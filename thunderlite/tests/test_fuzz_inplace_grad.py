@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import thunderlite
-from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, failure, generate
 from thunderlite.executors.registry import get_executor
+from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, failure, generate
 
 
 def _grads(outputs, args, leaves):

@@ -53,10 +53,9 @@ import torch
 import thunderlite
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
-from thunderlite.transforms.fusion import fuse
-
 from thunderlite.tests.fuzz_inplace_ops import FUNCTIONS as _FUNCTIONS
 from thunderlite.tests.test_fuzz_inplace import ToyFusion
+from thunderlite.transforms.fusion import fuse
 
 _VIEWS = ["{x}[{i}:{j}]", "{x}.t()", "{x}.transpose(0, 1)", "{x}.reshape(-1)", "{x}.view(-1)",
           "{x}.unsqueeze(0)", "{x}[{i}]", "{x}.narrow(0, {i}, 1)", "{x}.diagonal()", "{x}[:, ::2]",

@@ -3,7 +3,6 @@ accumulation, the backward traces, and whole models against eager."""
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch

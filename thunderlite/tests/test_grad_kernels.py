@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_grad_prims import _finalize, trace_of
 
 import thunderlite
-from test_grad_prims import _finalize, trace_of
 from thunderlite.executors.base import OperatorExecutor
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.autodiff import kernels as K
@@ -240,7 +240,8 @@ def test_cuda_attention_takes_the_efficient_kernels():
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch.ops import nn as lnn, reductions as red
+    from thunderlite.torch.ops import nn as lnn
+    from thunderlite.torch.ops import reductions as red
     from thunderlite.transforms.autodiff.split import split_forward_backward
     trc = Trace()
     with tracectx(trc):
@@ -317,6 +318,7 @@ def test_flash_cuda_attention_rule_matches_eager(monkeypatch):
     (run here as both symbols' decompositions): eager's gradients."""
     import test_grad_prims
     from test_grad_prims import check_grad
+
     from thunderlite.transforms.claim import claim_executors
 
     monkeypatch.setattr(test_grad_prims, "_finalize", lambda t: claim_executors(t, [_NoKernels("nokernels")]))
@@ -330,7 +332,8 @@ def _cuda_sdpa_split(dtype, *, L=32, S=32, E=64, mask=False, is_causal=False):
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.torch.ops import nn as lnn, reductions as red
+    from thunderlite.torch.ops import nn as lnn
+    from thunderlite.torch.ops import reductions as red
     from thunderlite.transforms.autodiff.split import split_forward_backward
     trc = Trace()
     with tracectx(trc):
@@ -452,6 +455,7 @@ def test_flash_cuda_rule_agrees_with_eagers_dispatcher():
     its rule says yes exactly where eager's ``can_use_flash_attention`` does,
     on this GPU, over dtypes, head dims, causal square and not, training or not."""
     import itertools
+
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
@@ -616,6 +620,7 @@ def test_decomposed_kernels_match_eager(monkeypatch):
     """With every kernel symbol decomposed, the gradients are still eager's."""
     import test_grad_prims
     from test_grad_prims import check_grad
+
     from thunderlite.transforms.claim import claim_executors
 
     monkeypatch.setattr(test_grad_prims, "_finalize", lambda t: claim_executors(t, [_NoKernels("nokernels")]))
@@ -690,6 +695,7 @@ def test_a_widening_is_recomputed_from_its_half_input_under_a_fusion_executor():
     under a fusion executor ``x`` is saved, half the bytes, and ``h`` is
     recomputed inside the fused backward (as torch.compile's partitioner does)."""
     from test_grad_half import _saved
+
     from thunderlite.extend import get_executor
     ok, reason = get_executor("torchcompile").is_available()
     if not ok:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from test_grad_prims import check_grad
+
 from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.ops import linalg
-from thunderlite.torch.ops import shapes
+from thunderlite.torch.ops import linalg, shapes
 from thunderlite.torch.ops import nn as lnn
 
 F64 = torch.float64

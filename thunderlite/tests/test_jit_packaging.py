@@ -73,8 +73,8 @@ def test_notebooks_are_committed_executed_with_outputs_and_cell_ids(path):
 def test_getting_started_notebook_executes():
     nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
     try:
-        from nbclient import NotebookClient
         import ipykernel  # noqa: F401
+        from nbclient import NotebookClient
     except ImportError:
         NotebookClient = None
     if NotebookClient is not None:

@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from opinfo_harness import op_db, record, tolerance, values_undefined  # noqa: E402
+
 from thunderlite.core import pytree  # noqa: E402
 from thunderlite.executors import compile_trace  # noqa: E402
 from thunderlite.executors.autograd_function import make_differentiable  # noqa: E402

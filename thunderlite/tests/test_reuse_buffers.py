@@ -11,9 +11,9 @@ from thunderlite.core.proxies import TensorProxy, proxy_of_tensor
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors import torchex
 from thunderlite.executors.run import compile_trace
+from thunderlite.tests.test_grad_prims import trace_of
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
-from thunderlite.tests.test_grad_prims import trace_of
 
 F64 = torch.float64
 

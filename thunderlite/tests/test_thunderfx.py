@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
-import torch.nn.functional as F
 
 import thunderlite
 from thunderlite.dynamo import ThunderCompiler, last_backward_traces, last_traces, report, thunderfx

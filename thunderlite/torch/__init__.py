@@ -16,9 +16,24 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core.proxies import DataDependentError, set_attribute_fallback, set_torch_function_handler
-from thunderlite.torch.ops import composites, creation, data_dependent, elementwise, grad_mode, indexing, inplace, distributed, linalg, nn, pooling, reductions, rng, shapes
-from thunderlite.torch.ops.creation import get_factory_defaults
 from thunderlite.torch.opaque import OpaqueDataDependentError, opaque_symbol_for, opaque_symbols
+from thunderlite.torch.ops import (  # noqa: F401 - each registers its symbols
+    composites,
+    creation,
+    data_dependent,
+    distributed,
+    elementwise,
+    grad_mode,
+    indexing,
+    inplace,
+    linalg,
+    nn,
+    pooling,
+    reductions,
+    rng,
+    shapes,
+)
+from thunderlite.torch.ops.creation import get_factory_defaults
 from thunderlite.torch.registry import all_symbols, is_opaque, symbol_for, torchsymbol
 
 

@@ -49,7 +49,8 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._library.custom_ops import OPDEFS, CustomOpDef

@@ -8,7 +8,7 @@ searched once, by identity, so the name is the one the user could have typed.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

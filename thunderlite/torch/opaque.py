@@ -24,7 +24,7 @@ tagged ``Tag.INPLACE``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 import torch
 

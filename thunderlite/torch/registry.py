@@ -16,7 +16,7 @@ is an error, never a silent overwrite (CONTRIBUTING.md, style 4).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 

@@ -20,8 +20,8 @@ import operator
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import NumberProxy
-from thunderlite.core.symint import ShapeEnv, SymInt, active_env, assume, hint_of, statically_known
 from thunderlite.core.symbol import Symbol
+from thunderlite.core.symint import ShapeEnv, SymInt, active_env, assume, hint_of, statically_known
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
 from thunderlite.torch.registry import register_leaf

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import broadcast_shapes, check  # noqa: F401  (re-exported)
 from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy, proxy_of_tensor
-from thunderlite.core.symint import SymInt
 from thunderlite.core.symbol import Symbol
+from thunderlite.core.symint import SymInt
 
 
 def is_tensor(x) -> bool:

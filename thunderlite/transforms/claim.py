@@ -25,7 +25,7 @@ module imports no concrete executor (docs/architecture.md §2); any object with 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag

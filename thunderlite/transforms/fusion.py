@@ -28,7 +28,7 @@ boundary. Example::
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from collections.abc import Callable
 
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol

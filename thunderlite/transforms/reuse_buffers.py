@@ -26,7 +26,7 @@ An input ``a`` of a symbol ``s`` is reused only when all of these hold:
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from thunderlite.core.aliasing import call_views, views
 from thunderlite.core.proxies import TensorProxy

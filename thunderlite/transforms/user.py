@@ -27,7 +27,7 @@ recorded in ``last_traces`` / ``last_backward_traces`` under the stage name
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from thunderlite.core.prims import check
 from thunderlite.core.trace import Trace

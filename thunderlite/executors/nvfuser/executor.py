@@ -25,12 +25,12 @@ import torch
 
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
-from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
-from thunderlite.executors.nvfuser import translate
 from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.nvfuser import translate
 from thunderlite.transforms.fusion import Region, fuse
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN, Tag.OPAQUE})

@@ -14,7 +14,7 @@ The API is ``nvfuser_direct``'s (NVIDIA/Fuser ``python/nvfuser_direct``):
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -31,7 +31,8 @@ symmetric buffer (``TensorProxy.memory == "symm_mem:<group>"``):
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -19,14 +19,14 @@ source of the kernels of a jitted function's last call.
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
-from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.torchex import torch_executor

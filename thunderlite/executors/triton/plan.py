@@ -30,7 +30,7 @@ Example: ``softmax(x)`` for ``x: f32[4, 8]`` has ``S = (4, 8)``, ``R = (1,)``,
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

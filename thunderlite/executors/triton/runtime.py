@@ -31,7 +31,7 @@ import hashlib
 import linecache
 import os
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

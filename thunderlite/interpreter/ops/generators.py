@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import types
 
-from ..calls import call, lookup
-from .exceptions import enter_exit
 from ..asyncgen import AsyncGenStep, InterpretedAsyncGenerator, Wrapped
+from ..calls import call, lookup
 from ..loop import RETURN, YIELD, InterpretedCoroutine
 from ..operators import get_iter
+from .exceptions import enter_exit
 
 MethodType = types.MethodType
 _NATIVE_SEND = (types.GeneratorType, types.CoroutineType, InterpretedCoroutine)

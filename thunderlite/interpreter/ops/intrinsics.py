@@ -8,8 +8,8 @@ from ..asyncgen import Wrapped
 from ..calls import call
 from ..frame import limit
 from ..operators import unary
-from .loads import import_star
 from .exceptions import prep_reraise_star
+from .loads import import_star
 
 
 def _stopiteration_error(f, exc):

@@ -1,6 +1,7 @@
 """The Python 3.11 handler table."""
 from __future__ import annotations
 
+from ..loop import unwind_exception_table
 from ..ops import arith as A
 from ..ops import build as B
 from ..ops import calls as C
@@ -10,7 +11,6 @@ from ..ops import generators as G
 from ..ops import loads as L
 from ..ops import match as M
 from ..ops import stack as S
-from ..loop import unwind_exception_table
 from .registry import HandlerTable
 
 

@@ -1,6 +1,7 @@
 """The Python 3.12 handler table (3.11's common entries plus the 3.12 forms)."""
 from __future__ import annotations
 
+from ..loop import unwind_exception_table
 from ..ops import arith as A
 from ..ops import build as B
 from ..ops import calls as C
@@ -10,9 +11,8 @@ from ..ops import intrinsics as I
 from ..ops import loads as L
 from ..ops import match as M
 from ..ops import stack as S
-from ..loop import unwind_exception_table
-from .registry import HandlerTable
 from .py311 import COMMON, DEREF_MSGS, unbound_local
+from .registry import HandlerTable
 
 # Entries 3.12 shares with 3.13 (which imports this list and adjusts it).
 COMMON_312 = [

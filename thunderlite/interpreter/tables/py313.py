@@ -1,16 +1,16 @@
 """The Python 3.13 handler table (3.12's entries plus the 3.13 call and format forms)."""
 from __future__ import annotations
 
+from ..loop import unwind_exception_table
 from ..ops import arith as A
 from ..ops import build as B
 from ..ops import calls as C
 from ..ops import generators as G
 from ..ops import loads as L
 from ..ops import stack as S
-from ..loop import unwind_exception_table
-from .registry import HandlerTable
 from .py311 import COMMON
 from .py312 import COMMON_312
+from .registry import HandlerTable
 
 _REPLACED = {"CALL_FUNCTION_EX"}
 

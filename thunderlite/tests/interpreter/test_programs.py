@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 import interp_prog_basic  # noqa: F401  (registers programs)
+import pytest
 from interp_harness import PROGRAMS, check, program_ids
+
 from thunderlite.interpreter import InterpreterHooks
 
 for _name in ("interp_prog_calls", "interp_prog_classes", "interp_prog_edge", "interp_prog_exceptions",

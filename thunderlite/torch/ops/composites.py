@@ -13,12 +13,14 @@ import torch.nn.functional as F
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
 from thunderlite.core.symint import is_int
-from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.ops import linalg  # noqa: F401 - registers matmul, reflected below
-from thunderlite.torch.ops import reductions as red
-from thunderlite.torch.ops import shapes
-from thunderlite.torch.ops.data_dependent import check_all, repeat_interleave_tensor
 from thunderlite.torch.opaque import opaque_symbol_for
+from thunderlite.torch.ops import elementwise as ew
+from thunderlite.torch.ops import (
+    linalg,  # noqa: F401 - registers matmul, reflected below
+    shapes,
+)
+from thunderlite.torch.ops import reductions as red
+from thunderlite.torch.ops.data_dependent import check_all, repeat_interleave_tensor
 from thunderlite.torch.registry import all_symbols, decomposable, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import broadcast, canonical_dim, convert, is_tensor
 

@@ -6,13 +6,13 @@ import math
 
 import torch
 
-from thunderlite.core.symint import is_int as _is_int
 from thunderlite.core import devices, dtypes, prims
 from thunderlite.core.prims import check
+from thunderlite.core.symint import is_int as _is_int
 from thunderlite.core.tags import Tag
 from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.ops.shapes import _shape_arg
+from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
 
 T = torch.Tensor

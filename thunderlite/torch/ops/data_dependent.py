@@ -33,7 +33,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
@@ -42,7 +42,7 @@ from thunderlite.torch.ops import reductions as red
 from thunderlite.torch.ops import shapes
 from thunderlite.torch.registry import register_leaf, torchsymbol
 from thunderlite.torch.sizes import as_unbacked, unbacked
-from thunderlite.torch.utils import canonical_dim, convert, expand_to
+from thunderlite.torch.utils import canonical_dim, expand_to
 
 T = torch.Tensor
 

@@ -18,7 +18,8 @@ in-place collective writes through ``detach()`` of its argument, as eager does.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

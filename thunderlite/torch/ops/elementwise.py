@@ -11,8 +11,17 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import register_method as _register_method
 from thunderlite.torch.registry import torchsymbol
-from thunderlite.torch.utils import (Promotion, broadcast, convert, elementwise, expand_to, is_number,
-                                     is_tensor, promote, tensor_of)
+from thunderlite.torch.utils import (
+    Promotion,
+    broadcast,
+    convert,
+    elementwise,
+    expand_to,
+    is_number,
+    is_tensor,
+    promote,
+    tensor_of,
+)
 
 T = torch.Tensor
 S = torch.special

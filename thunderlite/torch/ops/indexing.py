@@ -7,9 +7,9 @@ import operator
 
 import torch
 
-from thunderlite.core.symint import is_int, known_or, sym_max, sym_min
 from thunderlite.core import prims
 from thunderlite.core.prims import check
+from thunderlite.core.symint import is_int, known_or, sym_max, sym_min
 from thunderlite.core.tags import Tag
 from thunderlite.torch.ops import elementwise as ew
 from thunderlite.torch.ops import shapes

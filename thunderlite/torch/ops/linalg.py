@@ -16,7 +16,6 @@ from thunderlite.torch.ops import elementwise as ew
 from thunderlite.torch.ops import reductions as red
 from thunderlite.torch.ops import shapes
 from thunderlite.torch.registry import decomposable, register_leaf, torchsymbol
-from thunderlite.torch.utils import convert
 
 T = torch.Tensor
 
@@ -186,7 +185,7 @@ def _lstsq_meta(A, B, rcond=None, *, driver=None):
     vector = A.ndim - B.ndim == 1
     b_shape = tuple(B.shape) + (1,) if vector else tuple(B.shape)
     (m, n), k = A.shape[-2:], b_shape[-1]
-    check(b_shape[-2] == m, lambda: f"torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    check(b_shape[-2] == m, lambda: "torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
     batch = tuple(prims.broadcast_shapes(tuple(A.shape[:-2]), b_shape[:-2]))
     check(driver not in ("gelsd", "gelss") or not m > n, lambda: (
         f"torch.linalg.lstsq with driver='{driver}' and more rows than columns: whether residuals are "

@@ -11,14 +11,14 @@ import builtins
 
 import torch
 
-from thunderlite.core.symint import hint_of, is_int, known_or, statically_known, sym_max, sym_min
 from thunderlite.core import prims
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import DataDependentError, register_method
 from thunderlite.core.symbol import Symbol
+from thunderlite.core.symint import hint_of, is_int, known_or, statically_known, sym_max, sym_min
 from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.sizes import expect_size, item_int
 from thunderlite.torch.registry import _register_symbol, decomposable, register_torch_callable, torchsymbol
+from thunderlite.torch.sizes import expect_size, item_int
 from thunderlite.torch.utils import broadcast_shapes, canonical_dim, canonical_dims, convert, expand_to, is_tensor
 
 T = torch.Tensor
@@ -103,7 +103,7 @@ def unflatten(a, dim: int, sizes):
 @torchsymbol(T.permute, torch.permute, method_name="permute")
 def permute(a, *dims):
     dims = canonical_dims(_shape_arg(dims), a.ndim)
-    check(len(dims) == a.ndim, lambda: f"permute(): number of dims don't match in permute")
+    check(len(dims) == a.ndim, lambda: "permute(): number of dims don't match in permute")
     return a if dims == tuple(range(a.ndim)) else prims.permute(a, dims)
 
 

@@ -70,13 +70,25 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.torch.custom_ops import overload_of_symbol
-from thunderlite.torch.ops.grad_mode import SET_GRAD_ENABLED_ID
 from thunderlite.torch.opaque import opaque_symbol_for
+from thunderlite.torch.ops.grad_mode import SET_GRAD_ENABLED_ID
 from thunderlite.transforms.aliasing import view_geometry
 from thunderlite.transforms.aliasing.eager_layout import autograd_view, eager_view, same_storage
-from thunderlite.transforms.aliasing.view_links import (INVERTIBLE, StorageView, Strided, broadcast_to, call_key, detaching,
-                                               first_arg, inverse, invertible, overwrite, same_layout,
-                                               storage_order, within)
+from thunderlite.transforms.aliasing.view_links import (
+    INVERTIBLE,
+    StorageView,
+    Strided,
+    broadcast_to,
+    call_key,
+    detaching,
+    first_arg,
+    inverse,
+    invertible,
+    overwrite,
+    same_layout,
+    storage_order,
+    within,
+)
 
 
 def _detach_meta(a):

@@ -27,11 +27,11 @@ write. ``ordering_edges`` lists these write-after-read edges for the one pass
 that reorders (transforms/fusion.py)."""
 from __future__ import annotations
 
-from typing import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from thunderlite.core import prims, pytree
-from thunderlite.core.prims import check
 from thunderlite.core.aliasing import BARRIER, views, writes
+from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
@@ -56,7 +56,7 @@ class AliasGroups:
         self._members: dict[str, list[TensorProxy]] = {}
 
     @classmethod
-    def of_trace(cls, trace: Trace, input_alias_groups=None) -> "AliasGroups":
+    def of_trace(cls, trace: Trace, input_alias_groups=None) -> AliasGroups:
         g = cls()
         g.add_inputs(trace.args, input_alias_groups)
         for bsym in trace.bound_symbols:

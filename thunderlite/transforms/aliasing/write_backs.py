@@ -13,6 +13,7 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms.aliasing.functionalize import NotFunctionalizable
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups
 
+
 def take_write_backs(trace: Trace, input_alias_groups=None):
     """Split a functionalized trace's write-backs off for autodiff: the caller
     copies each written input's final value into it *after* the differentiated

@@ -27,7 +27,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from thunderlite.core import pytree
 from thunderlite.core.prims import check
@@ -38,7 +38,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace
 
-_recording: list["_Record"] = []
+_recording: list[_Record] = []
 
 
 class _Record:

@@ -38,14 +38,14 @@ import copy
 import torch
 
 from thunderlite.core import prims, pytree
-from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.aliasing import views, writes
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.torch.function_ctx import TracingCtx, context_of, remember_context
-from thunderlite.transforms.autodiff.rules import zeros_like
 from thunderlite.transforms.aliasing.update_aliases import update_aliases
+from thunderlite.transforms.autodiff.rules import zeros_like
 
 _symbols: dict[type, Symbol] = {}
 _by_id: dict[str, type] = {}

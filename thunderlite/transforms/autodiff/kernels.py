@@ -20,7 +20,7 @@ float32 once and the results rounded once, as the kernels compute in float32
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -28,11 +28,9 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.ops import indexing
-from thunderlite.torch.ops import linalg
+from thunderlite.torch.ops import indexing, linalg, shapes
 from thunderlite.torch.ops import nn as lnn
 from thunderlite.torch.ops import reductions as red
-from thunderlite.torch.ops import shapes
 from thunderlite.torch.utils import convert, upcast
 
 aten = torch.ops.aten

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symint import known_or, sym_max
 from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symint import known_or, sym_max
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.transforms.autodiff.symbols import BACKWARD_ERROR, convolution_backward

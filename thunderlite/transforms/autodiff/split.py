@@ -76,19 +76,27 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
-from thunderlite.transforms.autodiff import executors as ad_executors
-from thunderlite.transforms.autodiff import rules
-from thunderlite.transforms.autodiff import torch_rules  # noqa: F401  (registers the torch-level rules)
-from thunderlite.transforms.autodiff import collective_rules  # noqa: F401  (registers the collectives' rules)
-from thunderlite.transforms.autodiff.function import differentiable_outputs as fn_differentiable_outputs
-from thunderlite.transforms.autodiff.function import function_vjp, is_function_symbol
-from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
-from thunderlite.transforms.dce import dce
 from thunderlite.transforms.aliasing.eager_layout import eager_aliasing, eager_tensors, inputs_behind
-from thunderlite.transforms.aliasing.functionalize import DETACH, EagerRaises, NotFunctionalizable, functionalize, overwrite_values
-from thunderlite.transforms.autodiff.rematerialize import rematerialize
+from thunderlite.transforms.aliasing.functionalize import (
+    DETACH,
+    EagerRaises,
+    NotFunctionalizable,
+    functionalize,
+    overwrite_values,
+)
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.aliasing.write_backs import take_write_backs
+from thunderlite.transforms.autodiff import (
+    collective_rules,  # noqa: F401  (registers the collectives' rules)
+    rules,
+    torch_rules,  # noqa: F401  (registers the torch-level rules)
+)
+from thunderlite.transforms.autodiff import executors as ad_executors
+from thunderlite.transforms.autodiff.function import differentiable_outputs as fn_differentiable_outputs
+from thunderlite.transforms.autodiff.function import function_vjp, is_function_symbol
+from thunderlite.transforms.autodiff.rematerialize import rematerialize
+from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.dce import dce
 
 
 class MissingGradRuleError(NotImplementedError):

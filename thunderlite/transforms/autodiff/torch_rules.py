@@ -17,16 +17,23 @@ import torch
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.torch.ops import composites
+from thunderlite.torch.ops import composites, linalg, shapes
 from thunderlite.torch.ops import elementwise as ew
-from thunderlite.torch.ops import linalg
 from thunderlite.torch.ops import nn as lnn
 from thunderlite.torch.ops import reductions as red
-from thunderlite.torch.ops import shapes
 from thunderlite.transforms.autodiff import kernels
+from thunderlite.transforms.autodiff.rules import (
+    UNARY_RULES,
+    backward_error,
+    matmul_vjp,
+    register_forward,
+    register_vjp,
+    reshape_to,
+    sum_to,
+    vjp_rule,
+    zeros_like,
+)
 from thunderlite.transforms.autodiff.symbols import batch_norm_backward, cross_entropy_backward
-from thunderlite.transforms.autodiff.rules import (UNARY_RULES, backward_error, register_forward, register_vjp,
-                                                   reshape_to, sum_to, vjp_rule, zeros_like, matmul_vjp)
 
 _FLOATS = (torch.float32, torch.float64)
 
