@@ -31,7 +31,14 @@ import torch
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.executors.triton.executor import kernel_sources
-from thunderlite.frontend.cache import CacheInfo, CompiledEntry, KeyCache, parameter_names, user_stacklevel
+from thunderlite.frontend.cache import (
+    CacheInfo,
+    CompiledEntry,
+    KeyCache,
+    parameter_names,
+    reads_only,
+    user_stacklevel,
+)
 from thunderlite.frontend.compile import compile_call
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
@@ -61,6 +68,8 @@ class ThunderliteFunction:
         self._keys = self._key_cache(parameter_names(fn))
         self._key_fn = self._keys.no_key
         self._entries: dict = {}
+        self._fast: Callable = _no_fast_guard
+        self._candidate: CompiledEntry | None = None
         self.info = CacheInfo()
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
@@ -68,20 +77,38 @@ class ThunderliteFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
+        out = self._fast(args, kwargs)
+        if out is not MISS:
+            self.info.hits += 1
+            return out
         entry = self._entries.get(self._key_fn(args, kwargs))
         if entry is not None:
             out = entry.fn(args, kwargs)
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
+                self._arm(entry, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
+
+    def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+        """An entry the key path served twice in a row gets a fast guard
+        (``cache.make_fast_guard``): the next calls like this one skip the key.
+        A call served by another entry disarms it, so calls alternating between
+        entries pay no re-arming, and ``last`` is always the fast guard's entry."""
+        if entry is not self._candidate:
+            self._candidate = entry
+            self._fast = _no_fast_guard
+            return
+        factory = self._keys.fast_guard(self._key_fn)
+        self._fast = _no_fast_guard if factory is None else factory(args, kwargs, entry.fn, not reads_only(entry))
 
     def __get__(self, obj, objtype=None):
         """``@thunderlite.jit`` on a method: bind like a function (self is an argument)."""
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
+        self._fast = _no_fast_guard
         key_fn = self._keys.key_fn_for(args, kwargs)
         self._key_fn = key_fn
         key = key_fn(args, kwargs)
@@ -91,7 +118,7 @@ class ThunderliteFunction:
                 if out is not MISS:
                     self._entries[key] = entry
                     self.info.hits += 1
-                    self.last = entry
+                    self.last = self._candidate = entry
                     return out
         prev = self.info.last_key(key)
         self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
@@ -112,6 +139,7 @@ class ThunderliteFunction:
             self.info.note_key(key)
             entry.sym_guards = []
         self._store(key, entry)
+        self._candidate = entry
         out = entry.fn(args, kwargs)
         if out is MISS:
             raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
@@ -168,12 +196,17 @@ class ThunderliteFunction:
         self.last = entry
 
     def _reset(self, cache: str) -> None:
+        self._fast, self._candidate = _no_fast_guard, None
         self.cache_mode = cache
         self._keys = self._key_cache(self._keys.names)
         self._key_fn = self._keys.no_key
         self._entries.clear()
         self.info.entries = 0
         self.info.forget_keys()
+
+
+def _no_fast_guard(args: tuple, kwargs: dict) -> object:
+    return MISS
 
 
 def _call_module(module: torch.nn.Module, *args, **kwargs):

@@ -146,15 +146,27 @@ def _append_subsymbols(lines: list, bsym, consts: dict, depth: int) -> None:
 
 
 _compile_counter = [0]
+# source -> code object, for small sources: the key functions, entries and
+# guards of programs with the same argument structure are the same text, and
+# compile() is most of what making one costs. Bounded: the oldest goes first.
+_CODE_CACHE: dict[str, Any] = {}
+_CODE_CACHE_MAX_ENTRIES = 1024
+_CODE_CACHE_MAX_SOURCE = 4096
 
 
 def compile_source(src: str, fn_name: str, globs: dict) -> Callable:
     """exec ``src`` and return the function it defines. The source is registered
     with linecache so tracebacks through generated code show its lines."""
-    _compile_counter[0] += 1
-    filename = f"<thunderlite {fn_name} {_compile_counter[0]}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    code = compile(src, filename, "exec")
+    code = _CODE_CACHE.get(src)
+    if code is None:
+        _compile_counter[0] += 1
+        filename = f"<thunderlite {fn_name} {_compile_counter[0]}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        code = compile(src, filename, "exec")
+        if len(src) <= _CODE_CACHE_MAX_SOURCE:
+            if len(_CODE_CACHE) >= _CODE_CACHE_MAX_ENTRIES:
+                del _CODE_CACHE[next(iter(_CODE_CACHE))]
+            _CODE_CACHE[src] = code
     exec(code, globs)
     return globs[fn_name]
 

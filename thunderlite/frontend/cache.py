@@ -17,7 +17,27 @@ from typing import Any
 
 import torch
 
-from thunderlite.frontend.cache_key import ALL_DIMS, count_tensors, describe, make_key_fn
+from thunderlite.core import codegen
+from thunderlite.frontend.cache_key import (
+    _MISSING,
+    ALL_DIMS,
+    KeyGen,
+    alias_pattern,
+    count_tensors,
+    describe,
+    has_symbolic_numbers,
+    make_key_fn,
+    walk_signature,
+)
+from thunderlite.frontend.entry import MISS
+from thunderlite.transforms.aliasing.update_aliases import writes_memory
+
+try:        # torch's C++ guards (dynamo's): every torch this package supports has them
+    from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+    _TORCH_GUARDS: tuple | None = (_TensorGuards, _GlobalStateGuard)
+except ImportError:
+    _TORCH_GUARDS = None
 
 REPEATED_MISSES_TO_WARN = 3
 
@@ -94,7 +114,7 @@ class KeyCache:
         for part, leaf in key_fn.shape_parts.items():
             a, b = prev[part + 1], key[part + 1]
             if a != b and len(a) == len(b):
-                out[leaf] = {i for i, (x, y) in enumerate(zip(a, b)) if x != y}
+                out[leaf] = {i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y}
         return out
 
     def make_static(self, key_fn: Callable) -> Callable:
@@ -123,6 +143,74 @@ class KeyCache:
 
     def labels_of(self, key: tuple) -> list[str]:
         return self._fn_by_sig_id[key[0]].labels
+
+    def fast_guard(self, key_fn: Callable) -> Callable | None:
+        """The fast-guard factory of ``key_fn``'s signature (made on first use)."""
+        factory = getattr(key_fn, "fast_guard", _MISSING)
+        if factory is _MISSING:
+            sig = self._sig_of[id(key_fn)]
+            factory = key_fn.fast_guard = make_fast_guard(sig, self.dynamic_of(sig))
+        return factory
+
+
+def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> Callable | None:
+    """The factory of a signature's *fast guard*: ``factory(args, kwargs, entry,
+    sharing)`` returns ``fast(args, kwargs)``, which runs ``entry`` on a call
+    exactly like the one it was made from and returns ``MISS`` otherwise,
+    without building a key: tensors are checked by torch's own ``TensorGuards``
+    (type, dtype, device, requires_grad, sizes, dispatch keys; in C++), the
+    global state by its ``GlobalStateGuard`` (grad mode, autocast, default dtype
+    and more), and the rest as the key function checks it. Stricter than the
+    key (a stricter check only sends a call to the key path). Which tensor
+    arguments share storage is checked only with ``sharing``: a program that
+    writes no memory computes the same whatever its inputs share
+    (``reads_only``). None where the key cannot be checked this way: symbolic
+    sizes, numbers kept symbolic, or a torch without these guards."""
+    if _TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
+        return None
+    g = walk_signature(sig, None, KeyGen(fail="_MISS"))
+    tensors = [v for v, _ in g.tensors]
+    setup = [f"  {read}" for read in g.reads]
+    checks = []
+    for v, kind in g.values:
+        setup.append(f"  _c{v} = {v if kind == 'V' else f'id({v})'}")
+        checks.append(f"{v} != _c{v}" if kind == "V" else f"id({v}) != _c{v}")
+    if tensors:
+        sizes = ", ".join(f"[*{t}.shape]" for t in tensors)
+        strides = ", ".join(f"[None] * {t}.dim()" for t in tensors)
+        setup.append(f"  _tensors = _TensorGuards({', '.join(tensors)}, dynamic_dims_sizes=[{sizes}], "
+                     f"dynamic_dims_strides=[{strides}]).check")
+        checks.append(f"not _tensors({', '.join(tensors)})")
+    if len(tensors) > 1:
+        share = g.parts[-1]
+        setup.append(f"  _share = {share}")
+        checks.append(f"(_sharing and ({share}) != _share)")
+    setup.append("  _state = _GlobalStateGuard().check")
+    checks.append("not _state()")
+    # TensorGuards checks a tensor's exact type itself; an empty kwargs is falsy
+    body = [("  " + line.replace("len(kwargs) != 0", "kwargs")) for line in g.lines
+            if line not in g.tensor_type_checks]
+    src = "\n".join([
+        "def factory(args, kwargs, _entry, _sharing):",
+        *setup,
+        "  def fast(args, kwargs):",
+        *body,
+        f"    if {' or '.join(checks)}: return _MISS",
+        "    return _entry(args, kwargs)",
+        "  return fast",
+    ]) + "\n"
+    globs = dict(g.consts, _MISS=MISS, _MISSING=_MISSING, _alias_pattern=alias_pattern,
+                 _TensorGuards=_TORCH_GUARDS[0], _GlobalStateGuard=_TORCH_GUARDS[1], __builtins__=__builtins__)
+    factory = codegen.compile_source(src, "factory", globs)
+    factory.__thunderlite_source__ = src
+    return factory
+
+
+def reads_only(entry: CompiledEntry) -> bool:
+    """Whether ``entry``'s program writes no tensor memory: no write in the
+    traced program (decompositions included: batch_norm's running statistics),
+    no backward, no written inputs (``alias_guard``)."""
+    return not (entry.backward_traces or entry.alias_guard is not None or writes_memory(entry.traces[0]))
 
 
 def parameter_names(fn: Callable) -> list[str] | None:

@@ -81,11 +81,15 @@ def dynamic_shape(shape: tuple, dims) -> tuple:
 ALL_DIMS = "all dims"
 
 
-class _KeyGen:
-    """Writes the body of one key function."""
+class KeyGen:
+    """Writes the body of one key function (``fail``: what a mismatch returns)."""
 
-    def __init__(self, dynamic: dict | None = None):
+    def __init__(self, dynamic: dict | None = None, fail: str = "None"):
         self.dynamic = dynamic or {}       # tensor leaf index -> symbolic dims
+        self.fail = fail
+        self.values: list[tuple[str, str]] = []   # (variable, kind) of the V and O leaves
+        self.reads: list[str] = []      # ``v = expr`` of every leaf and container, in order
+        self.tensor_type_checks: set[str] = set()   # the lines checking a tensor leaf's type
         self.shape_parts: dict[int, int] = {}   # key part index -> tensor leaf index
         self.lines: list[str] = []
         self.parts: list[str] = []
@@ -111,14 +115,16 @@ class _KeyGen:
         return name
 
     def check(self, cond: str) -> None:
-        self.lines.append(f"  if {cond}: return None")
+        self.lines.append(f"  if {cond}: return {self.fail}")
 
     def node(self, node: tuple, expr: str, path: str) -> None:
         kind = node[0]
         v = self.var()
+        self.reads.append(f"{v} = {expr}")
         self.lines.append(f"  {v} = {expr}")
         self.check(f"type({v}) is not {self._type_name(node[1])}")
         if kind == "T":
+            self.tensor_type_checks.add(self.lines[-1])
             dims = self.dynamic.get(len(self.tensors))
             self.shape_parts[len(self.parts)] = len(self.tensors)
             if dims:
@@ -130,8 +136,10 @@ class _KeyGen:
             self.tensors.append((v, path))
         elif kind == "V":
             self.part(v, path)
+            self.values.append((v, kind))
         elif kind == "O":
             self.part(f"id({v})", f"the object passed as {path}")
+            self.values.append((v, kind))
         elif kind in ("tuple", "list"):
             self.check(f"len({v}) != {len(node[2])}")
             for i, child in enumerate(node[2]):
@@ -143,7 +151,7 @@ class _KeyGen:
                 self.node(child, f"{v}[{k!r}]", f"{path}[{k!r}]")
 
 
-def _const_ref(g: _KeyGen, value) -> str:
+def _const_ref(g: KeyGen, value) -> str:
     name = f"_D{len(g.consts)}"
     g.consts[name] = value
     return name
@@ -156,7 +164,25 @@ def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None,
     ``fn.labels[i]`` says what element ``i + 1`` of the key stands for.
     ``dynamic``: tensor leaf index (in signature order) -> the dims whose size
     is symbolic (a set, or ``ALL_DIMS``)."""
-    g = _KeyGen(dynamic)
+    g = walk_signature(sig, names, KeyGen(dynamic))
+    g.part("_grad()", "grad mode")
+    g.part("_autocast()", "autocast")
+    g.part("_default_dtype()", "the default dtype")
+    body = "\n".join(g.lines)
+    src = f"def key_fn(args, kwargs):\n{body}\n  return ({sig_id}, {', '.join(g.parts)})\n"
+    globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
+                 _grad=torch.is_grad_enabled, _autocast=autocast_state, _default_dtype=torch.get_default_dtype,
+                 __builtins__=__builtins__)
+    fn = codegen.compile_source(src, "key_fn", globs)
+    fn.__thunderlite_source__ = src
+    fn.labels = g.labels
+    fn.shape_parts = g.shape_parts
+    return fn
+
+
+def walk_signature(sig: tuple, names: list[str] | None, g: KeyGen) -> KeyGen:
+    """The structure checks and key parts of every leaf of ``sig``, then the
+    storage sharing of its tensors."""
     _, arg_nodes, kw_nodes = sig
     g.check(f"len(args) != {len(arg_nodes)} or len(kwargs) != {len(kw_nodes)}")
     for i, node in enumerate(arg_nodes):
@@ -171,19 +197,22 @@ def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None,
     elif len(g.tensors) > 2:
         ptrs = ", ".join(f"{t}.untyped_storage().data_ptr()" for t, _ in g.tensors)
         g.part(f"_alias_pattern(({ptrs},))", "which tensor arguments share storage")
-    g.part("_grad()", "grad mode")
-    g.part("_autocast()", "autocast")
-    g.part("_default_dtype()", "the default dtype")
-    body = "\n".join(g.lines)
-    src = f"def key_fn(args, kwargs):\n{body}\n  return ({sig_id}, {', '.join(g.parts)})\n"
-    globs = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape, _grad=torch.is_grad_enabled,
-                 _autocast=autocast_state, _default_dtype=torch.get_default_dtype,
-                 __builtins__=__builtins__)
-    fn = codegen.compile_source(src, "key_fn", globs)
-    fn.__thunderlite_source__ = src
-    fn.labels = g.labels
-    fn.shape_parts = g.shape_parts
-    return fn
+    return g
+
+
+def has_symbolic_numbers(sig: tuple) -> bool:
+    """Whether a leaf of ``sig`` is a number kept symbolic (kind S)."""
+    def walk(node):
+        kind = node[0]
+        if kind == "S":
+            return True
+        if kind in ("tuple", "list"):
+            return any(walk(c) for c in node[2])
+        if kind == "dict":
+            return any(walk(c) for _, c in node[2])
+        return False
+    _, arg_nodes, kw_nodes = sig
+    return any(walk(n) for n in arg_nodes) or any(walk(n) for _, n in kw_nodes)
 
 
 def count_tensors(sig: tuple) -> int:

@@ -163,9 +163,11 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
             return state.shape_env.size_symbol(proxy, value, f"{prov.describe()} = {proxy.name}", lower=None)
         return proxy
     if kind == "tuple":
-        return tuple(_arg_value(state, c, v, prov.item(i), None, leaf) for i, (c, v) in enumerate(zip(node[2], value)))
+        return tuple(_arg_value(state, c, v, prov.item(i), None, leaf)
+                     for i, (c, v) in enumerate(zip(node[2], value, strict=True)))
     if kind == "list":
-        copy = [_arg_value(state, c, v, prov.item(i), None, leaf) for i, (c, v) in enumerate(zip(node[2], value))]
+        copy = [_arg_value(state, c, v, prov.item(i), None, leaf)
+                for i, (c, v) in enumerate(zip(node[2], value, strict=True))]
         return _register_mirror(state, value, copy, prov)
     if kind == "dict":
         copy = {k: _arg_value(state, c, value[k], prov.item(k), None, leaf) for k, c in node[2]}

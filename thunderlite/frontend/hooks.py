@@ -46,7 +46,8 @@ class NotTracedError(RuntimeError):
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-_DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})   # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
+# item/tolist give symbolic numbers (torch/ops/data_dependent.py)
+_DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
 
 _DATA_DEPENDENT_HINT = (". Compute both branches and pick with torch.where, or use the ThunderFX backend "
                         "(torch.compile(fn, backend=\"thunderlite\")), which splits the graph there.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -119,10 +120,14 @@ class Lookasides:
         # with no effect on values: tracing skips it (its C op returns a ScriptObject)
         return contextlib.nullcontext()
 
+    def foreach(self, fn: Callable, *args, **kwargs):
+        """``torch._foreach_*`` recorded per element (foreach.py), its runner made
+        when the program calls it: most programs call none of the ~90 ops."""
+        return foreach_lookaside(fn, self.hooks.lookaside)(*args, **kwargs)
+
     def table(self) -> dict:
-        foreach = {f: foreach_lookaside(f, self.hooks.lookaside) for f in _FOREACH}
         return {
-            **foreach,
+            **{f: functools.partial(self.foreach, f) for f in _FOREACH},
             torch.autograd.profiler.record_function: self.record_function,
             TensorProxy.__getattr__: self.proxy_getattr,
             torch.autograd.backward: self.backward,

@@ -27,7 +27,7 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, has_tag_deep, written
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, has_tag_deep, writes_memory, written
 
 _ALWAYS_KEEP = (Tag.DONT_DCE, Tag.RETURN, Tag.RANDOM)
 
@@ -44,13 +44,16 @@ def _visible_roots(trace: Trace, groups: AliasGroups) -> set[str]:
     return roots
 
 
-def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups, observed: set[str],
+def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups | None, observed: set[str],
           keep_writes: bool = False) -> bool:
-    """``observed``: alias groups the caller sees or a kept later symbol reads."""
+    """``observed``: alias groups the caller sees or a kept later symbol reads
+    (``groups`` is None for a trace that writes nothing)."""
     if any(has_tag_deep(bsym, t) for t in _ALWAYS_KEEP):
         return True
     if any(p.name in live for p in bsym.proxy_outs()):
         return True
+    if groups is None:
+        return False
     if keep_writes and written(bsym):
         return True
     return any(groups.find(dst.name) in observed for dst in written(bsym))
@@ -62,8 +65,9 @@ def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None, *, keep
     ``keep_writes``: every write stays (a trace reading values it does not
     define, such as a backward reading forward values, whose memory the caller
     may see though they are not its arguments)."""
-    groups = AliasGroups.of_trace(trace, input_alias_groups)
-    observed = _visible_roots(trace, groups)
+    # without writes, liveness alone decides and no alias groups are needed
+    groups = AliasGroups.of_trace(trace, input_alias_groups) if writes_memory(trace) else None
+    observed = _visible_roots(trace, groups) if groups is not None else set()
     live: set[str] = set()
     kept: list[BoundSymbol] = []
     for bsym in reversed(trace.bound_symbols):
@@ -71,7 +75,7 @@ def dce(trace: Trace, input_alias_groups: list[list[str]] | None = None, *, keep
             kept.append(bsym)
             for p in bsym.proxy_args():
                 live.add(p.name)
-                if type(p) is TensorProxy:
+                if groups is not None and type(p) is TensorProxy:
                     observed.add(groups.find(p.name))
     if len(kept) == len(trace.bound_symbols):
         return trace

@@ -128,6 +128,12 @@ def written(bsym: BoundSymbol) -> list[TensorProxy]:
     return [dst for b in walk(bsym) for dst, _ in writes(b)]
 
 
+def writes_memory(trace: Trace) -> bool:
+    """Whether any symbol of ``trace`` (decompositions included) writes a tensor:
+    without writes, alias groups decide nothing."""
+    return any(writes(b) for top in trace.bound_symbols for b in walk(top))
+
+
 def has_tag_deep(bsym: BoundSymbol, tag: Tag) -> bool:
     """``tag`` on ``bsym`` or anywhere in its decomposition."""
     return any(tag in b.sym.tags for b in walk(bsym))
@@ -172,7 +178,9 @@ def update_aliases(trace: Trace, input_alias_groups: list[list[str]] | None = No
     are leaves requiring grad / inference tensors, ``refused_view_inputs`` maps
     arguments that are views eager refuses to write in grad mode to eager's
     message: writes into them raise eager's errors (``check_writes``). Returns
-    ``trace`` itself when nothing needs renaming."""
+    ``trace`` itself when nothing needs renaming (at once when nothing writes)."""
+    if not writes_memory(trace):
+        return trace
     check_writes(trace, leaf_inputs=leaf_inputs, inference_inputs=inference_inputs,
                  refused_view_inputs=refused_view_inputs)
     groups = AliasGroups()

@@ -1,0 +1,193 @@
+"""The fast guard of the cached call (frontend/cache.py: make_fast_guard): an
+entry the key path served twice in a row is then called without building the
+key. Every change the key would see must still reach another entry (or a
+compile), and every call must still equal eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.api import _no_fast_guard
+from thunderlite.frontend.cache import make_fast_guard
+from thunderlite.frontend.cache_key import describe
+from thunderlite.frontend.entry import MISS
+
+
+def _armed(jfn) -> bool:
+    j = jfn._jitted if isinstance(jfn, thunderlite.ThunderliteModule) else jfn
+    return j._fast is not _no_fast_guard
+
+
+def _warm(jfn, *args, **kwargs):
+    for _ in range(3):
+        out = jfn(*args, **kwargs)
+    assert _armed(jfn)
+    return out
+
+
+def tiny(a, b):
+    return (a * b + 1).sin().sum()
+
+
+def test_an_entry_served_twice_is_armed_and_serves_the_next_calls():
+    a, b = torch.randn(8), torch.randn(8)
+    jf = thunderlite.jit(tiny)
+    jf(a, b)
+    assert not _armed(jf)          # compiled: a candidate
+    jf(a, b)
+    assert _armed(jf)              # served again by the key path: armed
+    for _ in range(3):
+        a2, b2 = torch.randn(8), torch.randn(8)
+        torch.testing.assert_close(jf(a2, b2), tiny(a2, b2))
+    info = thunderlite.cache_info(jf)
+    assert (info["hits"], info["misses"]) == (4, 1)
+    assert thunderlite.last_traces(jf)[-1] is jf.last.traces[-1]
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "requires_grad", "no_grad", "default_dtype",
+                                    "device_type_of_arg", "kwargs", "arity", "parameter"])
+def test_what_the_key_sees_misses_the_fast_guard(change):
+    a, b = torch.randn(8), torch.randn(8)
+    jf = thunderlite.jit(tiny)
+    _warm(jf, a, b)
+    fast = jf._fast
+    if change == "shape":
+        args, ctx = (torch.randn(9), torch.randn(9)), None
+    elif change == "dtype":
+        args, ctx = (a.double(), b.double()), None
+    elif change == "requires_grad":
+        args, ctx = (a.clone().requires_grad_(), b), None
+    elif change == "no_grad":
+        args, ctx = (a, b), torch.no_grad()
+    elif change == "default_dtype":
+        args, ctx = (a, b), _default_dtype(torch.float64)
+    elif change == "device_type_of_arg":
+        args, ctx = (a, 2.0), None
+    elif change == "kwargs":
+        assert fast((a,), {"b": b}) is MISS
+        return
+    elif change == "arity":
+        assert fast((a, b, b), {}) is MISS
+        return
+    else:
+        args, ctx = (torch.nn.Parameter(a), b), None
+    if ctx is None:
+        assert fast(args, {}) is MISS
+        expect = tiny(*args)
+        got = jf(*args)
+    else:
+        with ctx:
+            assert fast(args, {}) is MISS
+            expect = tiny(*args)
+            got = jf(*args)
+    torch.testing.assert_close(got, expect)
+    assert thunderlite.cache_info(jf)["misses"] == 2
+
+
+class _default_dtype:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.old = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.old)
+
+
+def test_strides_are_not_in_the_key_and_not_in_the_fast_guard():
+    a = torch.randn(4, 4)
+    jf = thunderlite.jit(lambda x: x.exp() + 1)
+    _warm(jf, a)
+    t = torch.randn(4, 4).t()
+    assert jf._fast((t,), {}) is not MISS
+    torch.testing.assert_close(jf(t), t.exp() + 1)
+    assert thunderlite.cache_info(jf)["misses"] == 1
+
+
+def test_values_and_objects_in_the_key_are_checked():
+    def f(x, k, obj):
+        return x * k + obj.bias
+    class Obj:
+        bias = 1.0
+    o1, o2 = Obj(), Obj()
+    x = torch.randn(4)
+    jf = thunderlite.jit(f)
+    _warm(jf, x, 2, o1)
+    assert jf._fast((x, 3, o1), {}) is MISS
+    assert jf._fast((x, 2.0, o1), {}) is MISS       # the key checks the type as well as the value
+    assert jf._fast((x, 2, o2), {}) is MISS
+    torch.testing.assert_close(jf(x, 3, o1), f(x, 3, o1))
+    torch.testing.assert_close(jf(x, 2, o2), f(x, 2, o2))
+
+
+def test_a_writing_program_checks_which_inputs_share_storage():
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+    jf = thunderlite.jit(f)
+    a, b = torch.zeros(4), torch.zeros(4)
+    _warm(jf, a, b)
+    z, w = torch.zeros(8), torch.zeros(8)
+    assert jf._fast((z[:4], z[2:6]), {}) is MISS
+    out = jf(z[:4], z[2:6])
+    expect = f(w[:4], w[2:6])
+    torch.testing.assert_close(out, expect)
+    torch.testing.assert_close(z, w)
+
+
+def test_a_reading_program_needs_no_storage_check_and_stays_right():
+    z = torch.randn(8)
+    x, y = z[:4], z[4:]
+    jf = thunderlite.jit(tiny)
+    _warm(jf, torch.randn(4), torch.randn(4))
+    assert jf._fast((x, y), {}) is not MISS     # sharing storage cannot change what it computes
+    torch.testing.assert_close(jf(x, y), tiny(x, y))
+    assert jf._fast((x, x), {}) is MISS         # torch's guard refuses one tensor passed twice
+    torch.testing.assert_close(jf(x, x), tiny(x, x))
+
+
+def test_prologue_guards_still_run_on_the_fast_path():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+    m = M()
+    jm = thunderlite.jit(m)
+    x = torch.randn(3, 4)
+    _warm(jm, x)
+    m.scale = 3.0
+    torch.testing.assert_close(jm(x), m(x))
+    with torch.no_grad():
+        m.lin.weight.mul_(2)
+    torch.testing.assert_close(jm(x), m(x))
+
+
+def test_calls_alternating_between_entries_disarm_and_stay_right():
+    jf = thunderlite.jit(tiny, dynamic=False)
+    small, big = (torch.randn(4), torch.randn(4)), (torch.randn(6), torch.randn(6))
+    _warm(jf, *small)
+    for args in [big, small, big, small, big]:
+        torch.testing.assert_close(jf(*args), tiny(*args))
+        assert thunderlite.last_traces(jf)[0].args[0].shape[0] == args[0].shape[0]
+    assert not _armed(jf)
+    jf(*big)
+    jf(*big)
+    assert _armed(jf)
+
+
+def test_no_fast_guard_for_symbolic_sizes_or_numbers():
+    x = torch.randn(4)
+    sig = describe((x, 2.0), {}, symbolic_numbers=True)
+    assert make_fast_guard(sig) is None
+    assert make_fast_guard(describe((x,), {}), {0: {0}}) is None
+    jf = thunderlite.jit(lambda t: t + 1, dynamic=True)
+    for n in (4, 5, 6):
+        torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n) + 1)
+    assert not _armed(jf)
