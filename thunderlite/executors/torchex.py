@@ -12,6 +12,8 @@ last in the executor list.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from thunderlite.core import dtypes, prims
@@ -195,9 +197,31 @@ def writes_out(bsym: BoundSymbol) -> bool:
     """Whether ``bsym`` runs as a torch elementwise function (or ATen
     elementwise kernel) taking ``out=``, so that ``out=`` one of its inputs computes it in place
     (transforms/reuse_buffers.py). The out= overloads want a tensor first
-    (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors."""
+    (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors.
+    A torch-language symbol this executor runs as its ``torch.<fn>`` counts
+    when that function has an ATen ``out`` overload and the symbol decomposes
+    into elementwise prims only (``torch.add(t, 1)``, ``torch.sin(t)``)."""
     if bsym.sym is _WHERE:
         return all(type(a) is TensorProxy for a in bsym.args)
     if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
         return bsym.sym.executor is ex
-    return bsym.sym in _WRITES_OUT and bool(bsym.args) and type(bsym.args[0]) is TensorProxy
+    if not bsym.args or type(bsym.args[0]) is not TensorProxy:
+        return False
+    return bsym.sym in _WRITES_OUT or (bsym.sym.executor is ex and _elementwise_torch_call(bsym))
+
+
+_OUT_PRIMS = frozenset(getattr(prims, n) for n in prims.UNARY + prims.BINARY + prims.TERNARY
+                       if n not in _NO_OUT) | {prims.convert_element_type}
+
+
+def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
+    fn = bsym.sym.torch_fn
+    if not bsym.subsymbols or not getattr(fn, "__qualname__", "").startswith("_VariableFunctionsClass."):
+        return False
+    return all(b.sym in _OUT_PRIMS for b in bsym.subsymbols) and _has_out_overload(fn.__name__)
+
+
+@functools.cache
+def _has_out_overload(name: str) -> bool:
+    op = getattr(torch.ops.aten, name, None)
+    return op is not None and "out" in op.overloads()

@@ -21,6 +21,7 @@ from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
+from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.cache import CompiledEntry
@@ -40,6 +41,7 @@ from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
+from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
 
@@ -279,6 +281,9 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
         return program, list(program.backward_traces), tuple(strided.union(program.stride_inputs))
     steps: list[Trace] = []
     final = finalize(t, exs, groups, steps, transforms)
+    # as on the differentiable path (executors/autograd_function.py), an elementwise
+    # step may write into a buffer dying there, unless autograd records it
+    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=torch.is_grad_enabled()), final)
     traces += steps
     return final.python_callable(), [], tuple(strided)
 

@@ -166,3 +166,39 @@ def test_activation_backward_kernels_write_into_the_incoming_gradient():
         bwd = thunderlite.last_backward_traces(jf)[-1]
         kernels = [b for b in bwd.bound_symbols if b.sym.name.endswith("_backward")]
         assert len(kernels) == 1 and kernels[0].kwargs.get("out") is kernels[0].args[0], str(bwd)
+
+
+def _final_targets(jfn) -> list[str]:
+    return _targets(thunderlite.last_traces(jfn)[-1])
+
+
+def test_a_program_without_grad_reuses_its_dying_intermediates():
+    """The torch-language call itself (``torch.add(t, 1)``, ``torch.sin(t)``)
+    takes ``out=`` of a dying intermediate; inputs are never written."""
+    def f(a, b):
+        return (a * b + 1).sin().sum()
+    jf = thunderlite.jit(f)
+    a, b = torch.randn(8), torch.randn(8)
+    a0, b0 = a.clone(), b.clone()
+    torch.testing.assert_close(jf(a, b), f(a0, b0))
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    assert _final_targets(jf) == ["t0", "t1"]
+    with torch.no_grad():
+        jn = thunderlite.jit(lambda x: (x.exp() * 2).tanh())
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(jn(x), (x.exp() * 2).tanh())
+        assert len(_final_targets(jn)) == 2
+
+
+def test_a_leaf_made_inside_a_program_without_grad_is_never_written_with_out():
+    """Autograd refuses ``out=`` where it records: a factory with
+    ``requires_grad=True`` makes a leaf the trace's proxies do not mark."""
+    def f(x):
+        w = torch.ones(3, requires_grad=True)
+        return ((w * x).exp() + 1).sin()
+    jf = thunderlite.jit(f)
+    x = torch.randn(3)
+    out = jf(x)
+    assert out.requires_grad
+    torch.testing.assert_close(out, f(x))
+    assert _final_targets(jf) == []

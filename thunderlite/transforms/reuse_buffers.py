@@ -22,7 +22,12 @@ An input ``a`` of a symbol ``s`` is reused only when all of these hold:
   output of an opaque call or a compiled region;
 - every other name that may share ``a``'s storage (its views, found through
   each symbol's own alias facts and the leaves it is made of) died before
-  ``s``; none is a trace input.
+  ``s``; none is a trace input;
+- where autograd records the trace (``recorded``), nothing ``s`` reads or
+  makes requires grad.
+
+Differentiable programs run it on both sides of autodiff (neither records);
+programs without grad run it on their one trace.
 """
 from __future__ import annotations
 
@@ -81,7 +86,8 @@ def _last_uses(bsyms: list[BoundSymbol]) -> dict[str, int]:
 class _Plan:
     """What one trace allows; ``target(s, i)`` is the input ``s`` may write into."""
 
-    def __init__(self, trace: Trace, bsyms: list[BoundSymbol]):
+    def __init__(self, trace: Trace, bsyms: list[BoundSymbol], recorded: bool):
+        self.recorded = recorded
         self.last = _last_uses(bsyms)
         self.storage = _Storage(bsyms)
         self.inputs = {p.name for p in trace.args if isinstance(p, TensorProxy)}
@@ -98,6 +104,8 @@ class _Plan:
         if len(outs) != 1:
             return None
         out = outs[0]
+        if self.recorded and (out.requires_grad or any(a.requires_grad for a in bsym.tensor_args())):
+            return None            # autograd refuses out= where it records (a leaf the program made)
         for a in bsym.tensor_args():
             if (a.shape == out.shape and a.dtype == out.dtype and a.device == out.device
                     and a.name in self.owned and self.last.get(a.name) == i and self._alone(a.name, i)):
@@ -114,16 +122,21 @@ class _Plan:
 
 
 @trace_pass("reuse_buffers")
-def reuse_buffers(trace: Trace, write_out: Callable[[BoundSymbol], bool]) -> Trace:
-    """See the module docstring; returns ``trace`` itself when nothing is reused."""
+def reuse_buffers(trace: Trace, write_out: Callable[[BoundSymbol], bool], *, recorded: bool = False) -> Trace:
+    """See the module docstring; returns ``trace`` itself when nothing is reused.
+    ``recorded``: the trace runs where autograd records (a program outside
+    autodiff that makes a leaf requiring grad): no symbol reading or making a
+    value that requires grad gets ``out=``."""
     bsyms = trace.bound_symbols
-    plan = _Plan(trace, bsyms)
-    out: list[BoundSymbol] = []
+    candidates = [i for i, b in enumerate(bsyms) if not is_del(b) and "out" not in b.kwargs and write_out(b)]
+    if not candidates or recorded and any(b.kwargs.get("requires_grad") for b in bsyms):
+        return trace            # a factory making a leaf: its proxy does not say what requires grad
+    plan = _Plan(trace, bsyms, recorded)
+    out = list(bsyms)
     changed = False
-    for i, b in enumerate(bsyms):
-        a = None if is_del(b) or "out" in b.kwargs or not write_out(b) else plan.target(b, i)
+    for i in candidates:
+        a = plan.target(bsyms[i], i)
         if a is not None:
-            b = b.replace(kwargs={**b.kwargs, "out": a})
+            out[i] = bsyms[i].replace(kwargs={**bsyms[i].kwargs, "out": a})
             changed = True
-        out.append(b)
     return trace.with_bound_symbols("reuse_buffers", out) if changed else trace
