@@ -100,8 +100,8 @@ class ThunderliteFunction:
             self._candidate = entry
             self._fast = _no_fast_guard
             return
-        factory = self._keys.fast_guard(self._key_fn)
-        self._fast = _no_fast_guard if factory is None else factory(args, kwargs, entry.fn, not reads_only(entry))
+        guard = self._keys.fast_guard(self._key_fn)
+        self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
 
     def __get__(self, obj, objtype=None):
         """``@thunderlite.jit`` on a method: bind like a function (self is an argument)."""

@@ -36,7 +36,7 @@ import torch
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.cache_key import alias_pattern
 from thunderlite.frontend.state import Input
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, writes_memory, written
 
 PLAIN, INFERENCE, LEAF, VIEW_OF_LEAF, NO_GRAD_VIEW = range(5)
 
@@ -86,6 +86,8 @@ def refused_writes(inputs: list[Input]) -> dict:
 def written_inputs(trace: Trace, input_alias_groups) -> set[str]:
     """Names of the trace arguments whose storage some symbol writes (through a
     view, an alias, or a write hidden in a decomposition)."""
+    if not writes_memory(trace):
+        return set()
     groups = AliasGroups.of_trace(trace, input_alias_groups)
     roots = set()
     for bsym in trace.bound_symbols:

@@ -29,7 +29,6 @@ from thunderlite.frontend.cache_key import (
     make_key_fn,
     walk_signature,
 )
-from thunderlite.frontend.entry import MISS
 from thunderlite.transforms.aliasing.update_aliases import writes_memory
 
 try:        # torch's C++ guards (dynamo's): every torch this package supports has them
@@ -144,66 +143,76 @@ class KeyCache:
     def labels_of(self, key: tuple) -> list[str]:
         return self._fn_by_sig_id[key[0]].labels
 
-    def fast_guard(self, key_fn: Callable) -> Callable | None:
-        """The fast-guard factory of ``key_fn``'s signature (made on first use)."""
-        factory = getattr(key_fn, "fast_guard", _MISSING)
-        if factory is _MISSING:
+    def fast_guard(self, key_fn: Callable) -> FastGuard | None:
+        """The ``FastGuard`` of ``key_fn``'s signature (made on first use)."""
+        guard = getattr(key_fn, "fast_guard", _MISSING)
+        if guard is _MISSING:
             sig = self._sig_of[id(key_fn)]
-            factory = key_fn.fast_guard = make_fast_guard(sig, self.dynamic_of(sig))
-        return factory
+            guard = key_fn.fast_guard = make_fast_guard(sig, self.dynamic_of(sig))
+        return guard
 
 
-def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> Callable | None:
-    """The factory of a signature's *fast guard*: ``factory(args, kwargs, entry,
-    sharing)`` returns ``fast(args, kwargs)``, which runs ``entry`` on a call
-    exactly like the one it was made from and returns ``MISS`` otherwise,
-    without building a key: tensors are checked by torch's own ``TensorGuards``
-    (type, dtype, device, requires_grad, sizes, dispatch keys; in C++), the
-    global state by its ``GlobalStateGuard`` (grad mode, autocast, default dtype
-    and more), and the rest as the key function checks it. Stricter than the
-    key (a stricter check only sends a call to the key path). Which tensor
-    arguments share storage is checked only with ``sharing``: a program that
-    writes no memory computes the same whatever its inputs share
-    (``reads_only``). None where the key cannot be checked this way: symbolic
-    sizes, numbers kept symbolic, or a torch without these guards."""
+class FastGuard:
+    """One signature's fast guard; ``arm(args, kwargs, entry, sharing)`` returns
+    ``fast(args, kwargs)``: the entry's own code behind checks that the call is
+    exactly like this one, returning ``MISS`` otherwise, without building a key.
+
+    Tensors are checked by torch's own ``TensorGuards`` (type, dtype, device,
+    requires_grad, sizes, dispatch keys; in C++; one tensor passed twice is
+    refused), the global state by its ``GlobalStateGuard`` (grad mode,
+    autocast, default dtype and more), values and objects as the key checks
+    them. Stricter than the key: a stricter check only sends a call to the key
+    path. Which tensor arguments share storage is checked only with
+    ``sharing``: a program that writes no memory computes the same whatever
+    its inputs share (``reads_only``). The entry's body is inlined (one Python
+    call less), run with the entry's globals plus the guard's values."""
+
+    def __init__(self, setup: Callable, checks: list[str], consts: dict):
+        self.setup = setup
+        self.checks = checks
+        self.consts = consts
+
+    def arm(self, args: tuple, kwargs: dict, entry: Callable, sharing: bool) -> Callable:
+        head, _, body = entry.__thunderlite_source__.partition("\n")
+        src = "\n".join(["def fast(args, kwargs):", *self.checks, body])
+        globs = {**entry.__globals__, **self.consts, **self.setup(args, kwargs), "_sharing": sharing}
+        return codegen.compile_source(src, "fast", globs)
+
+
+def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None:
+    """The ``FastGuard`` of a signature, or None where the key cannot be
+    checked this way: symbolic sizes, numbers kept symbolic, or a torch
+    without these guards."""
     if _TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
         return None
     g = walk_signature(sig, None, KeyGen(fail="_MISS"))
     tensors = [v for v, _ in g.tensors]
-    setup = [f"  {read}" for read in g.reads]
+    made = []
     checks = []
     for v, kind in g.values:
-        setup.append(f"  _c{v} = {v if kind == 'V' else f'id({v})'}")
+        made.append(f"'_c{v}': {v if kind == 'V' else f'id({v})'}")
         checks.append(f"{v} != _c{v}" if kind == "V" else f"id({v}) != _c{v}")
     if tensors:
         sizes = ", ".join(f"[*{t}.shape]" for t in tensors)
         strides = ", ".join(f"[None] * {t}.dim()" for t in tensors)
-        setup.append(f"  _tensors = _TensorGuards({', '.join(tensors)}, dynamic_dims_sizes=[{sizes}], "
-                     f"dynamic_dims_strides=[{strides}]).check")
+        made.append(f"'_tensors': _TensorGuards({', '.join(tensors)}, dynamic_dims_sizes=[{sizes}], "
+                    f"dynamic_dims_strides=[{strides}]).check")
         checks.append(f"not _tensors({', '.join(tensors)})")
     if len(tensors) > 1:
         share = g.parts[-1]
-        setup.append(f"  _share = {share}")
+        made.append(f"'_share': {share}")
         checks.append(f"(_sharing and ({share}) != _share)")
-    setup.append("  _state = _GlobalStateGuard().check")
+    made.append("'_state': _GlobalStateGuard().check")
     checks.append("not _state()")
+    setup_src = "\n".join(["def setup(args, kwargs):", *(f"  {r}" for r in g.reads),
+                           f"  return {{{', '.join(made)}}}"]) + "\n"
+    consts = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern)
+    setup = codegen.compile_source(setup_src, "setup", dict(consts, _TensorGuards=_TORCH_GUARDS[0],
+                                                           _GlobalStateGuard=_TORCH_GUARDS[1],
+                                                           __builtins__=__builtins__))
     # TensorGuards checks a tensor's exact type itself; an empty kwargs is falsy
-    body = [("  " + line.replace("len(kwargs) != 0", "kwargs")) for line in g.lines
-            if line not in g.tensor_type_checks]
-    src = "\n".join([
-        "def factory(args, kwargs, _entry, _sharing):",
-        *setup,
-        "  def fast(args, kwargs):",
-        *body,
-        f"    if {' or '.join(checks)}: return _MISS",
-        "    return _entry(args, kwargs)",
-        "  return fast",
-    ]) + "\n"
-    globs = dict(g.consts, _MISS=MISS, _MISSING=_MISSING, _alias_pattern=alias_pattern,
-                 _TensorGuards=_TORCH_GUARDS[0], _GlobalStateGuard=_TORCH_GUARDS[1], __builtins__=__builtins__)
-    factory = codegen.compile_source(src, "factory", globs)
-    factory.__thunderlite_source__ = src
-    return factory
+    lines = [line.replace("len(kwargs) != 0", "kwargs") for line in g.lines if line not in g.tensor_type_checks]
+    return FastGuard(setup, [*lines, f"  if {' or '.join(checks)}: return _MISS"], consts)
 
 
 def reads_only(entry: CompiledEntry) -> bool:

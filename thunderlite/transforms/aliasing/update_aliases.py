@@ -327,6 +327,8 @@ def check_writes(trace: Trace, *, leaf_inputs: Collection[str] = (), inference_i
     (reading layouts specializes symbolic sizes). Returns the copies a write's
     view chain crossed: the decisions the program relies on (their inputs'
     strides are guarded)."""
+    if not writes_memory(trace):
+        return set()
     args = (trace, leaf_inputs, inference_inputs, refused_view_inputs or {})
     try:
         return _check_writes(*args, ())
