@@ -116,27 +116,44 @@ def _source_comment(source) -> str:
 
 def trace_source(trace, *, subsymbols: bool = True, consts: dict | None = None) -> str:
     """The trace as a Python module defining one function named ``trace.name``."""
+    return "\n".join(full for full, _ in _trace_lines(trace, subsymbols, consts)) + "\n"
+
+
+def trace_sources(trace, consts: dict) -> tuple[str, str]:
+    """``(printed, code)``: the trace's source without decompositions, and the
+    same lines with every comment blanked out (the text programs that differ
+    only in comments, such as metadata and source lines, share)."""
+    lines = _trace_lines(trace, False, consts)
+    return ("\n".join(full for full, _ in lines) + "\n", "\n".join(code for _, code in lines) + "\n")
+
+
+def _trace_lines(trace, subsymbols: bool, consts: dict | None) -> list[tuple[str, str]]:
+    """Each line of the printed trace with its code alone (comments blanked)."""
     consts = {} if consts is None else consts
-    lines = [f"# Constructed by {trace.stage}"] if trace.stage else []
-    lines += [f"# {c}" for c in trace.header_comments]
+    lines = [(f"# Constructed by {trace.stage}", "")] if trace.stage else []
+    lines += [(f"# {c}", "") for c in trace.header_comments]
     params = ", ".join(p.name if isinstance(p, Proxy) else f"_unused{i}" for i, p in enumerate(trace.args))
-    lines.append(f"def {trace.name}({params}):")
+    head = f"def {trace.name}({params}):"
+    lines.append((head, head))
     for p in trace.args:
         if isinstance(p, Proxy):
-            lines.append(f'{INDENT}# {p.name}: "{p.type_string()}"')
+            lines.append((f'{INDENT}# {p.name}: "{p.type_string()}"', ""))
     last_source = None
     for bsym in trace.bound_symbols:
         if bsym.source is not None and bsym.source != last_source:
-            lines.append(INDENT + _source_comment(bsym.source))
+            lines.append((INDENT + _source_comment(bsym.source), ""))
             last_source = bsym.source
         if bsym.header:
-            lines.append(f"{INDENT}# {bsym.header}")
-        lines.append(INDENT + bsym_line(bsym, consts))
+            lines.append((f"{INDENT}# {bsym.header}", ""))
+        code, meta = bsym_parts(bsym, consts)
+        lines.append((INDENT + (f"{code}  # {meta}" if meta else code), INDENT + code))
         if subsymbols:
-            _append_subsymbols(lines, bsym, consts, 2)
+            sub: list[str] = []
+            _append_subsymbols(sub, bsym, consts, 2)
+            lines += [(line, "") for line in sub]
     if not trace.bound_symbols:
-        lines.append(INDENT + "pass")
-    return "\n".join(lines) + "\n"
+        lines.append((INDENT + "pass", INDENT + "pass"))
+    return lines
 
 
 def _append_subsymbols(lines: list, bsym, consts: dict, depth: int) -> None:
@@ -154,21 +171,36 @@ _CODE_CACHE_MAX_ENTRIES = 1024
 _CODE_CACHE_MAX_SOURCE = 4096
 
 
-def compile_source(src: str, fn_name: str, globs: dict) -> Callable:
+def compile_source(src: str, fn_name: str, globs: dict, code_text: str | None = None) -> Callable:
     """exec ``src`` and return the function it defines. The source is registered
-    with linecache so tracebacks through generated code show its lines."""
-    code = _CODE_CACHE.get(src)
-    if code is None:
-        _compile_counter[0] += 1
-        filename = f"<thunderlite {fn_name} {_compile_counter[0]}>"
-        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-        code = compile(src, filename, "exec")
-        if len(src) <= _CODE_CACHE_MAX_SOURCE:
-            if len(_CODE_CACHE) >= _CODE_CACHE_MAX_ENTRIES:
-                del _CODE_CACHE[next(iter(_CODE_CACHE))]
-            _CODE_CACHE[src] = code
+    with linecache so tracebacks through generated code show its lines.
+    ``code_text``: ``src`` with its comments blanked (same lines), the key under
+    which its code object is kept and reused by sources differing only in comments."""
+    key = src if code_text is None else code_text
+    code = _CODE_CACHE.get(key)
+    if code is not None and code_text is None:
+        return _run(code, fn_name, globs)
+    _compile_counter[0] += 1
+    filename = f"<thunderlite {fn_name} {_compile_counter[0]}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    if code is not None:
+        return _run(_with_filename(code, filename), fn_name, globs)     # this text in tracebacks
+    code = compile(src, filename, "exec")
+    if len(key) <= _CODE_CACHE_MAX_SOURCE:
+        if len(_CODE_CACHE) >= _CODE_CACHE_MAX_ENTRIES:
+            del _CODE_CACHE[next(iter(_CODE_CACHE))]
+        _CODE_CACHE[key] = code
+    return _run(code, fn_name, globs)
+
+
+def _run(code: types.CodeType, fn_name: str, globs: dict) -> Callable:
     exec(code, globs)
     return globs[fn_name]
+
+
+def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_with_filename(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def bind_path(globs: dict, path: str, obj: Any) -> None:

@@ -174,7 +174,7 @@ class Trace:
         """Compile the trace. ``resolve(sym)`` gives the callable each top-level
         symbol runs; by default the symbol's own ``impl`` (executor symbols)."""
         consts: dict = {}
-        src = codegen.trace_source(self, subsymbols=False, consts=consts)
+        src, code_text = codegen.trace_sources(self, consts)
         globs: dict = {"torch": torch, "__builtins__": __builtins__}
         globs.update(consts)
         if extra_globals:
@@ -188,7 +188,7 @@ class Trace:
                 raise NotImplementedError(
                     f"no implementation to run {sym.id}: this trace has not been claimed by an executor")
             codegen.bind_path(globs, f"{sym.module}.{sym.name}" if sym.module else sym.name, fn)
-        fn = codegen.compile_source(src, self.name, globs)
+        fn = codegen.compile_source(src, self.name, globs, code_text)
         fn.__thunderlite_source__ = src
         return fn
 

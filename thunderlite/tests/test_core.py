@@ -142,3 +142,22 @@ def test_source_line_is_the_plain_tuple_plus_its_callers():
     fname, lineno, text = s
     t = pickle.loads(pickle.dumps(s))
     assert t == s and t.callers == s.callers
+
+
+def test_generated_code_is_compiled_once_per_text_and_keeps_each_programs_lines():
+    """compile_source keeps small code objects by their comment-free text; a
+    program differing only in comments reuses one and still shows its own lines."""
+    import linecache
+
+    from thunderlite.core import codegen
+    srcs = ["# shape 8\ndef f(a):\n  # a: 8\n  return a + 1  # out: 8\n",
+            "# shape 9\ndef f(a):\n  # a: 9\n  return a + 1  # out: 9\n"]
+    code = "\ndef f(a):\n\n  return a + 1\n"
+    f8 = codegen.compile_source(srcs[0], "f", {}, code)
+    f9 = codegen.compile_source(srcs[1], "f", {}, code)
+    assert f8(1) == f9(1) == 2
+    assert f8.__code__.co_code == f9.__code__.co_code
+    assert f8.__code__.co_filename != f9.__code__.co_filename
+    assert "out: 9" in linecache.getline(f9.__code__.co_filename, 4)
+    other = codegen.compile_source("def f(a):\n  return a + 2\n", "f", {}, "def f(a):\n  return a + 2\n")
+    assert other(1) == 3
