@@ -25,7 +25,7 @@ from thunderlite.transforms.fusion import dependencies, fuse, fusion_regions, re
 def _trace(build, *shapes, names="abcd"):
     trc = Trace()
     with tracectx(trc):
-        args = [TensorProxy(s, name=n) for s, n in zip(shapes, names)]
+        args = [TensorProxy(s, name=n) for s, n in zip(shapes, names, strict=False)]   # names: a longer pool
         trc.args = args
         trc.set_return(build(*args))
     return trc

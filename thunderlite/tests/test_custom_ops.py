@@ -70,7 +70,7 @@ inc_ = torch.ops.tl_aliasing_def.inc_.default
 def _record(build, *shapes):
     trc = Trace()
     with tracectx(trc):
-        args = [TensorProxy(s, name=n) for s, n in zip(shapes, "xyz")]
+        args = [TensorProxy(s, name=n) for s, n in zip(shapes, "xyz", strict=False)]   # names: a longer pool
         trc.args = args
         trc.set_return(build(*args))
     return trc
@@ -471,7 +471,7 @@ def test_custom_op_writing_a_leaf_that_requires_grad(executors):
     y = torch.randn(4, dtype=F64)
     jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
     outs = []
-    for f, w in zip((fn, jfn), ws):
+    for f, w in zip((fn, jfn), ws, strict=True):
         got = f(w, y)
         sum(o.sum() * (i + 1) for i, o in enumerate(got) if o.requires_grad).backward()
         outs.append((tuple(o.detach() for o in got), w.detach(), w.grad, w.is_leaf))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from itertools import pairwise
 
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol
@@ -183,7 +184,7 @@ def split_region(region: Region, bounds: list[int]) -> list[Region]:
     is again a consecutive run of a topological order, so it never forms a cycle."""
     later = {p.name for p in region.outputs}
     pieces: list[Region] = []
-    for lo, hi in reversed(list(zip(bounds, bounds[1:]))):
+    for lo, hi in reversed(list(pairwise(bounds))):
         bsyms = region.bsyms[lo:hi]
         defined: set[str] = set()
         inputs: dict[str, Proxy] = {}

@@ -300,7 +300,7 @@ def _default_amap(domain: tuple, shape: tuple) -> tuple:
 
 def _set_amap(plan: Plan, v: Value, amap: tuple) -> None:
     amap = tuple(None if s == 1 else d for s, d in zip(v.shape, amap, strict=True))
-    if any(d is not None and plan.domain[d] != s for s, d in zip(v.shape, amap)):
+    if any(d is not None and plan.domain[d] != s for s, d in zip(v.shape, amap, strict=True)):
         raise Unsupported(f"{v.name}{v.shape} cannot run along domain dims {amap}")
     if len({d for d in amap if d is not None}) != sum(d is not None for d in amap):
         raise Unsupported(f"{v.name} uses a domain dim twice")
@@ -359,7 +359,7 @@ def _align_reshape(plan: Plan, op: Op) -> bool:
     src, dst = (a, out) if a.amap is not None else (out, a)
     if src.amap is None:
         return False
-    it = iter(d for s, d in zip(src.shape, src.amap) if s != 1)
+    it = iter(d for s, d in zip(src.shape, src.amap, strict=True) if s != 1)
     _set_amap(plan, dst, tuple(None if s == 1 else next(it) for s in dst.shape))
     return True
 

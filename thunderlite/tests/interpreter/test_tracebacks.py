@@ -201,7 +201,7 @@ def test_note_lists_the_frames_cpython_lists(fn):
     want, got = _raise_natively(fn, args), _raise_interpreted(fn, args)
     assert [type(e) for e in _chain(got)] == [type(e) for e in _chain(want)]
     assert [str(e) for e in _chain(got)] == [str(e) for e in _chain(want)]
-    for w, g in zip(_chain(want), _chain(got)):
+    for w, g in zip(_chain(want), _chain(got), strict=True):
         if HAS_NOTES:
             assert _noted_frames(g) == _native_user_frames(w)
             assert not _interpreter_entries(g)
