@@ -99,8 +99,8 @@ def test_nonlocal_delete_replayed():
     jf = thunderlite.jit(src)
     x = torch.randn(2)
     torch.testing.assert_close(jf(x), x + 1)
-    with pytest.raises(ValueError):
-        src.__closure__[0].cell_contents
+    with pytest.raises(ValueError):         # the deleted cell is empty
+        _ = src.__closure__[0].cell_contents
 
 
 def test_cells_created_inside_the_call_stay_native():

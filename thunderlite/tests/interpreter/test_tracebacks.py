@@ -86,8 +86,7 @@ def raise_from(x):
 
 
 def gen(n):
-    for i in range(n):
-        yield i
+    yield from range(n)
     middle(n)
 
 
