@@ -555,7 +555,8 @@ def library_op_returning_its_written_view(x, y):
 @pytest.mark.parametrize("executors", WRITE_EXECUTORS)
 @pytest.mark.parametrize("fn", [write_into_intermediate_then_used, write_into_view_of_intermediate,
                                 write_into_view_under_no_grad, list_write_into_views,
-                                same_tensor_written_and_read, library_op_returning_its_written_view], ids=lambda f: f.__name__)
+                                same_tensor_written_and_read, library_op_returning_its_written_view],
+                         ids=lambda f: f.__name__)
 def test_mutating_custom_op_into_shared_memory_is_functional(fn, executors):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op

@@ -132,7 +132,8 @@ class Region:
         self.outputs = outputs
 
     def __repr__(self):
-        return f"<Region {len(self.bsyms)} symbols, in={[p.name for p in self.inputs]}, out={[p.name for p in self.outputs]}>"
+        ins, outs = [p.name for p in self.inputs], [p.name for p in self.outputs]
+        return f"<Region {len(self.bsyms)} symbols, in={ins}, out={outs}>"
 
 
 def fusion_regions(trace: Trace, can_fuse: CanFuse, min_size: int = 1) -> list[Region]:

@@ -53,8 +53,8 @@ ELEMENTWISE = frozenset({
     "where", "convert_element_type", "expm1", "log1p", "tanh"})
 """Elementwise prims the code generator translates (triton.codegen.EXPRESSIONS and _MULTI_LINE)."""
 
-FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid", "expm1", "log1p", "tanh",
-                        "reciprocal", "div", "lerp", "floor", "ceil", "trunc"})
+FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid", "expm1", "log1p",
+                        "tanh", "reciprocal", "div", "lerp", "floor", "ceil", "trunc"})
 INT_ONLY = frozenset({"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"})
 POW_EXPONENTS = frozenset({0, 1, 2, 3, 0.5, -1, -2})
 ROW_REDUCTIONS = frozenset({"sum", "amax", "amin", "var", "var_mean"})
@@ -83,7 +83,8 @@ class Value:
         return frozenset(d for d in self.amap if d is not None)
 
     def __repr__(self):
-        return f"<Value {self.name} {self.kind} {self.shape} {self.dtype} amap={self.amap}{' total' if self.total else ''}>"
+        total = " total" if self.total else ""
+        return f"<Value {self.name} {self.kind} {self.shape} {self.dtype} amap={self.amap}{total}>"
 
 
 class Op:

@@ -144,8 +144,9 @@ def with_python_manager(x):
         return middle(x)
 
 
-_PROGRAMS = [raise_caught_again, throw_into_generator, with_python_manager, outer, make_holder, with_block, finally_block, bare_reraise, not_matching_except,
-             raise_from, iterate_generator, comprehension, lambda_and_nested, recursive]
+_PROGRAMS = [raise_caught_again, throw_into_generator, with_python_manager, outer, make_holder, with_block,
+             finally_block, bare_reraise, not_matching_except, raise_from, iterate_generator, comprehension,
+             lambda_and_nested, recursive]
 _ARGS = {make_holder: ("x",), iterate_generator: (2,), comprehension: (3,), recursive: (2,)}
 
 
