@@ -290,7 +290,8 @@ def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> 
     by = {r["name"]: r for r in rows}
     if "thunderlite+tc" in by and "torch.compile" in by:
         tc, tl = by["torch.compile"], by["thunderlite+tc"]
-        print(f"{'thunderlite+tc / torch.compile':<32} time {statistics.median(tl['ms']) / statistics.median(tc['ms']):.2f}"
+        print(f"{'thunderlite+tc / torch.compile':<32} "
+              f"time {statistics.median(tl['ms']) / statistics.median(tc['ms']):.2f}"
               f"  paired {paired(tl, tc):.2f}  cpu {statistics.median(tl['cpu']) / statistics.median(tc['cpu']):.2f}"
               f"  paired cpu {paired(tl, tc, 'cpu'):.2f}"
               f"  pinned time {pinned['thunderlite+tc']['ms'] / pinned['torch.compile']['ms']:.2f}")

@@ -346,7 +346,7 @@ def _cat_meta(tensors, dim):
     for t in tensors:
         check(t.ndim == t0.ndim and t.dtype == t0.dtype and t.device == t0.device,
               lambda: f"cat: tensors differ in rank, dtype or device: {t0!r} vs {t!r}")
-        check(all(s == s0 for i, (s, s0) in enumerate(zip(t.shape, t0.shape)) if i != d),
+        check(all(s == s0 for i, (s, s0) in enumerate(zip(t.shape, t0.shape, strict=True)) if i != d),
               lambda: f"cat: shapes {t0.shape} and {t.shape} differ outside dim {d}")
         total += t.shape[d]
     shape = t0.shape[:d] + (total,) + t0.shape[d + 1:]
@@ -392,7 +392,8 @@ gather = make_prim("gather", _gather_meta)
 def _take_along_axis_meta(a, index, dim):
     _check_index(index, "take_along_axis")
     d = _canon_dim(dim, a.ndim, "take_along_axis")
-    check(index.ndim == a.ndim and all(i == s for k, (i, s) in enumerate(zip(index.shape, a.shape)) if k != d),
+    check(index.ndim == a.ndim
+          and all(i == s for k, (i, s) in enumerate(zip(index.shape, a.shape, strict=True)) if k != d),
           lambda: f"take_along_axis: index shape {index.shape} must match {a.shape} outside dim {d}")
     return TensorProxy(shape=index.shape, dtype=a.dtype, device=a.device, requires_grad=_grad(a))
 

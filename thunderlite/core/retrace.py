@@ -39,7 +39,7 @@ def match_outputs(got, want, what: str) -> dict:
     g, w = list(pytree.leaves(got)), list(pytree.leaves(want))
     check(len(g) == len(w), lambda: f"{what} returned {len(g)} values where the symbol has {len(w)}", ValueError)
     rename = {}
-    for x, y in zip(g, w):
+    for x, y in zip(g, w, strict=True):
         if isinstance(y, Proxy):
             check(isinstance(x, Proxy), lambda: f"{what} returned {x!r} where the symbol returns {y!r}", ValueError)
             if x.name != y.name:

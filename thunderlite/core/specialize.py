@@ -66,7 +66,7 @@ def sizes_of(inputs: list, values: list) -> dict[str, int]:
     out: dict[str, int] = {}
     for p, v in zip(inputs, values, strict=True):
         if type(p) is TensorProxy:
-            for s, n in zip(p.shape, v.shape):
+            for s, n in zip(p.shape, v.shape, strict=True):
                 if type(s) is SymInt:
                     e = s.env.canon(s.expr)
                     for expr in (e, s.expr):

@@ -484,8 +484,8 @@ class SymInt:
         env = self.env
         v = evaluate(self.expr, env.hints())
         if v is None:
-            raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs "
-                                     f"({'; '.join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)})")
+            origins = "; ".join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)
+            raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs ({origins})")
         env.add_guard(self.expr, "==", const(v), why)
         env.specialized.append(f"{self} = {v}: {why}")
         return v

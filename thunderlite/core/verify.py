@@ -33,4 +33,5 @@ def _check(cond: bool, trace, bsym, msg: str) -> None:
     if cond:
         return
     where = f"\n  at: {bsym!r}" if bsym is not None else ""
-    raise TraceVerificationError(f"{msg} in trace {trace.name!r} ({trace.stage}){where}\n{trace.python(subsymbols=False)}")
+    raise TraceVerificationError(f"{msg} in trace {trace.name!r} ({trace.stage}){where}\n"
+                                 f"{trace.python(subsymbols=False)}")

@@ -202,7 +202,7 @@ class _DistinctOutputs:
             return outs
         seen: set[int] = set()
         fixed = list(outs)
-        for i, (ptr, fresh) in enumerate(zip(ptrs, self.fresh)):
+        for i, (ptr, fresh) in enumerate(zip(ptrs, self.fresh, strict=True)):
             if ptr in seen and ptr and fresh:
                 fixed[i] = outs[i].clone()
             seen.add(ptr)

@@ -93,14 +93,14 @@ def broadcast_in_dim(a, shape, broadcast_dims):
     if a.ndim and broadcast_dims[0] == len(shape) - a.ndim and broadcast_dims[-1] == len(shape) - 1:
         return a.expand(shape)            # trailing-aligned: what torch broadcasting does
     view = [1] * len(shape)
-    for d, s in zip(broadcast_dims, a.shape):
+    for d, s in zip(broadcast_dims, a.shape, strict=True):
         view[d] = s
     return a.reshape(view).expand(shape)
 
 
 def slice_prim(a, start_indices, end_indices, strides=None):
     strides = strides or (1,) * a.ndim
-    return a[tuple(slice(lo, hi, st) for lo, hi, st in zip(start_indices, end_indices, strides))]
+    return a[tuple(slice(lo, hi, st) for lo, hi, st in zip(start_indices, end_indices, strides, strict=True))]
 
 
 def pad(a, padding_value, padding_config):
@@ -108,12 +108,12 @@ def pad(a, padding_value, padding_config):
         flat = [p for lo, hi, _ in reversed(padding_config) for p in (lo, hi)]
         return torch.nn.functional.pad(a, flat, value=padding_value)
     grown = [size + max(lo, 0) + max(hi, 0) + max(size - 1, 0) * interior
-             for size, (lo, hi, interior) in zip(a.shape, padding_config)]
+             for size, (lo, hi, interior) in zip(a.shape, padding_config, strict=True)]
     out = torch.full(grown, padding_value, dtype=a.dtype, device=a.device)
     place = tuple(slice(max(lo, 0), max(lo, 0) + max(size - 1, 0) * (interior + 1) + 1, interior + 1)
-                  for size, (lo, _, interior) in zip(a.shape, padding_config))
+                  for size, (lo, _, interior) in zip(a.shape, padding_config, strict=True))
     out[place] = a
-    crop = tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi, _) in zip(grown, padding_config))
+    crop = tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi, _) in zip(grown, padding_config, strict=True))
     return out[crop]
 
 

@@ -22,8 +22,8 @@ class Examination:
     def __init__(self, opaque: list[str], claimed: dict[str, int], skipped: dict[str, str],
                  error: BaseException | None, first_call_ms: float, n_symbols: int,
                  unused: list[tuple[str, str, str]] | None = None):
-        self.unused = unused or []
-        self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)      # (executor, symbol id, reason): implementations the call did not use
+        self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
+        self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped

@@ -196,7 +196,8 @@ class TraceState:
             return value
         if isinstance(value, types.ModuleType):
             return value
-        if isinstance(value, types.BuiltinFunctionType) and not isinstance(value.__self__, (types.ModuleType, type(None))):
+        if (isinstance(value, types.BuiltinFunctionType)
+                and not isinstance(value.__self__, (types.ModuleType, type(None)))):
             # a bound builtin method (``gen.get_state``) is a fresh object on every read:
             # equal (same self, same C function) is what can be guarded
             self.add_guard(prov, "eq", value)

@@ -79,7 +79,7 @@ def unused_implementations(entry, executors: list) -> list[tuple[str, str, str]]
 def _reason(ex, impl, pairs, owners, traced) -> str | None:
     declined = taken = 0
     other = None
-    for (before, _), owner in zip(pairs, owners):
+    for (before, _), owner in zip(pairs, owners, strict=True):
         for b in _walk(before.bound_symbols):
             if b.sym is not impl.of:
                 continue

@@ -137,7 +137,7 @@ def compare(actual, expected, atol, rtol, metadata_only: bool = False) -> None:
     a_leaves = [x for x in pytree.leaves(_plain(actual))]
     e_leaves = [x for x in pytree.leaves(_plain(expected))]
     assert len(a_leaves) == len(e_leaves), f"{len(a_leaves)} outputs vs eager's {len(e_leaves)}"
-    for a, e in zip(a_leaves, e_leaves):
+    for a, e in zip(a_leaves, e_leaves, strict=True):
         if isinstance(e, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"got {type(a).__name__} where eager gave a tensor"
             assert a.shape == e.shape and a.dtype == e.dtype, \
@@ -182,7 +182,7 @@ def _inputs_for(trace: Trace, args: tuple, kwargs: dict) -> list:
     params = trace.args
     assert len(params) == len(tensors) and all(
         isinstance(p, TensorProxy) and p.shape == tuple(t.shape) and p.dtype == t.dtype
-        for p, t in zip(params, tensors)), "the trace's inputs are not the call's tensors"
+        for p, t in zip(params, tensors, strict=True)), "the trace's inputs are not the call's tensors"
     return tensors
 
 

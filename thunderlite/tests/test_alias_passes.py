@@ -25,7 +25,7 @@ from thunderlite.transforms.fusion import dependencies, fuse, fusion_regions, re
 def _trace(build, *shapes, names="abcd"):
     trc = Trace()
     with tracectx(trc):
-        args = [TensorProxy(s, name=n) for s, n in zip(shapes, names)]
+        args = [TensorProxy(s, name=n) for s, n in zip(shapes, names, strict=False)]   # names: a longer pool
         trc.args = args
         trc.set_return(build(*args))
     return trc
@@ -231,7 +231,8 @@ def _mixed_program(a, b):
 
 def test_reorder_groups_fusible_and_keeps_return_last():
     trc = update_aliases(_trace(_mixed_program, (3, 3), (3, 3)))
-    fusible = lambda b: b.sym in _ELEMENTWISE
+    def fusible(b):
+        return b.sym in _ELEMENTWISE
     out = reorder(trc, fusible)
     verify_trace(out)
     assert out.bound_symbols[-1].has_tag(Tag.RETURN)
@@ -243,7 +244,8 @@ def test_reorder_groups_fusible_and_keeps_return_last():
 
 def test_regions_are_acyclic_and_fused_program_matches_eager():
     trc = update_aliases(_trace(_mixed_program, (3, 3), (3, 3)))
-    fusible = lambda b: b.sym in _ELEMENTWISE or b.sym is prims.copy_
+    def fusible(b):
+        return b.sym in _ELEMENTWISE or b.sym is prims.copy_
     out = fuse(trc, fusible, ToyFusion())
     verify_trace(out)
     assert any(b.has_tag(Tag.FUSION) for b in out.bound_symbols)

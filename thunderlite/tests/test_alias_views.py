@@ -164,7 +164,7 @@ class ShadowParameters(torch.nn.Module):
 
     def forward(self, x):
         with torch.no_grad():
-            for p, s in zip(self.lin.parameters(), self.shadow.parameters()):
+            for p, s in zip(self.lin.parameters(), self.shadow.parameters(), strict=True):
                 s.mul_(0.5).add_(p, alpha=0.5)
         return self.lin(x) + self.shadow(x)
 
@@ -178,7 +178,7 @@ class EMATarget(torch.nn.Module):
         self.target = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        for t, o in zip(self.target.parameters(), self.online.parameters()):
+        for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
             t.detach().mul_(0.99).add_(o.detach(), alpha=0.01)
         return (self.online(x) - self.target(x)).pow(2).mean()
 

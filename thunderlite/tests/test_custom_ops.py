@@ -70,7 +70,7 @@ inc_ = torch.ops.tl_aliasing_def.inc_.default
 def _record(build, *shapes):
     trc = Trace()
     with tracectx(trc):
-        args = [TensorProxy(s, name=n) for s, n in zip(shapes, "xyz")]
+        args = [TensorProxy(s, name=n) for s, n in zip(shapes, "xyz", strict=False)]   # names: a longer pool
         trc.args = args
         trc.set_return(build(*args))
     return trc
@@ -471,7 +471,7 @@ def test_custom_op_writing_a_leaf_that_requires_grad(executors):
     y = torch.randn(4, dtype=F64)
     jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
     outs = []
-    for f, w in zip((fn, jfn), ws):
+    for f, w in zip((fn, jfn), ws, strict=True):
         got = f(w, y)
         sum(o.sum() * (i + 1) for i, o in enumerate(got) if o.requires_grad).backward()
         outs.append((tuple(o.detach() for o in got), w.detach(), w.grad, w.is_leaf))
@@ -555,7 +555,8 @@ def library_op_returning_its_written_view(x, y):
 @pytest.mark.parametrize("executors", WRITE_EXECUTORS)
 @pytest.mark.parametrize("fn", [write_into_intermediate_then_used, write_into_view_of_intermediate,
                                 write_into_view_under_no_grad, list_write_into_views,
-                                same_tensor_written_and_read, library_op_returning_its_written_view], ids=lambda f: f.__name__)
+                                same_tensor_written_and_read, library_op_returning_its_written_view],
+                         ids=lambda f: f.__name__)
 def test_mutating_custom_op_into_shared_memory_is_functional(fn, executors):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op

@@ -175,7 +175,8 @@ def read_saves_nothing_then_nograd_write(x, w, a):
 
 
 FUNCTIONAL = [nograd_write_into_intermediate, nograd_write_into_view, nograd_value_and_view_write,
-              nograd_view_made_inside, detach_made_under_no_grad_read_after, detach_write, data_write, detach_slice_write_with_views,
+              nograd_view_made_inside, detach_made_under_no_grad_read_after, detach_write, data_write,
+              detach_slice_write_with_views,
               nograd_write_into_leaf_argument, detach_write_into_argument_return_view,
               data_write_into_non_leaf_argument, detach_write_of_grad_value, grad_value_only_through_alias,
               detach_and_recorded_view_writes,

@@ -72,7 +72,7 @@ def test_repeated_layers_are_cut_one_to_a_piece():
         a = TensorProxy((4,), name=trc.claim_name("a"))
         trc.args = [a]
         x = prims.neg(a)
-        for i in range(3):
+        for _ in range(3):
             trc.source = ("model.py", 10, "x = (x * 2).sin()")
             x = prims.sin(prims.mul(x, 2.0))
         trc.source = ("model.py", 20, "return x.cos()")

@@ -258,7 +258,7 @@ def _check_math(program, ops, x, w, seed, grads) -> None:
     smaller step rules out a kink of relu/clamp inside the first step."""
     g = torch.Generator().manual_seed(seed + 2)
     vx, vw = torch.randn(x.shape, generator=g, dtype=F64), torch.randn(w.shape, generator=g, dtype=F64)
-    analytic = sum(float((gr * v).sum()) for gr, v in zip(grads, (vx, vw)) if gr is not None)
+    analytic = sum(float((gr * v).sum()) for gr, v in zip(grads, (vx, vw), strict=True) if gr is not None)
     seen = []
     for eps in (1e-6, 1e-8):
         plus = _loss_value(program, ops, x + eps * vx, w + eps * vw, seed)

@@ -93,7 +93,8 @@ def test_embedding_dense_backward(padding_idx, freq):
     _same(K.embedding_dense_backward, _t(2, 3, 4), idx, 6, padding_idx, freq)
 
 
-@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"mask": True}, {"mask": True, "is_causal": True}])
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"scale": 0.3}, {"mask": True},
+                                {"mask": True, "is_causal": True}])
 @pytest.mark.parametrize("L,S", [(5, 5), (3, 6)])
 def test_flash_attention_forward_and_backward(kw, L, S):
     q, k, v = _causal_sdpa_inputs(L, S)
@@ -572,7 +573,8 @@ def test_gpt_backward_uses_fused_kernels():
     assert names.count("native_layer_norm_backward") == layers
     assert names.count("gelu_backward") == layers
     assert names.count("embedding_dense_backward") == 1
-    assert [b.sym.id for b in bwd.bound_symbols if b.sym.name == "cross_entropy_backward"] == ["torchex.cross_entropy_backward"]
+    assert ([b.sym.id for b in bwd.bound_symbols if b.sym.name == "cross_entropy_backward"]
+            == ["torchex.cross_entropy_backward"])
     assert not {"softmax", "exp", "amax", "where", "pad"} & set(names), names
     fwd_names = [b.sym.name for b in fwd.bound_symbols]
     assert fwd_names.count("sdpa_flash_cpu") == fwd_names.count("native_layer_norm") == layers
@@ -645,7 +647,8 @@ def _producer(prog, name: str) -> str:
 
 def test_softmax_saves_its_output_not_its_input():
     from test_grad_prims import check_grad
-    prog = check_grad(lambda x, w: torch.softmax(x @ w, -1) @ w, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_())
+    prog = check_grad(lambda x, w: torch.softmax(x @ w, -1) @ w,
+                      _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_())
     assert {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")} == {"softmax"}
 
 
@@ -659,7 +662,8 @@ def test_residual_sum_is_saved_and_gelu_recomputed():
     def fn(x, w1, w2):
         h = x + x @ w1
         return F.gelu(F.layer_norm(h, (5,)) @ w1) @ w2
-    prog = check_grad(fn, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_(), _t(5, 3, seed=2).requires_grad_())
+    prog = check_grad(fn, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_(),
+                      _t(5, 3, seed=2).requires_grad_())
     producers = {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")}
     assert "add" in producers and "gelu" not in producers
     bwd = [b.sym.name for b in prog.backward_traces[-1].bound_symbols]

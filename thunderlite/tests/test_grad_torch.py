@@ -97,7 +97,8 @@ def test_sdpa_masks():
 @pytest.mark.parametrize("kw", [{}, {"padding_idx": 2}, {"padding_idx": -1, "scale_grad_by_freq": True}])
 def test_embedding(kw):
     idx = torch.tensor([[0, 2, 2], [5, 1, 0]])
-    prog = check_grad(lambda i, w: lnn.embedding(i, w, **kw), idx, _t(6, 4), ref_fn=lambda i, w: F.embedding(i, w, **kw))
+    prog = check_grad(lambda i, w: lnn.embedding(i, w, **kw), idx, _t(6, 4),
+                      ref_fn=lambda i, w: F.embedding(i, w, **kw))
     assert _uses_rule(prog, "ltorch.embedding")
 
 

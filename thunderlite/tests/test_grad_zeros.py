@@ -119,7 +119,8 @@ _RAMP = torch.arange(1.0, 17.0, dtype=F64).reshape(1, 1, 4, 4)
 # share of a tie while eager's own backward formula gives a number.
 _SPECIAL = {
     "vector_norm_at_0": (lambda x: torch.linalg.vector_norm(x), torch.zeros(3, dtype=F64)),
-    "norm_dim_row_of_0": (lambda x: torch.norm(x, dim=1, keepdim=True), torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=F64)),
+    "norm_dim_row_of_0": (lambda x: torch.norm(x, dim=1, keepdim=True),
+                          torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=F64)),
     "vector_norm_p3_at_0": (lambda x: torch.linalg.vector_norm(x, 3, dim=0), torch.zeros(3, 2, dtype=F64)),
     "vector_norm_p1.5": (lambda x: torch.linalg.vector_norm(x, 1.5), _t(0.0, -1.0, 2.0)),
     "vector_norm_p0.5": (lambda x: torch.linalg.vector_norm(x, 0.5), _t(0.0, -1.0, 2.0)),

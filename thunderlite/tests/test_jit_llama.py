@@ -37,7 +37,7 @@ def test_llama_matches_eager(use_cache):
         if use_cache:
             exp_t, got_t = _cache_tensors(expected.past_key_values), _cache_tensors(got.past_key_values)
             assert len(exp_t) == len(got_t) > 0
-            for e, g in zip(exp_t, got_t):
+            for e, g in zip(exp_t, got_t, strict=True):
                 torch.testing.assert_close(g, e)
         else:
             assert got.past_key_values is None
@@ -57,6 +57,6 @@ def test_llama_decode_step_with_cache_passed_in():
         j2 = jm(nxt, past_key_values=j1.past_key_values, use_cache=True)
     torch.testing.assert_close(j2.logits, e2.logits)
     # the cache passed in is updated as eager updates it (epilogue write-back)
-    for e, g in zip(_cache_tensors(e1.past_key_values), _cache_tensors(j1.past_key_values)):
+    for e, g in zip(_cache_tensors(e1.past_key_values), _cache_tensors(j1.past_key_values), strict=True):
         assert g.shape[-2] == 7
         torch.testing.assert_close(g, e)

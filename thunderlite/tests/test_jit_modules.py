@@ -25,7 +25,7 @@ def test_mlp_matches_and_keeps_module_surface():
     jm = _check(model, torch.randn(2, 4))
     assert list(jm.state_dict()) == list(model.state_dict())
     assert [n for n, _ in jm.named_parameters()] == [n for n, _ in model.named_parameters()]
-    assert all(a is b for a, b in zip(jm.parameters(), model.parameters()))
+    assert all(a is b for a, b in zip(jm.parameters(), model.parameters(), strict=True))
     assert jm[0] is model[0]
     jm.eval()
     assert not model.training
@@ -190,7 +190,7 @@ def test_module_grads_match_eager():
     x = torch.randn(5, 4)
     thunderlite.jit(model)(x).sum().backward()
     ref(x).sum().backward()
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
 
 
@@ -227,7 +227,7 @@ def test_cnn_with_batchnorm_training_grads_and_running_stats():
     torch.testing.assert_close(out, expected)
     out.sum().backward()
     expected.sum().backward()
-    for p, q in zip(cnn.parameters(), ref.parameters()):
+    for p, q in zip(cnn.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     torch.testing.assert_close(cnn[1].running_mean, ref[1].running_mean)
 

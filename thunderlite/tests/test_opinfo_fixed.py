@@ -74,7 +74,8 @@ def _params():
         key = (op.name, op.variant_test_name)
         if key in FIXED:
             for dtype in (torch.float32, torch.float64):
-                yield pytest.param(op, dtype, FIXED[key], id=f"{op.name}.{op.variant_test_name}-{dtype}".replace(".-", "-"))
+                test_id = f"{op.name}.{op.variant_test_name}-{dtype}".replace(".-", "-")
+                yield pytest.param(op, dtype, FIXED[key], id=test_id)
 
 
 @pytest.mark.parametrize("op, dtype, keep", _params())

@@ -46,7 +46,8 @@ _CASES += [("sgd", False, ["torchcompile", "torch"]), ("adamw", True, ["torchcom
 
 
 @pytest.mark.parametrize("kind,foreach,exs", _CASES,
-                         ids=[f"{k}-{'foreach' if f else 'for_loop'}-{e if isinstance(e, str) else 'torchcompile' if e else 'default'}"
+                         ids=[f"{k}-{'foreach' if f else 'for_loop'}-"
+                              f"{e if isinstance(e, str) else 'torchcompile' if e else 'default'}"
                               for k, f, e in _CASES])
 def test_jitted_optimizer_step_matches_eager(kind, foreach, exs):
     model, ref = _model(), _model()

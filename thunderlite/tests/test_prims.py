@@ -142,7 +142,7 @@ def _pad_ref(a, value, config):
 
 def _bcast_ref(a, shape, dims):
     view = [1] * len(shape)
-    for d, s in zip(dims, a.shape):
+    for d, s in zip(dims, a.shape, strict=True):
         view[d] = s
     return a.reshape(view).expand(shape)
 

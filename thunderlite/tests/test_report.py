@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from itertools import pairwise
 
 import pytest
 import torch
@@ -71,7 +72,7 @@ def test_report_file_is_self_contained_and_holds_every_stage(tmp_path):
     stages = [s for g in data["groups"] for s in g["stages"]]
     assert [s["id"] for s in stages] == _stage_ids(jf)
     for s, trc in zip(stages, thunderlite.last_traces(jf) + thunderlite.last_backward_traces(jf)
-                      + thunderlite.last_prologue_traces(jf)):
+                      + thunderlite.last_prologue_traces(jf), strict=True):
         assert s["stage"] == trc.stage and len(s["rows"]) == len(trc.bound_symbols)
     # every symbol of the final forward trace is claimed by the torch executor or runs its own impl
     final = stages[len(thunderlite.last_traces(jf)) - 1]
@@ -88,7 +89,7 @@ def test_report_diff_to_previous_stage_matches_the_traces(tmp_path):
     jf = _run()
     data = _data(open(thunderlite.trace_report(jf, tmp_path / "r.html"), encoding="utf-8").read())
     fw = data["groups"][0]["stages"]
-    for prev, cur in zip(fw, fw[1:]):
+    for prev, cur in pairwise(fw):
         a, b = [r["code"] for r in prev["rows"]], [r["code"] for r in cur["rows"]]
         rebuilt = []
         for tag, i1, i2, j1, j2 in cur["diff"]:
@@ -163,7 +164,7 @@ def test_every_stage_is_present_and_renders_all_its_symbols(page_of, fused):
     assert page.eval_on_selector_all("nav button", "bs => bs.map(b => b.dataset.stage)") == ids
     traces = thunderlite.last_traces(jf) + thunderlite.last_backward_traces(jf) + thunderlite.last_prologue_traces(jf)
     page.uncheck("#opt-changes")
-    for sid, trc in zip(ids, traces):
+    for sid, trc in zip(ids, traces, strict=True):
         page.click(f'nav button[data-stage="{sid}"]')
         assert page.get_attribute("#view", "data-stage") == sid
         assert trc.stage in page.inner_text("#view .stagehead h2")

@@ -8,8 +8,8 @@ import torch
 
 import thunderlite
 
-PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used", "box_inputs",
-          "reuse_buffers",
+PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used",
+          "box_inputs", "reuse_buffers",
           "functionalize",
           "split_forward_backward (forward)", "split_forward_backward (backward)",
           "split_forward_backward (eager mode: no-grad values detached)"}

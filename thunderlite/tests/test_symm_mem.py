@@ -300,7 +300,8 @@ def test_mutating_op_under_reordering_executor(seed, program):
         assert b.sym.name in ("update_aliases", "copy_", "del", "python_del", "return") or "into" in b.sym.name, b
 
 
-def test_small_all_reduce_lowered_to_one_shot(one_rank_group):
+@pytest.mark.usefixtures("one_rank_group")
+def test_small_all_reduce_lowered_to_one_shot():
     name = dist.group.WORLD.group_name
     ex, backend = _fake_executor(groups=(name,))
     ex.one_shot_max_bytes = 64

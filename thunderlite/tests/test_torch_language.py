@@ -35,8 +35,9 @@ def assert_matches(fn, *args, **kwargs):
 
 
 _VALUES = [torch.ones(2, 3, dtype=torch.int64), torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3),
-           torch.ones(2, 3, dtype=torch.float64), torch.ones((), dtype=torch.float64), torch.ones((), dtype=torch.int32),
-           torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(2, 3, dtype=torch.complex64), 2, 2.5, True, 1j]
+           torch.ones(2, 3, dtype=torch.float64), torch.ones((), dtype=torch.float64),
+           torch.ones((), dtype=torch.int32), torch.ones(2, 3, dtype=torch.bfloat16),
+           torch.ones(2, 3, dtype=torch.complex64), 2, 2.5, True, 1j]
 
 
 @pytest.mark.parametrize("a,b", [(a, b) for a, b in itertools.product(_VALUES, _VALUES)
@@ -61,7 +62,7 @@ def test_binary_promotion_and_broadcasting(op, a, b):
     try:
         expected = op(*args)
     except (RuntimeError, TypeError):
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  any error: ours need not have eager's type
             run_both(op, *args)
         return
     trc, direct, prim_level = run_both(op, *args)
@@ -289,7 +290,8 @@ def assert_native(fn, *args, exact: bool = False):
             torch.testing.assert_close(got, expected, equal_nan=True)
 
 
-_POOL_ARGS = [(k, s, p, d, c) for k, s, p, d, c in itertools.product([1, 2, 3], [None, 2], [0, 1], [1, 2], [False, True])
+_POOL_ARGS = [(k, s, p, d, c)
+              for k, s, p, d, c in itertools.product([1, 2, 3], [None, 2], [0, 1], [1, 2], [False, True])
               if 2 * p <= k]
 
 

@@ -253,9 +253,9 @@ def _make(overload: OpOverload) -> Callable:
 
 def _writes(bsym, schema: _Schema, hidden: list[int]) -> list:
     hidden_new, ret = bsym.output
-    rets = ret if schema.n_returns > 1 else (ret,)
+    rets = ret if schema.n_returns > 1 else ((ret,) if schema.n_returns == 1 else ())
     pairs = [p for i, n in zip(hidden, hidden_new, strict=True) for p in _pairs(bsym.args[i], n)]
-    for r, alias in zip(rets, schema.return_alias):
+    for r, alias in zip(rets, schema.return_alias, strict=True):
         if alias is not None:
             pairs.extend(_pairs(bsym.args[alias], r))
     return pairs

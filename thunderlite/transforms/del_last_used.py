@@ -60,7 +60,7 @@ def del_last_used(trace: Trace) -> Trace:
 def _same(a: list[BoundSymbol], b: list[BoundSymbol]) -> bool:
     if len(a) != len(b):
         return False
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if x is y:
             continue
         if not (is_del(x) and is_del(y) and [p.name for p in x.args] == [p.name for p in y.args]):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from itertools import pairwise
 
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol
@@ -131,7 +132,8 @@ class Region:
         self.outputs = outputs
 
     def __repr__(self):
-        return f"<Region {len(self.bsyms)} symbols, in={[p.name for p in self.inputs]}, out={[p.name for p in self.outputs]}>"
+        ins, outs = [p.name for p in self.inputs], [p.name for p in self.outputs]
+        return f"<Region {len(self.bsyms)} symbols, in={ins}, out={outs}>"
 
 
 def fusion_regions(trace: Trace, can_fuse: CanFuse, min_size: int = 1) -> list[Region]:
@@ -183,7 +185,7 @@ def split_region(region: Region, bounds: list[int]) -> list[Region]:
     is again a consecutive run of a topological order, so it never forms a cycle."""
     later = {p.name for p in region.outputs}
     pieces: list[Region] = []
-    for lo, hi in reversed(list(zip(bounds, bounds[1:]))):
+    for lo, hi in reversed(list(pairwise(bounds))):
         bsyms = region.bsyms[lo:hi]
         defined: set[str] = set()
         inputs: dict[str, Proxy] = {}

@@ -187,7 +187,7 @@ def _clone_escaping(bsyms: list[BoundSymbol], clone_symbol: Symbol) -> list[Boun
                for o in outs):
             aliasing.update(o.name for o in outs if isinstance(o, TensorProxy))
         if Tag.ALIAS_BARRIER in b.sym.tags:        # members renamed after a write: same storage
-            for m, n in zip(b.args[0], b.output):
+            for m, n in zip(b.args[0], b.output, strict=True):
                 if m.name in aliasing:
                     aliasing.add(n.name)
         for out, base in views(b) + call_views(b):      # a fused region: what its leaves say

@@ -128,7 +128,8 @@ def _literal(x, dtype: torch.dtype) -> str:
         return "True" if x else "False"
     if dtype.is_floating_point:
         x = float(x)
-        text = 'float("nan")' if math.isnan(x) else (f'float("{"-" if x < 0 else ""}inf")' if math.isinf(x) else repr(x))
+        text = ('float("nan")' if math.isnan(x)
+                else f'float("{"-" if x < 0 else ""}inf")' if math.isinf(x) else repr(x))
         # a bare literal would be float32 in Triton: keep float64 constants exact
         return f"tl.full([1, 1], {text}, tl.float64)" if dtype == torch.float64 else f"({text})"
     return f"({int(x)})"

@@ -70,7 +70,7 @@ class TritonKernel:
             if tuple(t.shape) != shape:
                 raise RuntimeError(f"{self.spec.fn_name}: input of shape {tuple(t.shape)}, compiled for {shape}")
             strides += [t.stride(j) for j in dims]
-        for t, (_, _, dims) in zip(outs, self._outputs):
+        for t, (_, _, dims) in zip(outs, self._outputs, strict=True):
             strides += [t.stride(j) for j in dims]
         self._launch(self._kernel, self.spec.grid, [*tensors, *outs, *self._scalars, *strides],
                      self._constexprs, self.spec.num_warps)

@@ -53,8 +53,8 @@ ELEMENTWISE = frozenset({
     "where", "convert_element_type", "expm1", "log1p", "tanh"})
 """Elementwise prims the code generator translates (triton.codegen.EXPRESSIONS and _MULTI_LINE)."""
 
-FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid", "expm1", "log1p", "tanh",
-                        "reciprocal", "div", "lerp", "floor", "ceil", "trunc"})
+FLOAT_ONLY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid", "expm1", "log1p",
+                        "tanh", "reciprocal", "div", "lerp", "floor", "ceil", "trunc"})
 INT_ONLY = frozenset({"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor"})
 POW_EXPONENTS = frozenset({0, 1, 2, 3, 0.5, -1, -2})
 ROW_REDUCTIONS = frozenset({"sum", "amax", "amin", "var", "var_mean"})
@@ -83,7 +83,8 @@ class Value:
         return frozenset(d for d in self.amap if d is not None)
 
     def __repr__(self):
-        return f"<Value {self.name} {self.kind} {self.shape} {self.dtype} amap={self.amap}{' total' if self.total else ''}>"
+        total = " total" if self.total else ""
+        return f"<Value {self.name} {self.kind} {self.shape} {self.dtype} amap={self.amap}{total}>"
 
 
 class Op:
@@ -300,7 +301,7 @@ def _default_amap(domain: tuple, shape: tuple) -> tuple:
 
 def _set_amap(plan: Plan, v: Value, amap: tuple) -> None:
     amap = tuple(None if s == 1 else d for s, d in zip(v.shape, amap, strict=True))
-    if any(d is not None and plan.domain[d] != s for s, d in zip(v.shape, amap)):
+    if any(d is not None and plan.domain[d] != s for s, d in zip(v.shape, amap, strict=True)):
         raise Unsupported(f"{v.name}{v.shape} cannot run along domain dims {amap}")
     if len({d for d in amap if d is not None}) != sum(d is not None for d in amap):
         raise Unsupported(f"{v.name} uses a domain dim twice")
@@ -359,7 +360,7 @@ def _align_reshape(plan: Plan, op: Op) -> bool:
     src, dst = (a, out) if a.amap is not None else (out, a)
     if src.amap is None:
         return False
-    it = iter(d for s, d in zip(src.shape, src.amap) if s != 1)
+    it = iter(d for s, d in zip(src.shape, src.amap, strict=True) if s != 1)
     _set_amap(plan, dst, tuple(None if s == 1 else next(it) for s in dst.shape))
     return True
 

@@ -78,7 +78,7 @@ def op_build_const_key_map(f, ins):
     vals = st[-n:] if n else []
     if n:
         del st[-n:]
-    st.append(dict(zip(keys, vals)))
+    st.append(dict(zip(keys, vals, strict=True)))
 
 
 # BUILD_STRING (pieces[n] -- str)

@@ -14,7 +14,7 @@ FunctionType = types.FunctionType
 
 def _kw_split(args, kwnames):
     k = len(kwnames)
-    return args[:-k], dict(zip(kwnames, args[-k:]))
+    return args[:-k], dict(zip(kwnames, args[-k:], strict=True))
 
 
 # CALL (3.11/3.12: method|NULL callable|self args[n] -- res)
@@ -121,7 +121,7 @@ op_precall.elidable = True
 
 def _annotations(ann):
     if isinstance(ann, tuple):
-        return dict(zip(ann[::2], ann[1::2]))
+        return dict(zip(ann[::2], ann[1::2], strict=True))
     return ann
 
 

@@ -69,7 +69,8 @@ ENTRIES = [
     ("GET_AWAITABLE", K.op_get_awaitable_310), ("BEFORE_ASYNC_WITH", G.make_before_async_with(K.missing_dunder)),
     ("SETUP_ASYNC_WITH", K.op_setup_async_with), ("GET_AITER", G.op_get_aiter), ("GET_ANEXT", G.op_get_anext),
     ("END_ASYNC_FOR", K.op_end_async_for_310),
-    ("MATCH_CLASS", M.make_match_class("called match pattern must be a type", push_success=True)), ("MATCH_MAPPING", M.op_match_mapping),
+    ("MATCH_CLASS", M.make_match_class("called match pattern must be a type", push_success=True)),
+    ("MATCH_MAPPING", M.op_match_mapping),
     ("MATCH_SEQUENCE", M.op_match_sequence), ("MATCH_KEYS", M.op_match_keys_310), ("GET_LEN", M.op_get_len),
     ("COPY_DICT_WITHOUT_KEYS", K.op_copy_dict_without_keys),
 ]

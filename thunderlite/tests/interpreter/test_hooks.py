@@ -369,7 +369,8 @@ def test_import_does_not_import_torch():
     code = (
         "import sys; import thunderlite.interpreter as I; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
-        "assert not [m for m in sys.modules if m.startswith('thunderlite.') and not m.startswith('thunderlite.interpreter')]; "
+        "assert not [m for m in sys.modules if m.startswith('thunderlite.') "
+        "and not m.startswith('thunderlite.interpreter')]; "
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_repo_root())

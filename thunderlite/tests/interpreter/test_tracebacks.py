@@ -86,8 +86,7 @@ def raise_from(x):
 
 
 def gen(n):
-    for i in range(n):
-        yield i
+    yield from range(n)
     middle(n)
 
 
@@ -145,8 +144,9 @@ def with_python_manager(x):
         return middle(x)
 
 
-_PROGRAMS = [raise_caught_again, throw_into_generator, with_python_manager, outer, make_holder, with_block, finally_block, bare_reraise, not_matching_except,
-             raise_from, iterate_generator, comprehension, lambda_and_nested, recursive]
+_PROGRAMS = [raise_caught_again, throw_into_generator, with_python_manager, outer, make_holder, with_block,
+             finally_block, bare_reraise, not_matching_except, raise_from, iterate_generator, comprehension,
+             lambda_and_nested, recursive]
 _ARGS = {make_holder: ("x",), iterate_generator: (2,), comprehension: (3,), recursive: (2,)}
 
 
@@ -201,7 +201,7 @@ def test_note_lists_the_frames_cpython_lists(fn):
     want, got = _raise_natively(fn, args), _raise_interpreted(fn, args)
     assert [type(e) for e in _chain(got)] == [type(e) for e in _chain(want)]
     assert [str(e) for e in _chain(got)] == [str(e) for e in _chain(want)]
-    for w, g in zip(_chain(want), _chain(got)):
+    for w, g in zip(_chain(want), _chain(got), strict=True):
         if HAS_NOTES:
             assert _noted_frames(g) == _native_user_frames(w)
             assert not _interpreter_entries(g)

@@ -407,7 +407,8 @@ def bucketize(input, boundaries, *, out_int32: bool = False, right: bool = False
 @torchsymbol(torch.searchsorted)
 def searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
                  sorter=None, out=None):
-    decomposable(sorter is None and out is None and is_tensor(values), lambda: "searchsorted(sorter=) is not decomposed")
+    decomposable(sorter is None and out is None and is_tensor(values),
+                 lambda: "searchsorted(sorter=) is not decomposed")
     right = right or side == "right"
     if sorted_sequence.ndim > 1:
         check(sorted_sequence.shape[:-1] == values.shape[:-1],

@@ -218,7 +218,6 @@ def _binary_prim(prim, a, b, kind=Promotion.DEFAULT):
     sometimes accepts there) and numbers for tensor-only ops become tensors."""
     if is_number(a) and is_tensor(b) or (prim.name in _TENSOR_ONLY and (is_number(a) or is_number(b))):
         compute, result = promote((a, b), kind)
-        like = a if is_tensor(a) else b
         a, b = broadcast(a, b)
         shape_like = a if is_tensor(a) else b
         a, b = (tensor_of(x, shape_like, compute) for x in (a, b))

@@ -229,7 +229,8 @@ def setitem(a, key, value):
 @torchsymbol(torch.index_select, T.index_select, method_name="index_select")
 def index_select(input, dim: int, index):
     if input.ndim == 0:
-        return prims.reshape(prims.index_select(prims.reshape(input, (1,)), 0, prims.reshape(index, (index.numel(),))), ())
+        flat = prims.index_select(prims.reshape(input, (1,)), 0, prims.reshape(index, (index.numel(),)))
+        return prims.reshape(flat, ())
     return prims.index_select(input, dim, index)
 
 

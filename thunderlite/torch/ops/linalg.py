@@ -147,7 +147,7 @@ def _einsum_diag(x, term: str):
         i = letters.index(c)
         j = letters.index(c, i + 1)
         x = shapes.diagonal(x, 0, i, j)
-        letters = [l for k, l in enumerate(letters) if k not in (i, j)] + [c]
+        letters = [letter for k, letter in enumerate(letters) if k not in (i, j)] + [c]
     return "".join(letters), x
 
 

@@ -423,7 +423,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index: i
     c_dim = 1 if input.ndim > 1 else 0
     logp = log_softmax(input, c_dim)
     if dtypes.is_inexact(target.dtype):
-        decomposable(label_smoothing == 0.0, lambda: "cross_entropy with probabilities and label_smoothing is not decomposed")
+        decomposable(label_smoothing == 0.0,
+                     lambda: "cross_entropy with probabilities and label_smoothing is not decomposed")
         w = logp if weight is None else ew.mul(logp, _channel_shape(logp, weight) if logp.ndim > 1 else weight)
         loss = ew.neg(red.sum(ew.mul(w, target), c_dim))
         if reduction == "mean":

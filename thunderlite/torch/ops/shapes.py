@@ -56,7 +56,8 @@ def _reshape(a, shape):
 @torchsymbol(T.view, method_name="view")
 def view(a, *shape):
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
-        decomposable(shape[0] == a.dtype, lambda: "view(dtype) that reinterprets bits is not supported by the decomposition")
+        decomposable(shape[0] == a.dtype,
+                     lambda: "view(dtype) that reinterprets bits is not supported by the decomposition")
         return a
     return _reshape(a, _shape_arg(shape))
 

@@ -89,7 +89,7 @@ def _as_called_by_eager_mode(cls: type) -> type:
 
 
 def _writable(g):
-    if isinstance(g, torch.Tensor) and any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)):
+    if isinstance(g, torch.Tensor) and any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape, strict=True)):
         return g.clone(memory_format=torch.contiguous_format)
     return g
 
@@ -156,7 +156,9 @@ def function_vjp(bsym: BoundSymbol, g) -> list[tuple]:
                       for o, gr in zip(outs, grads, strict=True))
     result = _run_backward(cls, ctx, grads)
     result = result if isinstance(result, tuple) else (result,)
-    return [(a, r) for a, r in zip(bsym.args, result) if isinstance(a, TensorProxy) and isinstance(r, TensorProxy)]
+    # not strict: like PyTorch, a backward may return extra trailing Nones beyond the inputs
+    return [(a, r) for a, r in zip(bsym.args, result, strict=False)
+            if isinstance(a, TensorProxy) and isinstance(r, TensorProxy)]
 
 
 def _run_backward(cls: type, ctx: TracingCtx, grads: tuple):
@@ -193,11 +195,15 @@ def _with_current_inputs(ctx: TracingCtx, bsym: BoundSymbol) -> TracingCtx:
     """``ctx`` naming the values ``bsym`` reads now: a pass that replaced the
     forward's inputs (functionalize reads a written argument's functional value)
     renames the call and its decomposition, not the tensors the ``ctx`` saved."""
-    args, free = getattr(ctx, "_recorded_inputs", ((), []))
-    swap = {a.name: b for a, b in zip(args, bsym.args) if type(a) is TensorProxy and type(b) is TensorProxy}
+    recorded = getattr(ctx, "_recorded_inputs", None)
+    if recorded is None:            # no traced forward recorded what to rename
+        return ctx
+    args, free = recorded
+    swap = {a.name: b for a, b in zip(args, bsym.args, strict=True)
+            if type(a) is TensorProxy and type(b) is TensorProxy}
     now = free_tensors(bsym.subsymbols)
     if len(now) == len(free):
-        swap.update((a.name, b) for a, b in zip(free, now))
+        swap.update((a.name, b) for a, b in zip(free, now, strict=True))
     swap = {k: v for k, v in swap.items() if v.name != k}
     if not swap:
         return ctx

@@ -106,7 +106,8 @@ def apply_rule(bsym, g) -> list[tuple]:
     result = rule(g, bsym.output, *bsym.args, **bsym.kwargs)
     names = list(bound.signature.parameters)[2:]
     if not isinstance(result, dict):
-        result = dict(zip(names, result))
+        # not strict: a rule's tuple may leave out trailing parameters (no gradient flows there)
+        result = dict(zip(names, result, strict=False))
     pairs = []
     for name, grad in result.items():
         if grad is None:
