@@ -14,7 +14,7 @@ setup(
     install_requires=["torch>=2.4", "looseversion"],
     extras_require={
         "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel",
-                 "playwright", "triton>=3.0", "numpy"],
+                 "playwright", "triton>=3.0", "numpy", "ruff==0.17.6"],
         # executors/triton/runtime.py imports triton; Triton's CPU interpreter (and the runtime) numpy
         "triton": ["triton>=3.0", "numpy"],
         # executors/nvfuser/executor.py imports nvfuser_direct, shipped by NVIDIA's per-CUDA wheels

@@ -45,8 +45,8 @@ import torch._dynamo
 import torch._dynamo.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import thunderlite  # noqa: E402
-from thunderlite.demo import Block, GPTConfig  # noqa: E402
+import thunderlite
+from thunderlite.demo import Block, GPTConfig
 
 
 def _gpt_case(quick: bool):

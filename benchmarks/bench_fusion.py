@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import thunderlite  # noqa: E402
-from thunderlite.demo import Block, GPTConfig  # noqa: E402
-from thunderlite.extend import get_all_executors  # noqa: E402
+import thunderlite
+from thunderlite.demo import Block, GPTConfig
+from thunderlite.extend import get_all_executors
 
 FUSION_EXECUTORS = ["torchcompile", "triton"]      # measured when registered and available
 

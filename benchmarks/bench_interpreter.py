@@ -11,7 +11,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from thunderlite.interpreter import InterpreterHooks, interpret  # noqa: E402
+from thunderlite.interpreter import InterpreterHooks, interpret
 
 
 class Particle:

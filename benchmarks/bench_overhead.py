@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import thunderlite  # noqa: E402
-from thunderlite.demo import GPT, GPTConfig  # noqa: E402
+import thunderlite
+from thunderlite.demo import GPT, GPTConfig
 
 
 def tiny(a, b):
@@ -66,7 +66,7 @@ def paired_us(variants: dict[str, Callable], args: tuple, number: int, rounds: i
 def inductor(fn: Callable) -> Callable | None:
     try:
         return torch.compile(fn, backend="inductor")
-    except Exception as e:  # reported, not fatal: the other columns still mean something
+    except Exception as e:  # noqa: BLE001 - reported, not fatal: the other columns still mean something
         print(f"  torch.compile unavailable: {e}")
         return None
 
@@ -79,7 +79,7 @@ def row(name: str, eager_fn: Callable, args: tuple, number: int, rounds: int, us
             try:
                 compiled(*args)
                 variants["inductor"] = compiled
-            except Exception as e:  # a C++ toolchain may be missing on the machine
+            except Exception as e:  # noqa: BLE001 - a C++ toolchain may be missing on the machine
                 print(f"  inductor failed on {name}: {type(e).__name__}")
     res = paired_us(variants, args, number, rounds)
     line = f"{name:6s} eager {res['eager'][0]:9.2f} us"

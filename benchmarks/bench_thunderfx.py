@@ -24,8 +24,8 @@ import torch
 import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from thunderlite.demo import Block, GPTConfig  # noqa: E402
-from thunderlite.dynamo import ThunderCompiler  # noqa: E402
+from thunderlite.demo import Block, GPTConfig
+from thunderlite.dynamo import ThunderCompiler
 
 
 def tiny(a, b):
@@ -70,7 +70,7 @@ def case(name: str, fn, args, number: int, rounds: int, grad: bool = False) -> N
             start = time.perf_counter()
             step(f)
             first_ms[label] = (time.perf_counter() - start) * 1e3
-        except Exception as e:  # a missing C++ toolchain, say: the other columns still mean something
+        except Exception as e:  # noqa: BLE001 - a missing C++ toolchain, say: the other columns still mean something
             print(f"  {name}: {label} unavailable ({type(e).__name__}: {str(e)[:80]})")
             continue
         runners[label] = lambda f=f: step(f)

@@ -125,7 +125,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout's thunderlite
-import thunderlite  # noqa: E402
+import thunderlite
 
 
 class Block(nn.Module):

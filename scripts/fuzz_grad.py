@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "thunderlite" / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from test_fuzz_grad import check_seed, generate  # noqa: E402
+from test_fuzz_grad import check_seed, generate
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ import thunderlite
 from thunderlite.core.tags import Tag
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from bench_training import MODELS, _step  # noqa: E402
+from bench_training import MODELS, _step
 
 _GLUE = {"del", "box", "unpack_saved", "return", "python_return", "unpack_trivial"}
 

@@ -361,6 +361,6 @@ def examine(fn: Callable | torch.nn.Module, *args, executors=None, **kwargs):
     try:
         jfn(*args, **kwargs)
         error = None
-    except Exception as e:  # examine reports failures instead of raising them
+    except Exception as e:  # noqa: BLE001 - examine reports failures instead of raising them
         error = e
     return examine_call(_jitted(jfn), error, (time.perf_counter() - start) * 1e3, executors)

@@ -74,7 +74,7 @@ class Executor:
         if self._availability is None:
             try:
                 self._availability = self.check_availability()
-            except Exception as e:  # an executor's probe must never crash the import of thunderlite
+            except Exception as e:  # noqa: BLE001 - an executor's probe must never crash the import of thunderlite
                 self._availability = (False, f"availability check failed: {type(e).__name__}: {e}")
         return self._availability
 
@@ -120,7 +120,7 @@ def torch_path(fn: Callable) -> str | None:
                     continue
                 try:
                     obj = getattr(ns, attr)
-                except Exception:   # some torch attributes raise on access (deprecated aliases)
+                except Exception:   # noqa: BLE001 - some torch attributes raise on access (deprecated aliases)
                     continue
                 if callable(obj) and not isinstance(obj, type):
                     paths.setdefault(id(obj), f"{ns_path}.{attr}")

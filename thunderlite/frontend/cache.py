@@ -332,7 +332,7 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
     for g in entry.guards:
         try:
             now = _read(g.prov, args, kwargs)
-        except Exception:  # the path itself no longer exists: that is the reason
+        except Exception:  # noqa: BLE001 - the path itself no longer exists: that is the reason
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
         if g.kind == "same":
             if now is not _read(g.value, args, kwargs):
@@ -352,7 +352,7 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
         try:
             values = [_read(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
             why = entry.alias_guard.explain(values)
-        except Exception:  # a path that no longer reads: the metadata guard said so
+        except Exception:  # noqa: BLE001 - a path that no longer reads: the metadata guard said so
             why = None
         if why is not None:
             return "storage sharing", why
@@ -366,7 +366,7 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
         names = sorted(g.atoms())
         try:
             values = {n: _read(paths[n], args, kwargs) for n in names}
-        except Exception:  # a path that no longer reads: the key said so
+        except Exception:  # noqa: BLE001 - a path that no longer reads: the key said so
             return None
         if not g.holds(values):
             seen = ", ".join(f"{n} = {paths[n].describe()} = {values[n]}" for n in names)

@@ -211,7 +211,7 @@ def _throw_delegate(f, d, exc):
         if close is not None:
             try:
                 close()
-            except BaseException as e:  # the close error replaces GeneratorExit
+            except BaseException as e:  # noqa: BLE001 - the close error replaces GeneratorExit
                 exc = e
         return _raise_in(f, exc)
     throw = getattr(d, "throw", None)
@@ -220,7 +220,7 @@ def _throw_delegate(f, d, exc):
     raised = None
     try:
         value = throw(exc)
-    except BaseException as e:  # handled below, outside this except block
+    except BaseException as e:  # noqa: BLE001 - handled below, outside this except block
         raised = e
     if raised is not None:
         exc = f.rt.table.delegate_raised(f, raised)
@@ -247,7 +247,7 @@ def _drive(f):
         try:
             sent = yield f.result
             exc = None
-        except BaseException as e:  # thrown in (throw/close): forward into the frame
+        except BaseException as e:  # noqa: BLE001 - thrown in (throw/close): forward into the frame
             sent = None
             exc = e
 

@@ -104,7 +104,7 @@ def _origin(bsym: BoundSymbol, out: TensorProxy, known: dict) -> str | None:
     """The existing name whose buffer ``out`` names, or None for a new buffer."""
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
         members = bsym.args[0] if bsym.args else ()
-        for m, o in zip(members, bsym.flat_outs()):
+        for m, o in zip(members, bsym.flat_outs(), strict=True):
             if o is out and isinstance(m, TensorProxy):
                 return m.name
         return None

@@ -1,5 +1,5 @@
 """The test_grad_jit.py suite again, every size symbolic (tests/dynamic_harness.py)."""
 from thunderlite.tests.dynamic_harness import dynamic_fixture
-from thunderlite.tests.test_grad_jit import *  # noqa: F401,F403
+from thunderlite.tests.test_grad_jit import *  # noqa: F403
 
 _dynamic = dynamic_fixture()

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import thunderlite
-import thunderlite.torch  # noqa: F401  (installs Tensor methods on proxies)
+import thunderlite.torch  # installs Tensor methods on proxies
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx

@@ -26,7 +26,7 @@ from thunderlite.executors.triton.executor import TritonExecutor
 from thunderlite.extend import add_default_executor, get_executor, remove_default_executor
 from thunderlite.tests import test_fuzz_inplace_grad
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion, check_seed
-from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (re-collected once per executor)
+from thunderlite.tests.test_inplace_jit import *  # noqa: F403  (re-collected once per executor)
 
 _EXECUTORS = {
     "torchcompile": TorchCompileExecutor("torchcompile_aot_eager", compile_options={"backend": "aot_eager"}),

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs the expecttest package")
 
-from thunderlite.tests.opinfo_harness import check, ops_for  # noqa: E402
+from thunderlite.tests.opinfo_harness import check, ops_for
 
 _DATA_DEPENDENT = "output shape or value depends on tensor data (cannot run on meta tensors)"
 _SPARSE = "sparse layouts are not traced"

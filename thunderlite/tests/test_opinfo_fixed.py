@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs the expecttest package")
 
-import thunderlite  # noqa: E402
-from thunderlite.core import pytree  # noqa: E402
-from thunderlite.tests.opinfo_harness import op_db, tolerance  # noqa: E402
+import thunderlite
+from thunderlite.core import pytree
+from thunderlite.tests.opinfo_harness import op_db, tolerance
 
 # (op name, variant) -> which samples (None: all)
 FIXED = {

@@ -28,11 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from opinfo_harness import op_db, record, tolerance, values_undefined  # noqa: E402
+from opinfo_harness import op_db, record, tolerance, values_undefined
 
-from thunderlite.core import pytree  # noqa: E402
-from thunderlite.executors import compile_trace  # noqa: E402
-from thunderlite.executors.autograd_function import make_differentiable  # noqa: E402
+from thunderlite.core import pytree
+from thunderlite.executors import compile_trace
+from thunderlite.executors.autograd_function import make_differentiable
 
 DTYPE = torch.float64
 

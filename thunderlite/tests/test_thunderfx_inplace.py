@@ -2,7 +2,7 @@
 (issue 12); see thunderfx_harness.py for how and what a pass proves."""
 from __future__ import annotations
 
-from thunderlite.tests.test_inplace_jit import *  # noqa: F401,F403  (the suite, collected again)
+from thunderlite.tests.test_inplace_jit import *  # noqa: F403  (the suite, collected again)
 from thunderlite.tests.thunderfx_harness import backend_fixture
 
 _DIFFERENT_BY_DESIGN: dict[str, str] = {

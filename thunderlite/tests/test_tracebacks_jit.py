@@ -36,7 +36,7 @@ def bad_matmul(x):
 def _error(fn, *args):
     try:
         fn(*args)
-    except Exception as e:  # compared by the callers
+    except Exception as e:  # noqa: BLE001 - compared by the callers
         return e
     raise AssertionError(f"{fn.__name__} did not raise")
 

@@ -22,9 +22,9 @@ import torch
 
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs the expecttest package")
 
-import thunderlite  # noqa: E402
-from thunderlite.executors.triton.executor import TritonKernel, triton_executor  # noqa: E402
-from thunderlite.tests.opinfo_harness import check, ops_for  # noqa: E402
+import thunderlite
+from thunderlite.executors.triton.executor import TritonKernel, triton_executor
+from thunderlite.tests.opinfo_harness import check, ops_for
 
 _ok, _why = triton_executor.is_available()
 pytestmark = pytest.mark.skipif(not _ok, reason=f"Triton executor unavailable: {_why}")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from thunderlite.core import dtypes, prims
-from thunderlite.core.prims import broadcast_shapes, check  # noqa: F401  (re-exported)
+from thunderlite.core.prims import broadcast_shapes, check  # re-exported
 from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.symint import SymInt

@@ -37,7 +37,7 @@ import torch
 
 try:
     import triton
-    import triton.language  # noqa: F401 - the generated source imports it
+    import triton.language  # the generated source imports it
     _IMPORT_ERROR: str | None = None
 except ImportError as e:   # the executor then reports itself unavailable
     triton = None

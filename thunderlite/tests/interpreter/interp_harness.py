@@ -34,7 +34,7 @@ def outcome(fn, args, kwargs):
     kwargs = copy.deepcopy(kwargs)
     try:
         return ("ok", fn(*args, **kwargs))
-    except Exception as e:  # compare type and message
+    except Exception as e:  # noqa: BLE001 - compare type and message
         return ("raise", type(e), str(e))
 
 

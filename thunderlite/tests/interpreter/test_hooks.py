@@ -517,7 +517,7 @@ def test_interpreter_error_is_not_caught_by_user_code():
     def f():
         try:
             inner()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the user code under test swallows everything
             return "swallowed"
 
     with pytest.raises(InterpreterError, match="prog2.py:1"):

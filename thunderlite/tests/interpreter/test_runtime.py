@@ -34,7 +34,7 @@ def test_threads_do_not_share_frames_or_handled_exceptions():
     def work(k):
         try:
             results[k] = interpret(busy)(200)
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]

@@ -158,7 +158,7 @@ def _line(fn, body_line: int) -> int:
 def _raise_natively(fn, args):
     try:
         fn(*args)
-    except BaseException as e:  # compared below
+    except BaseException as e:  # noqa: BLE001 - compared below
         return e
     raise AssertionError(f"{fn.__name__} did not raise")
 
@@ -166,7 +166,7 @@ def _raise_natively(fn, args):
 def _raise_interpreted(fn, args, hooks=None):
     try:
         interpret(fn, hooks)(*args)
-    except BaseException as e:  # compared below
+    except BaseException as e:  # noqa: BLE001 - compared below
         return e
     raise AssertionError(f"{fn.__name__} did not raise under the interpreter")
 

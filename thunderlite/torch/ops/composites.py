@@ -16,7 +16,7 @@ from thunderlite.core.symint import is_int
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.ops import elementwise as ew
 from thunderlite.torch.ops import (
-    linalg,  # noqa: F401 - registers matmul, reflected below
+    linalg,  # registers matmul, reflected below
     shapes,
 )
 from thunderlite.torch.ops import reductions as red
