@@ -100,19 +100,22 @@ def _fresh_tiny(i: int = 0) -> Callable:
 
 def first_calls_ms(samples: int, use_inductor: bool) -> dict[str, float]:
     """Median first-call time (ms) of fresh copies of ``tiny``: eager, thunderlite,
-    and torch.compile (fewer samples: each compiles for seconds)."""
-    out: dict[str, list[float]] = {"eager": [], "thunderlite": [], "inductor": []}
-    for i in range(samples):
-        for name, wrap in (("eager", lambda f: f), ("thunderlite", thunderlite.jit),
-                           ("inductor", lambda f: torch.compile(f, backend="inductor"))):
-            if name == "inductor" and (not use_inductor or i >= 3):
-                continue
+    and torch.compile (three samples: each compiles for a while, and last, so
+    its compile workers do not share the CPU with the others' samples)."""
+    variants = [("eager", lambda f: f, samples), ("thunderlite", thunderlite.jit, samples)]
+    if use_inductor:
+        variants.append(("inductor", lambda f: torch.compile(f, backend="inductor"), min(samples, 3)))
+    out: dict[str, float] = {}
+    for name, wrap, n in variants:
+        times = []
+        for i in range(n):
             fn = wrap(_fresh_tiny(i))
             args = (torch.randn(8), torch.randn(8))
             start = time.perf_counter()
             fn(*args)
-            out[name].append((time.perf_counter() - start) * 1e3)
-    return {k: statistics.median(v) for k, v in out.items() if v}
+            times.append((time.perf_counter() - start) * 1e3)
+        out[name] = statistics.median(times)
+    return out
 
 
 def main(argv=None) -> int:

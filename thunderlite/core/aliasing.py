@@ -64,12 +64,18 @@ def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
         _write_rules.setdefault(sym.meta, rule)
 
 
+# symbols whose schema facts say no output ever aliases an input (``views`` is
+# asked of every symbol by several passes per compile)
+_never_views: dict[Symbol, bool] = {}
+
+
 def register_view_rule(sym: Symbol, rule: ViewRule) -> None:
     """``rule(bsym)`` lists ``(out, base)`` pairs: an output proxy and an input
     proxy whose storage it may share. For symbols whose facts depend on the
     call (opaque ops) or come from a schema the symbol itself carries (custom ops)."""
     if sym in _view_rules:
         raise ValueError(f"a view rule for {sym.id} is already registered")
+    _never_views.clear()
     _view_rules[sym] = rule
     if sym.meta is not None:
         _view_rules.setdefault(sym.meta, rule)
@@ -239,6 +245,8 @@ def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
     decomposition, which callers walk) that may share storage with an input.
     See the module docstring for where the facts come from."""
     sym = bsym.sym
+    if _never_views.get(sym):
+        return []
     if Tag.ALIAS_BARRIER in sym.tags:
         return []                              # its members already share a group (AliasGroups)
     rule = _view_rules.get(sym)
@@ -251,6 +259,9 @@ def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
         if facts is None and sym.torch_fn is not None:
             facts = callable_aliases(sym.torch_fn)
         if facts is not None:
+            if facts.fresh and Tag.VIEW not in sym.tags:
+                _never_views[sym] = True       # decided by the symbol alone, whatever its arguments
+                return []
             pairs = _from_schema(bsym, facts)
         elif not sym.is_leaf or bsym.subsymbols or Tag.PRIM in sym.tags:
             pairs = []                         # its decomposition (walked by callers) says it

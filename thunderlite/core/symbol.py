@@ -98,7 +98,8 @@ class BoundSymbol:
     ``source`` is the user's ``(filename, lineno, line_text)`` it came from (a
     ``SourceLine`` when recorded by the jit), or None.
     ``header`` is an optional comment printed above it."""
-    __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header", "_flat_args", "_flat_outs")
+    __slots__ = ("sym", "args", "kwargs", "output", "subsymbols", "source", "header", "_flat_args", "_flat_outs",
+                 "_deep_tags")
 
     def __init__(self, sym: Symbol, args: tuple, kwargs: dict, output: Any,
                  subsymbols: tuple = (), source=None, header: str | None = None):
@@ -111,6 +112,7 @@ class BoundSymbol:
         self.header = header
         self._flat_args = None      # (args, kwargs, leaves): passes ask for the leaves many times
         self._flat_outs = None
+        self._deep_tags = None      # (sym, subsymbols, tags)
 
     def replace(self, **changes) -> BoundSymbol:
         kw = dict(sym=self.sym, args=self.args, kwargs=self.kwargs, output=self.output,
@@ -151,6 +153,16 @@ class BoundSymbol:
 
     def has_tag(self, tag: Tag) -> bool:
         return tag in self.sym.tags
+
+    def deep_tags(self) -> frozenset:
+        """The tags of this symbol and of every symbol in its decomposition:
+        passes ask "is there a write / a random draw anywhere in it" of every
+        symbol, several times per compile."""
+        c = self._deep_tags
+        if c is None or c[0] is not self.sym or c[1] is not self.subsymbols:
+            tags = frozenset(self.sym.tags).union(*(s.deep_tags() for s in self.subsymbols))
+            self._deep_tags = c = (self.sym, self.subsymbols, tags)
+        return c[2]
 
     def __repr__(self):
         return bsym_line(self, {})

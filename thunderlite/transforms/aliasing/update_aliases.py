@@ -130,13 +130,14 @@ def written(bsym: BoundSymbol) -> list[TensorProxy]:
 
 def writes_memory(trace: Trace) -> bool:
     """Whether any symbol of ``trace`` (decompositions included) writes a tensor:
-    without writes, alias groups decide nothing."""
-    return any(writes(b) for top in trace.bound_symbols for b in walk(top))
+    without writes, alias groups decide nothing. (Only ``Tag.INPLACE`` symbols write.)"""
+    return any(Tag.INPLACE in top.deep_tags() and any(writes(b) for b in walk(top))
+               for top in trace.bound_symbols)
 
 
 def has_tag_deep(bsym: BoundSymbol, tag: Tag) -> bool:
     """``tag`` on ``bsym`` or anywhere in its decomposition."""
-    return any(tag in b.sym.tags for b in walk(bsym))
+    return tag in bsym.deep_tags()
 
 
 def _substitute(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
