@@ -3,13 +3,17 @@
 Run ``python -m thunderlite.demo``: it checks the jitted model against eager,
 prints the first lines of the final trace (the program that actually runs;
 ``--full`` prints all of it), then a summary: the cached forward timed against
-eager PyTorch and ``torch.compile``, and which executor ran how many symbols.
+eager PyTorch and ``torch.compile`` (every variant warmed, then timed in
+interleaved rounds, ratios paired per round, as the benchmarks do), and which
+executor ran how many symbols.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,16 +87,33 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def _time_ms(fn, *args, iters: int = 50) -> float:
-    for _ in range(3):
-        fn(*args)
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(iters):
+def time_interleaved(fns: dict[str, Callable], *args, rounds: int, iters: int,
+                     warmup: int = 3) -> dict[str, list[float]]:
+    """ms per call of each of ``fns`` in each round, timed as benchmarks/bench_training.py
+    times: every function is warmed first, then each round times ``iters`` calls of
+    each with the order rotating from round to round, so that load from other
+    processes on a busy machine hits all of them alike (timing one variant to the
+    end, then the next, charged whichever ran during a burst of load with all of it)."""
+    for fn in fns.values():
+        for _ in range(warmup):
             fn(*args)
-        best = min(best, (time.perf_counter() - start) / iters)
-    return best * 1e3
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            fn = fns[n]
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn(*args)
+            times[n].append((time.perf_counter() - start) / iters * 1e3)
+    return times
+
+
+def paired_ratio(ms: list[float], ref: list[float]) -> float:
+    """The median over rounds of ``ms / ref`` within each round: load that drifts
+    from round to round slows both sides of a ratio alike and cancels out."""
+    return statistics.median(a / b for a, b in zip(ms, ref, strict=True))
 
 
 EXCERPT_LINES = 16
@@ -126,16 +147,19 @@ def where_it_ran(trace) -> dict[str, int]:
     return counts
 
 
-def _torch_compile(model, idx, iters: int):
-    """(first call ms, cached ms) of ``torch.compile(model)``, or the reason it cannot run here."""
+def _torch_compile(model, idx):
+    """(compiled model, first call ms) of ``torch.compile(model)``, or the reason it cannot run here."""
     try:
         compiled = torch.compile(model)
         start = time.perf_counter()
         compiled(idx)
-        first = (time.perf_counter() - start) * 1e3
-        return first, _time_ms(compiled, idx, iters=iters)
+        return compiled, (time.perf_counter() - start) * 1e3
     except Exception as e:  # noqa: BLE001 - e.g. no C++ compiler for Inductor: reported, not fatal
         return f"unavailable here ({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+
+
+_LABELS = {"eager": "eager forward:", "thunderlite": "thunderlite forward (cached):",
+           "torch.compile": "torch.compile forward:"}
 
 
 def main(argv=None) -> int:
@@ -144,7 +168,8 @@ def main(argv=None) -> int:
     parser.add_argument("--full", action="store_true", help="print the whole final trace, not an excerpt")
     parser.add_argument("--no-trace", action="store_true", help="do not print the final trace")
     parser.add_argument("--no-torch-compile", action="store_true", help="do not time torch.compile")
-    parser.add_argument("--iters", type=int, default=50, help="timed calls per repetition")
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per variant and round")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
     opts = parser.parse_args(argv)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=opts.layers)).eval()
@@ -160,17 +185,21 @@ def main(argv=None) -> int:
         if not opts.no_trace:
             print(trace_excerpt(final, opts.full))
             print()
-        eager_ms = _time_ms(model, idx, iters=opts.iters)
-        jit_ms = _time_ms(jmodel, idx, iters=opts.iters)
-        compiled = None if opts.no_torch_compile else _torch_compile(model, idx, opts.iters)
+        fns = {"eager": model, "thunderlite": jmodel}
+        compiled = None if opts.no_torch_compile else _torch_compile(model, idx)
+        if isinstance(compiled, tuple):
+            fns["torch.compile"] = compiled[0]
+        ms = time_interleaved(fns, idx, rounds=opts.rounds, iters=opts.iters)
     print(f"GPT ({opts.layers} layers) forward on CPU, no_grad, output {tuple(out.shape)} matches eager")
-    print(f"  eager forward:                {eager_ms:8.3f} ms")
-    print(f"  thunderlite forward (cached): {jit_ms:8.3f} ms  ({jit_ms / eager_ms:.2f}x eager)   "
-          f"first call (trace + compile) {first_ms:.0f} ms")
+    print(f"  per call, median of {opts.rounds} interleaved rounds after warm-up (x eager: median per-round ratio)")
+    first = {"thunderlite": f"first call (trace + compile) {first_ms:.0f} ms"}
     if isinstance(compiled, tuple):
-        print(f"  torch.compile forward:        {compiled[1]:8.3f} ms  ({compiled[1] / eager_ms:.2f}x eager)   "
-              f"first call (compile) {compiled[0]:.0f} ms")
-    elif compiled is not None:
+        first["torch.compile"] = f"first call (compile) {compiled[1]:.0f} ms"
+    for name, label in _LABELS.items():
+        if name in ms:
+            ratio = "" if name == "eager" else f"  ({paired_ratio(ms[name], ms['eager']):.2f}x eager)   {first[name]}"
+            print(f"  {label:<30}{statistics.median(ms[name]):8.3f} ms{ratio}")
+    if isinstance(compiled, str):
         print(f"  torch.compile: {compiled}")
     ran = where_it_ran(final)
     frees = sum(b.sym.name == "del" for b in final.bound_symbols)

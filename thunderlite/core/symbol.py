@@ -79,16 +79,20 @@ class Symbol:
 
 
 class SourceLine(tuple):
-    """``(filename, lineno, line_text)``: the line a symbol was recorded from.
+    """``(filename, lineno, line_text)``: the user's line a symbol came from.
 
-    ``callers`` holds ``(filename, lineno)`` of the frames that led there,
-    outermost first, so a reader (the trace report) can name the user's own
-    line when the innermost one is library code (``F.linear`` inside
-    ``nn.Linear.forward``). Compares and unpacks as the plain 3-tuple."""
+    The jit records the innermost line that is neither thunderlite's nor
+    torch's (``frontend/source_map.py: source_line``), so an ``F.linear``
+    recorded inside ``nn.Linear.forward`` names the user's ``self.proj(x)``.
+    ``callers`` holds ``(filename, lineno)`` of the frames that led to that
+    line, outermost first; ``via`` the library frames from it to where the
+    symbol was recorded (``nn.Linear.forward``'s line last), empty when the
+    user's line recorded it itself. Compares and unpacks as the plain 3-tuple."""
 
-    def __new__(cls, fields, callers: tuple = ()):
+    def __new__(cls, fields, callers: tuple = (), via: tuple = ()):
         self = super().__new__(cls, fields)
         self.callers = tuple(callers)
+        self.via = tuple(via)
         return self
 
 

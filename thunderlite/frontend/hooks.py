@@ -15,8 +15,6 @@
 """
 from __future__ import annotations
 
-import linecache
-import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +26,7 @@ from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.source_map import mapped_line
+from thunderlite.frontend.source_map import source_line
 from thunderlite.frontend.state import DELETED, TraceState
 from thunderlite.interpreter import MISSING, InterpreterHooks, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
@@ -44,7 +42,6 @@ class NotTracedError(RuntimeError):
     """The program uses something thunderlite does not trace (numpy arrays)."""
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
 # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
 _DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
@@ -64,19 +61,20 @@ class TracingHooks(InterpreterHooks):
         self._builtins = proxy_aware_builtins(self)
 
     # --- source lines ----------------------------------------------------------------------
+    _located_frames: tuple | None = None        # the interpreted frames last_location was made from
+
     def locate(self) -> SourceLine | None:
-        """The innermost interpreted line, with the frames that called it."""
-        stack = tuple(source_locations())
-        if not stack:
+        """The user's line the symbol being recorded comes from, with the frames
+        that called it (``source_map.source_line``: thunderlite's and torch's own
+        frames are never the user's)."""
+        frames = tuple(source_locations())
+        if not frames:
             return self.last_location
-        fname, lineno = stack[-1]
-        last = self.last_location
-        if last is not None and last[0] == fname and last[1] == lineno and last.callers == stack[:-1]:
-            return last
-        user = mapped_line(fname, lineno)         # generated code standing for the user's (FX graphs)
-        src = SourceLine(user or (fname, lineno, linecache.getline(fname, lineno).strip()), stack[:-1])
-        self.last_location = src
-        return src
+        if frames == self._located_frames:
+            return self.last_location
+        self._located_frames = frames
+        self.last_location = source_line(frames)
+        return self.last_location
 
     def located(self, e: DataDependentError) -> DataDependentError:
         """``e`` with the user's line appended (once), and the ways out."""
@@ -89,14 +87,11 @@ class TracingHooks(InterpreterHooks):
         return e if msg == str(e) else type(e)(msg)
 
     def user_location(self, exc: BaseException | None = None) -> tuple | None:
-        """The innermost interpreted line outside torch's own Python code: where the
-        user called the torch function that failed (``torch.unique`` -> ``torch._unique2``).
-        Once the frames are gone, the ones ``exc`` recorded while it propagated."""
+        """The user's line (as ``locate``): where the user called the torch function
+        that failed (``torch.unique`` -> ``torch._unique2``). Once the frames are
+        gone, the ones ``exc`` recorded while it propagated."""
         frames = source_locations() or (interpreted_frames(exc) if exc is not None else [])
-        for fname, lineno in reversed(frames):
-            if not fname.startswith(_TORCH_DIR):
-                return mapped_line(fname, lineno) or (fname, lineno, linecache.getline(fname, lineno).strip())
-        return self.locate()
+        return (source_line(frames) if frames else None) or self.locate()
 
     # --- calls --------------------------------------------------------------------------------
     def lookaside(self, fn: Callable) -> Callable | None:

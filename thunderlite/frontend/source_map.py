@@ -1,13 +1,29 @@
-"""Lines of generated code that stand for lines of the user's code.
+"""Which line of the user's code a traced symbol came from.
+
+The user's line is the innermost interpreted frame that is not library code:
+thunderlite's own frames (``jit(module)`` interprets ``api._call_module``) and
+torch's (``F.linear`` inside ``nn.Linear.forward``) never are; everything else
+is the user's program, installed packages included (a transformers model's
+``modeling_llama.py``). ``source_line`` decides it once, when a symbol is
+recorded, and trace comments, errors and the report read the result.
 
 Code that thunderlite traces is sometimes generated from the user's program
 (an FX graph module's ``forward``, written by torch.fx from what dynamo
 captured). Its lines mean little to the user; whoever generates such code
 registers, per file name, which user line each generated line stands for, and
-the tracer records that line instead (trace comments, errors, the report)."""
+the tracer records that line instead."""
 from __future__ import annotations
 
+import linecache
+import os
+from collections.abc import Sequence
+
+import torch
+
+from thunderlite.core.symbol import SourceLine
+
 SourceTriple = tuple[str, int, str]          # (file, line number, line text)
+Frame = tuple[str, int]                      # (file, line number) of an interpreted frame
 
 _maps: dict[str, dict[int, SourceTriple]] = {}
 
@@ -20,3 +36,46 @@ def register_source_map(filename: str, mapping: dict[int, SourceTriple]) -> None
 def mapped_line(filename: str, lineno: int) -> SourceTriple | None:
     m = _maps.get(filename)
     return m.get(lineno) if m is not None else None
+
+
+def _package_dir(init_file: str) -> str:
+    return os.path.realpath(os.path.dirname(os.path.abspath(init_file))) + os.sep
+
+
+_TORCH_DIR = _package_dir(torch.__file__)
+_THUNDERLITE_DIR = _package_dir(os.path.dirname(os.path.abspath(__file__)))   # thunderlite/, above frontend/
+# code inside the package that is the user's: the tests' programs and the demo's model
+_THUNDERLITE_USER = (os.path.join(_THUNDERLITE_DIR, "tests") + os.sep, os.path.join(_THUNDERLITE_DIR, "demo.py"))
+_kinds: dict[str, str | None] = {}
+
+
+def library_kind(filename: str) -> str | None:
+    """``"thunderlite"`` or ``"torch"`` when ``filename`` is that library's own
+    code, else None (the user's). Cached per file name: asked for every frame
+    of every recorded symbol."""
+    if filename in _kinds:
+        return _kinds[filename]
+    path = filename if filename.startswith("<") else os.path.realpath(filename)     # "<string>", FX code
+    kind = None
+    if path.startswith(_THUNDERLITE_DIR) and not path.startswith(_THUNDERLITE_USER):
+        kind = "thunderlite"
+    elif path.startswith(_TORCH_DIR):
+        kind = "torch"
+    _kinds[filename] = kind
+    return kind
+
+
+def source_line(frames: Sequence[Frame]) -> SourceLine | None:
+    """The user's line for a symbol recorded under the interpreted ``frames``
+    (outermost first): the innermost frame that is not library code, mapped
+    through the generated-code maps, with the frames that led there and the
+    torch frames below it (``via``). thunderlite's own frames are dropped
+    altogether. When every frame is torch's (``jit(nn.Linear(...))``) the
+    innermost one is the line; when every frame is thunderlite's, None."""
+    frames = [f for f in frames if library_kind(f[0]) != "thunderlite"]
+    if not frames:
+        return None
+    i = next((i for i in range(len(frames) - 1, -1, -1) if library_kind(frames[i][0]) is None), len(frames) - 1)
+    fname, lineno = frames[i]
+    line = mapped_line(fname, lineno) or (fname, lineno, linecache.getline(fname, lineno).strip())
+    return SourceLine(line, frames[:i], frames[i + 1:])

@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import difflib
 import linecache
-import os
-import sysconfig
 from typing import Any
-
-import torch
 
 from thunderlite.core.codegen import bsym_parts
 from thunderlite.core.symbol import BoundSymbol
@@ -35,20 +31,18 @@ from thunderlite.core.trace import Trace
 from thunderlite.transforms.del_last_used import is_del
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Where library code lives (torch, the standard library, installed packages)."""
-    paths = sysconfig.get_paths()
-    dirs = {os.path.dirname(torch.__file__), paths["stdlib"], paths["purelib"], paths["platlib"]}
-    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
-
-
 class SourceTable:
-    """Source table: one entry per distinct (line, callers), referenced by index."""
+    """Source table: one entry per distinct (line, callers, via), referenced by index.
+
+    Which line is the user's was decided when the symbol was recorded
+    (``frontend/source_map.py``; a ``SourceLine``): an entry names the line the
+    symbol was recorded from (``file``, ``line``, ``text``), and when that one is
+    library code (``library``: torch's ``nn.Linear.forward``) also the user's
+    line that led there (``user``). ``stack`` is every frame, outermost first."""
 
     def __init__(self):
         self.rows: list[dict] = []
         self._index: dict[tuple, int] = {}
-        self._library = _library_dirs()
         self._lines: dict[tuple[str, int], str] = {}
 
     def _text(self, fname: str, lineno: int) -> str:
@@ -57,25 +51,22 @@ class SourceTable:
             self._lines[key] = linecache.getline(fname, lineno).strip()
         return self._lines[key]
 
-    def is_library(self, fname: str) -> bool:
-        return os.path.realpath(fname).startswith(self._library)
-
     def index(self, source) -> int:
         if source is None:
             return -1
         callers = tuple(getattr(source, "callers", ()))
-        key = (tuple(source), callers)
+        via = tuple(getattr(source, "via", ()))
+        key = (tuple(source), callers, via)
         i = self._index.get(key)
         if i is not None:
             return i
         fname, lineno, text = source
-        stack = [*callers, (fname, lineno)]
-        user = next((fl for fl in reversed(stack) if not self.is_library(fl[0])), None)
-        entry = {"file": fname, "line": lineno, "text": text or self._text(fname, lineno),
-                 "library": self.is_library(fname),
-                 "stack": [[f, n, self._text(f, n)] for f, n in stack]}
-        if user is not None:
-            entry["user"] = [user[0], user[1], self._text(*user)]
+        user = [fname, lineno, text or self._text(fname, lineno)]
+        stack = [[f, n, self._text(f, n)] for f, n in callers] + [user] + [[f, n, self._text(f, n)] for f, n in via]
+        inner = stack[-1]
+        entry = {"file": inner[0], "line": inner[1], "text": inner[2], "library": bool(via), "stack": stack}
+        if via:
+            entry["user"] = user
         self._index[key] = i = len(self.rows)
         self.rows.append(entry)
         return i

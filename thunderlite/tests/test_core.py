@@ -133,15 +133,16 @@ def test_composite_that_returns_its_input_records_nothing():
     assert trc.bound_symbols == []
 
 
-def test_source_line_is_the_plain_tuple_plus_its_callers():
+def test_source_line_is_the_plain_tuple_plus_its_callers_and_library_frames():
     import pickle
 
     from thunderlite.core.symbol import SourceLine
-    s = SourceLine(("lib.py", 3, "return F.linear(x)"), (("user.py", 10),))
-    assert s == ("lib.py", 3, "return F.linear(x)") and s.callers == (("user.py", 10),)
+    s = SourceLine(("user.py", 10, "y = self.proj(x)"), (("main.py", 3),), (("linear.py", 134),))
+    assert s == ("user.py", 10, "y = self.proj(x)") and s.callers == (("main.py", 3),)
+    assert s.via == (("linear.py", 134),)
     fname, lineno, text = s
     t = pickle.loads(pickle.dumps(s))
-    assert t == s and t.callers == s.callers
+    assert t == s and t.callers == s.callers and t.via == s.via
 
 
 def test_generated_code_is_compiled_once_per_text_and_keeps_each_programs_lines():

@@ -60,3 +60,23 @@ def test_llama_decode_step_with_cache_passed_in():
     for e, g in zip(_cache_tensors(e1.past_key_values), _cache_tensors(j1.past_key_values), strict=True):
         assert g.shape[-2] == 7
         torch.testing.assert_close(g, e)
+
+
+def test_llama_trace_names_modeling_llama_lines():
+    # transformers is an installed package, yet its model code is the user's: q_proj's linear is shown
+    # under modeling_llama.py's line, not thunderlite's api.py nor torch's nn.Linear.forward
+    model = _tiny_llama()
+    jm = thunderlite.jit(model)
+    with torch.no_grad():
+        jm(torch.randint(0, 64, (2, 8)))
+    final = thunderlite.last_traces(jm)[-1]
+    text = str(final).splitlines()
+    q_proj = [b for b in final.bound_symbols if b.sym.name == "linear" and "q_proj" in b.args[1].name]
+    assert len(q_proj) == 2                                     # one per layer
+    for b in q_proj:
+        at = text.index(next(line for line in text if line.startswith(f"  {b.output.name} = ")))
+        comment = next(line for line in reversed(text[:at]) if line.startswith("  # ") and ".py:" in line)
+        fname, lineno, code = comment[len("  # "):].split(":", 2)
+        assert fname == transformers.models.llama.modeling_llama.__file__, comment
+        assert code.strip().startswith("query_states = self.q_proj(hidden_states)"), comment
+        assert (fname, int(lineno)) == tuple(b.source[:2]) and b.source.via[-1][0].endswith("linear.py")

@@ -33,13 +33,32 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_demo_prints_its_summary_after_a_short_trace_excerpt(capsys):
     from thunderlite.demo import main
-    assert main(["--layers", "1", "--iters", "2"]) == 0
+    assert main(["--layers", "1", "--iters", "2", "--rounds", "3"]) == 0
     out = capsys.readouterr().out
     excerpt, summary = out.split("\nGPT (1 layers)", 1)
     assert excerpt.startswith("# Constructed by") and "--full prints them all" in excerpt
     assert len(excerpt.splitlines()) < 40 and excerpt.rstrip().splitlines()[-1].startswith("  return ")
-    assert "matches eager" in summary and "x eager" in summary
+    assert "matches eager" in summary and "median of 3 interleaved rounds" in summary
     assert "torch.compile" in summary and "what ran where:" in summary and "torch executor" in summary
+    # a time per variant; the others also as a ratio to eager's
+    timed = dict(re.findall(r"^  (eager|thunderlite|torch\.compile) forward.*?:\s+([0-9.]+) ms", summary, re.M))
+    ratios = dict(re.findall(r"^  (thunderlite|torch\.compile) forward.*\(([0-9.]+)x eager\)", summary, re.M))
+    assert {"eager", "thunderlite"} <= set(timed) and all(float(v) > 0 for v in timed.values()), summary
+    assert set(ratios) == set(timed) - {"eager"} and all(float(v) > 0 for v in ratios.values()), summary
+
+
+def test_demo_times_every_variant_warm_and_interleaved():
+    # as benchmarks/bench_training.py: no variant is timed before all are warm, the order rotates
+    # each round, and a ratio is the median of the per-round ratios
+    from thunderlite.demo import paired_ratio, time_interleaved
+    calls = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in ("a", "b", "c")}
+    times = time_interleaved(fns, rounds=3, iters=2, warmup=1)
+    assert calls == ["a", "b", "c"] + ["a", "a", "b", "b", "c", "c"] + ["b", "b", "c", "c", "a", "a"] \
+        + ["c", "c", "a", "a", "b", "b"]
+    assert {n: len(t) for n, t in times.items()} == {"a": 3, "b": 3, "c": 3}
+    # a round under load slows both sides of its ratio alike: the paired ratio stays 0.5
+    assert paired_ratio([1.0, 10.0, 1.1], [2.0, 20.0, 2.0]) == 0.5
 
 
 def test_demo_full_prints_the_whole_trace(capsys):
