@@ -11,7 +11,8 @@ setup(
     packages=find_packages(include=["thunderlite", "thunderlite.*"]),
     package_data={"thunderlite.report": ["assets/*.css", "assets/*.js"]},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "looseversion"],
+    # numpy: without it, `import torch` itself warns "Failed to initialize NumPy" on every fresh install
+    install_requires=["torch>=2.4", "looseversion", "numpy"],
     extras_require={
         "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel",
                  "playwright", "triton>=3.0", "numpy", "ruff==0.17.6"],

@@ -31,6 +31,22 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert "-eq 5" in ci          # "no tests ran" is a failure
 
 
+def _setup_keyword(name: str):
+    import ast
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    return next(ast.literal_eval(kw.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for kw in node.keywords if kw.arg == name)
+
+
+def test_install_brings_numpy_and_the_test_extra_brings_the_linter():
+    """Without numpy ``import torch`` itself warns "Failed to initialize NumPy" on a
+    fresh install (torch's wheel does not require it); CI lints with the ruff pinned here."""
+    assert "numpy" in _setup_keyword("install_requires")
+    test_extra = _setup_keyword("extras_require")["test"]
+    assert any(r.startswith("ruff==") for r in test_extra)
+    assert "ruff check ." in _readme_commands()[1]
+
+
 def test_demo_prints_its_summary_after_a_short_trace_excerpt(capsys):
     from thunderlite.demo import main
     assert main(["--layers", "1", "--iters", "2", "--rounds", "3"]) == 0
