@@ -9,13 +9,10 @@ misses is warned about once.
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from thunderlite.core import codegen
 from thunderlite.frontend.cache_key import (
@@ -29,6 +26,7 @@ from thunderlite.frontend.cache_key import (
     make_key_fn,
     walk_signature,
 )
+from thunderlite.frontend.source_map import library_kind
 from thunderlite.transforms.aliasing.update_aliases import writes_memory
 
 try:        # torch's C++ guards (dynamo's): every torch this package supports has them
@@ -300,18 +298,11 @@ def _hint(what: str, old: Any, new: Any) -> str:
     return "each value of it compiles its own entry"
 
 
-_INTERNAL_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), d) + os.sep
-                       for d in ("frontend", "executors", "transforms", "core", "torch", "interpreter"))
-_INTERNAL_FILES = (os.path.join(os.path.dirname(os.path.dirname(__file__)), "api.py"),
-                   os.path.join(os.path.dirname(torch.nn.modules.module.__file__), "module.py"))
-
-
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the user's call of the
-    jitted function (past thunderlite's frames and ``nn.Module.__call__``)."""
+    jitted function: past thunderlite's and torch's own frames (``nn.Module.__call__``)."""
     level, f = 1, sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_INTERNAL_DIRS)
-                             or f.f_code.co_filename in _INTERNAL_FILES):
+    while f is not None and library_kind(f.f_code.co_filename) is not None:
         f = f.f_back
         level += 1
     return level

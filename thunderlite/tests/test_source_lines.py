@@ -101,3 +101,16 @@ def test_library_frames_are_thunderlites_and_torchs_own():
     only_torch = source_line([api, module, linear])         # jit(nn.Linear(...)): torch's innermost line
     assert (only_torch[0], only_torch[1]) == linear and only_torch.callers == (module,) and only_torch.via == ()
     assert source_line([api]) is None
+
+
+def test_parts_of_a_call_autodiff_flattens_keep_its_line():
+    """relu has no rule: autodiff differentiates its prims, which are shown under
+    the user's ``y.relu()`` line, not the line before it."""
+    jm = thunderlite.jit(_Proj())
+    jm(torch.randn(2, 4)).sum().backward()
+    final = thunderlite.last_traces(jm)[-1]
+    relu_line = _line_of("return y.relu()")
+    parts = [b for b in final.bound_symbols if b.sym.name in ("le", "where", "full")]
+    assert parts, final
+    for b in parts:
+        assert tuple(b.source[:3]) == relu_line, (b, b.source)
