@@ -64,9 +64,10 @@ def register_write_rule(sym: Symbol, rule: WriteRule) -> None:
         _write_rules.setdefault(sym.meta, rule)
 
 
-# symbols whose schema facts say no output ever aliases an input (``views`` is
-# asked of every symbol by several passes per compile)
-_never_views: dict[Symbol, bool] = {}
+# symbols whose outputs may alias an input only through these keyword arguments
+# (``out``), from their schema facts: ``views`` is asked of every symbol by
+# several passes per compile, and most symbols alias nothing when not given ``out=``
+_view_kwargs: dict[Symbol, frozenset] = {}
 
 
 def register_view_rule(sym: Symbol, rule: ViewRule) -> None:
@@ -75,7 +76,7 @@ def register_view_rule(sym: Symbol, rule: ViewRule) -> None:
     call (opaque ops) or come from a schema the symbol itself carries (custom ops)."""
     if sym in _view_rules:
         raise ValueError(f"a view rule for {sym.id} is already registered")
-    _never_views.clear()
+    _view_kwargs.clear()
     _view_rules[sym] = rule
     if sym.meta is not None:
         _view_rules.setdefault(sym.meta, rule)
@@ -245,7 +246,8 @@ def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
     decomposition, which callers walk) that may share storage with an input.
     See the module docstring for where the facts come from."""
     sym = bsym.sym
-    if _never_views.get(sym):
+    names = _view_kwargs.get(sym)
+    if names is not None and (not names or not bsym.kwargs or names.isdisjoint(bsym.kwargs)):
         return []
     if Tag.ALIAS_BARRIER in sym.tags:
         return []                              # its members already share a group (AliasGroups)
@@ -259,9 +261,9 @@ def views(bsym: BoundSymbol) -> list[tuple[TensorProxy, TensorProxy]]:
         if facts is None and sym.torch_fn is not None:
             facts = callable_aliases(sym.torch_fn)
         if facts is not None:
-            if facts.fresh and Tag.VIEW not in sym.tags:
-                _never_views[sym] = True       # decided by the symbol alone, whatever its arguments
-                return []
+            if not facts.positions and Tag.VIEW not in sym.tags:
+                # decided by the symbol and the keywords given: only ``out=`` may alias
+                _view_kwargs[sym] = frozenset(facts.names)
             pairs = _from_schema(bsym, facts)
         elif not sym.is_leaf or bsym.subsymbols or Tag.PRIM in sym.tags:
             pairs = []                         # its decomposition (walked by callers) says it
