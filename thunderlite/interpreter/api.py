@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from . import emulate  # noqa: F401  (registers the builtin emulators)
+from . import emulate, iteration  # noqa: F401  (register the builtin emulators)
 from .calls import call_no_lookaside
 from .frame import Runtime, thread_state
 from .hooks import InterpreterHooks

@@ -1,16 +1,15 @@
-"""Builtins that need the interpreted frame (super, locals, ...) or take Python callbacks."""
+"""Builtins that need the interpreted frame (super, locals, ...); those consuming
+iterables or taking callbacks (map, zip, sorted, ...) are in iteration.py."""
 from __future__ import annotations
 
 import builtins
-import functools
-import itertools
 import os
 import sys
 import types
 import typing
 
 from .attrs import delete_attr, load_attr, store_attr
-from .calls import EMULATORS, call, wrap_callback
+from .calls import EMULATORS, call
 from .frame import UNBOUND, thread_state
 from .loop import run_code
 from .operators import EXHAUSTED, format_value, get_iter, next_or_exhausted, to_repr, to_str, truth
@@ -151,33 +150,6 @@ def em_delattr(rt, args, kwargs):
     if kwargs or len(args) != 2 or type(args[1]) is not str:
         return delattr(*args, **(kwargs or {}))
     delete_attr(rt, args[0], args[1])
-
-
-def _wrap_first(fn):
-    def em(rt, args, kwargs):
-        if args:
-            args = (wrap_callback(rt, args[0]), *args[1:])
-        return fn(*args, **(kwargs or {}))
-
-    return em
-
-
-for _fn in (map, filter, functools.reduce, itertools.starmap, itertools.filterfalse,
-            itertools.takewhile, itertools.dropwhile):
-    emulates(_fn)(_wrap_first(_fn))
-
-
-def _wrap_kw(fn, names):
-    def em(rt, args, kwargs):
-        if kwargs:
-            kwargs = {k: (wrap_callback(rt, v) if k in names else v) for k, v in kwargs.items()}
-        return fn(*args, **(kwargs or {}))
-
-    return em
-
-
-emulates(itertools.accumulate)(_wrap_kw(itertools.accumulate, ("func",)))
-emulates(itertools.groupby)(_wrap_kw(itertools.groupby, ("key",)))
 
 
 @emulates(sys.exc_info)
