@@ -236,6 +236,13 @@ class TracingHooks(InterpreterHooks):
             return value
         if value is MISSING:
             return value
+        if isinstance(obj, torch.Tensor):
+            # a real tensor the program reached through code run natively
+            # (``operator.attrgetter("weight")(m)``): it joins the trace as an input
+            # captured by reference, as a real tensor argument of an op does
+            # (``_capture_constants``); run natively, its in-place methods would write
+            # once at trace time and be recorded as a constant call DCE drops
+            return getattr(st.enter(None, obj), name)
         parent = st.prov_of.get(id(obj))
         if parent is None:
             return st.enter(None, value) if isinstance(value, torch.Tensor) else value

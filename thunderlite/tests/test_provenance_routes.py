@@ -168,3 +168,24 @@ def test_every_route_under_fusion_executors(container, route, executors):
     exs = [ShuffleFusion(7), "torch"] if executors == "shuffle" else ["torchcompile", "torch"]
     for use in ("write", "changed"):
         _check(container, route, use, "module", exs)
+
+
+def test_a_real_tensor_reached_natively_joins_the_trace():
+    """A tensor returned by natively run code (``operator.attrgetter``) is no
+    constant: its in-place method is traced, runs on every call, and writes the
+    caller's tensor (it used to run once at trace time and be dropped)."""
+    import operator
+
+    def f(m, x):
+        w = operator.attrgetter("weight")(m)
+        with torch.no_grad():
+            w.mul_(0.5)
+        return x * w.sum()
+    m = torch.nn.Linear(3, 2)
+    jm = copy.deepcopy(m)
+    jf = thunderlite.jit(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(jf(jm, x), f(m, x))
+        torch.testing.assert_close(jm.weight, m.weight)
+    assert any("mul" in b.sym.name for b in thunderlite.last_traces(jf)[-1].bound_symbols)
