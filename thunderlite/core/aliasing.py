@@ -173,7 +173,7 @@ def _tensor_leaves(x) -> list[TensorProxy]:
     return []
 
 
-def _torch_overloads(name: str) -> list | None:
+def torch_overloads(name: str) -> list | None:
     """The ATen overloads named ``name`` that take a tensor (TorchScript's list
     and string overloads share some names), or None when ATen has no such op."""
     packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
@@ -184,7 +184,7 @@ def _torch_overloads(name: str) -> list | None:
     return found or None
 
 
-def _aten_name(fn: Callable) -> str | None:
+def aten_name(fn: Callable) -> str | None:
     """The ATen op a torch callable binds: its name, with Python's dunder
     spellings undone (``__iadd__`` is ``add_``, ``__radd__`` is ``add``)."""
     name = getattr(fn, "__name__", None)
@@ -192,10 +192,10 @@ def _aten_name(fn: Callable) -> str | None:
         return None
     if name.startswith("__") and name.endswith("__") and len(name) > 4:
         core = name[2:-2]
-        if _torch_overloads(name) is None:
-            if core.startswith("i") and _torch_overloads(core[1:] + "_") is not None:
+        if torch_overloads(name) is None:
+            if core.startswith("i") and torch_overloads(core[1:] + "_") is not None:
                 return core[1:] + "_"
-            if core.startswith("r") and _torch_overloads(core[1:]) is not None:
+            if core.startswith("r") and torch_overloads(core[1:]) is not None:
                 return core[1:]
             return core
     return name
@@ -205,7 +205,7 @@ def _aten_name(fn: Callable) -> str | None:
 def schema_aliases(name: str) -> SchemaAliases | None:
     """``SchemaAliases`` of ``torch.ops.aten.<name>`` (all overloads), or None
     when ATen has no op of that name."""
-    overloads = _torch_overloads(name)
+    overloads = torch_overloads(name)
     if overloads is None:
         return None
     return SchemaAliases(o._schema for o in overloads)
@@ -217,13 +217,13 @@ def callable_aliases(fn: Callable) -> SchemaAliases | None:
     try:
         return _callable_aliases(fn)
     except TypeError:              # unhashable callable
-        name = _aten_name(fn)
+        name = aten_name(fn)
         return schema_aliases(name) if name else None
 
 
 @functools.cache
 def _callable_aliases(fn: Callable) -> SchemaAliases | None:
-    name = _aten_name(fn)
+    name = aten_name(fn)
     return schema_aliases(name) if name else None
 
 

@@ -189,3 +189,14 @@ def test_a_real_tensor_reached_natively_joins_the_trace():
         torch.testing.assert_close(jf(jm, x), f(m, x))
         torch.testing.assert_close(jm.weight, m.weight)
     assert any("mul" in b.sym.name for b in thunderlite.last_traces(jf)[-1].bound_symbols)
+
+
+def test_an_opaque_call_that_may_write_is_never_dead_code():
+    """An opaque call whose schema has a mutable argument, or that binds no ATen
+    schema at all, may write although its meta run wrote nothing: DCE keeps it."""
+    from thunderlite.core.tags import Tag
+    from thunderlite.torch.opaque import _may_write_unseen, opaque_symbol_for
+    assert _may_write_unseen(torch.Tensor.index_put_) and _may_write_unseen(torch.Tensor.tolist)
+    assert not _may_write_unseen(torch.histc) and not _may_write_unseen(torch.add)
+    assert Tag.DONT_DCE in opaque_symbol_for(torch.Tensor.tolist).symbol.tags
+    assert Tag.DONT_DCE not in opaque_symbol_for(torch.histc).symbol.tags

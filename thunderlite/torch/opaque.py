@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from thunderlite.core import prims, pytree
-from thunderlite.core.aliasing import callable_aliases, register_view_rule
+from thunderlite.core.aliasing import aten_name, callable_aliases, register_view_rule, torch_overloads
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import DataDependentError, TensorProxy
 from thunderlite.core.symbol import Symbol
@@ -61,6 +61,20 @@ def _unique_name(fn) -> str:
 def _is_random(fn) -> bool:
     name = getattr(fn, "__name__", "") or ""
     return any(r in name for r in _RANDOM_NAMES)
+
+
+def _may_write_unseen(fn) -> bool:
+    """Whether a call of ``fn`` could write memory although its meta run wrote
+    nothing: its ATen op has a mutable argument (``Tensor(a!)``) it can be
+    given positionally, or ``fn`` binds no ATen op whose schema says (nothing
+    then rules a write out). ``out=`` alone does not count: a call given it
+    writes it in the meta run too. Such a call is never dead code."""
+    name = aten_name(fn)
+    overloads = torch_overloads(name) if name else None
+    if overloads is None:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+               for o in overloads for a in o._schema.arguments)
 
 
 def _to_meta(x):
@@ -221,6 +235,8 @@ class OpaqueOp:
         self.fn = fn
         name = _unique_name(fn)
         tags = {Tag.OPAQUE} | ({Tag.RANDOM, Tag.DONT_DCE} if _is_random(fn) else set())
+        if _may_write_unseen(fn):
+            tags.add(Tag.DONT_DCE)
         self._name = name
         self._tags = tags
         self._plain: dict[tuple, Symbol] = {}
