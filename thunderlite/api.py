@@ -30,6 +30,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
+from thunderlite.distributed.ddp import from_data_parallel, from_torch_ddp
 from thunderlite.executors.triton.executor import kernel_sources
 from thunderlite.frontend.cache import (
     CacheInfo,
@@ -273,6 +274,12 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     caused by its size changing; True makes every size of the tensor arguments
     symbolic from the first call (as ``cache='symbolic values'`` does); False
     compiles for each new size."""
+    # torch's data-parallel wrappers: their communication happens in hooks and C++ a
+    # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
+    if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
+        fn = from_torch_ddp(fn)
+    elif isinstance(fn, torch.nn.DataParallel):
+        fn = from_data_parallel(fn)
     # a module may carry its own transforms (thunderlite.distributed.ddp): they run first
     own = getattr(fn, "_thunderlite_transforms", None)
     if own:

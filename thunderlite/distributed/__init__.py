@@ -14,8 +14,9 @@ jitted function. Launch on CPU with gloo::
 
     torchrun --nproc-per-node 2 train.py
 
-Its transforms may import ``transforms``, the torch language and ``core``
-(no executor, ``frontend`` or ``api``).
+Also ``from_torch_ddp``/``from_data_parallel``: what ``thunderlite.jit``
+compiles for torch's own wrappers. Its modules may import ``transforms``, the
+torch language and ``core`` (no executor, ``frontend`` or ``api``, which import it).
 """
 from thunderlite.distributed.ddp import DDPModule, DDPTransform, ddp
 from thunderlite.distributed.fsdp import FSDPModule, FSDPTransform, fsdp, full_state_dict

@@ -111,7 +111,7 @@ class DDPModule(torch.nn.Module):
     eagerly, does no communication). ``module`` is the wrapped module."""
 
     def __init__(self, module: torch.nn.Module, *, group: Any = None, bucket_size_mb: float = 25.0,
-                 broadcast_from: int = 0):
+                 broadcast_from: int | None = 0):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("thunderlite.distributed.ddp needs an initialized process group "
@@ -119,9 +119,10 @@ class DDPModule(torch.nn.Module):
         self.module = module
         self.group = group
         self.require_backward_grad_sync = True
-        with torch.no_grad():
-            for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, broadcast_from, group=group)
+        if broadcast_from is not None:
+            with torch.no_grad():
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t, broadcast_from, group=group)
         self._thunderlite_transforms = (DDPTransform(self, group, bucket_size_mb),)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -168,3 +169,52 @@ def ddp(module: torch.nn.Module, *, group: Any = None, bucket_size_mb: float = 2
         broadcast_from: int = 0) -> DDPModule:
     """Wrap ``module`` for data-parallel training under ``thunderlite.jit``."""
     return DDPModule(module, group=group, bucket_size_mb=bucket_size_mb, broadcast_from=broadcast_from)
+
+
+# torch's DistributedDataParallel options that change what a step computes, and
+# whether the trace honours them
+_TORCH_DDP_REFUSED = {
+    "broadcast_buffers": "broadcasts the module's buffers from rank 0 before every forward",
+}
+
+
+def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModule:
+    """``thunderlite.jit(DistributedDataParallel(m))``: the same training as torch's
+    DDP, with its bucketed gradient all-reduce in the backward trace (a
+    ``DDPModule`` around ``model.module``, on ``model``'s process group and
+    bucket size; its parameters were broadcast when ``model`` was made).
+    ``no_sync()`` of the jitted module accumulates as torch's does. Options
+    that change results and are not honoured raise here, naming the option:
+    ``broadcast_buffers=True`` with buffers to broadcast, a communication hook.
+    ``find_unused_parameters``, ``gradient_as_bucket_view`` and ``static_graph``
+    change no result (an unused parameter's gradient stays None)."""
+    def refuse(option: str, why: str) -> None:
+        raise NotImplementedError(
+            f"thunderlite.jit(DistributedDataParallel(m)) does not support {option}: torch's DDP {why}, "
+            "which the compiled program would not do. Use DistributedDataParallel(thunderlite.jit(m)) "
+            "(thunderlite compiles the module, torch's DDP communicates), or thunderlite.distributed.ddp(m).")
+    syncs = getattr(model, "forward_sync_buffers", None)          # torch >= 2.13; before: broadcast_buffers
+    syncs = getattr(model, "broadcast_buffers", True) if syncs is None else syncs
+    if syncs and any(True for _ in model.module.buffers()):
+        refuse("broadcast_buffers=True (forward_sync_buffers)", _TORCH_DDP_REFUSED["broadcast_buffers"])
+    if getattr(model, "_comm_hooks", None):
+        refuse("a communication hook (register_comm_hook)", "reduces gradients through the user's hook")
+    if getattr(model, "mixed_precision", None) is not None:
+        refuse("mixed_precision", "casts parameters and gradients for communication")
+    bucket_mb = getattr(model, "bucket_bytes_cap", 25 * 2**20) / 2**20
+    out = DDPModule(model.module, group=model.process_group, bucket_size_mb=bucket_mb, broadcast_from=None)
+    out.require_backward_grad_sync = model.require_backward_grad_sync
+    return out
+
+
+def from_data_parallel(model: torch.nn.DataParallel) -> torch.nn.Module:
+    """``thunderlite.jit(DataParallel(m))``: with no devices to replicate over
+    (CPU) ``DataParallel`` calls ``m`` itself, so that is what is compiled; over
+    devices it scatters, replicates and gathers, which a trace does not do."""
+    if model.device_ids:
+        raise NotImplementedError(
+            f"thunderlite.jit(DataParallel(m)) over devices {model.device_ids} is not supported: DataParallel "
+            "replicates the module and scatters its inputs at every call, which the compiled program would not "
+            "do. Use DistributedDataParallel (one process per device) with thunderlite.jit(m) inside it, or "
+            "thunderlite.distributed.ddp(m).")
+    return model.module

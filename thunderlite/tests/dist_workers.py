@@ -108,6 +108,40 @@ def ddp_matches_single_process(rank: int, world: int, store: str) -> None:
         assert last_issue < first_wait, "every bucket is issued before the first wait (overlap)"
 
 
+def torch_ddp_under_jit_matches_single_process(rank: int, world: int, store: str) -> None:
+    """``thunderlite.jit(DistributedDataParallel(m))``: the bucketed all-reduce
+    in the backward trace; three SGD steps and a ``no_sync`` accumulation equal
+    one process on the whole batch."""
+    with _group(rank, world, store):
+        net = _net()
+        ref = copy.deepcopy(net)
+        g = torch.Generator().manual_seed(3)
+        xs, ys = torch.randn(4, 8, 8, generator=g), torch.randn(4, 8, 4, generator=g)
+        model = thunderlite.jit(torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        for s in range(3):
+            x, y = xs[s].chunk(world)[rank], ys[s].chunk(world)[rank]
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+            ropt.zero_grad()
+            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()
+            ropt.step()
+        for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+        assert "dist.all_reduce(" in str(thunderlite.last_backward_traces(model)[-1])
+        opt.zero_grad()
+        ropt.zero_grad()
+        with model.no_sync():
+            ((model(xs[3].chunk(world)[rank]) - ys[3].chunk(world)[rank]) ** 2).mean().backward()
+        ((model(xs[0].chunk(world)[rank]) - ys[0].chunk(world)[rank]) ** 2).mean().backward()
+        for s in (3, 0):
+            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()
+        for p, r in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, r.grad)
+
+
 def ddp_no_sync_accumulation(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         net = _net()

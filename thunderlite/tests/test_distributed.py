@@ -39,6 +39,7 @@ def _spawn(worker) -> None:
 
 @pytest.mark.parametrize("worker", [dist_workers.collectives_in_jitted_code, dist_workers.ddp_matches_single_process,
                                     dist_workers.ddp_no_sync_accumulation,
+                                    dist_workers.torch_ddp_under_jit_matches_single_process,
                                     dist_workers.functional_collectives_gradients,
                                     dist_workers.fsdp_matches_single_process],
                          ids=lambda w: w.__name__)
@@ -127,3 +128,20 @@ def test_fsdp_one_rank_gathers_where_used_and_matches_eager(one_rank_group):
     for n, p in ref.named_parameters():
         torch.testing.assert_close(grads[n].view(p.shape), p.grad)     # one rank: the shard is everything
     assert set(full_state_dict(model)) == set(ref.state_dict())
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_torch_ddp_options_the_trace_does_not_honour_are_refused_by_name():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    with pytest.raises(NotImplementedError, match="broadcast_buffers=True.*DistributedDataParallel\\(thunderlite.jit"):
+        thunderlite.jit(torch.nn.parallel.DistributedDataParallel(net))
+    ok = thunderlite.jit(torch.nn.parallel.DistributedDataParallel(net, broadcast_buffers=False))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(ok(x), net(x))
+
+
+def test_data_parallel_without_devices_compiles_its_module():
+    net = torch.nn.Linear(4, 3)
+    jm = thunderlite.jit(torch.nn.DataParallel(net, device_ids=[]))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(jm(x), net(x))

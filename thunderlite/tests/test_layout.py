@@ -11,7 +11,7 @@ PACKAGE = ROOT.name
 MAX_MODULES_PER_FOLDER = 16
 
 # bottom to top; a module may import its own layer and the ones before it
-LAYERS = ["interpreter", "core", "torch", "transforms", "executors", "frontend", "api", "distributed", "dynamo",
+LAYERS = ["interpreter", "core", "torch", "transforms", "executors", "distributed", "frontend", "api", "dynamo",
           "report", "extend", "demo"]
 
 
