@@ -151,6 +151,8 @@ class TracingHooks(InterpreterHooks):
                 return enter(None, v)
             if type(v) in (list, tuple) and _has_tensor(v):
                 return type(v)(conv(y) for y in v)
+            if type(v) is dict and _has_tensor(v.values()):
+                return {k: conv(y) for k, y in v.items()}
             return v
         return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
 
@@ -160,7 +162,10 @@ class TracingHooks(InterpreterHooks):
         def call(*args, **kwargs):
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
-            if is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()):
+            # a real tensor among the arguments joins the trace (``_capture_constants``):
+            # run here it would be computed, and written, once at trace time
+            if (is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()) or _has_tensor(args)
+                    or _has_tensor(kwargs.values())):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             out = fn(*args, **kwargs)
             if _has_tensor((out,)) and not isinstance(getattr(fn, "__self__", None), torch.Generator):
@@ -365,6 +370,8 @@ def _has_tensor(values) -> bool:
         if isinstance(v, torch.Tensor):
             return True
         if type(v) in (list, tuple) and _has_tensor(v):
+            return True
+        if type(v) is dict and _has_tensor(v.values()):
             return True
     return False
 
