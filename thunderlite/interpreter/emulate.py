@@ -259,20 +259,20 @@ def em_build_class(rt, args, kwargs):
     return cls
 
 
+def _emulate_one_argument(native, interpreted) -> None:
+    """Emulate ``native`` by ``interpreted(rt, x)`` when called with one
+    argument ``x`` (whose Python dunders then run interpreted), natively otherwise."""
+
+    @emulates(native)
+    def em(rt, args, kwargs):
+        if len(args) == 1 and not kwargs:
+            return interpreted(rt, args[0])
+        return native(*args, **(kwargs or {}))
+
+
 # One-argument conversions and iteration run their Python dunders interpreted.
-
-@emulates(str)
-def em_str(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return to_str(rt, args[0])
-    return str(*args, **(kwargs or {}))
-
-
-@emulates(builtins.repr)
-def em_repr(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return to_repr(rt, args[0])
-    return repr(*args, **(kwargs or {}))
+for _native, _interpreted in ((str, to_str), (builtins.repr, to_repr), (bool, truth), (builtins.iter, get_iter)):
+    _emulate_one_argument(_native, _interpreted)
 
 
 @emulates(builtins.format)
@@ -280,20 +280,6 @@ def em_format(rt, args, kwargs):
     if 1 <= len(args) <= 2 and not kwargs and (len(args) == 1 or type(args[1]) is str):
         return format_value(rt, args[0], args[1] if len(args) == 2 else "")
     return format(*args, **(kwargs or {}))
-
-
-@emulates(bool)
-def em_bool(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return truth(rt, args[0])
-    return bool(*args, **(kwargs or {}))
-
-
-@emulates(builtins.iter)
-def em_iter(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return get_iter(rt, args[0])
-    return iter(*args, **(kwargs or {}))
 
 
 @emulates(builtins.next)
