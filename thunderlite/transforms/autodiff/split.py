@@ -743,11 +743,7 @@ def _first_write_after(fwd_bsyms, groups: AliasGroups, args=()) -> dict[str, int
 
 
 def _leaves_of(bsym: BoundSymbol):
-    if not bsym.subsymbols:
-        yield bsym
-        return
-    for sub in bsym.subsymbols:
-        yield from _leaves_of(sub)
+    return (b for b in walk(bsym) if not b.subsymbols)
 
 
 def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace):
