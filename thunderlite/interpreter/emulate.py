@@ -53,32 +53,21 @@ def frame_locals(f):
     return out
 
 
-@emulates(builtins.locals)
-def em_locals(rt, args, kwargs):
-    if args or kwargs:
-        return locals(*args, **(kwargs or {}))
-    return frame_locals(_frame())
+def _emulate_no_argument(native, of_frame) -> None:
+    """Emulate ``native`` by ``of_frame(frame)`` of the innermost interpreted
+    frame when called without arguments (natively it would see the
+    interpreter's own frame), natively otherwise."""
+
+    @emulates(native)
+    def em(rt, args, kwargs):
+        if args or kwargs:
+            return native(*args, **(kwargs or {}))
+        return of_frame(_frame())
 
 
-@emulates(builtins.globals)
-def em_globals(rt, args, kwargs):
-    if args or kwargs:
-        return globals(*args, **(kwargs or {}))
-    return _frame().globals
-
-
-@emulates(builtins.vars)
-def em_vars(rt, args, kwargs):
-    if args or kwargs:
-        return vars(*args, **(kwargs or {}))
-    return frame_locals(_frame())
-
-
-@emulates(builtins.dir)
-def em_dir(rt, args, kwargs):
-    if args or kwargs:
-        return dir(*args, **(kwargs or {}))
-    return sorted(frame_locals(_frame()))
+for _native, _of_frame in ((builtins.locals, frame_locals), (builtins.globals, lambda f: f.globals),
+                           (builtins.vars, frame_locals), (builtins.dir, lambda f: sorted(frame_locals(f)))):
+    _emulate_no_argument(_native, _of_frame)
 
 
 @emulates(builtins.super)
