@@ -533,26 +533,26 @@ def sym_max(a, b):
     """``max`` of sizes: decided as Python's ``max`` would when the facts or
     the traced values can (the latter guarded), else a ``max`` atom (a run-time
     size: ``x[:n]`` of an ``item()`` n is ``min(n, size)`` long)."""
-    ea, eb = _expr_of(a), _expr_of(b)
-    env = _env_of(a, b)
-    if env is not None and ea is not None and eb is not None:
-        order = _ordered(env, ea, eb)
-        if order:
-            return a if order > 0 else b
-        return SymInt(atom(("max", ea, eb)), env)
-    return max(a, b)
+    return _extreme(a, b, "max")
 
 
 def sym_min(a, b):
     """``min`` of sizes, as ``sym_max``."""
+    return _extreme(a, b, "min")
+
+
+def _extreme(a, b, which: str):
+    """``sym_max`` (``which`` "max") or ``sym_min`` ("min"): ``a`` or ``b``
+    when their order is known, else a ``which`` atom; plain ``max``/``min``
+    when either is not a size expression."""
     ea, eb = _expr_of(a), _expr_of(b)
     env = _env_of(a, b)
     if env is not None and ea is not None and eb is not None:
         order = _ordered(env, ea, eb)
         if order:
-            return b if order > 0 else a
-        return SymInt(atom(("min", ea, eb)), env)
-    return min(a, b)
+            return a if (order > 0) == (which == "max") else b
+        return SymInt(atom((which, ea, eb)), env)
+    return max(a, b) if which == "max" else min(a, b)
 
 
 def assume(a, op: str, b) -> None:

@@ -18,15 +18,13 @@ first reason that applies:
 """
 from __future__ import annotations
 
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.trace import Trace
 from thunderlite.transforms.claim import STAGE as CLAIM_STAGE
 
 
-def _walk(bsyms):
-    for b in bsyms:
-        yield b
-        yield from _walk(b.subsymbols)
+def _walk_all(bsyms):
+    return (b for top in bsyms for b in walk(top))
 
 
 def _before_and_after_claim(traces: list[Trace]) -> tuple[Trace | None, Trace | None]:
@@ -45,7 +43,7 @@ def _owners(final: Trace) -> dict[str, str]:
         name = getattr(ex, "name", None) if ex is not None else None
         if name is None:
             continue
-        for b in _walk([top]):
+        for b in walk(top):
             for p in b.proxy_outs():
                 owner.setdefault(p.name, name)
     return owner
@@ -60,7 +58,7 @@ def unused_implementations(entry, executors: list) -> list[tuple[str, str, str]]
     """``[(executor name, symbol id, reason)]`` for the call that made ``entry``."""
     pairs = [_before_and_after_claim(list(entry.traces)), _before_and_after_claim(list(entry.backward_traces))]
     pairs = [(b, a) for b, a in pairs if b is not None]
-    traced = {b.sym for b in _walk(entry.traces[0].bound_symbols)} if entry.traces else set()
+    traced = {b.sym for b in _walk_all(entry.traces[0].bound_symbols)} if entry.traces else set()
     owners = [_owners(after) for _, after in pairs]
     final_syms = {b.sym for _, after in pairs for b in after.bound_symbols}
     report = []
@@ -80,7 +78,7 @@ def _reason(ex, impl, pairs, owners, traced) -> str | None:
     declined = taken = 0
     other = None
     for (before, _), owner in zip(pairs, owners, strict=True):
-        for b in _walk(before.bound_symbols):
+        for b in _walk_all(before.bound_symbols):
             if b.sym is not impl.of:
                 continue
             if not impl.accepts(b):

@@ -8,6 +8,7 @@ from .frame import NULL
 from .hooks import MISSING
 
 _object_getattribute = object.__getattribute__
+_NATIVE = object()      # _py_item's answer: no Python-level item method applies
 
 
 def _py_get(descr):
@@ -176,20 +177,30 @@ def _py_set(descr, which):
     return (g if type(g) is FunctionType else None), False
 
 
-def store_attr(rt, obj, name, value):
+def _py_write_attr(rt, obj, name, dunder: str, which: str, extra: tuple) -> bool:
+    """Run a Python-level attribute write or delete on an instance of a heap type:
+    its type's Python ``__setattr__``/``__delattr__`` (``dunder``), else a Python
+    data descriptor's ``__set__``/``__delete__`` (``which``) or a property's
+    fset/fdel, interpreted; ``extra`` is ``(value,)`` for a write, ``()`` for a
+    delete. False when none applies and the hook and native path run."""
     tp = type(obj)
-    if tp.__flags__ & HEAPTYPE:
-        sa = lookup(tp, "__setattr__")
-        if type(sa) is FunctionType:
-            call(rt, sa, (obj, name, value))
-            return
-        if not isinstance(obj, type):
-            descr = lookup(tp, name)
-            if descr is not None:
-                fn, is_prop = _py_set(descr, "__set__")
-                if fn is not None:
-                    call(rt, fn, (obj, value) if is_prop else (descr, obj, value))
-                    return
+    hook = lookup(tp, dunder)
+    if type(hook) is FunctionType:
+        call(rt, hook, (obj, name, *extra))
+        return True
+    if not isinstance(obj, type):
+        descr = lookup(tp, name)
+        if descr is not None:
+            fn, is_prop = _py_set(descr, which)
+            if fn is not None:
+                call(rt, fn, (obj, *extra) if is_prop else (descr, obj, *extra))
+                return True
+    return False
+
+
+def store_attr(rt, obj, name, value):
+    if type(obj).__flags__ & HEAPTYPE and _py_write_attr(rt, obj, name, "__setattr__", "__set__", (value,)):
+        return
     h = rt.store_attr
     if h is not None and h(obj, name, value):
         return
@@ -197,37 +208,36 @@ def store_attr(rt, obj, name, value):
 
 
 def delete_attr(rt, obj, name):
-    tp = type(obj)
-    if tp.__flags__ & HEAPTYPE:
-        da = lookup(tp, "__delattr__")
-        if type(da) is FunctionType:
-            call(rt, da, (obj, name))
-            return
-        if not isinstance(obj, type):
-            descr = lookup(tp, name)
-            if descr is not None:
-                fn, is_prop = _py_set(descr, "__delete__")
-                if fn is not None:
-                    call(rt, fn, (obj,) if is_prop else (descr, obj))
-                    return
+    if type(obj).__flags__ & HEAPTYPE and _py_write_attr(rt, obj, name, "__delattr__", "__delete__", ()):
+        return
     h = rt.delete_attr
     if h is not None and h(obj, name):
         return
     delattr(obj, name)
 
 
+def _py_item(rt, container, dunder: str, args: tuple):
+    """For a container of a heap type: its type's Python ``dunder``
+    (``__getitem__``/``__setitem__``/``__delitem__``), interpreted, or the
+    lookaside's replacement of a native one, called on ``args``; ``_NATIVE``
+    when neither applies and the hook and native path run."""
+    m = lookup(type(container), dunder)
+    if type(m) is FunctionType:
+        return call(rt, m, args)
+    if m is not None and rt.lookaside is not None:
+        alt = rt.lookaside(m)
+        if alt is not None:
+            return alt(*args)
+    return _NATIVE
+
+
 def load_subscr(rt, container, key):
     if rt.subscr_key is not None:
         key = rt.subscr_key(container, key)
-    tp = type(container)
-    if tp.__flags__ & HEAPTYPE:
-        m = lookup(tp, "__getitem__")
-        if type(m) is FunctionType:
-            return call(rt, m, (container, key))
-        if m is not None and rt.lookaside is not None:
-            alt = rt.lookaside(m)
-            if alt is not None:
-                return alt(container, key)
+    if type(container).__flags__ & HEAPTYPE:
+        value = _py_item(rt, container, "__getitem__", (container, key))
+        if value is not _NATIVE:
+            return value
     value = container[key]
     h = rt.load_subscr
     return value if h is None else h(container, key, value)
@@ -236,17 +246,9 @@ def load_subscr(rt, container, key):
 def store_subscr(rt, container, key, value):
     if rt.subscr_key is not None:
         key = rt.subscr_key(container, key)
-    tp = type(container)
-    if tp.__flags__ & HEAPTYPE:
-        m = lookup(tp, "__setitem__")
-        if type(m) is FunctionType:
-            call(rt, m, (container, key, value))
-            return
-        if m is not None and rt.lookaside is not None:
-            alt = rt.lookaside(m)
-            if alt is not None:
-                alt(container, key, value)
-                return
+    if type(container).__flags__ & HEAPTYPE and \
+            _py_item(rt, container, "__setitem__", (container, key, value)) is not _NATIVE:
+        return
     h = rt.store_subscr
     if h is not None and h(container, key, value):
         return
@@ -256,17 +258,8 @@ def store_subscr(rt, container, key, value):
 def delete_subscr(rt, container, key):
     if rt.subscr_key is not None:
         key = rt.subscr_key(container, key)
-    tp = type(container)
-    if tp.__flags__ & HEAPTYPE:
-        m = lookup(tp, "__delitem__")
-        if type(m) is FunctionType:
-            call(rt, m, (container, key))
-            return
-        if m is not None and rt.lookaside is not None:
-            alt = rt.lookaside(m)
-            if alt is not None:
-                alt(container, key)
-                return
+    if type(container).__flags__ & HEAPTYPE and _py_item(rt, container, "__delitem__", (container, key)) is not _NATIVE:
+        return
     h = rt.delete_subscr
     if h is not None and h(container, key):
         return

@@ -52,32 +52,21 @@ def frame_locals(f):
     return out
 
 
-@emulates(builtins.locals)
-def em_locals(rt, args, kwargs):
-    if args or kwargs:
-        return locals(*args, **(kwargs or {}))
-    return frame_locals(_frame())
+def _emulate_no_argument(native, of_frame) -> None:
+    """Emulate ``native`` by ``of_frame(frame)`` of the innermost interpreted
+    frame when called without arguments (natively it would see the
+    interpreter's own frame), natively otherwise."""
+
+    @emulates(native)
+    def em(rt, args, kwargs):
+        if args or kwargs:
+            return native(*args, **(kwargs or {}))
+        return of_frame(_frame())
 
 
-@emulates(builtins.globals)
-def em_globals(rt, args, kwargs):
-    if args or kwargs:
-        return globals(*args, **(kwargs or {}))
-    return _frame().globals
-
-
-@emulates(builtins.vars)
-def em_vars(rt, args, kwargs):
-    if args or kwargs:
-        return vars(*args, **(kwargs or {}))
-    return frame_locals(_frame())
-
-
-@emulates(builtins.dir)
-def em_dir(rt, args, kwargs):
-    if args or kwargs:
-        return dir(*args, **(kwargs or {}))
-    return sorted(frame_locals(_frame()))
+for _native, _of_frame in ((builtins.locals, frame_locals), (builtins.globals, lambda f: f.globals),
+                           (builtins.vars, frame_locals), (builtins.dir, lambda f: sorted(frame_locals(f)))):
+    _emulate_no_argument(_native, _of_frame)
 
 
 @emulates(builtins.super)
@@ -231,20 +220,20 @@ def em_build_class(rt, args, kwargs):
     return cls
 
 
+def _emulate_one_argument(native, interpreted) -> None:
+    """Emulate ``native`` by ``interpreted(rt, x)`` when called with one
+    argument ``x`` (whose Python dunders then run interpreted), natively otherwise."""
+
+    @emulates(native)
+    def em(rt, args, kwargs):
+        if len(args) == 1 and not kwargs:
+            return interpreted(rt, args[0])
+        return native(*args, **(kwargs or {}))
+
+
 # One-argument conversions and iteration run their Python dunders interpreted.
-
-@emulates(str)
-def em_str(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return to_str(rt, args[0])
-    return str(*args, **(kwargs or {}))
-
-
-@emulates(builtins.repr)
-def em_repr(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return to_repr(rt, args[0])
-    return repr(*args, **(kwargs or {}))
+for _native, _interpreted in ((str, to_str), (builtins.repr, to_repr), (bool, truth), (builtins.iter, get_iter)):
+    _emulate_one_argument(_native, _interpreted)
 
 
 @emulates(builtins.format)
@@ -252,20 +241,6 @@ def em_format(rt, args, kwargs):
     if 1 <= len(args) <= 2 and not kwargs and (len(args) == 1 or type(args[1]) is str):
         return format_value(rt, args[0], args[1] if len(args) == 2 else "")
     return format(*args, **(kwargs or {}))
-
-
-@emulates(bool)
-def em_bool(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return truth(rt, args[0])
-    return bool(*args, **(kwargs or {}))
-
-
-@emulates(builtins.iter)
-def em_iter(rt, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        return get_iter(rt, args[0])
-    return iter(*args, **(kwargs or {}))
 
 
 @emulates(builtins.next)

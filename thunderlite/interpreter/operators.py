@@ -48,25 +48,35 @@ def _binary(rt, a, b, k, sym):
     rm = lookup(tb, _RNAME[k]) if tb is not ta else None
     if rt.lookaside is None and type(lm) is not FunctionType and type(rm) is not FunctionType:
         return BINARY_NATIVE[k](a, b)
-    if rm is not None and issubclass(tb, ta) and rm is not lookup(ta, _RNAME[k]):
-        r = call(rt, rm, (b, a))
-        if r is not NotImplemented:
-            return r
-        rm = None
     seq_lhs = ta in _SEQ_TYPES and k in (0, 5)
-    if lm is not None and not seq_lhs:
-        r = call(rt, lm, (a, b))
-        if r is not NotImplemented:
-            return r
-    if rm is not None:
-        r = call(rt, rm, (b, a))
-        if r is not NotImplemented:
-            return r
+    reflected_first = rm is not None and issubclass(tb, ta) and rm is not lookup(ta, _RNAME[k])
+    r = _dispatch(rt, a, b, None if seq_lhs else lm, rm, reflected_first)
+    if r is not NotImplemented:
+        return r
     if seq_lhs:
         return BINARY_NATIVE[k](a, b)
     if sym == "**":
         sym = "** or pow()"
     raise TypeError(f"unsupported operand type(s) for {sym}: '{ta.__name__}' and '{tb.__name__}'")
+
+
+def _dispatch(rt, a, b, lm, rm, reflected_first: bool):
+    """CPython's order for a binary operator or a rich comparison: the right
+    operand's method ``rm`` first when ``reflected_first`` (its type subclasses
+    the left's and overrides it), then the left's ``lm``, then ``rm``; a method
+    that is None is skipped. NotImplemented when every one declines."""
+    if reflected_first:
+        r = call(rt, rm, (b, a))
+        if r is not NotImplemented:
+            return r
+        rm = None
+    if lm is not None:
+        r = call(rt, lm, (a, b))
+        if r is not NotImplemented:
+            return r
+    if rm is not None:
+        return call(rt, rm, (b, a))
+    return NotImplemented
 
 
 def _inplace(rt, a, b, k):
@@ -97,19 +107,9 @@ def compare_op(rt, a, b, k):
     rm = lookup(tb, _CMP_NAME[_CMP_SWAP[k]])
     if rt.lookaside is None and type(lm) is not FunctionType and type(rm) is not FunctionType:
         return COMPARE_NATIVE[k](a, b)
-    if tb is not ta and issubclass(tb, ta) and rm is not None:
-        r = call(rt, rm, (b, a))
-        if r is not NotImplemented:
-            return r
-        rm = None
-    if lm is not None:
-        r = call(rt, lm, (a, b))
-        if r is not NotImplemented:
-            return r
-    if rm is not None:
-        r = call(rt, rm, (b, a))
-        if r is not NotImplemented:
-            return r
+    r = _dispatch(rt, a, b, lm, rm, tb is not ta and issubclass(tb, ta) and rm is not None)
+    if r is not NotImplemented:
+        return r
     if k == 2:
         return a is b
     if k == 3:

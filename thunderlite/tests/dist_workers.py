@@ -81,23 +81,39 @@ def _net() -> torch.nn.Module:
                                torch.nn.Linear(16, 4))
 
 
+def _batches(seed: int, steps: int, outs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` whole batches of 8 inputs (8 features) and targets (``outs``), equal on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(steps, 8, 8, generator=g), torch.randn(steps, 8, outs, generator=g)
+
+
+def _loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean squared error every worker trains on (its mean over a whole
+    batch is the average of the ranks' means over equal shares)."""
+    return ((model(x) - y) ** 2).mean()
+
+
+def _train_against_one_process(model, opt, ref, ropt, xs, ys, rank: int, world: int) -> None:
+    """Each step trains ``model`` on this rank's share of the batch and
+    ``ref`` on the whole batch in one process, as DDP and FSDP promise alike."""
+    for x, y in zip(xs, ys, strict=True):
+        opt.zero_grad()
+        _loss(model, x.chunk(world)[rank], y.chunk(world)[rank]).backward()
+        opt.step()
+        ropt.zero_grad()
+        _loss(ref, x, y).backward()
+        ropt.step()
+
+
 def ddp_matches_single_process(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         net = _net()
         ref = copy.deepcopy(net)
-        g = torch.Generator().manual_seed(1)
-        xs, ys = torch.randn(3, 8, 8, generator=g), torch.randn(3, 8, 4, generator=g)
+        xs, ys = _batches(1, 3, 4)
         model = thunderlite.jit(ddp(net, bucket_size_mb=0.001))     # small buckets: several all-reduces
         opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-        for s in range(3):
-            x, y = xs[s].chunk(world)[rank], ys[s].chunk(world)[rank]
-            opt.zero_grad()
-            ((model(x) - y) ** 2).mean().backward()
-            opt.step()
-            ropt.zero_grad()
-            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()     # one process, the whole batch
-            ropt.step()
+        _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
         for a, b in zip(net.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b)
         bwd = str(thunderlite.last_backward_traces(model)[-1])
@@ -146,15 +162,14 @@ def ddp_no_sync_accumulation(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         net = _net()
         ref = copy.deepcopy(net)
-        g = torch.Generator().manual_seed(2)
-        xs, ys = torch.randn(2, 8, 8, generator=g), torch.randn(2, 8, 4, generator=g)
+        xs, ys = _batches(2, 2, 4)
         model = thunderlite.jit(ddp(net))
         with model.no_sync():                         # micro-batch 1: local gradients only
-            ((model(xs[0].chunk(world)[rank]) - ys[0].chunk(world)[rank]) ** 2).mean().backward()
+            _loss(model, xs[0].chunk(world)[rank], ys[0].chunk(world)[rank]).backward()
         assert "dist.all_reduce" not in str(thunderlite.last_backward_traces(model)[-1])
-        ((model(xs[1].chunk(world)[rank]) - ys[1].chunk(world)[rank]) ** 2).mean().backward()
+        _loss(model, xs[1].chunk(world)[rank], ys[1].chunk(world)[rank]).backward()
         for s in range(2):
-            ((ref(xs[s]) - ys[s]) ** 2).mean().backward()
+            _loss(ref, xs[s], ys[s]).backward()
         # DDP semantics: each .grad is the average over ranks of the accumulated gradient,
         # which for equal chunks is the full-batch gradient summed over both micro-steps
         for p, r in zip(net.parameters(), ref.parameters(), strict=True):
@@ -182,21 +197,14 @@ def fsdp_matches_single_process(rank: int, world: int, store: str) -> None:
             for p in net.parameters():
                 torch.nn.init.normal_(p, std=0.3)
             ref = copy.deepcopy(net)
-            g = torch.Generator().manual_seed(1)
-            xs, ys = torch.randn(3, 8, 8, generator=g), torch.randn(3, 8, 5, generator=g)
+            xs, ys = _batches(1, 3, 5)
             model = thunderlite.jit(fsdp(net, reshard_after_forward=reshard))
             shards = list(model.parameters())
             assert all(p.ndim == 1 for p in shards) and sum(p.numel() for p in shards) < \
                 sum(p.numel() for p in ref.parameters())
             opt = torch.optim.AdamW(shards, lr=1e-2)
             ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-            for s in range(3):
-                opt.zero_grad()
-                ((model(xs[s].chunk(world)[rank]) - ys[s].chunk(world)[rank]) ** 2).mean().backward()
-                opt.step()
-                ropt.zero_grad()
-                ((ref(xs[s]) - ys[s]) ** 2).mean().backward()
-                ropt.step()
+            _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
             full = full_state_dict(model)
             assert list(full) == list(ref.state_dict())
             for k, v in ref.state_dict().items():

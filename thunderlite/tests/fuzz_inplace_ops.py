@@ -1,10 +1,13 @@
 """The custom ops and ``torch.autograd.Function``s of the jit in-place
-fuzzer's menu (test_fuzz_inplace_jit.py), in a module of their own: torch
-registers an op name once per process, and pytest imports a test file under
-its own name besides the package's."""
+fuzzer's menu (test_fuzz_inplace_jit.py), which the in-place suites of user
+Functions and custom ops use too, in a module of their own: torch registers an
+op name once per process, and pytest imports a test file under its own name
+besides the package's. Also those suites' comparison with eager."""
 from __future__ import annotations
 
 import torch
+
+import thunderlite
 
 
 # Custom ops (issue 9, docs/architecture.md §5), defined once: a functional one with an autograd
@@ -40,12 +43,12 @@ def _(x, s):
 
 
 @torch.library.custom_op("tl_fuzz::mix_", mutates_args=("h",))
-def _mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     h.add_(y)
     return y * 2
 
 
-@_mix_.register_fake
+@mix_.register_fake
 def _(h, y):
     return torch.empty_like(y)
 
@@ -147,3 +150,31 @@ class ShadowUpdate(torch.autograd.Function):
 
 FUNCTIONS = {cls.__name__: cls for cls in (ScaleDirty, AddDirty, SaveThenWrite, GradInPlace,
                                             SwishInplaceBackward, ShadowUpdate)}
+
+
+def check_against_eager(fn, shapes, executors, *, grad_mask=None):
+    """Run ``fn`` in eager and jitted (with ``executors``) on equal fresh float64
+    inputs of ``shapes`` (``grad_mask``: which require grad, default all);
+    compare the outputs, the inputs afterwards and, when an output requires
+    grad, the gradients of ``sum(outputs)``. Returns the jitted function."""
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(s, dtype=torch.float64, generator=g) for s in shapes]
+    grad_mask = grad_mask or [True] * len(shapes)
+
+    def fresh():
+        return [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
+    ref, ours = fresh(), fresh()
+    jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
+    want, got = fn(*ref), jfn(*ours)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for w, h in zip(want, got, strict=True):
+        torch.testing.assert_close(h, w)
+        assert h.requires_grad == w.requires_grad
+    if any(w.requires_grad for w in want):
+        sum(w.sum() for w in want if w.requires_grad).backward()
+        sum(h.sum() for h in got if h.requires_grad).backward()
+    for r, o in zip(ref, ours, strict=True):
+        torch.testing.assert_close(o.detach(), r.detach())
+        torch.testing.assert_close(o.grad, r.grad)
+    return jfn

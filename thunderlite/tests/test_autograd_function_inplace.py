@@ -14,7 +14,13 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
-from thunderlite.tests.fuzz_inplace_ops import GradInPlace, SaveThenWrite, SwishInplaceBackward
+from thunderlite.tests.fuzz_inplace_ops import (
+    GradInPlace,
+    SaveThenWrite,
+    ShadowUpdate,
+    SwishInplaceBackward,
+    check_against_eager,
+)
 from thunderlite.transforms.autodiff.rematerialize import rematerialize
 
 F64 = torch.float64
@@ -23,31 +29,6 @@ EXECUTORS = [pytest.param(None, id="default"), pytest.param(["torchcompile", "to
 
 def _jit(fn, executors):
     return thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
-
-
-def check(fn, shapes, executors, *, grad_mask=None):
-    """Run ``fn`` in eager and jitted on equal fresh inputs; compare outputs,
-    inputs afterwards and the gradients of ``sum(outputs)``."""
-    g = torch.Generator().manual_seed(0)
-    base = [torch.randn(s, dtype=F64, generator=g) for s in shapes]
-    grad_mask = grad_mask or [True] * len(shapes)
-
-    def fresh():
-        return [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
-    ref, ours = fresh(), fresh()
-    jfn = _jit(fn, executors)
-    want, got = fn(*ref), jfn(*ours)
-    want = want if isinstance(want, tuple) else (want,)
-    got = got if isinstance(got, tuple) else (got,)
-    for w, h in zip(want, got, strict=True):
-        torch.testing.assert_close(h, w)
-        assert h.requires_grad == w.requires_grad
-    sum(w.sum() for w in want if w.requires_grad).backward()
-    sum(h.sum() for h in got if h.requires_grad).backward()
-    for r, o in zip(ref, ours, strict=True):
-        torch.testing.assert_close(o.detach(), r.detach())
-        torch.testing.assert_close(o.grad, r.grad)
-    return jfn
 
 
 class ScaleDirty(torch.autograd.Function):
@@ -143,7 +124,7 @@ PROGRAMS = {
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_inplace_in_autograd_function_matches_eager(name, executors):
     fn, shapes = PROGRAMS[name]
-    check(fn, shapes, executors)
+    check_against_eager(fn, shapes, executors)
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
@@ -151,7 +132,7 @@ def test_forward_writes_an_argument_that_needs_no_grad(executors):
     def fn(x, buf):
         before = buf * 1
         return WriteOutsideBuffer.apply(x, buf) + before, buf * 2
-    check(fn, [(5,), (5,)], executors, grad_mask=[True, False])
+    check_against_eager(fn, [(5,), (5,)], executors, grad_mask=[True, False])
 
 
 def test_no_grad_call_runs_the_forward_writes():
@@ -193,11 +174,11 @@ def test_backward_writing_a_value_nobody_reads_later_works():
     def fn(x):
         h = x.sin()
         return WritesSavedInBackward.apply(h) + h * h
-    check(fn, [(4,)], None)
+    check_against_eager(fn, [(4,)], None)
 
 
 def test_forward_traces_carry_the_write_renamed():
-    jfn = check(PROGRAMS["mark_dirty_returned"][0], [(5,)], None)
+    jfn = check_against_eager(PROGRAMS["mark_dirty_returned"][0], [(5,)], None)
     first = str(thunderlite.last_traces(jfn)[0])
     assert "prims.update_aliases" in first          # inside the Function's decomposition
 
@@ -227,7 +208,7 @@ def test_value_needed_by_backward_then_its_input_overwritten(executors):
         y = (x * 2).sin() * w            # mul's backward needs sin(x * 2), a cheap chain from x
         x.add_(1)                        # ... and x is overwritten afterwards
         return y
-    check(fn, [(5,), (5,)], executors, grad_mask=[False, True])
+    check_against_eager(fn, [(5,), (5,)], executors, grad_mask=[False, True])
 
 
 # --- Functions in programs that functionalize rewrites (issue 9, found by the in-place fuzzer) --------
@@ -260,37 +241,12 @@ class DoubleDirty(torch.autograd.Function):
         return g * 7
 
 
-class SquareWriteGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g.mul_(x).mul_(2)
-
-
-class RunningMean(torch.autograd.Function):
-    """Writes an argument it does not mark dirty (a running statistic)."""
-
-    @staticmethod
-    def forward(ctx, x, stat):
-        stat.mul_(0.5).add_(x.detach(), alpha=0.5)
-        return x * 3
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3, None
-
-
 FUNCTIONALIZED = {
     # a write elsewhere in the program makes functionalize rewrite it: each call stays whole
     "user_backward_kept": (lambda x: (lambda b: ExpDoubled.apply(b[0:2]) + DoubleDirty.apply(b[1:3]))(
         (x * 1).add_(1)), [(3,)]),
     # forward writes a tensor requiring grad it does not mark dirty: autograd does not see it
-    "unmarked_write_into_input": (lambda x, s: (lambda t: (RunningMean.apply(x * 1, t), t * 2))(s * 1),
+    "unmarked_write_into_input": (lambda x, s: (lambda t: (ShadowUpdate.apply(x * 1, t), t * 2))(s * 1),
                                   [(4,), (4,)]),
 }
 
@@ -299,14 +255,14 @@ FUNCTIONALIZED = {
 @pytest.mark.parametrize("name", list(FUNCTIONALIZED))
 def test_function_in_functionalized_program_matches_eager(name, executors):
     fn, shapes = FUNCTIONALIZED[name]
-    check(fn, shapes, executors)
+    check_against_eager(fn, shapes, executors)
 
 
 def test_forward_writing_an_unmarked_leaf_runs_as_in_eager():
     """Forward runs without grad: writing a leaf requiring grad there is allowed
     (marked dirty, eager refuses it)."""
     def fn(x, stat):
-        return RunningMean.apply(x, stat)
+        return ShadowUpdate.apply(x, stat)
     x, stat = torch.randn(4, dtype=F64, requires_grad=True), torch.randn(4, dtype=F64, requires_grad=True)
     rstat = stat.detach().clone().requires_grad_()
     fn(x, rstat).sum().backward()
@@ -324,7 +280,7 @@ def test_saved_input_that_functionalize_replaced(executors):
     def fn(a, b):
         v = a.reshape(-1)
         a.masked_fill_(a > 0.2, -1.0)
-        return SquareWriteGrad.apply(v)
+        return GradInPlace.apply(v)
     grads = []
     for f in (fn, _jit(fn, executors)):
         x = torch.linspace(-1, 1, 24, dtype=F64).reshape(6, 4).requires_grad_()
@@ -337,20 +293,20 @@ def test_saved_input_that_functionalize_replaced(executors):
 
 def _full_slice_eager_mode(x):
     h = x * 1
-    out = SquareWriteGrad.apply(h.exp())[0:5]
+    out = GradInPlace.apply(h.exp())[0:5]
     with torch.no_grad():
         h.mul_(2)                    # a write under no_grad on a gradient path: eager mode
     return out, h
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
-@pytest.mark.parametrize("fn", [lambda x: SquareWriteGrad.apply(x.exp())[0:5], _full_slice_eager_mode],
+@pytest.mark.parametrize("fn", [lambda x: GradInPlace.apply(x.exp())[0:5], _full_slice_eager_mode],
                          ids=["functional", "eager_mode"])
 def test_backward_writing_its_gradient_after_a_full_slice(fn, executors):
     """Eager's slice VJP hands the backward fresh memory, so writing it in place
     works; the trace records no op for ``[0:5]`` of 5 rows, and the sum's
     gradient it would pass on is an expanded scalar."""
-    check(fn, [(5,)], executors)
+    check_against_eager(fn, [(5,)], executors)
 
 
 def test_write_into_a_view_made_before_its_base_required_grad():
@@ -368,4 +324,4 @@ def test_write_into_a_view_made_before_its_base_required_grad():
             a.mul_(1)                 # eager mode: a no_grad write on the gradient path
         v.neg_()
         return v * 1
-    check(fn, [(3, 2)], None)
+    check_against_eager(fn, [(3, 2)], None)

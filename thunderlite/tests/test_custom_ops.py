@@ -16,6 +16,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.run import compile_trace
+from thunderlite.tests.fuzz_inplace_ops import check_against_eager, mix_
 from thunderlite.tests.test_fuzz_inplace import ToyFusion
 from thunderlite.torch.custom_ops import custom_op_callable, is_custom_op
 from thunderlite.transforms.aliasing.update_aliases import update_aliases
@@ -307,17 +308,6 @@ def _(x):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("tl_autograd::mix_", mutates_args={"h"})
-def mix_(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    h.add_(y)
-    return y * 2
-
-
-@mix_.register_fake
-def _(h, y):
-    return torch.empty_like(y)
-
-
 _ag_lib = torch.library.Library("tl_autograd_def", "DEF")
 _ag_lib.define("cube(Tensor x) -> Tensor")
 _ag_lib.define("scale_all_(Tensor(a!)[] xs, float s) -> ()")
@@ -359,34 +349,11 @@ scale_all_ret_ = torch.ops.tl_autograd_def.scale_all_ret_.default
 add_maybe_ = torch.ops.tl_autograd_def.add_maybe_.default
 
 
-def _compare(fn, shapes, executors, grad_mask=None):
-    """Outputs, inputs after the call and the gradients of sum(outputs) equal eager's."""
-    g = torch.Generator().manual_seed(0)
-    base = [torch.randn(s, dtype=F64, generator=g) for s in shapes]
-    grad_mask = grad_mask or [True] * len(shapes)
-    ref = [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
-    ours = [b.clone().requires_grad_(m) for b, m in zip(base, grad_mask, strict=True)]
-    jfn = thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
-    want, got = fn(*ref), jfn(*ours)
-    want = want if isinstance(want, tuple) else (want,)
-    got = got if isinstance(got, tuple) else (got,)
-    for w, h in zip(want, got, strict=True):
-        torch.testing.assert_close(h, w)
-        assert h.requires_grad == w.requires_grad
-    if any(w.requires_grad for w in want):
-        sum(w.sum() for w in want if w.requires_grad).backward()
-        sum(h.sum() for h in got if h.requires_grad).backward()
-    for r, o in zip(ref, ours, strict=True):
-        torch.testing.assert_close(o.detach(), r.detach())
-        torch.testing.assert_close(o.grad, r.grad)
-    return jfn
-
-
 @pytest.mark.parametrize("executors", EXECUTORS)
 def test_custom_op_with_registered_autograd_is_differentiable(executors):
     def fn(x, y):
         return scaled_sin(x * 2, 3.0) * y, cube(y.cos())
-    jfn = _compare(fn, [(4, 3), (4, 3)], executors)
+    jfn = check_against_eager(fn, [(4, 3), (4, 3)], executors)
     assert thunderlite.last_backward_traces(jfn)
 
 
@@ -411,7 +378,7 @@ def test_mutating_custom_op_on_a_gradient_path(executors):
         h = x * 2
         r = mix_(h, y.detach())
         return h.sin(), r.detach() * 2
-    _compare(fn, [(5,), (5,)], executors)
+    check_against_eager(fn, [(5,), (5,)], executors)
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
@@ -425,7 +392,7 @@ def test_written_tensor_lists_and_optional_tensors(executors):
         add_maybe_(k, None, None)                     # both optional tensors absent
         m, n = scale_all_ret_([h, k], 0.5)            # -> Tensor(a!)[]: returns the written list
         return before, h.exp(), k * 2, out, m + n
-    _compare(fn, [(3,), (3,), (3,)], executors, grad_mask=[True, True, False])
+    check_against_eager(fn, [(3,), (3,), (3,)], executors, grad_mask=[True, True, False])
 
 
 def test_written_tensor_lists_without_grad_write_the_callers_tensors():
@@ -560,7 +527,7 @@ def library_op_returning_its_written_view(x, y):
 def test_mutating_custom_op_into_shared_memory_is_functional(fn, executors):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # eager's "no autograd kernel" warning for the Library op
-        jfn = _compare(fn, [(4,), (4,)], _exs(executors))
+        jfn = check_against_eager(fn, [(4,), (4,)], _exs(executors))
     _functional(jfn)
 
 
@@ -676,7 +643,7 @@ def test_mutating_custom_op_reading_the_memory_it_writes_keeps_eager_mode(execut
         h = x * y
         scale_all_([h[:3], h[1:]], 2.0)
         return h.sin()
-    jfn = _compare(fn, [(4,), (4,)], _exs(executors))
+    jfn = check_against_eager(fn, [(4,), (4,)], _exs(executors))
     assert "writes a tensor sharing memory with another it is given" in _eager_mode_reason(jfn)
 
 

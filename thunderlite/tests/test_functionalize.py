@@ -261,6 +261,20 @@ def test_returned_view_of_written_argument_is_a_view_of_it():
     torch.testing.assert_close(x[0], v)
 
 
+def _matches_eager_on_layout(fn, jfn, layout: str) -> None:
+    """One call of ``jfn`` and of eager ``fn`` on an ``x`` whose layout is
+    ``layout`` ("contiguous" or "transposed") and a ``w`` requiring grad:
+    the outputs and ``w``'s gradients are eager's."""
+    x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
+    x = x.t() if layout == "transposed" else x
+    w_r = w.detach().clone().requires_grad_()
+    out, ref = jfn(x, w), fn(x.clone(), w_r)
+    torch.testing.assert_close(out, ref)
+    (out[0].sum() + (out[1] * 2).sum()).backward()
+    (ref[0].sum() + (ref[1] * 2).sum()).backward()
+    torch.testing.assert_close(w.grad, w_r.grad)
+
+
 @pytest.mark.parametrize("fn", [reshape_copies, flatten_views], ids=lambda f: f.__name__)
 def test_reshape_follows_the_strides_it_was_compiled_for(fn):
     """Whether eager's reshape/flatten is a view depends on the strides of the
@@ -268,14 +282,7 @@ def test_reshape_follows_the_strides_it_was_compiled_for(fn):
     (each layout still matches eager)."""
     jfn = thunderlite.jit(fn)
     for layout in ("contiguous", "transposed", "contiguous"):
-        x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
-        x = x.t() if layout == "transposed" else x
-        w_r = w.detach().clone().requires_grad_()
-        out, ref = jfn(x, w), fn(x.clone(), w_r)
-        torch.testing.assert_close(out, ref)
-        (out[0].sum() + (out[1] * 2).sum()).backward()
-        (ref[0].sum() + (ref[1] * 2).sum()).backward()
-        torch.testing.assert_close(w.grad, w_r.grad)
+        _matches_eager_on_layout(fn, jfn, layout)
         assert EAGER_MODE_STAGE not in [t.stage for t in thunderlite.last_traces(jfn)]
     info = thunderlite.cache_info(jfn)
     assert (info["misses"], info["hits"]) == (2, 1) and "strides of argument 0 changed" in info["last_miss_reason"]
@@ -447,14 +454,7 @@ def test_opaque_view_follows_the_strides_it_was_compiled_for(fn):
     guarded, and other strides recompile (each layout still matches eager)."""
     jfn = thunderlite.jit(fn)
     for layout in ("contiguous", "transposed"):
-        x, w = torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)
-        x = x.t() if layout == "transposed" else x
-        w_r = w.detach().clone().requires_grad_()
-        out, ref = jfn(x, w), fn(x.clone(), w_r)
-        torch.testing.assert_close(out, ref)
-        (out[0].sum() + (out[1] * 2).sum()).backward()
-        (ref[0].sum() + (ref[1] * 2).sum()).backward()
-        torch.testing.assert_close(w.grad, w_r.grad)
+        _matches_eager_on_layout(fn, jfn, layout)
         assert thunderlite.last_backward_traces(jfn)[0].stage != EAGER_MODE_STAGE
     assert "strides of argument 0 changed" in thunderlite.cache_info(jfn)["last_miss_reason"]
 

@@ -1,11 +1,17 @@
 """Fusion executors (issue 10): torchcompile shares one compiled artifact
 between regions of the same structure; the shared region former's
 ``repeat_span`` / ``span_bounds`` / ``split_region``."""
+from collections.abc import Callable
+
 import pytest
 import torch
 
 import thunderlite
+from thunderlite.core import prims
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.tags import Tag
+from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tracectx
 from thunderlite.core.verify import verify_trace
 from thunderlite.executors.torchcompile import TorchCompileExecutor, structure_key
 from thunderlite.extend import get_executor
@@ -62,22 +68,28 @@ def test_identical_layers_share_one_compiled_artifact():
     assert fresh.artifacts == before
 
 
-def test_repeated_layers_are_cut_one_to_a_piece():
-    from thunderlite.core import prims
-    from thunderlite.core.proxies import TensorProxy
-    from thunderlite.core.trace import Trace
-    from thunderlite.core.tracectx import tracectx
+def _region_of_three_layers(layer: Callable[[Trace, TensorProxy], TensorProxy]) -> Region:
+    """The one fusion region of a trace computing ``neg``, then ``layer`` three
+    times (it sets the trace's source lines), then ``cos``: a model's repeated
+    layers between a first and a last op."""
     trc = Trace()
     with tracectx(trc):
         a = TensorProxy((4,), name=trc.claim_name("a"))
         trc.args = [a]
         x = prims.neg(a)
         for _ in range(3):
-            trc.source = ("model.py", 10, "x = (x * 2).sin()")
-            x = prims.sin(prims.mul(x, 2.0))
-        trc.source = ("model.py", 20, "return x.cos()")
+            x = layer(trc, x)
+        trc.source = ("model.py", 99, "return x.cos()")
         trc.set_return(prims.cos(x))
     (region,) = fusion_regions(trc, lambda b: True)
+    return region
+
+
+def test_repeated_layers_are_cut_one_to_a_piece():
+    def layer(trc, x):
+        trc.source = ("model.py", 10, "x = (x * 2).sin()")
+        return prims.sin(prims.mul(x, 2.0))
+    region = _region_of_three_layers(layer)
     bounds = span_bounds(len(region.bsyms), repeat_span(region))
     pieces = split_region(region, bounds)
     assert [len(p.bsyms) for p in pieces] == [1, 2, 2, 2, 1]
@@ -107,9 +119,6 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
     assert [s.sym.id for s in fusion.subsymbols].count("ltorch.gelu") == 4
 
     def layer(n: int, dtype=torch.float32, device="cpu"):
-        from thunderlite.core.proxies import TensorProxy
-        from thunderlite.core.trace import Trace
-        from thunderlite.core.tracectx import tracectx
         from thunderlite.torch.ops import elementwise as ew
         from thunderlite.torch.ops import linalg
         trc = Trace()
@@ -153,24 +162,15 @@ def test_span_bounds_groups_repetitions():
 def test_repeat_span_finds_layers_behind_more_frequent_inner_repeats():
     """A backward's layer repeats its own short patterns (q, k and v alike; a
     linear's two matmuls) more often than the layer period itself occurs."""
-    from thunderlite.core import prims
-    from thunderlite.core.proxies import TensorProxy
-    from thunderlite.core.trace import Trace
-    from thunderlite.core.tracectx import tracectx
     body = ["s1", *["m"] * 4, "s2", *["e", "x"] * 3, *["p", "q", "r"] * 2, *["a", "b", "c", "d"] * 2, "end"]
     lines = {tag: 10 + i for i, tag in enumerate(dict.fromkeys(body))}
-    trc = Trace()
-    with tracectx(trc):
-        a = TensorProxy((4,), name=trc.claim_name("a"))
-        trc.args = [a]
-        x = prims.neg(a)
-        for _ in range(3):
-            for tag in body:
-                trc.source = ("model.py", lines[tag], tag)
-                x = prims.mul(x, 2.0)
-        trc.source = ("model.py", 99, "return x.cos()")
-        trc.set_return(prims.cos(x))
-    (region,) = fusion_regions(trc, lambda b: True)
+
+    def layer(trc, x):
+        for tag in body:
+            trc.source = ("model.py", lines[tag], tag)
+            x = prims.mul(x, 2.0)
+        return x
+    region = _region_of_three_layers(layer)
     n = len(body)
     assert repeat_span(region) == (1, n, 3)
 
@@ -178,7 +178,6 @@ def test_repeat_span_finds_layers_behind_more_frequent_inner_repeats():
 # --- nvFuser ------------------------------------------------------------------------------------
 
 def test_nvfuser_translation_table_covers_every_prim():
-    from thunderlite.core import prims
     from thunderlite.executors.nvfuser.translate import TRANSLATIONS, UNSUPPORTED
     names = set(prims.all_prims())
     assert not set(TRANSLATIONS) & set(UNSUPPORTED)
@@ -190,8 +189,6 @@ def test_nvfuser_translation_table_covers_every_prim():
 
 
 def test_nvfuser_checker_refuses_what_it_cannot_express():
-    from thunderlite.core import prims
-    from thunderlite.core.proxies import TensorProxy
     from thunderlite.executors.nvfuser.translate import accepts
     cuda = torch.device("cuda")
     a = TensorProxy((4, 3), name="a", device=cuda)
@@ -503,9 +500,6 @@ def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     (``None``s, the sequence lengths as ints): it is fused with the rest of its
     layer, not left between two regions per layer (on CUDA proxies: no GPU is
     needed to form the regions, which compile at their first call)."""
-    from thunderlite.core.proxies import TensorProxy
-    from thunderlite.core.trace import Trace
-    from thunderlite.core.tracectx import tracectx
     from thunderlite.torch.ops import elementwise as ew
     from thunderlite.torch.ops import linalg
     from thunderlite.torch.ops import nn as lnn

@@ -3,6 +3,7 @@ accumulation, the backward traces, and whole models against eager."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -163,8 +164,21 @@ class NanoGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def _train(model, opt_cls, batches, jit: bool, **opt_kw):
-    fn = thunderlite.jit(model) if jit else model
+def nanogpt_and_copy(steps: int) -> tuple[NanoGPT, NanoGPT, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A float64 NanoGPT, an identical copy to train another way, and ``steps``
+    batches: the training comparisons here and in test_thunderfx.py."""
+    torch.manual_seed(0)
+    ref = NanoGPT().to(F64)
+    ours = copy.deepcopy(ref)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))
+               for _ in range(steps)]
+    return ref, ours, batches
+
+
+def train(model: nn.Module, fn: Callable, opt_cls: type, batches: list, **opt_kw) -> torch.Tensor:
+    """The losses of one optimizer step per batch on ``model``, each computed by
+    ``fn``: the model itself, or it jitted or compiled."""
     opt = opt_cls(model.parameters(), **opt_kw)
     losses = []
     for args in batches:
@@ -173,22 +187,23 @@ def _train(model, opt_cls, batches, jit: bool, **opt_kw):
         loss.backward()
         losses.append(loss.detach())
         opt.step()
-    return losses
+    return torch.stack(losses)
+
+
+def assert_same_parameters(ours: nn.Module, ref: nn.Module, **tolerances: float) -> None:
+    """Every parameter of ``ours`` equals ``ref``'s (``atol``/``rtol`` as given),
+    a mismatch named."""
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, **tolerances, msg=lambda m, n=n: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("opt_cls,kw", [(torch.optim.SGD, {"lr": 0.1}), (torch.optim.AdamW, {"lr": 1e-2})])
 def test_nanogpt_training_matches_eager(opt_cls, kw):
-    torch.manual_seed(0)
-    ref = NanoGPT().to(F64)
-    ours = copy.deepcopy(ref)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))
-               for _ in range(5)]
-    want = _train(ref, opt_cls, batches, False, **kw)
-    got = _train(ours, opt_cls, batches, True, **kw)
-    torch.testing.assert_close(torch.stack(got), torch.stack(want))
-    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m, n=n: f"{n}: {m}")
+    ref, ours, batches = nanogpt_and_copy(5)
+    want = train(ref, ref, opt_cls, batches, **kw)
+    got = train(ours, thunderlite.jit(ours), opt_cls, batches, **kw)
+    torch.testing.assert_close(got, want)
+    assert_same_parameters(ours, ref)
 
 
 def test_nanogpt_every_parameter_gradient():

@@ -31,6 +31,21 @@ def _backward(model, x):
     model(x).pow(2).sum().backward()
 
 
+def _step_both(model, step, ref, ref_opt, x) -> None:
+    """One training step of the model the jitted ``step`` updates and of the eager reference."""
+    _backward(model, x)
+    _backward(ref, x)
+    step()
+    ref_opt.step()
+
+
+def _assert_same(model, opt, ref, ref_opt) -> None:
+    """The parameters and every optimizer state tensor equal the eager reference's."""
+    torch.testing.assert_close(dict(model.named_parameters()), dict(ref.named_parameters()))
+    for p, rp in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(opt.state[p], ref_opt.state[rp])
+
+
 def _jit(fn, exs):
     if exs == "shuffle":
         return thunderlite.jit(fn, executors=[ShuffleFusion(5), "torch"])
@@ -56,13 +71,8 @@ def test_jitted_optimizer_step_matches_eager(kind, foreach, exs):
     x = torch.randn(6, 4)
     ids = None
     for i in range(STEPS):
-        _backward(model, x)
-        _backward(ref, x)
-        step()
-        ref_opt.step()
-        torch.testing.assert_close(dict(model.named_parameters()), dict(ref.named_parameters()))
-        for p, rp in zip(model.parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(opt.state[p], ref_opt.state[rp])
+        _step_both(model, step, ref, ref_opt, x)
+        _assert_same(model, opt, ref, ref_opt)
         if i >= 1:                       # state exists: updated in place from now on
             if ids is not None:
                 assert _state_ids(opt) == ids
@@ -79,18 +89,10 @@ def test_state_is_reloaded_not_stale():
     step = thunderlite.jit(opt.step)
     x = torch.randn(6, 4)
     for _ in range(3):
-        _backward(model, x)
-        _backward(ref, x)
-        step()
-        ref_opt.step()
+        _step_both(model, step, ref, ref_opt, x)
     opt.load_state_dict(copy.deepcopy(ref_opt.state_dict()))
-    _backward(model, x)
-    _backward(ref, x)
-    step()
-    ref_opt.step()
-    torch.testing.assert_close(dict(model.named_parameters()), dict(ref.named_parameters()))
-    for p, rp in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(opt.state[p], ref_opt.state[rp])
+    _step_both(model, step, ref, ref_opt, x)
+    _assert_same(model, opt, ref, ref_opt)
 
 
 def test_parameter_without_grad_is_skipped_like_eager():

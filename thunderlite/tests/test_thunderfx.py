@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import thunderlite
 from thunderlite.dynamo import ThunderCompiler, last_backward_traces, last_traces, report, thunderfx
-from thunderlite.tests.test_grad_jit import NanoGPT
+from thunderlite.tests.test_grad_jit import assert_same_parameters, nanogpt_and_copy, train
 
 F64 = torch.float64
 
@@ -213,29 +213,12 @@ def test_dynamic_sizes_match_eager_across_lengths():
 
 # --- models --------------------------------------------------------------------------------------
 
-def _adamw_steps(model, fn, batches):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for args in batches:
-        opt.zero_grad()
-        loss = fn(*args)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    return torch.stack(losses)
-
-
 def test_nanogpt_three_adamw_steps_match_eager():
-    torch.manual_seed(0)
-    ref = NanoGPT().to(F64)
-    ours = copy.deepcopy(ref)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))
-               for _ in range(3)]
+    ref, ours, batches = nanogpt_and_copy(3)
     cm = thunderfx(ours)
-    torch.testing.assert_close(_adamw_steps(ours, cm, batches), _adamw_steps(ref, ref, batches))
-    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m, n=n: f"{n}: {m}")
+    torch.testing.assert_close(train(ours, cm, torch.optim.AdamW, batches, lr=1e-2),
+                               train(ref, ref, torch.optim.AdamW, batches, lr=1e-2))
+    assert_same_parameters(ours, ref)
     _ran_thunder(cm)
     assert not cm.thunder_compiler.splits(), report(cm)
     bwd = last_backward_traces(cm)
@@ -262,11 +245,11 @@ def test_llama_forward_and_three_adamw_steps_match_eager():
     with torch.no_grad():
         torch.testing.assert_close(cm(batches[0][0], use_cache=False).logits,
                                    ref(batches[0][0], use_cache=False).logits)
-    torch.testing.assert_close(_adamw_steps(ours, loss_fn(cm), batches), _adamw_steps(ref, loss_fn(ref), batches))
+    torch.testing.assert_close(train(ours, loss_fn(cm), torch.optim.AdamW, batches, lr=1e-2),
+                               train(ref, loss_fn(ref), torch.optim.AdamW, batches, lr=1e-2))
     # Adam divides by sqrt(v): a gradient entry near zero turns float64 rounding
     # differences (another summation order) into ~1e-7 parameter differences
-    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    assert_same_parameters(ours, ref, atol=1e-6, rtol=1e-5)
     _ran_thunder(cm)
 
 

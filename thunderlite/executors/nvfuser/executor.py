@@ -25,7 +25,7 @@ import torch
 
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -34,14 +34,6 @@ from thunderlite.executors.nvfuser import translate
 from thunderlite.transforms.fusion import Region, fuse
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN, Tag.OPAQUE})
-
-
-def _leaves(bsym: BoundSymbol):
-    if not bsym.subsymbols:
-        yield bsym
-        return
-    for sub in bsym.subsymbols:
-        yield from _leaves(sub)
 
 
 def descriptor(x: Any) -> tuple:
@@ -89,8 +81,9 @@ class NvFuserFusion:
                     env[p.name] = fd.define_scalar(dtype=translate.nv_dtype(
                         {bool: torch.bool, int: torch.int64, float: torch.float64}[type(a)]))
             for bsym in bsyms:
-                for leaf in _leaves(bsym):
-                    self._translate(fd, leaf, env)
+                for leaf in walk(bsym):
+                    if not leaf.subsymbols:
+                        self._translate(fd, leaf, env)
             for o in self.outputs:
                 fd.add_output(env[o.name])
         return fd

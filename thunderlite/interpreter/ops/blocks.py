@@ -5,9 +5,9 @@ from __future__ import annotations
 import types
 
 from ..calls import call
-from ..frame import NULL, UNBOUND
+from ..frame import UNBOUND
 from ..loop import YIELD, chain_context
-from .calls import _kw_split
+from .calls import _kw_split, pop_method_call
 from .exceptions import _check_catchable, enter_exit
 from .generators import awaitable_iter, send
 
@@ -209,16 +209,7 @@ def op_call_function_kw(f, ins):
 # CALL_METHOD (meth|NULL self|callable args[n] -- res)
 def op_call_method(f, ins):
     st = f.stack
-    n = ins.arg
-    base = len(st) - n - 2
-    first = st[base]
-    if first is NULL:
-        fn = st[base + 1]
-        args = st[base + 2:]
-    else:
-        fn = first
-        args = st[base + 1:]
-    del st[base:]
+    fn, args = pop_method_call(st, ins.arg)
     st.append(call(f.rt, fn, args))
 
 

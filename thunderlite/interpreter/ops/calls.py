@@ -17,10 +17,9 @@ def _kw_split(args, kwnames):
     return args[:-k], dict(zip(kwnames, args[-k:], strict=True))
 
 
-# CALL (3.11/3.12: method|NULL callable|self args[n] -- res)
-def op_call(f, ins):
-    st = f.stack
-    n = ins.arg
+def pop_method_call(st: list, n: int) -> tuple[object, list]:
+    """Pop ``method|NULL callable|self args[n]`` and return the callable and its
+    arguments: 3.10's CALL_METHOD and 3.11/3.12's CALL share this layout."""
     base = len(st) - n - 2
     first = st[base]
     if first is NULL:
@@ -30,6 +29,23 @@ def op_call(f, ins):
         fn = first
         args = st[base + 1:]
     del st[base:]
+    return fn, args
+
+
+def _pop_call_313(st: list, n: int) -> tuple[object, list]:
+    """Pop 3.13's ``callable self_or_null args[n]`` (CALL and CALL_KW) and return
+    the callable and its arguments (self first when not NULL)."""
+    base = len(st) - n - 2
+    fn = st[base]
+    args = st[base + 2:] if st[base + 1] is NULL else st[base + 1:]
+    del st[base:]
+    return fn, args
+
+
+# CALL (3.11/3.12: method|NULL callable|self args[n] -- res)
+def op_call(f, ins):
+    st = f.stack
+    fn, args = pop_method_call(st, ins.arg)
     kwn = f.kw_names
     if kwn:
         f.kw_names = ()
@@ -44,11 +60,7 @@ def op_call(f, ins):
 # CALL (3.13: callable self_or_null args[n] -- res)
 def op_call_313(f, ins):
     st = f.stack
-    n = ins.arg
-    base = len(st) - n - 2
-    fn = st[base]
-    args = st[base + 2:] if st[base + 1] is NULL else st[base + 1:]
-    del st[base:]
+    fn, args = _pop_call_313(st, ins.arg)
     if type(fn) is FunctionType and f.rt.lookaside is None:
         st.append(call_py(f.rt, fn, args, None))
     else:
@@ -59,11 +71,7 @@ def op_call_313(f, ins):
 def op_call_kw(f, ins):
     st = f.stack
     kwn = st.pop()
-    n = ins.arg
-    base = len(st) - n - 2
-    fn = st[base]
-    args = st[base + 2:] if st[base + 1] is NULL else st[base + 1:]
-    del st[base:]
+    fn, args = _pop_call_313(st, ins.arg)
     args, kwargs = _kw_split(args, kwn) if kwn else (args, None)
     st.append(call(f.rt, fn, args, kwargs))
 

@@ -208,11 +208,16 @@ def op_store_global(f, ins):
     f.globals[ins.argval] = v
 
 
+def _delete_name(namespace, name: str) -> None:
+    """``del name`` in a globals or locals mapping: a missing name is CPython's NameError."""
+    if name not in namespace:
+        raise NameError(f"name '{name}' is not defined")
+    del namespace[name]
+
+
 # DELETE_GLOBAL (--)
 def op_delete_global(f, ins):
-    if ins.argval not in f.globals:
-        raise NameError(f"name '{ins.argval}' is not defined")
-    del f.globals[ins.argval]
+    _delete_name(f.globals, ins.argval)
 
 
 # LOAD_NAME (-- value)
@@ -244,9 +249,7 @@ def op_store_name(f, ins):
 
 # DELETE_NAME (--)
 def op_delete_name(f, ins):
-    if ins.argval not in f.locals:
-        raise NameError(f"name '{ins.argval}' is not defined")
-    del f.locals[ins.argval]
+    _delete_name(f.locals, ins.argval)
 
 
 # LOAD_ATTR (owner -- attr)

@@ -41,20 +41,25 @@ def match_class(rt, subject, cls, nargs, kwnames, not_a_type_msg):
         for name in names:
             if not isinstance(name, str):
                 raise TypeError(f"__match_args__ elements must be strings (got {type(name).__name__})")
-            seen.add(name)
-            v = _attr(rt, subject, name)
-            if v is _NO_MATCH:
+            if not _take_attr(rt, subject, name, seen, attrs):
                 return None
-            attrs.append(v)
     for name in kwnames:
         if name in seen:
             raise TypeError(f"{cls.__name__}() got multiple sub-patterns for attribute '{name}'")
-        seen.add(name)
-        v = _attr(rt, subject, name)
-        if v is _NO_MATCH:
+        if not _take_attr(rt, subject, name, seen, attrs):
             return None
-        attrs.append(v)
     return tuple(attrs)
+
+
+def _take_attr(rt, subject, name: str, seen: set, attrs: list) -> bool:
+    """Append ``subject.name`` to ``attrs`` (noting the name in ``seen``), for a
+    positional and a keyword sub-pattern alike; False when the attribute is missing."""
+    seen.add(name)
+    v = _attr(rt, subject, name)
+    if v is _NO_MATCH:
+        return False
+    attrs.append(v)
+    return True
 
 
 def make_match_class(not_a_type_msg, push_success):

@@ -64,28 +64,19 @@ def _real_only(a, name: str) -> None:
     decomposable(not dtypes.is_complex(a.dtype), lambda: f"{name} of a complex tensor is not decomposed")
 
 
-@torchsymbol(torch.conj, T.conj, method_name="conj")
-def conj(a):
-    _real_only(a, "conj")
-    return a
+def _real_identity(name: str):
+    """The decomposition of ``name``, an op that returns a real input itself
+    (``conj_physical`` too, though its schema does not say so)."""
+    def decomposition(a):
+        _real_only(a, name)
+        return a
+    decomposition.__name__ = name
+    return decomposition
 
 
-@torchsymbol(torch.resolve_conj, T.resolve_conj, method_name="resolve_conj")
-def resolve_conj(a):
-    _real_only(a, "resolve_conj")
-    return a
-
-
-@torchsymbol(torch.resolve_neg, T.resolve_neg, method_name="resolve_neg")
-def resolve_neg(a):
-    _real_only(a, "resolve_neg")
-    return a
-
-
-@torchsymbol(torch.conj_physical, T.conj_physical, method_name="conj_physical")
-def conj_physical(a):
-    _real_only(a, "conj_physical")
-    return a                      # eager returns a real input itself (its schema does not say so)
+conj, resolve_conj, resolve_neg, conj_physical = (
+    torchsymbol(getattr(torch, n), getattr(T, n), method_name=n)(_real_identity(n))
+    for n in ("conj", "resolve_conj", "resolve_neg", "conj_physical"))
 
 
 _ATLEAST = {(1, 0): lambda s: (1,), (2, 0): lambda s: (1, 1), (2, 1): lambda s: (1, *s),

@@ -237,12 +237,17 @@ def _norm_dims(a, normalized_shape):
     return tuple(range(a.ndim - n, a.ndim))
 
 
+def _standardize(x, mean, var, eps):
+    """``(x - mean) / sqrt(var + eps)``: the normalization every ``*_norm`` here shares."""
+    return ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
+
+
 @torchsymbol(F.layer_norm, torch.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     x = upcast(input)
     dims = _norm_dims(x, normalized_shape)
     var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
-    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
+    out = _standardize(x, mean, var, eps)
     if weight is not None:
         out = ew.mul(out, weight)
     if bias is not None:
@@ -265,6 +270,17 @@ def _channel_shape(a, v):
     return prims.reshape(v, (1, a.shape[1]) + (1,) * (a.ndim - 2)) if a.ndim > 1 else v
 
 
+def _channel_affine(x, out, weight, bias, dtype):
+    """Batch, group and instance norm's per-channel ``weight`` and ``bias``
+    (shaped to broadcast over ``x``'s dim 1) applied to the normalized ``out``,
+    back in the input's ``dtype``."""
+    if weight is not None:
+        out = ew.mul(out, _channel_shape(x, weight))
+    if bias is not None:
+        out = ew.add(out, _channel_shape(x, bias))
+    return convert(out, dtype)
+
+
 @torchsymbol(F.batch_norm)
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5):
@@ -281,12 +297,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             prims.copy_(convert(new_var, running_var.dtype), running_var)
     else:
         mean, var = _channel_shape(x, running_mean), _channel_shape(x, running_var)
-    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
-    if weight is not None:
-        out = ew.mul(out, _channel_shape(x, weight))
-    if bias is not None:
-        out = ew.add(out, _channel_shape(x, bias))
-    return convert(out, input.dtype)
+    out = _standardize(x, mean, var, eps)
+    return _channel_affine(x, out, weight, bias, input.dtype)
 
 
 @torchsymbol(F.group_norm, torch.group_norm)
@@ -297,12 +309,8 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
                                        f"but got input of shape {x.shape} and num_groups={num_groups}")
     g = prims.reshape(x, (n, num_groups, x.numel() // max(n * num_groups, 1)) if n * num_groups else (n, num_groups, 0))
     var, mean = red.var_mean(g, (2,), keepdim=True, correction=0)
-    out = prims.reshape(ew.mul(ew.sub(g, mean), ew.rsqrt(ew.add(var, eps))), x.shape)
-    if weight is not None:
-        out = ew.mul(out, _channel_shape(x, weight))
-    if bias is not None:
-        out = ew.add(out, _channel_shape(x, bias))
-    return convert(out, input.dtype)
+    out = prims.reshape(_standardize(g, mean, var, eps), x.shape)
+    return _channel_affine(x, out, weight, bias, input.dtype)
 
 
 @torchsymbol(F.instance_norm)
@@ -311,12 +319,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     decomposable(running_mean is None and use_input_stats, lambda: "instance_norm with running stats is not decomposed")
     x = upcast(input)
     var, mean = red.var_mean(x, tuple(range(2, x.ndim)), keepdim=True, correction=0)
-    out = ew.mul(ew.sub(x, mean), ew.rsqrt(ew.add(var, eps)))
-    if weight is not None:
-        out = ew.mul(out, _channel_shape(x, weight))
-    if bias is not None:
-        out = ew.add(out, _channel_shape(x, bias))
-    return convert(out, input.dtype)
+    out = _standardize(x, mean, var, eps)
+    return _channel_affine(x, out, weight, bias, input.dtype)
 
 
 @torchsymbol(F.normalize)

@@ -513,20 +513,22 @@ def _tri_mask(a, diagonal: int, upper: bool):
     return ew.ge(diff, diagonal) if upper else ew.le(diff, diagonal)
 
 
-@torchsymbol(torch.tril, T.tril, method_name="tril")
-def tril(a, diagonal: int = 0):
-    check(a.ndim >= 2, lambda: "tril: input tensor must have at least 2 dimensions")
-    mask = expand_to(_tri_mask(a, diagonal, False), a.shape)
+def _tri(a, diagonal: int, upper: bool, name: str):
+    """tril's and triu's decomposition: ``a`` where the triangle's mask holds, zero elsewhere."""
+    check(a.ndim >= 2, lambda: f"{name}: input tensor must have at least 2 dimensions")
+    mask = expand_to(_tri_mask(a, diagonal, upper), a.shape)
     return prims.where(mask, a, prims.full(a.shape, False if a.dtype is torch.bool else 0, device=a.device,
                                            dtype=a.dtype))
+
+
+@torchsymbol(torch.tril, T.tril, method_name="tril")
+def tril(a, diagonal: int = 0):
+    return _tri(a, diagonal, False, "tril")
 
 
 @torchsymbol(torch.triu, T.triu, method_name="triu")
 def triu(a, diagonal: int = 0):
-    check(a.ndim >= 2, lambda: "triu: input tensor must have at least 2 dimensions")
-    mask = expand_to(_tri_mask(a, diagonal, True), a.shape)
-    return prims.where(mask, a, prims.full(a.shape, False if a.dtype is torch.bool else 0, device=a.device,
-                                           dtype=a.dtype))
+    return _tri(a, diagonal, True, "triu")
 
 
 def _contiguous_meta(a, memory_format=torch.contiguous_format):

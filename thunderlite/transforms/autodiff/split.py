@@ -65,7 +65,9 @@ inside the program (``REQUIRES_GRAD_ID``: a new leaf).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -539,6 +541,22 @@ def _output_grad(bsym: BoundSymbol, grads: dict):
     return g if found else None
 
 
+def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]]) -> None:
+    """The reverse sweep of the program's backward and of a decomposition's
+    alike: each symbol of ``flat`` on a gradient path, last first, takes its
+    output gradients out of ``grads`` and adds in the input gradients ``vjp``
+    gives it (those of ``tracked`` values)."""
+    for bsym in reversed(flat):
+        if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
+            continue
+        g = _output_grad(bsym, grads)
+        if g is None:
+            continue
+        for arg, ga in vjp(bsym, g):
+            if arg.name in tracked:
+                _accumulate(grads, arg, ga)
+
+
 def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict) -> list[tuple]:
     handle, inputs = handles[id(bsym)]
     gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
@@ -585,20 +603,15 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
                 grad_args.append(g)
                 grad_positions.append(pos)
                 _accumulate(grads, o, g)
-        for bsym in reversed(flat):
-            if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
-                continue
-            g = _output_grad(bsym, grads)
-            if g is None:
-                continue
+
+        def vjp(bsym: BoundSymbol, g) -> list[tuple]:
             bwd.source = bsym.source        # a gradient's symbols name the line of the op they differentiate
             start = len(bwd.bound_symbols)
             pairs = _vjp_pairs(bsym, g, bwd, handles, groups, owned, tracked)
             if is_function_symbol(bsym.sym):
                 user_backwards.append((bsym, start, len(bwd.bound_symbols)))
-            for arg, ga in pairs:
-                if arg.name in tracked:
-                    _accumulate(grads, arg, ga)
+            return pairs
+        _sweep(flat, tracked, grads, vjp)
         bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
@@ -661,15 +674,7 @@ def _decomposition_vjp(bsym, g, bwd: Trace, handles, groups, tracked) -> list[tu
     for o, go in zip(pytree.leaves(out), pytree.leaves(g), strict=True):
         if go is not None and type(o) is TensorProxy:
             _accumulate(local, o, go)
-    for b in reversed(flat):
-        if not _on_path(b, local_tracked) or rules.is_non_differentiable(b.sym):
-            continue
-        gb = _output_grad(b, local)
-        if gb is None:
-            continue
-        for arg, ga in _vjp_pairs(b, gb, bwd, handles, groups, tracked=local_tracked):
-            if arg.name in local_tracked:
-                _accumulate(local, arg, ga)
+    _sweep(flat, local_tracked, local, lambda b, gb: _vjp_pairs(b, gb, bwd, handles, groups, tracked=local_tracked))
     return [(a, local[a.name]) for a in bsym.tensor_args() if a.name in local]
 
 
@@ -738,11 +743,7 @@ def _first_write_after(fwd_bsyms, groups: AliasGroups, args=()) -> dict[str, int
 
 
 def _leaves_of(bsym: BoundSymbol):
-    if not bsym.subsymbols:
-        yield bsym
-        return
-    for sub in bsym.subsymbols:
-        yield from _leaves_of(sub)
+    return (b for b in walk(bsym) if not b.subsymbols)
 
 
 def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace):
