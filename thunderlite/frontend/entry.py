@@ -29,7 +29,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.frontend.alias_guard import AliasGuard, write_verdict
 from thunderlite.frontend.cache_key import alias_pattern
 from thunderlite.frontend.epilogue import Write, write_source
-from thunderlite.frontend.provenance import Prov, key_expr
+from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
 
 MISS = object()
@@ -54,21 +54,11 @@ class _Paths:
                 return expr
         else:
             base = self.read(prov.parent)
-            expr = _child_expr(base, prov, self.roots)
+            expr = prov.child_expr(base, self.roots)
         v = f"v{len(self.var)}"
         self.var[prov] = v
         self.lines.append(f"    {v} = {expr}")
         return v
-
-
-def _child_expr(base: str, prov: Prov, roots: dict) -> str:
-    if prov.kind == "attr":
-        if prov.module_slot is not None:
-            return f"{base}.{prov.module_slot}[{prov.key!r}]"
-        if prov.key.isidentifier() and not prov.key.startswith("__"):
-            return f"{base}.{prov.key}"
-        return f"getattr({base}, {prov.key!r})"
-    return f"{base}[{key_expr(prov.key, roots)}]"
 
 
 def _const(consts: dict, value: Any) -> str:

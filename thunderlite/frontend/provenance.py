@@ -81,8 +81,11 @@ class Prov:
             return f"{_root_name(self.root, roots, 'C')}.cell_contents"
         if k == "object":
             return _root_name(self.root, roots, "O")
-        base = self.parent.expr(roots)
-        if k == "attr":
+        return self.child_expr(self.parent.expr(roots), roots)
+
+    def child_expr(self, base: str, roots: dict) -> str:
+        """Source reading this attribute or item of the value ``base`` evaluates to."""
+        if self.kind == "attr":
             if self.module_slot is not None:
                 return f"{base}.{self.module_slot}[{self.key!r}]"
             if self.key.isidentifier() and not self.key.startswith("__"):
