@@ -41,19 +41,21 @@ def match_class(rt, subject, cls, nargs, kwnames, not_a_type_msg):
         for name in names:
             if not isinstance(name, str):
                 raise TypeError(f"__match_args__ elements must be strings (got {type(name).__name__})")
-            if not _take_attr(rt, subject, name, seen, attrs):
+            if not _take_attr(rt, cls, subject, name, seen, attrs):
                 return None
     for name in kwnames:
-        if name in seen:
-            raise TypeError(f"{cls.__name__}() got multiple sub-patterns for attribute '{name}'")
-        if not _take_attr(rt, subject, name, seen, attrs):
+        if not _take_attr(rt, cls, subject, name, seen, attrs):
             return None
     return tuple(attrs)
 
 
-def _take_attr(rt, subject, name: str, seen: set, attrs: list) -> bool:
+def _take_attr(rt, cls, subject, name: str, seen: set, attrs: list) -> bool:
     """Append ``subject.name`` to ``attrs`` (noting the name in ``seen``), for a
-    positional and a keyword sub-pattern alike; False when the attribute is missing."""
+    positional and a keyword sub-pattern alike; False when the attribute is
+    missing. A name taken twice (``__match_args__`` repeating one, or a keyword
+    repeating a positional) is CPython's TypeError."""
+    if name in seen:
+        raise TypeError(f"{cls.__name__}() got multiple sub-patterns for attribute '{name}'")
     seen.add(name)
     v = _attr(rt, subject, name)
     if v is _NO_MATCH:

@@ -99,6 +99,26 @@ def match_class_too_many_positional():
 
 
 @program()
+def match_args_naming_one_attribute_twice():
+    class Twice:
+        __match_args__ = ("a", "a")
+
+        def __init__(self):
+            self.a = 1
+
+    match Twice():
+        case Twice(p, q):
+            return (p, q)
+
+
+@program()
+def match_keyword_repeating_a_positional():
+    match Circle(2):
+        case Circle(r, r=s):
+            return (r, s)
+
+
+@program()
 def match_value_patterns():
     import enum
 
