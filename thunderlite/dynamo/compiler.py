@@ -8,8 +8,10 @@ Inductor (or eagerly, ``fallback="eager"``). A graph holding a node the
 backend does not model (a tensor hook, a ``BackwardState``, a higher-order
 op: ``support.refusal``) is not split: it goes whole to the fallback. A
 thunderlite piece whose tracing fails on its first call (an op the static
-check could not judge) is handed to the fallback too, and the reason joins
-the report.
+check could not judge, or a program eager refuses) runs eagerly once: if
+eager raises, so does the piece (the program is wrong as written; Inductor
+would not tell, it functionalizes writes eager refuses); if not, the piece is
+handed to the fallback and the reason joins the report.
 
 Example::
 
@@ -120,12 +122,16 @@ class PieceRunner:
             if j.info.misses == misses or j.last is not last:
                 raise                           # the compiled program itself raised: as eager would
             error = e
-        # thunderlite could not trace the piece: the fallback runs it. If the
-        # fallback raises too, the program is wrong as written (eager's error
-        # is the answer) and the piece stays with thunderlite for later calls.
-        if self.fallback_fn is None:
-            self.fallback_fn = _compile_fallback(self.gm, self.fallback, list(args))
-        out = self.fallback_fn(*args)
+        # thunderlite did not trace the piece: a limit of thunderlite's, or a
+        # program eager refuses (a write into an expanded tensor, as the jit
+        # raises it). Eager decides: it runs the piece now. If eager raises, the
+        # program is wrong as written: its error is the answer and the piece
+        # stays with thunderlite for later calls (the fallback must not run it:
+        # Inductor functionalizes the write and returns a result eager refuses).
+        try:
+            out = self.gm(*args)
+        except Exception as eager_error:  # noqa: BLE001 - whatever eager raises is the answer
+            raise _eager_answer(error, eager_error) from None
         first = (str(error).splitlines() or [type(error).__name__])[0]
         self.piece.reasons.append((f"thunderlite could not trace this piece: {type(error).__name__}: "
                                    f"{first[:200]}", ""))
@@ -134,6 +140,19 @@ class PieceRunner:
         warnings.warn(f"thunderlite.dynamo: {self.piece.name} runs on the {self.fallback} fallback: "
                       f"{type(error).__name__}: {first[:200]}", stacklevel=2)
         return out
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
+
+
+def _eager_answer(thunder_error: Exception, eager_error: Exception) -> Exception:
+    """The error to raise when eager refuses a piece thunderlite refused too:
+    thunderlite's when it is eager's (same type, same first line), since it
+    names the user's line; else eager's own."""
+    same = type(thunder_error) is type(eager_error) and _first_line(eager_error) != "" \
+        and str(thunder_error).startswith(_first_line(eager_error))
+    return thunder_error if same else eager_error
 
 
 def _examples(sub: torch.fx.GraphModule, by_name: dict) -> list | None:

@@ -1,7 +1,8 @@
 """ThunderFX takes nothing it cannot honour: tensor hooks, BackwardState,
 higher-order ops and calls the backend does not model send the whole graph
-to the fallback (with the reason in the report). Every case is compared
-against eager PyTorch."""
+to the fallback (with the reason in the report), and a program eager refuses
+raises as eager does, whichever fallback is configured. Every case is
+compared against eager PyTorch."""
 from __future__ import annotations
 
 import pytest
@@ -235,3 +236,49 @@ def test_modeled_calls_stay_with_thunderlite():
     got.backward()
     torch.testing.assert_close(xc.grad, xe.grad)
     assert last_traces(cf) and not cf.thunder_compiler.splits(), report(cf)
+
+
+# --- what eager refuses --------------------------------------------------------------------------
+
+def _expand_add(x):
+    return x.expand(3, -1).add_(1)
+
+
+def _expand_mul_beside(x):
+    y = x.expand(3, -1)
+    return x.sin(), y.mul_(2)
+
+
+@pytest.mark.parametrize("fallback", FALLBACKS)
+@pytest.mark.parametrize("fn", [_expand_add, _expand_mul_beside], ids=["add_", "mul_beside"])
+def test_write_into_expanded_tensor_raises_like_eager(fn, fallback):
+    x = torch.randn(4)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        fn(x.clone())
+    cf = thunderfx(fn, fallback=fallback)
+    before = x.clone()
+    for _ in range(2):                              # every call, not only the first
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor") as err:
+            cf(x)
+        torch.testing.assert_close(x, before)       # nothing was written
+    assert "test_thunderfx_refusals.py" in str(err.value)     # thunderlite's copy of eager's error: the line
+    pieces = [p for g in cf.thunder_compiler.graphs for p in g.pieces]
+    assert pieces and all(p.thunder for p in pieces), report(cf)
+
+
+@pytest.mark.parametrize("fallback", FALLBACKS)
+def test_piece_thunderlite_refuses_but_eager_runs_goes_to_the_fallback(fallback):
+    """Eager decides a refused piece: here it runs (shape-changing in-place,
+    which thunderlite does not trace), so the fallback takes the piece."""
+    def f(x):
+        y = x + 1
+        y.t_()
+        return y * 2
+    x = torch.randn(2, 3)
+    cf = thunderfx(f, fallback=fallback)
+    with pytest.warns(UserWarning, match="fallback"):
+        torch.testing.assert_close(cf(x), f(x.clone()))
+    x2 = torch.randn(2, 3)
+    torch.testing.assert_close(cf(x2), f(x2.clone()))           # the fallback compiled on this call
+    assert "thunderlite could not trace this piece" in report(cf)
+    assert not any(p.thunder for g in cf.thunder_compiler.graphs for p in g.pieces)
