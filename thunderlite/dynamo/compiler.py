@@ -4,9 +4,14 @@ Dynamo hands the backend one FX graph per captured region. The compiler
 splits it (``splitter.split``) into pieces thunderlite traces and pieces it
 cannot; thunderlite pieces run through ``thunderlite.jit`` (its own autodiff,
 alias handling and executors: no AOTAutograd there), the others through
-Inductor (or eagerly, ``fallback="eager"``). A thunderlite piece whose tracing
-fails on its first call (an op the static check could not judge) is handed
-to the fallback too, and the reason joins the report.
+Inductor (or eagerly, ``fallback="eager"``). A graph holding a node the
+backend does not model (a tensor hook, a ``BackwardState``, a higher-order
+op: ``support.refusal``) is not split: it goes whole to the fallback. A
+thunderlite piece whose tracing fails on its first call (an op the static
+check could not judge, or a program eager refuses) runs eagerly once: if
+eager raises, so does the piece (the program is wrong as written; Inductor
+would not tell, it functionalizes writes eager refuses); if not, the piece is
+handed to the fallback and the reason joins the report.
 
 Example::
 
@@ -61,12 +66,23 @@ def _register_lines(gm: torch.fx.GraphModule) -> None:
     register_source_map(code.co_filename, mapping)
 
 
-def _compile_fallback(gm: torch.fx.GraphModule, fallback: str, args: list) -> Callable:
+def _compile_fallback(gm: torch.fx.GraphModule, fallback: str, args: list, *, backend_time: bool = False
+                      ) -> Callable:
+    """The fallback's callable for a piece; ``backend_time``: compiling inside
+    dynamo's call to the backend, where Inductor may ask dynamo to restart the
+    capture (``TensorifyScalarRestartAnalysis``), which must reach dynamo as it
+    would from ``backend="inductor"``."""
     if fallback == "inductor":
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
         try:
             from torch._inductor import compile as inductor_compile
             # Inductor may rewrite the graph it is given (outputs made a list): give it a copy
             return inductor_compile(torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)), args)
+        except TensorifyScalarRestartAnalysis:
+            if backend_time:
+                raise
+            warnings.warn("thunderlite.dynamo: Inductor asked for a new capture of a fallback piece compiled "
+                          "at call time; running it eagerly", stacklevel=2)
         except Exception as e:  # noqa: BLE001 - no working Inductor here: run the piece eagerly
             warnings.warn(f"thunderlite.dynamo: Inductor could not compile a fallback piece ({e}); "
                           "running it eagerly", stacklevel=2)
@@ -88,7 +104,7 @@ class PieceRunner:
         self.fallback_fn: Callable | None = None
         if not piece.thunder and example_inputs is not None:
             # at backend time, under dynamo's fake mode: Inductor sees the sizes dynamo saw
-            self.fallback_fn = _compile_fallback(gm, fallback, example_inputs)
+            self.fallback_fn = _compile_fallback(gm, fallback, example_inputs, backend_time=True)
 
     def __call__(self, *args: Any) -> Any:
         if self.jfn is not None:
@@ -106,12 +122,16 @@ class PieceRunner:
             if j.info.misses == misses or j.last is not last:
                 raise                           # the compiled program itself raised: as eager would
             error = e
-        # thunderlite could not trace the piece: the fallback runs it. If the
-        # fallback raises too, the program is wrong as written (eager's error
-        # is the answer) and the piece stays with thunderlite for later calls.
-        if self.fallback_fn is None:
-            self.fallback_fn = _compile_fallback(self.gm, self.fallback, list(args))
-        out = self.fallback_fn(*args)
+        # thunderlite did not trace the piece: a limit of thunderlite's, or a
+        # program eager refuses (a write into an expanded tensor, as the jit
+        # raises it). Eager decides: it runs the piece now. If eager raises, the
+        # program is wrong as written: its error is the answer and the piece
+        # stays with thunderlite for later calls (the fallback must not run it:
+        # Inductor functionalizes the write and returns a result eager refuses).
+        try:
+            out = self.gm(*args)
+        except Exception as eager_error:  # noqa: BLE001 - whatever eager raises is the answer
+            raise _eager_answer(error, eager_error) from None
         first = (str(error).splitlines() or [type(error).__name__])[0]
         self.piece.reasons.append((f"thunderlite could not trace this piece: {type(error).__name__}: "
                                    f"{first[:200]}", ""))
@@ -120,6 +140,19 @@ class PieceRunner:
         warnings.warn(f"thunderlite.dynamo: {self.piece.name} runs on the {self.fallback} fallback: "
                       f"{type(error).__name__}: {first[:200]}", stacklevel=2)
         return out
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
+
+
+def _eager_answer(thunder_error: Exception, eager_error: Exception) -> Exception:
+    """The error to raise when eager refuses a piece thunderlite refused too:
+    thunderlite's when it is eager's (same type, same first line), since it
+    names the user's line; else eager's own."""
+    same = type(thunder_error) is type(eager_error) and _first_line(eager_error) != "" \
+        and str(thunder_error).startswith(_first_line(eager_error))
+    return thunder_error if same else eager_error
 
 
 def _examples(sub: torch.fx.GraphModule, by_name: dict) -> list | None:
@@ -167,15 +200,15 @@ class ThunderCompiler:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         _realize(gm)
-        split_gm, pieces = split(gm)
+        split_gm, pieces = split(gm, example_inputs)
         dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
                    and isinstance(n.meta.get("example_value"), (torch.SymInt, torch.SymFloat))]
         graph = CompiledGraph(index=len(self.graphs), num_nodes=len(gm.graph.nodes), pieces=pieces,
                               split_gm=split_gm, dynamic=dynamic)
-        self.graphs.append(graph)
         if split_gm is None:
-            runner = PieceRunner(gm, pieces[0], self.fallback, self.jit_options)
+            runner = PieceRunner(gm, pieces[0], self.fallback, self.jit_options, example_inputs)
             graph.runners.append(runner)
+            self.graphs.append(graph)       # only once compiled: a capture dynamo restarts is not reported
             return runner
         by_name = {n.name: n for n in gm.graph.nodes}
         for piece in pieces:
@@ -185,6 +218,7 @@ class ThunderCompiler:
             setattr(split_gm, piece.name, runner)
             graph.runners.append(runner)
         _realize(split_gm)
+        self.graphs.append(graph)
         return split_gm
 
     # --- what it did ---------------------------------------------------------------------------
@@ -222,12 +256,13 @@ class ThunderCompiler:
                 who = "thunderlite" if p.thunder else self.fallback
                 ops = ", ".join(dict.fromkeys(p.ops))
                 lines.append(f"  {p.name} [{who}] {len(p.ops)} op(s): {ops[:200]}")
+                label = "whole graph to the fallback" if p.whole else "split"
                 for reason, source in p.reasons:
-                    lines.append(f"    split: {reason}" + (f"\n      at {source}" if source else ""))
+                    lines.append(f"    {label}: {reason}" + (f"\n      at {source}" if source else ""))
         return "\n".join(lines)
 
     def splits(self) -> list[dict]:
         """The report as data: one dict per piece not run by thunderlite."""
-        return [{"graph": g.index, "piece": p.name, "runs_on": self.fallback,
+        return [{"graph": g.index, "piece": p.name, "runs_on": self.fallback, "whole": p.whole,
                  "reasons": [r for r, _ in p.reasons], "sources": [s for _, s in p.reasons if s]}
                 for g in self.graphs for p in g.pieces if not p.thunder]

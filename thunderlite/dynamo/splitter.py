@@ -1,15 +1,21 @@
 """Split a dynamo FX graph into runs of nodes thunderlite takes and runs it
 does not, in graph order (``torch.fx.passes.split_module`` carries grad-mode
-and autocast regions into every piece that needs them)."""
+and autocast regions into every piece that needs them).
+
+Splitting is sound only where every node is a function of the values it
+reads (and writes): a graph holding a node the backend does not model
+(``support.refusal``: a tensor hook, a ``BackwardState``, a higher-order op,
+an unknown call) is not split at all but goes whole to the fallback."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from thunderlite.dynamo.support import _GLOBAL_STATE, Verdict, op_name, source_of, verdict
+from thunderlite.dynamo.support import _GLOBAL_STATE, _MISSING, Verdict, op_name, refusal, source_of, verdict
 
 
 @dataclass
@@ -19,6 +25,7 @@ class Piece:
     thunder: bool                      # True: thunderlite; False: the fallback compiler
     ops: list[str] = field(default_factory=list)
     reasons: list[tuple[str, str]] = field(default_factory=list)   # (reason, user source line)
+    whole: bool = False                # the whole graph, unsplit: it holds nodes the backend does not model
 
 
 def _is_functorch(node: torch.fx.Node) -> bool:
@@ -42,9 +49,41 @@ def _scalar_only(node: torch.fx.Node) -> bool:
         not any(_is_tensor(a.meta.get("example_value")) for a in node.all_input_nodes)
 
 
-def partition(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], list[Piece]]:
+def refusals(gm: torch.fx.GraphModule, example_inputs: Sequence | None = None) -> list[Verdict]:
+    """The nodes the backend does not model (``support.refusal``), in graph order."""
+    examples = iter(example_inputs if example_inputs is not None else ())
+    out = []
+    for node in gm.graph.nodes:
+        example = next(examples, _MISSING) if node.op == "placeholder" else _MISSING
+        v = refusal(node, example)
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def _first_per_reason(verdicts: list[Verdict]) -> list[tuple[str, str]]:
+    """(reason, source) once per reason, at its first line: the report stays short."""
+    seen: dict[str, str] = {}
+    for v in verdicts:
+        seen.setdefault(v.reason, v.source)
+    return list(seen.items())
+
+
+def _call_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+
+
+def partition(gm: torch.fx.GraphModule, example_inputs: Sequence | None = None
+              ) -> tuple[dict[torch.fx.Node, int], list[Piece]]:
     """Assign each node a partition id; a new id starts wherever support changes.
-    Grad-mode and autocast switches join the piece they stand in."""
+    Grad-mode and autocast switches join the piece they stand in. A graph with a
+    node the backend does not model is one fallback piece (``Piece.whole``)."""
+    whole = refusals(gm, example_inputs)
+    if whole:
+        piece = Piece(name="submod_0", thunder=False, whole=True,
+                      ops=[op_name(n) for n in _call_nodes(gm)],
+                      reasons=_first_per_reason(whole))
+        return {n: 0 for n in _call_nodes(gm)}, [piece]
     ids: dict[torch.fx.Node, int] = {}
     pieces: list[Piece] = []
     depth = 0                           # inside vmap/grad/jvp levels dynamo captured
@@ -73,9 +112,11 @@ def partition(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], list[
     return ids, pieces
 
 
-def split(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule | None, list[Piece]]:
-    """(split graph module or None when one piece covers the whole graph, pieces)."""
-    ids, pieces = partition(gm)
+def split(gm: torch.fx.GraphModule, example_inputs: Sequence | None = None
+          ) -> tuple[torch.fx.GraphModule | None, list[Piece]]:
+    """(split graph module or None when one piece covers the whole graph, pieces).
+    ``example_inputs``: the backend's, for placeholders without an example value."""
+    ids, pieces = partition(gm, example_inputs)
     if len(pieces) <= 1:
         if not pieces:
             pieces.append(Piece(name="submod_0", thunder=True))

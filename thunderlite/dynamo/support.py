@@ -1,23 +1,40 @@
 """Which FX nodes thunderlite can take: a verdict per node, with the reason
 and the user's source line when the answer is no.
 
-A node is supported when its target has a thunderlite symbol, is a Python
-operator or a global-state switch the tracer records (grad mode, autocast),
-or runs through the opaque fallback: the op must then run on meta tensors
-built from the node's example values (an op without a meta kernel, or whose
-output shape depends on data, cannot be traced and is split out).
+Two questions, in this order:
+
+1. ``refusal(node)``: does the backend model this kind of node at all? An
+   allow-list: tensor and number inputs, tensor attributes, modules, Python
+   operators, grad-mode/autocast switches, functorch level markers (the
+   splitter's region rule), torch ops (ATen/custom ops, ``torch.*``,
+   ``torch.nn.functional.*`` and the ATen-backed ``Tensor`` methods), and
+   anything with a thunderlite symbol. Anything else (a tensor hook, a
+   ``BackwardState`` input, a higher-order op with a subgraph body, compiled
+   autograd's ops, a Python function dynamo was told to keep opaque) may act
+   on autograd or on state no piece boundary carries, so splitting around it
+   could change the program: the whole graph goes to the fallback.
+2. ``verdict(node)``: for a node the backend models, can thunderlite trace
+   it? Yes when its target has a thunderlite symbol, is a Python operator or a
+   global-state switch the tracer records (grad mode, autocast), or runs
+   through the opaque fallback: the op must then run on meta tensors built from
+   the node's example values (an op without a meta kernel, or whose output
+   shape depends on data, cannot be traced and is split out: a piece of its
+   own on the fallback, the rest stays with thunderlite).
 """
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 import re
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from thunderlite.torch import symbol_for
@@ -37,6 +54,7 @@ class Verdict:
     supported: bool
     reason: str = ""          # why not (empty when supported)
     source: str = ""          # the user's line, "file:line: code"
+    whole: bool = False       # not modeled: the whole graph goes to the fallback, unsplit
 
 
 def user_frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
@@ -175,3 +193,145 @@ def verdict(node: torch.fx.Node) -> Verdict:
     if why:
         return Verdict(False, f"{op_name(node)}: {why}", source_of(node))
     return Verdict(True)
+
+
+# --- what the backend models at all (an allow-list; anything else sends the whole graph away) ----
+
+# C namespaces whose functions are ATen bindings (torch.sin, torch._C._nn.linear...)
+_TORCH_C_NAMESPACES = frozenset({"torch", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
+                                 "torch._C._special", "torch._C._nested"})
+# Python namespaces of torch ops built from other torch ops (torch.sym_int, F.dropout, einsum...)
+_TORCH_PY_NAMESPACES = frozenset({"torch", "torch.functional", "torch.nn.functional"})
+# Python-level Tensor methods (torch/_tensor.py) that compute values from torch ops; the others
+# there register hooks, run the backward, share storage or serialize
+_PY_TENSOR_METHODS = frozenset({
+    "__floordiv__", "__ipow__", "__pow__", "__rdiv__", "__rfloordiv__", "__rlshift__", "__rmatmul__",
+    "__rmod__", "__rpow__", "__rrshift__", "__rsub__", "__rtruediv__", "__len__", "__reversed__",
+    "istft", "lu", "norm", "split", "stft", "unflatten", "unique", "unique_consecutive"})
+# builtins dynamo may leave in a graph for number arithmetic
+_BUILTINS = frozenset({builtins.abs, builtins.min, builtins.max, builtins.round, builtins.pow, builtins.divmod,
+                       builtins.int, builtins.float, builtins.bool, builtins.len, builtins.getattr})
+# torch._C calls outside the op namespaces that thunderlite models: ``x.data`` (dynamo's
+# spelling; an alias autograd does not see, docs/architecture.md §5) and PyTorch's API
+# usage logging (no effect on values)
+_MODELED_C = frozenset({torch._C._autograd._get_data_attr, torch._C._log_api_usage_once})
+# Tensor methods with autograd effects a piece boundary would lose (thunderlite.jit refuses them too)
+_AUTOGRAD_METHODS = frozenset({"register_hook", "register_post_accumulate_grad_hook", "retain_grad", "backward"})
+_MISSING = object()
+
+
+def _whole(node: torch.fx.Node, why: str) -> Verdict:
+    return Verdict(False, why, source_of(node), whole=True)
+
+
+def _member(fn: Any, names: frozenset | set) -> bool:
+    try:
+        return fn in names
+    except TypeError:           # an unhashable target is none of them
+        return False
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) in (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _is_plain_tensor(v: Any) -> bool:
+    """A tensor thunderlite takes as it is: dynamo's fake tensor for one, or a
+    plain tensor/parameter (a subclass such as DTensor is not modeled)."""
+    return isinstance(v, FakeTensor) or type(v) in (torch.Tensor, torch.nn.Parameter)
+
+
+def _input_refusal(node: torch.fx.Node, example: Any) -> Verdict | None:
+    value = node.meta.get("example_value", node.meta.get("val", example))
+    if value is _MISSING:
+        return _whole(node, f"input {node.name} has no example value to judge it by")
+    if _is_plain_tensor(value) or _is_number(value):
+        return None
+    kind = type(value).__name__
+    if kind == "BackwardState":
+        return _whole(node, f"input {node.name} is a BackwardState: dynamo's carrier of tensor hooks that run "
+                            "in the backward (compiled autograd); thunderlite pieces run their own backward")
+    return _whole(node, f"input {node.name} is a {kind}, which thunderlite does not model")
+
+
+def _attr(node: torch.fx.Node) -> Any:
+    obj: Any = node.graph.owning_module
+    for atom in str(node.target).split("."):
+        obj = getattr(obj, atom, None)
+    return obj
+
+
+def _method_refusal(node: torch.fx.Node, name: str) -> Verdict | None:
+    if name in _AUTOGRAD_METHODS:
+        return _whole(node, f"Tensor.{name} changes what autograd does with a gradient; "
+                            "a split would lose it at a piece boundary")
+    if name in vars(torch._C.TensorBase) or name in _PY_TENSOR_METHODS:
+        return None
+    if symbol_for(getattr(torch.Tensor, name, None)) is not None:
+        return None
+    return _whole(node, f"Tensor.{name} is not a tensor op thunderlite models")
+
+
+def _function_refusal(node: torch.fx.Node) -> Verdict | None:
+    fn = node.target
+    if isinstance(fn, torch._ops.HigherOrderOperator):
+        if fn.name() == "register_hook":
+            return _whole(node, "torch.ops.higher_order.register_hook: a tensor hook (Tensor.register_hook on a "
+                                "tensor made in the graph) must see the gradient eager computes; thunderlite "
+                                "pieces run their own backward")
+        return _whole(node, f"torch.ops.higher_order.{fn.name()}: a higher-order op (a subgraph with its own "
+                            "semantics) thunderlite does not model")
+    if _member(fn, _GLOBAL_STATE) or _member(fn, _BUILTINS) or _member(fn, _MODELED_C):
+        return None
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return None                                     # ATen, prims and torch.library ops
+    mod = getattr(fn, "__module__", None) or ""
+    if mod in ("operator", "_operator", math.__name__):
+        return None
+    if mod.startswith(("torch._functorch", "torch._C._functorch")):
+        return None                                     # vmap/grad levels: the splitter's region rule
+    if symbol_for(fn) is not None:
+        return None
+    if isinstance(fn, types.BuiltinFunctionType) and mod in _TORCH_C_NAMESPACES:
+        return None
+    objclass = getattr(fn, "__objclass__", None)
+    if objclass is torch._C.TensorBase:                  # Tensor.add as a function
+        return _method_refusal(node, fn.__name__)
+    if isinstance(fn, types.FunctionType):
+        if mod == "torch._tensor":
+            return _method_refusal(node, fn.__name__)
+        if mod in _TORCH_PY_NAMESPACES:
+            return None
+    name = getattr(fn, "__name__", None) or repr(fn)
+    if "_register_hook_trampoline" in name:
+        return _whole(node, "a tensor hook registered through a BackwardState (compiled autograd) must see the "
+                            "gradient eager computes; thunderlite pieces run their own backward")
+    if mod.startswith("torch._dynamo.compiled_autograd"):
+        return _whole(node, f"{mod}.{name}: a graph compiled autograd captured from a backward, which "
+                            "thunderlite does not model")
+    return _whole(node, f"{mod or '?'}.{name}: a call dynamo kept in the graph that is not a torch op "
+                        "thunderlite models")
+
+
+def refusal(node: torch.fx.Node, example: Any = _MISSING) -> Verdict | None:
+    """None when the backend models this kind of node (see the module docstring);
+    else a verdict with ``whole=True``: the whole graph goes to the fallback.
+    ``example``: the backend's example input for a placeholder without one in its meta."""
+    if node.op == "output" or node.op == "call_module":
+        return None                     # a module is traced through its own forward
+    if node.op == "placeholder":
+        return _input_refusal(node, example)
+    if node.op == "get_attr":
+        value = _attr(node)
+        if isinstance(value, torch.Tensor) and _is_plain_tensor(value):
+            return None
+        if isinstance(value, torch.fx.GraphModule) and node.users and all(
+                isinstance(u.target, torch._ops.HigherOrderOperator) for u in node.users):
+            return None                 # a higher-order op's body: the op's own refusal names it
+        return _whole(node, f"graph attribute {node.target} ({type(value).__name__}) is not a tensor "
+                            "thunderlite models")
+    if node.op == "call_method":
+        return _method_refusal(node, str(node.target))
+    if node.op == "call_function":
+        return _function_refusal(node)
+    return _whole(node, f"FX node kind {node.op!r} is not modeled")
