@@ -329,13 +329,16 @@ class ShapeEnv:
         return result
 
     def _assume_size(self, diff: Expr, op: str) -> bool | None:
-        """``n >= 0`` (or ``n < 0``) of an unbacked int of unknown sign: assumed
-        true (the int is used as a size, as torch's size-oblivious reasoning
-        assumes) when ``assume_hook`` records a run-time check of it; None: not
-        such a question."""
-        if self.assume_hook is None or len(diff) != 1 or op not in (">=", "<"):
+        """``n + c >= 0`` (or ``n + c < 0``; ``c >= 0`` a constant, ``n`` an
+        unbacked int of unknown sign, ``torch.zeros(n + 1)``): true, ``n`` being
+        assumed non-negative (the int is used as a size, as torch's size-oblivious
+        reasoning assumes) when ``assume_hook`` records a run-time check of it;
+        None: not such a question."""
+        c0 = constant(diff[-1:]) if diff and not diff[-1][0] else 0
+        terms = diff[:-1] if c0 else diff
+        if self.assume_hook is None or len(terms) != 1 or c0 < 0 or op not in (">=", "<"):
             return None
-        (m, c), = diff
+        (m, c), = terms
         atom = self.atoms.get(m[0]) if len(m) == 1 and type(m[0]) is str and c > 0 else None
         if atom is None or atom.hint is not None or atom.lower is not None:
             return None

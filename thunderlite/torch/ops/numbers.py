@@ -87,7 +87,7 @@ def _real_pow(a, b):
     power is complex in Python, a value the trace cannot return in its place."""
     r = a ** b
     if type(r) is complex and not isinstance(a, complex) and not isinstance(b, complex):
-        raise ValueError(f"{a!r} ** {b!r} is the complex number {r!r} in Python, but the program was traced "
+        raise ValueError(f"({a!r}) ** {b!r} is the complex number {r!r} in Python, but the program was traced "
                          "with a real result; write complex(base) ** exponent to compute it in complex numbers")
     return r
 
@@ -335,7 +335,8 @@ def python_functions() -> dict[Callable, Callable]:
 # --- messages -----------------------------------------------------------------------------------
 
 def _arg_text(x) -> str:
-    return x.name if isinstance(x, NumberProxy) else str(x) if type(x) is SymInt else repr(x)
+    text = x.name if isinstance(x, NumberProxy) else str(x) if type(x) is SymInt else repr(x)
+    return text if text.isidentifier() or text.replace(".", "").isdigit() else f"({text})"
 
 
 def _text(op: str, args) -> str:
