@@ -189,8 +189,8 @@ def _value_needed(n: NumberProxy, what: str) -> DataDependentError:
     (``describe`` of the torch language: ``n0 > 3``, with where ``n0`` came from)."""
     describe = number_ops.get("describe")
     made = describe(n) if describe is not None else n.name
-    return DataDependentError(f"{what} of the traced number {made} needs its value, which is not known while "
-                              "tracing; thunderlite cannot branch on it")
+    return DataDependentError(f"the traced number {made} is not known while tracing, but {what} needs its value; "
+                              "thunderlite cannot branch on it")
 
 
 def _install_value_needed(dunder: str, what: str) -> None:
@@ -201,8 +201,9 @@ def _install_value_needed(dunder: str, what: str) -> None:
     setattr(NumberProxy, dunder, op)
 
 
-for _dunder, _what in (("__bool__", "the truth value"), ("__int__", "int()"), ("__float__", "float()"),
-                       ("__complex__", "complex()"), ("__index__", "using it as a Python int")):
+for _dunder, _what in (("__bool__", "its truth value (if, while, and/or/not, bool())"), ("__int__", "int()"),
+                       ("__float__", "float()"), ("__complex__", "complex()"),
+                       ("__index__", "using it as an index or int")):
     _install_value_needed(_dunder, _what)
 
 

@@ -211,7 +211,7 @@ def _library_decision(x):
 
 
 @pytest.mark.parametrize("fn, what", [
-    (_branch_on_comparison, "n0 > 0.5"), (_truth, "the truth value"), (_f_string, "formatting"),
+    (_branch_on_comparison, "n0 > 0.5"), (_truth, "its truth value"), (_f_string, "formatting"),
     (_str_of_int, "str() of the traced int"), (_membership, "n0 == 1.0"), (_max_of_mixed_types, "max()"),
     (_library_decision, "n0 == 0"),
 ], ids=lambda v: getattr(v, "__name__", "").strip("_") or None)

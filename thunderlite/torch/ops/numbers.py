@@ -123,6 +123,9 @@ def _result_type(op: str, types: list[type]) -> type:
     """The Python type of ``op`` on operands of ``types``, by Python's own rules:
     the operation run on sample values of those types (a TypeError is Python's
     for these types; a domain error of one sample tries the next)."""
+    if None in types:
+        names = ", ".join(t.__name__ if t else "non-number" for t in types)
+        raise TypeError(f"{op}: unsupported operand types {names}")
     if op == "ipow":
         return int
     if op == "pow" and all(t in _INTS for t in types):
