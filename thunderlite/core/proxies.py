@@ -87,8 +87,23 @@ def _fresh_name(prefix: str) -> str:
 class NumberProxy(Proxy):
     """A Python number the trace keeps symbolic (an int, float, bool or complex).
 
-    ``value`` is the value seen while tracing; it is what guards compare against
-    when the jit chooses to specialize."""
+    ``value`` is the value seen while tracing (None for a number made while the
+    program runs: ``item()``, arithmetic on traced numbers); it is what guards
+    compare against when the jit chooses to specialize.
+
+    Python's number protocol on it (``n + 1``, ``n < 2``, ``-n``, ``round(n)``...)
+    records the operation through ``number_ops``, which the torch language fills
+    (torch/ops/numbers.py): core cannot import that layer. What needs the value
+    (``bool(n)``, ``int(n)`` from C code) raises ``DataDependentError``. ``==``
+    and ``!=`` natively compare identity with other proxies (proxies are records
+    passes keep in lists and dicts) and raise with a Python number: library code
+    deciding ``alpha == 1`` on a traced number would silently take one branch.
+    Interpreted user code gets the traced comparison (frontend/lookasides.py)::
+
+        >>> with tracectx(trc):
+        ...     n = ltorch.item(t)          # NumberProxy n0 (a float)
+        ...     m = n * 2 + 1               # n1 = number_mul(n0, 2); n2 = number_add(n1, 1)
+    """
     __slots__ = ("python_type", "value")
 
     def __init__(self, value: Any = None, python_type: type | None = None, name: str | None = None):
@@ -99,18 +114,97 @@ class NumberProxy(Proxy):
     def type_string(self) -> str:
         return self.python_type.__name__
 
-    def __bool__(self):
-        raise DataDependentError(f"the truth value of the traced number {self.name} is not known while tracing; "
-                                 "thunderlite cannot branch on it")
+    def __repr__(self):
+        return f"<NumberProxy {self.name}: {self.python_type.__name__}>"
 
-    def _compare(self, other):
-        raise DataDependentError(f"comparing the traced number {self.name} needs its value, which is not known "
-                                 "while tracing; thunderlite cannot branch on it")
+    def __str__(self):
+        return repr(self)
 
-    __lt__ = __le__ = __gt__ = __ge__ = _compare
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
 
-    def __index__(self):
-        raise TypeError(f"the traced number {self.name} cannot be used as a Python index while tracing")
+    def __eq__(self, other):
+        if other is self:
+            return True
+        if _is_python_number(other):
+            raise _undecided(self, "==", other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        if other is self:
+            return False
+        if _is_python_number(other):
+            raise _undecided(self, "!=", other)
+        return NotImplemented
+
+    __hash__ = object.__hash__
+
+
+def _undecided(n: NumberProxy, op: str, other) -> DataDependentError:
+    return DataDependentError(f"deciding {n.name} {op} {other!r} needs the value of the traced number {n.name}, "
+                              "which is not known while tracing; thunderlite cannot branch on it")
+
+
+def _is_python_number(x) -> bool:
+    return isinstance(x, (int, float, complex)) and not isinstance(x, Proxy)
+
+
+def _number_op(name: str, *args):
+    fn = number_ops.get(name)
+    if fn is None:
+        raise TypeError(f"traced numbers have no {name!r} operation without the torch language "
+                        "(import thunderlite.torch)")
+    return fn(*args)
+
+
+# name -> callable(*operands): Python's number protocol on traced numbers
+# (``"add"``, ``"lt"``, ``"neg"``, ``"floor"``, ``"bool"``...), filled by the torch
+# language (torch/ops/numbers.py), which records each operation.
+number_ops: dict[str, Callable] = {}
+
+
+def _install_number_operator(dunder: str, name: str, reflected: bool = False) -> None:
+    if reflected:
+        def op(self, other):
+            return _number_op(name, other, self)
+    else:
+        def op(self, *args):
+            return _number_op(name, self, *args)
+    op.__name__ = dunder
+    op.__qualname__ = f"NumberProxy.{dunder}"
+    setattr(NumberProxy, dunder, op)
+
+
+_NUMBER_BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+                  "rshift", "divmod")
+for _name in _NUMBER_BINARY:
+    _install_number_operator(f"__{_name}__", _name)
+    _install_number_operator(f"__r{_name}__", _name, reflected=True)
+for _name in ("lt", "le", "gt", "ge", "neg", "pos", "abs", "invert", "round", "trunc", "floor", "ceil"):
+    _install_number_operator(f"__{_name}__", _name)
+
+
+def _value_needed(n: NumberProxy, what: str) -> DataDependentError:
+    """``what`` needs ``n``'s value: the error names how the trace made ``n``
+    (``describe`` of the torch language: ``n0 > 3``, with where ``n0`` came from)."""
+    describe = number_ops.get("describe")
+    made = describe(n) if describe is not None else n.name
+    return DataDependentError(f"the traced number {made} is not known while tracing, but {what} needs its value; "
+                              "thunderlite cannot branch on it")
+
+
+def _install_value_needed(dunder: str, what: str) -> None:
+    def op(self):
+        raise _value_needed(self, what)
+    op.__name__ = dunder
+    op.__qualname__ = f"NumberProxy.{dunder}"
+    setattr(NumberProxy, dunder, op)
+
+
+for _dunder, _what in (("__bool__", "its truth value (if, while, and/or/not, bool())"), ("__int__", "int()"),
+                       ("__float__", "float()"), ("__complex__", "complex()"),
+                       ("__index__", "using it as an index or int")):
+    _install_value_needed(_dunder, _what)
 
 
 class TensorProxy(Proxy):

@@ -33,7 +33,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from thunderlite.core.proxies import DataDependentError, NumberProxy
+from thunderlite.core.proxies import DataDependentError, NumberProxy, number_ops
 from thunderlite.core.symexpr import (
     Expr,
     add,
@@ -329,13 +329,16 @@ class ShapeEnv:
         return result
 
     def _assume_size(self, diff: Expr, op: str) -> bool | None:
-        """``n >= 0`` (or ``n < 0``) of an unbacked int of unknown sign: assumed
-        true (the int is used as a size, as torch's size-oblivious reasoning
-        assumes) when ``assume_hook`` records a run-time check of it; None: not
-        such a question."""
-        if self.assume_hook is None or len(diff) != 1 or op not in (">=", "<"):
+        """``n + c >= 0`` (or ``n + c < 0``; ``c >= 0`` a constant, ``n`` an
+        unbacked int of unknown sign, ``torch.zeros(n + 1)``): true, ``n`` being
+        assumed non-negative (the int is used as a size, as torch's size-oblivious
+        reasoning assumes) when ``assume_hook`` records a run-time check of it;
+        None: not such a question."""
+        c0 = constant(diff[-1:]) if diff and not diff[-1][0] else 0
+        terms = diff[:-1] if c0 else diff
+        if self.assume_hook is None or len(terms) != 1 or c0 < 0 or op not in (">=", "<"):
             return None
-        (m, c), = diff
+        (m, c), = terms
         atom = self.atoms.get(m[0]) if len(m) == 1 and type(m[0]) is str and c > 0 else None
         if atom is None or atom.hint is not None or atom.lower is not None:
             return None
@@ -397,42 +400,63 @@ class SymInt:
         return hash(self.env.canon(self.expr))
 
     # -- arithmetic (never guards)
-    def _bin(self, other, fn, swap=False):
+    def _bin(self, other, fn, name: str, swap=False):
         o = _expr_of(other)
         if o is None:
-            return NotImplemented
+            return self._leave_ints(name, other, swap)
         a, b = (o, self.expr) if swap else (self.expr, o)
         return wrap(fn(a, b), self.env)
 
+    def _leave_ints(self, name: str, other, swap: bool = False):
+        """``self <name> other`` where the result is no integer expression (a
+        float operand, ``/``, ``**`` of a symbolic exponent): on the traced
+        values (guarded) when every symbol has one, as before; else recorded as
+        a number operation that runs with the program (core/proxies.py:
+        ``number_ops``, filled by the torch language)."""
+        if not isinstance(other, (int, float, complex, SymInt, NumberProxy)):
+            return NotImplemented
+        if type(other) is not NumberProxy and self.hint is not None and \
+                (type(other) is not SymInt or other.hint is not None):
+            a, b = int(self), (int(other) if type(other) is SymInt else other)
+            return _PY_OPS[name](b, a) if swap else _PY_OPS[name](a, b)
+        op = number_ops[name]
+        return op(other, self) if swap else op(self, other)
+
     def __add__(self, o):
-        return self._bin(o, add)
+        return self._bin(o, add, "add")
 
     def __radd__(self, o):
-        return self._bin(o, add, True)
+        return self._bin(o, add, "add", True)
 
     def __sub__(self, o):
-        return self._bin(o, lambda a, b: add(a, b, -1))
+        return self._bin(o, _sub, "sub")
 
     def __rsub__(self, o):
-        return self._bin(o, lambda a, b: add(a, b, -1), True)
+        return self._bin(o, _sub, "sub", True)
 
     def __mul__(self, o):
-        return self._bin(o, mul)
+        return self._bin(o, mul, "mul")
 
     def __rmul__(self, o):
-        return self._bin(o, mul, True)
+        return self._bin(o, mul, "mul", True)
 
     def __floordiv__(self, o):
-        return self._bin(o, floordiv)
+        return self._bin(o, floordiv, "floordiv")
 
     def __rfloordiv__(self, o):
-        return self._bin(o, floordiv, True)
+        return self._bin(o, floordiv, "floordiv", True)
 
     def __mod__(self, o):
-        return self._bin(o, mod)
+        return self._bin(o, mod, "mod")
 
     def __rmod__(self, o):
-        return self._bin(o, mod, True)
+        return self._bin(o, mod, "mod", True)
+
+    def __divmod__(self, o):
+        return self // o, self % o
+
+    def __rdivmod__(self, o):
+        return o // self, o % self
 
     def __neg__(self):
         return wrap(add((), self.expr, -1), self.env)
@@ -440,22 +464,43 @@ class SymInt:
     def __pos__(self):
         return self
 
-    def __abs__(self):
-        return self if self >= 0 else -self
+    def __invert__(self):
+        return -self - 1
 
-    def __pow__(self, p):
-        if type(p) is int and p >= 0:
+    def __abs__(self):
+        return sym_max(self, -self)
+
+    def __trunc__(self):
+        return self
+
+    __floor__ = __ceil__ = __trunc__
+
+    def __round__(self, ndigits=None):
+        if ndigits is None or (type(ndigits) is int and ndigits >= 0):
+            return self
+        return self._leave_ints("round", ndigits)
+
+    def __pow__(self, p, modulo=None):
+        if modulo is None and type(p) is int and p >= 0:
             out: Expr = const(1)
             for _ in range(p):
                 out = mul(out, self.expr)
             return wrap(out, self.env)
-        return int(self) ** p
+        if modulo is not None:
+            if self.hint is not None and not any(type(x) is NumberProxy or (type(x) is SymInt and x.hint is None)
+                                                 for x in (p, modulo)):
+                return pow(int(self), int(p), int(modulo))
+            return number_ops["pow"](self, p, modulo)
+        return self._leave_ints("pow", p)
+
+    def __rpow__(self, o):
+        return self._leave_ints("pow", o, True)
 
     def __truediv__(self, o):
-        return int(self) / (int(o) if isinstance(o, SymInt) else o)
+        return self._leave_ints("truediv", o)
 
     def __rtruediv__(self, o):
-        return o / int(self)
+        return self._leave_ints("truediv", o, True)
 
     # -- decisions (guarded)
     def _cmp(self, other, op):
@@ -494,6 +539,19 @@ class SymInt:
 for _name, _op in (("__eq__", "=="), ("__ne__", "!="), ("__lt__", "<"), ("__le__", "<="), ("__gt__", ">"),
                    ("__ge__", ">=")):
     setattr(SymInt, _name, lambda self, o, _op=_op: self._cmp(o, _op))
+# bitwise operators have no integer-expression form: traced values (guarded), else recorded
+for _name in ("and", "or", "xor", "lshift", "rshift"):
+    setattr(SymInt, f"__{_name}__", lambda self, o, _n=_name: self._leave_ints(_n, o))
+    setattr(SymInt, f"__r{_name}__", lambda self, o, _n=_name: self._leave_ints(_n, o, True))
+
+_PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+           "mod": operator.mod, "truediv": operator.truediv, "pow": operator.pow, "and": operator.and_,
+           "or": operator.or_, "xor": operator.xor, "lshift": operator.lshift, "rshift": operator.rshift,
+           "round": round}
+
+
+def _sub(a: Expr, b: Expr) -> Expr:
+    return add(a, b, -1)
 
 
 def _expr_of(x) -> Expr | None:

@@ -1,7 +1,11 @@
 """Proxy-aware replacements for the builtins and torch helpers a program may call
 on proxies. A ``TensorProxy`` stands for a ``torch.Tensor`` (or an
 ``nn.Parameter`` when it is one), so ``isinstance``/``type``/``torch.is_tensor``
-must answer as they would for the real tensor."""
+must answer as they would for the real tensor; a traced number (``NumberProxy``,
+``SymInt``) for the Python number it stands for: ``isinstance(n, float)``,
+``int(n)``, ``round(n)``, ``math.sqrt(n)``, ``n == 3`` are recorded
+(torch/ops/numbers.py), and ``str(n)``/``f"{n}"``, which need the value, raise
+``DataDependentError`` with the user's line."""
 from __future__ import annotations
 
 import builtins
@@ -12,9 +16,11 @@ from typing import Any
 
 import torch
 
-from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.symint import SymInt
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.torch import opaque_symbol_for
+from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
     "zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "rand", "randn",
@@ -47,14 +53,46 @@ class Lookasides:
         self.params = hooks.state.parameters
 
     def isinstance_(self, obj: Any, cls) -> bool:
-        if type(obj) is TensorProxy:
+        t = type(obj)
+        if t is TensorProxy:
             return _matches(proxy_type(obj, self.params), cls) or _matches(TensorProxy, cls)
+        if t is NumberProxy or t is SymInt:
+            return _matches(numbers.python_type(obj), cls) or _matches(t, cls)
         return isinstance(obj, cls)
 
     def type_(self, *args):
-        if len(args) == 1 and type(args[0]) is TensorProxy:
-            return proxy_type(args[0], self.params)
+        if len(args) == 1:
+            t = type(args[0])
+            if t is TensorProxy:
+                return proxy_type(args[0], self.params)
+            if t is NumberProxy or t is SymInt:
+                return numbers.python_type(args[0])
         return type(*args)
+
+    def number_function(self, fn: Callable, traced: Callable) -> Callable:
+        """``fn`` (``int``, ``round``, ``math.sqrt``...) as it is, or its traced
+        version (recorded with the user's line) when an argument is a traced number."""
+        recorded = self.hooks.recording(traced)
+
+        def call(*args, **kwargs):
+            if any(numbers.is_traced(a) for a in args):
+                return recorded(*args, **kwargs)
+            return fn(*args, **kwargs)
+        return call
+
+    def number_methods(self) -> dict:
+        """The user's comparisons of traced numbers are traced (library code's
+        decide or raise: torch/ops/numbers.py ``compare``); their text needs the value."""
+        rec = self.hooks.recording
+        table = {getattr(SymInt, f"__{op}__"): rec(functools.partial(numbers.compare, op))
+                 for op in ("lt", "le", "gt", "ge", "eq", "ne")}
+        table[NumberProxy.__eq__] = rec(functools.partial(numbers.compare, "eq"))
+        table[NumberProxy.__ne__] = rec(functools.partial(numbers.compare, "ne"))
+        for fn in (NumberProxy.__repr__, NumberProxy.__str__, SymInt.__repr__):
+            table[fn] = rec(numbers.as_text)
+        for fn in (NumberProxy.__format__, SymInt.__format__):
+            table[fn] = rec(numbers.as_text)
+        return table
 
     @staticmethod
     def is_tensor(obj: Any) -> bool:
@@ -128,6 +166,8 @@ class Lookasides:
     def table(self) -> dict:
         return {
             **{f: functools.partial(self.foreach, f) for f in _FOREACH},
+            **{f: self.number_function(f, traced) for f, traced in _NUMBER_FUNCTIONS.items()},
+            **self.number_methods(),
             torch.autograd.profiler.record_function: self.record_function,
             TensorProxy.__getattr__: self.proxy_getattr,
             torch.autograd.backward: self.backward,
@@ -149,6 +189,7 @@ class Lookasides:
 
 
 _FOREACH = foreach_functions()
+_NUMBER_FUNCTIONS = numbers.python_functions()
 
 
 def proxy_aware_builtins(hooks) -> dict:

@@ -8,7 +8,7 @@ import torch
 
 import thunderlite
 from thunderlite.core import prims
-from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
@@ -198,6 +198,9 @@ def test_nvfuser_checker_refuses_what_it_cannot_express():
     assert not accepts(prims.pad.bind(a, 0.0, ((0, 0, 1), (0, 0, 0)), output=a.replace(name="o")))  # interior
     assert not accepts(prims.sum.bind(a, (), output=a.replace(name="o")))
     assert not accepts(prims.flip.bind(a, (0,), output=a.replace(name="o")))
+    z = TensorProxy((4, 3), name="z", device=cuda, dtype=torch.complex64)
+    assert accepts(prims.mul.bind(z, NumberProxy(None, float, name="f"), output=z.replace(name="o")))
+    assert not accepts(prims.mul.bind(z, NumberProxy(None, complex, name="n"), output=z.replace(name="o")))
 
 
 def test_nvfuser_unavailable_is_skipped_with_its_reason():

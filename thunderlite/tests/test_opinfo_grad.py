@@ -13,7 +13,9 @@ Verdicts per op:
 
 CI runs the whole sweep (every OpInfo supporting autograd, ~540): ``wrong``
 and ``failing`` fail the test unless the op is in ``XFAIL`` (strict: an op
-that starts working must leave the list). Regenerate the full table with::
+that starts working must leave the list). Ops in ``EVERY_SAMPLE`` get the
+same check on every sample (their first one misses a case). Regenerate the
+full table with::
 
     python thunderlite/tests/test_opinfo_grad.py --write docs/opinfo_grad_coverage.md
 """
@@ -43,6 +45,11 @@ XFAIL: dict[str, str] = {
 }
 """Ops whose gradient check fails today, each with the reason; strict xfails."""
 
+EVERY_SAMPLE: dict[str, str] = {
+    "combinations": "r above the length: eager's empty result is a stack of the input's selections, requiring grad",
+}
+"""Ops checked on every sample, each with the case only a later sample reaches."""
+
 
 def grad_ops() -> list:
     return [op for op in op_db() if op.supports_autograd and DTYPE in op.supported_dtypes("cpu")]
@@ -52,6 +59,12 @@ def _sample(op):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return next(iter(op.sample_inputs("cpu", DTYPE, requires_grad=True)), None)
+
+
+def _samples(op) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return list(op.sample_inputs("cpu", DTYPE, requires_grad=True))
 
 
 def _fresh(x):
@@ -93,9 +106,9 @@ def _opaque_on_path(program) -> bool:
     return any(b.sym.id == "autodiff.opaque_with_graph" for b in program.split.forward.bound_symbols)
 
 
-def check(op) -> tuple[str, str]:
-    """(verdict, reason) for the first float64 sample of ``op``."""
-    sample = _sample(op)
+def check(op, sample=None) -> tuple[str, str]:
+    """(verdict, reason) for ``sample`` of ``op`` (default: the first float64 one)."""
+    sample = _sample(op) if sample is None else sample
     if sample is None:
         return "failing", "no sample input"
     args, kwargs = (sample.input, *sample.args), dict(sample.kwargs)
@@ -179,6 +192,24 @@ def test_opinfo_grad(op):
     if verdict == "skipped":
         pytest.skip(reason)
     assert verdict in ("native", "fallback", "both raise"), f"{verdict}: {reason}"
+
+
+def _every_sample_params() -> list:
+    ops = {op_id(op): op for op in grad_ops()}
+    assert set(EVERY_SAMPLE) <= set(ops), f"EVERY_SAMPLE names no grad OpInfo: {sorted(set(EVERY_SAMPLE) - set(ops))}"
+    return [pytest.param(ops[name], id=name) for name in EVERY_SAMPLE]
+
+
+@pytest.mark.parametrize("op", _every_sample_params())
+def test_opinfo_grad_every_sample(op):
+    """Outputs (requires_grad, metadata, values) and gradients equal eager's on every sample."""
+    checked = 0
+    for i, sample in enumerate(_samples(op)):
+        verdict, reason = check(op, sample)
+        assert verdict in ("native", "fallback", "both raise", "skipped"), \
+            f"sample {i} ({tuple(sample.input.shape)}, {sample.kwargs}): {verdict}: {reason}"
+        checked += verdict != "skipped"
+    assert checked, "no sample has a differentiable output"
 
 
 def write_table(path: str) -> dict:

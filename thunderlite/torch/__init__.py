@@ -28,6 +28,7 @@ from thunderlite.torch.ops import (  # noqa: F401 - each registers its symbols
     inplace,
     linalg,
     nn,
+    numbers,
     pooling,
     reductions,
     rng,

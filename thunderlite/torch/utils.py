@@ -13,7 +13,7 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import broadcast_shapes, check  # re-exported
 from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.symbol import Symbol
-from thunderlite.core.symint import SymInt
+from thunderlite.core.symint import SymInt, statically_known
 
 
 def is_tensor(x) -> bool:
@@ -22,6 +22,19 @@ def is_tensor(x) -> bool:
 
 def is_number(x) -> bool:
     return isinstance(x, (numbers.Number, NumberProxy, SymInt)) and not isinstance(x, TensorProxy)
+
+
+def known_equal(x, value) -> bool:
+    """Whether tracing knows ``x == value``: for shortcuts (``alpha == 1`` skips a
+    multiply) whose general path is right for every value. A traced number
+    (its value known only when the program runs, or a size not known equal
+    without a guard) takes the general path; deciding ``==`` on it would
+    raise or specialize the trace to one value."""
+    if type(x) is NumberProxy:
+        return False
+    if type(x) is SymInt:
+        return type(value) is int and statically_known(x, "==", value) is True
+    return x == value
 
 
 def canonical_dim(dim: int, ndim: int, *, wrap_scalar: bool = True) -> int:

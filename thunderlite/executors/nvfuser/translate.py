@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from thunderlite.core import dtypes
+from thunderlite.core.proxies import NumberProxy
 
 _DTYPE_NAMES = {
     torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
@@ -256,8 +257,9 @@ def accepts(bsym) -> bool:
     tensors = bsym.tensor_args() + bsym.tensor_outs()
     if not all(supported_dtype(t.dtype) and t.device.type == "cuda" for t in tensors):
         return False
-    if any(isinstance(a, complex) for a in bsym.flat_args()):
-        return False
+    if any(isinstance(a, complex) or (type(a) is NumberProxy and a.python_type is complex)
+           for a in bsym.flat_args()):
+        return False                               # complex scalars (a traced one too: item() of a complex)
     if name == "pad":
         return all(interior == 0 for _, _, interior in bsym.args[2])
     if name in ("sum", "prod", "amax", "amin", "var", "var_mean"):

@@ -593,16 +593,20 @@ def corrcoef(input):
 @torchsymbol(torch.combinations, method_name="combinations")
 def combinations(input, r: int = 2, with_replacement: bool = False):
     """Static size (n choose r): the index tuples are made while tracing (ATen
-    masks a grid, which a meta run cannot size), then one gather per position."""
+    masks a grid, which a meta run cannot size), then one gather per position.
+    No tuple (``r`` above the length) still gathers, from empty indices: eager's
+    empty result is made from the input (a stack of masked selects), so it
+    requires grad when the input does; ``r == 0`` gives eager's fresh empty tensor."""
     check(input.ndim == 1, lambda: f"Expect a 1D vector, but got shape {list(input.shape)}")
     check(r >= 0, lambda: f"Expect a non-negative number, but got {r}")
     if r == 0:
         return prims.full((0,), 0, device=input.device, dtype=input.dtype)
     pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
     rows = list(pick(range(input.shape[0]), r))
-    if not rows:
-        return prims.full((0, r), 0, device=input.device, dtype=input.dtype)
-    cols = [_int_constant([row[k] for row in rows], input.device) for k in range(r)]
+    if rows:
+        cols = [_int_constant([row[k] for row in rows], input.device) for k in range(r)]
+    else:
+        cols = [prims.full((0,), 0, device=input.device, dtype=torch.int64)] * r
     picked = [prims.index_select(input, 0, c) for c in cols]
     return shapes.stack(picked, 1)
 

@@ -11,6 +11,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.symint import is_int as _is_int
 from thunderlite.core.tags import Tag
 from thunderlite.torch.ops import elementwise as ew
+from thunderlite.torch.ops.numbers import is_traced, python_type
 from thunderlite.torch.ops.shapes import _shape_arg
 from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
@@ -25,13 +26,16 @@ def get_factory_defaults() -> tuple[torch.dtype, torch.device]:
 
 
 def _dtype(dtype, fill=None) -> torch.dtype:
+    """``dtype``, or the one torch infers from the fill value's Python type
+    (a traced number's type is the one it stands for)."""
     if dtype is not None:
         return dtype
-    if isinstance(fill, bool):
+    pt = python_type(fill)
+    if pt is bool:
         return torch.bool
-    if isinstance(fill, int):
+    if pt is int:
         return torch.int64
-    if isinstance(fill, complex):
+    if pt is complex:
         return dtypes.to_complex(torch.get_default_dtype())
     return torch.get_default_dtype()
 
@@ -226,6 +230,35 @@ def bernoulli(input, p=None, *, generator=None):
 
 @torchsymbol(torch.tensor)
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    decomposable(isinstance(data, (int, float, bool, complex)),
-          lambda: "torch.tensor of a nested sequence is traced as a constant by the jit, not decomposed")
+    if isinstance(data, (list, tuple)):
+        return _tensor_of_numbers(data, dtype, _device(device))
+    decomposable(python_type(data) is not None,
+                 lambda: f"torch.tensor of a {type(data).__name__} is not decomposed")
     return prims.full((), data, device=_device(device), dtype=_dtype(dtype, data))
+
+
+def _tensor_of_numbers(data, dtype, device):
+    """``torch.tensor`` of a nested list holding traced numbers (``[a.item(), 2.0]``):
+    one ``full`` per number, concatenated. Without any, the jit traces the list
+    as a constant (one opaque call)."""
+    shape, leaves = _nested(data)
+    decomposable(shape is not None and any(is_traced(v) for v in leaves),
+                 lambda: "torch.tensor of a nested sequence is traced as a constant by the jit, not decomposed")
+    dt = dtype if dtype is not None else dtypes.result_type(*leaves) if leaves else torch.get_default_dtype()
+    if not leaves:
+        return prims.full(shape, 0, device=device, dtype=dt)
+    flat = prims.cat([prims.full((1,), v, device=device, dtype=dt) for v in leaves], 0)
+    return prims.reshape(flat, shape)
+
+
+def _nested(data) -> tuple[tuple | None, list]:
+    """(shape, numbers in row-major order) of a rectangular nested list of
+    numbers; shape None when it is not one."""
+    if not isinstance(data, (list, tuple)):
+        return ((), [data]) if python_type(data) is not None else (None, [])
+    parts = [_nested(d) for d in data]
+    shapes_ = {p[0] for p in parts}
+    if len(shapes_) > 1 or None in shapes_:
+        return None, []
+    inner = parts[0][0] if parts else ()
+    return (len(data), *inner), [v for _, leaves in parts for v in leaves]

@@ -19,6 +19,7 @@ from thunderlite.torch.utils import (
     expand_to,
     is_number,
     is_tensor,
+    known_equal,
     promote,
     tensor_of,
 )
@@ -260,7 +261,7 @@ for _n, _kind, _aliases, _ops, _special in [
 
 
 def _scaled(b, alpha):
-    if alpha is None or (is_number(alpha) and alpha == 1):
+    if alpha is None or (is_number(alpha) and known_equal(alpha, 1)):
         return b
     return mul(b, alpha)
 
@@ -324,7 +325,7 @@ def floor_divide(input, other):
 
 @torchsymbol(torch.pow, T.pow, method_name="pow", operators=("__pow__",))
 def pow(input, exponent):
-    if is_number(exponent) and is_tensor(input) and exponent == 2 and not isinstance(exponent, bool):
+    if is_number(exponent) and is_tensor(input) and known_equal(exponent, 2) and not isinstance(exponent, bool):
         return mul(input, input) if input.dtype is not torch.bool else _binary_prim(prims.pow, input, exponent)
     return _binary_prim(prims.pow, input, exponent)
 
@@ -354,8 +355,8 @@ for _op, _sym in [("__radd__", add), ("__rsub__", sub), ("__rmul__", mul),
 
 @torchsymbol(torch.float_power, T.float_power, method_name="float_power")
 def float_power(input, exponent):
-    dt = torch.complex128 if any(dtypes.is_complex(getattr(x, "dtype", torch.float64)) or isinstance(x, complex)
-                                 for x in (input, exponent)) else torch.float64
+    dt = torch.complex128 if any(dtypes.is_complex(dtypes.result_type(x)) for x in (input, exponent)) \
+        else torch.float64
     input = convert(input, dt) if is_tensor(input) else input
     exponent = convert(exponent, dt) if is_tensor(exponent) else exponent
     return pow(input, exponent)
@@ -425,7 +426,7 @@ def polygamma(n, input):
 @torchsymbol(torch.isclose, T.isclose, method_name="isclose")
 def isclose(input, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False):
     close = eq(input, other)
-    if dtypes.is_inexact(promote((input, other))[1]) and not (rtol == 0 and atol == 0):
+    if dtypes.is_inexact(promote((input, other))[1]) and not (known_equal(rtol, 0) and known_equal(atol, 0)):
         diff = abs(sub(input, other))
         tol = add(mul(abs(other), rtol), atol)
         close = logical_or(close, logical_and(isfinite(diff), le(diff, tol)))

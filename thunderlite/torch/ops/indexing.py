@@ -16,7 +16,7 @@ from thunderlite.torch.ops import shapes
 from thunderlite.torch.ops.data_dependent import mask_indices
 from thunderlite.torch.registry import decomposable, torchsymbol
 from thunderlite.torch.sizes import expect_size
-from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor
+from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, known_equal
 
 T = torch.Tensor
 
@@ -268,7 +268,7 @@ def scatter_add(input, dim: int, index, src):
 
 @torchsymbol(torch.index_add, T.index_add, method_name="index_add")
 def index_add(input, dim: int, index, source, *, alpha=1):
-    source = ew.mul(source, alpha) if alpha != 1 else source
+    source = source if known_equal(alpha, 1) else ew.mul(source, alpha)
     return prims.index_add(input, dim, index, convert(source, input.dtype))
 
 

@@ -15,7 +15,9 @@ from thunderlite.core.tags import Tag
 from thunderlite.torch.ops import elementwise as ew
 from thunderlite.torch.ops import reductions as red
 from thunderlite.torch.ops import shapes
+from thunderlite.torch.ops.numbers import is_traced
 from thunderlite.torch.registry import decomposable, register_leaf, torchsymbol
+from thunderlite.torch.utils import known_equal
 
 T = torch.Tensor
 
@@ -73,12 +75,17 @@ def inner(input, other):
 
 
 def _beta_alpha(base, prod, beta, alpha):
-    """beta * base + alpha * prod; beta == 0 ignores base entirely (NaNs included)."""
-    scaled = prod if alpha == 1 else ew.mul(prod, alpha)
+    """beta * base + alpha * prod; beta == 0 ignores base entirely (NaNs included),
+    decided when the program runs for a traced beta (torch/ops/numbers.py)."""
+    scaled = prod if known_equal(alpha, 1) else ew.mul(prod, alpha)
+    if is_traced(beta):
+        base = shapes.expand(base, prod.shape) if base.shape != prod.shape else base
+        keep = ew.ne(prims.full(prod.shape, beta, device=prod.device, dtype=dtypes.result_type(beta)), 0)
+        return ew.add(ew.where(keep, ew.mul(base, beta), 0), scaled)
     if beta == 0:
         return scaled
     base = shapes.expand(base, prod.shape) if base.shape != prod.shape else base
-    return ew.add(base if beta == 1 else ew.mul(base, beta), scaled)
+    return ew.add(base if known_equal(beta, 1) else ew.mul(base, beta), scaled)
 
 
 @torchsymbol(torch.nn.functional.linear, torch._C._nn.linear)

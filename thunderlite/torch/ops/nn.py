@@ -18,7 +18,7 @@ from thunderlite.torch.ops import shapes
 from thunderlite.torch.ops.data_dependent import check_all
 from thunderlite.torch.ops.linalg import matmul
 from thunderlite.torch.registry import decomposable, torchsymbol
-from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, ntuple, upcast
+from thunderlite.torch.utils import canonical_dim, convert, expand_to, is_tensor, known_equal, ntuple, upcast
 
 T = torch.Tensor
 
@@ -106,9 +106,9 @@ def softplus(input, beta: float = 1.0, threshold: float = 20.0):
     # float16/bfloat16 compute in float32 and round once, as eager's kernel does
     # (exp rounded to float16 would overflow from x > 11)
     x = upcast(input)
-    scaled = ew.mul(x, beta) if beta != 1 else x
+    scaled = x if known_equal(beta, 1) else ew.mul(x, beta)
     soft = ew.log1p(ew.exp(scaled))
-    soft = ew.div(soft, beta) if beta != 1 else soft
+    soft = soft if known_equal(beta, 1) else ew.div(soft, beta)
     return convert(ew.where(ew.gt(scaled, threshold), x, soft), input.dtype)
 
 
