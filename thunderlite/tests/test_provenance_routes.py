@@ -10,8 +10,8 @@ iterate natively: ``zip``, ``map``, ``enumerate``, ``filter``, ``reversed``,
 container's state afterwards must equal eager's), a read, and a read after the
 tensors changed between two calls (a tensor baked into the trace as a constant
 shows up there). Each runs from a module's ``forward`` and from a function
-taking the module, with the default executors, a randomly reordering fusion
-executor and ``torchcompile``."""
+taking the module, with the default executors, and (for a subset) a randomly
+reordering fusion executor, ``torchcompile`` and ``triton``."""
 from __future__ import annotations
 
 import copy
@@ -161,11 +161,11 @@ def test_every_route_to_a_tensor_is_traced(container, route, use, form):
 _FUSION_ROUTES = ("zip", "map", "list()", "reduce")
 
 
-@pytest.mark.parametrize("executors", ["shuffle", "torchcompile"])
+@pytest.mark.parametrize("executors", ["shuffle", "torchcompile", "triton"])
 @pytest.mark.parametrize("container", list(CONTAINERS))
 @pytest.mark.parametrize("route", _FUSION_ROUTES)
 def test_every_route_under_fusion_executors(container, route, executors):
-    exs = [ShuffleFusion(7), "torch"] if executors == "shuffle" else ["torchcompile", "torch"]
+    exs = [ShuffleFusion(7), "torch"] if executors == "shuffle" else [executors, "torch"]
     for use in ("write", "changed"):
         _check(container, route, use, "module", exs)
 
