@@ -163,9 +163,11 @@ class TracingHooks(InterpreterHooks):
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
             # a real tensor among the arguments joins the trace (``_capture_constants``):
-            # run here it would be computed, and written, once at trace time
-            if (is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values()) or _has_tensor(args)
-                    or _has_tensor(kwargs.values())):
+            # run here it would be computed, and written, once at trace time (not a
+            # generator's state, which fork_rng saves and restores while tracing)
+            generator = isinstance(getattr(fn, "__self__", None), torch.Generator)
+            if (is_creation_fn(fn) or _has_proxy(args) or _has_proxy(kwargs.values())
+                    or not generator and (_has_tensor(args) or _has_tensor(kwargs.values()))):
                 return self.recording(opaque_symbol_for(fn))(*args, **kwargs)
             out = fn(*args, **kwargs)
             if _has_tensor((out,)) and not isinstance(getattr(fn, "__self__", None), torch.Generator):
