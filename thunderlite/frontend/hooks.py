@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.frontend import autocast
-from thunderlite.frontend.lookasides import is_creation_fn, proxy_aware_builtins
+from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.source_map import source_line
 from thunderlite.frontend.state import DELETED, TraceState
@@ -58,7 +59,7 @@ class TracingHooks(InterpreterHooks):
         self.trace = state.trace
         self.grad_enabled = torch.is_grad_enabled()
         self.last_location: tuple | None = None
-        self._builtins = proxy_aware_builtins(self)
+        self._lookasides = proxy_aware_builtins(self)
 
     # --- source lines ----------------------------------------------------------------------
     _located_frames: tuple | None = None        # the interpreted frames last_location was made from
@@ -95,9 +96,9 @@ class TracingHooks(InterpreterHooks):
 
     # --- calls --------------------------------------------------------------------------------
     def lookaside(self, fn: Callable) -> Callable | None:
-        special = self._builtins.get(_key(fn))
+        special = REPLACEMENTS.get(_key(fn))
         if special is not None:
-            return special
+            return functools.partial(special, self._lookasides)
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
         sym = symbol_for(fn)

@@ -69,30 +69,16 @@ class Lookasides:
                 return numbers.python_type(args[0])
         return type(*args)
 
-    def number_function(self, fn: Callable, traced: Callable) -> Callable:
+    def number_function(self, fn: Callable, traced: Callable, *args, **kwargs):
         """``fn`` (``int``, ``round``, ``math.sqrt``...) as it is, or its traced
         version (recorded with the user's line) when an argument is a traced number."""
-        recorded = self.hooks.recording(traced)
+        if any(numbers.is_traced(a) for a in args):
+            return self.hooks.recording(traced)(*args, **kwargs)
+        return fn(*args, **kwargs)
 
-        def call(*args, **kwargs):
-            if any(numbers.is_traced(a) for a in args):
-                return recorded(*args, **kwargs)
-            return fn(*args, **kwargs)
-        return call
-
-    def number_methods(self) -> dict:
-        """The user's comparisons of traced numbers are traced (library code's
-        decide or raise: torch/ops/numbers.py ``compare``); their text needs the value."""
-        rec = self.hooks.recording
-        table = {getattr(SymInt, f"__{op}__"): rec(functools.partial(numbers.compare, op))
-                 for op in ("lt", "le", "gt", "ge", "eq", "ne")}
-        table[NumberProxy.__eq__] = rec(functools.partial(numbers.compare, "eq"))
-        table[NumberProxy.__ne__] = rec(functools.partial(numbers.compare, "ne"))
-        for fn in (NumberProxy.__repr__, NumberProxy.__str__, SymInt.__repr__):
-            table[fn] = rec(numbers.as_text)
-        for fn in (NumberProxy.__format__, SymInt.__format__):
-            table[fn] = rec(numbers.as_text)
-        return table
+    def recorded(self, traced: Callable, *args, **kwargs):
+        """``traced`` recorded with the user's line."""
+        return self.hooks.recording(traced)(*args, **kwargs)
 
     @staticmethod
     def is_tensor(obj: Any) -> bool:
@@ -163,35 +149,52 @@ class Lookasides:
         when the program calls it: most programs call none of the ~90 ops."""
         return foreach_lookaside(fn, self.hooks.lookaside)(*args, **kwargs)
 
-    def table(self) -> dict:
-        return {
-            **{f: functools.partial(self.foreach, f) for f in _FOREACH},
-            **{f: self.number_function(f, traced) for f, traced in _NUMBER_FUNCTIONS.items()},
-            **self.number_methods(),
-            torch.autograd.profiler.record_function: self.record_function,
-            TensorProxy.__getattr__: self.proxy_getattr,
-            torch.autograd.backward: self.backward,
-            torch.compiler.is_compiling: self.is_compiling,
-            torch.overrides.has_torch_function: self.has_torch_function,
-            torch.overrides.has_torch_function_unary: self.has_torch_function,
-            torch.overrides.has_torch_function_variadic: self.has_torch_function,
-            torch.nn.Module.__getattr__: self.module_getattr,
-            torch.nn.Module.__setattr__: self.module_setattr,
-            torch.nn.Module.__delattr__: self.module_delattr,
-            object.__setattr__: self.object_setattr,
-            torch.vmap: self.vmap,
-            torch.func.vmap: self.vmap,
-            builtins.isinstance: self.isinstance_,
-            builtins.type: self.type_,
-            torch.is_tensor: self.is_tensor,
-            torch._C._set_grad_enabled: self.set_grad_enabled,
-        }
+def _method(name: str) -> Callable:
+    """The replacement calling ``Lookasides.<name>`` on the call's instance."""
+    attr = Lookasides.__dict__[name]
+    if isinstance(attr, staticmethod):
+        fn = attr.__func__
+        return lambda self, *args, **kwargs: fn(*args, **kwargs)
+    return attr
 
 
-_FOREACH = foreach_functions()
-_NUMBER_FUNCTIONS = numbers.python_functions()
+def _table() -> dict:
+    """fn -> ``replacement(lookasides, *args, **kwargs)``, made once: a traced call
+    binds a replacement to its own ``Lookasides`` only when the program calls it."""
+    compare = {op: functools.partial(numbers.compare, op) for op in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+    def recorded(traced):
+        return lambda self, *args, **kwargs: self.recorded(traced, *args, **kwargs)
+    table = {f: (lambda f: lambda self, *a, **k: self.foreach(f, *a, **k))(f) for f in foreach_functions()}
+    table.update({f: (lambda f, t: lambda self, *a, **k: self.number_function(f, t, *a, **k))(f, traced)
+                  for f, traced in numbers.python_functions().items()})
+    # the user's comparisons of traced numbers are traced (library code's decide or
+    # raise: torch/ops/numbers.py ``compare``); their text needs the value
+    table.update({getattr(SymInt, f"__{op}__"): recorded(compare[op]) for op in compare})
+    table[NumberProxy.__eq__] = recorded(compare["eq"])
+    table[NumberProxy.__ne__] = recorded(compare["ne"])
+    for fn in (NumberProxy.__repr__, NumberProxy.__str__, SymInt.__repr__, NumberProxy.__format__,
+               SymInt.__format__):
+        table[fn] = recorded(numbers.as_text)
+    for fn, name in [(torch.autograd.profiler.record_function, "record_function"),
+                     (TensorProxy.__getattr__, "proxy_getattr"), (torch.autograd.backward, "backward"),
+                     (torch.compiler.is_compiling, "is_compiling"),
+                     (torch.overrides.has_torch_function, "has_torch_function"),
+                     (torch.overrides.has_torch_function_unary, "has_torch_function"),
+                     (torch.overrides.has_torch_function_variadic, "has_torch_function"),
+                     (torch.nn.Module.__getattr__, "module_getattr"), (torch.nn.Module.__setattr__, "module_setattr"),
+                     (torch.nn.Module.__delattr__, "module_delattr"), (object.__setattr__, "object_setattr"),
+                     (torch.vmap, "vmap"), (torch.func.vmap, "vmap"), (builtins.isinstance, "isinstance_"),
+                     (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
+                     (torch._C._set_grad_enabled, "set_grad_enabled")]:
+        table[fn] = _method(name)
+    return table
 
 
-def proxy_aware_builtins(hooks) -> dict:
-    """fn -> replacement, for one traced call (``hooks`` gives the state)."""
-    return Lookasides(hooks).table()
+REPLACEMENTS = _table()
+
+
+def proxy_aware_builtins(hooks) -> Lookasides:
+    """The replacements' state for one traced call (``hooks`` gives it); bind a
+    ``REPLACEMENTS`` entry to it to call one."""
+    return Lookasides(hooks)
