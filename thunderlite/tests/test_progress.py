@@ -14,7 +14,7 @@ import thunderlite
 from thunderlite.frontend import progress
 
 STAGES = ("interpretation", "update_aliases", "dce", "claim_executors", "del_last_used", "split_forward_backward",
-          "reuse_buffers", "box_inputs", "functionalize")
+          "reuse_buffers", "box_inputs", "functionalize", "schedule_collectives")
 
 
 class FakeTTY(io.StringIO):
