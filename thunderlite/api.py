@@ -40,7 +40,7 @@ from thunderlite.frontend.cache import (
     reads_only,
     user_stacklevel,
 )
-from thunderlite.frontend.compile import compile_call
+from thunderlite.frontend.compile import compile_call, gc_paused
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
 from thunderlite.transforms.user import check_transforms
@@ -109,6 +109,10 @@ class ThunderliteFunction:
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
+        with gc_paused():        # a miss makes thousands of short-lived objects (compile.gc_paused)
+            return self._miss(args, kwargs)
+
+    def _miss(self, args: tuple, kwargs: dict) -> Any:
         self._fast = _no_fast_guard
         key_fn = self._keys.key_fn_for(args, kwargs)
         self._key_fn = key_fn
@@ -134,7 +138,7 @@ class ThunderliteFunction:
             warnings.warn(f"thunderlite: a number argument cannot stay symbolic here ({e}); "
                           "specializing on number values from now on", stacklevel=user_stacklevel())
             self._reset("constant values")
-            return self._slow_call(args, kwargs)
+            return self._miss(args, kwargs)
         if entry.sym_guards is None:      # symbolic sizes failed: compiled for these sizes
             key = self._key_fn(args, kwargs)
             self.info.note_key(key)

@@ -57,14 +57,14 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     showing progress on stderr when it takes long (frontend/progress.py).
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
     symbolic (core/symint.py); their guards join the prologue."""
-    with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), _gc_paused():
+    with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
         with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
             symbolic = env if dynamic or symbolic_numbers else None
             return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic, dynamic)
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """No cyclic garbage collection while compiling: a compile makes thousands of
     short-lived objects, and each collection they trigger would walk the
     process's long-lived ones (torch's, the user's) for nothing: on a small
