@@ -14,7 +14,7 @@ Cached calls are timed in interleaved rounds (eager, thunderlite, Inductor,
 each ``number`` calls, in turn) after warming each, and reported as the median
 of the per-round times and of the per-round ratios to eager: load that drifts
 on a shared machine moves all three within a round and cancels in the ratio.
-Targets (issue 24): tiny cached call <= 1.10x eager, first call <= 1.0 ms.
+Targets: tiny cached call <= 1.10x eager, first call <= 1.0 ms.
 """
 from __future__ import annotations
 
