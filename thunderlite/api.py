@@ -49,6 +49,9 @@ CACHE_MODES = ("constant values", "symbolic values", "no caching")
 # entries kept per key that differ only in prologue guards (a module flag, a global):
 # the most recent ones, so a value that changes on every call cannot grow the cache
 MAX_ALTERNATES = 8
+# fast guards made in a row for one entry (a change of global state the key does
+# not hold, such as the thread count, re-arms it; calls its guard always refuses do not)
+MAX_ARMINGS = 2
 
 
 class ThunderliteFunction:
@@ -71,6 +74,7 @@ class ThunderliteFunction:
         self._entries: dict = {}
         self._fast: Callable = _no_fast_guard
         self._candidate: CompiledEntry | None = None
+        self._armings = 0
         self.info = CacheInfo()
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
@@ -94,13 +98,20 @@ class ThunderliteFunction:
 
     def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
         """An entry the key path served twice in a row gets a fast guard
-        (``cache.make_fast_guard``): the next calls like this one skip the key.
+        (``cache.FastGuard``): the next calls like this one skip the key.
         A call served by another entry disarms it, so calls alternating between
-        entries pay no re-arming, and ``last`` is always the fast guard's entry."""
+        entries pay no re-arming, and ``last`` is always the fast guard's entry.
+        An entry is armed at most ``MAX_ARMINGS`` times in a row: calls its guard
+        keeps refusing (one tensor passed twice) stay on the key path instead of
+        re-arming on every call."""
         if entry is not self._candidate:
             self._candidate = entry
             self._fast = _no_fast_guard
+            self._armings = 0
             return
+        if self._armings >= MAX_ARMINGS:
+            return
+        self._armings += 1
         guard = self._keys.fast_guard(self._key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
 
@@ -124,6 +135,7 @@ class ThunderliteFunction:
                     self._entries[key] = entry
                     self.info.hits += 1
                     self.last = self._candidate = entry
+                    self._armings = 0
                     return out
         prev = self.info.last_key(key)
         self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
@@ -144,7 +156,7 @@ class ThunderliteFunction:
             self.info.note_key(key)
             entry.sym_guards = []
         self._store(key, entry)
-        self._candidate = entry
+        self._candidate, self._armings = entry, 0
         out = entry.fn(args, kwargs)
         if out is MISS:
             raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
@@ -201,7 +213,7 @@ class ThunderliteFunction:
         self.last = entry
 
     def _reset(self, cache: str) -> None:
-        self._fast, self._candidate = _no_fast_guard, None
+        self._fast, self._candidate, self._armings = _no_fast_guard, None, 0
         self.cache_mode = cache
         self._keys = self._key_cache(self._keys.names)
         self._key_fn = self._keys.no_key

@@ -191,3 +191,17 @@ def test_no_fast_guard_for_symbolic_sizes_or_numbers():
     for n in (4, 5, 6):
         torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n) + 1)
     assert not _armed(jf)
+
+
+def test_calls_the_fast_guard_always_refuses_do_not_re_arm_it_each_time():
+    """One tensor passed twice: torch's guard refuses it, the key path serves it;
+    after a bounded number of armings the key path keeps serving without re-arming."""
+    jf = thunderlite.jit(tiny)
+    x = torch.randn(4)
+    for _ in range(3):
+        jf(x, x)
+    armed = jf._fast
+    for _ in range(5):
+        torch.testing.assert_close(jf(x, x), tiny(x, x))
+    assert jf._fast is armed
+    assert thunderlite.cache_info(jf)["misses"] == 1
