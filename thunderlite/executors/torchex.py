@@ -17,6 +17,7 @@ import functools
 import torch
 
 from thunderlite.core import dtypes, prims
+from thunderlite.core.aliasing import aten_name, torch_overloads
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.executors.base import OperatorExecutor
@@ -218,10 +219,10 @@ def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
     fn = bsym.sym.torch_fn
     if not bsym.subsymbols or not getattr(fn, "__qualname__", "").startswith("_VariableFunctionsClass."):
         return False
-    return all(b.sym in _OUT_PRIMS for b in bsym.subsymbols) and _has_out_overload(fn.__name__)
+    return all(b.sym in _OUT_PRIMS for b in bsym.subsymbols) and _has_out_overload(fn)
 
 
 @functools.cache
-def _has_out_overload(name: str) -> bool:
-    op = getattr(torch.ops.aten, name, None)
-    return op is not None and "out" in op.overloads()
+def _has_out_overload(fn) -> bool:
+    overloads = torch_overloads(aten_name(fn) or "")
+    return overloads is not None and any(o._overloadname == "out" for o in overloads)
