@@ -32,7 +32,7 @@ from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.distributed.ddp import from_data_parallel, from_torch_ddp
 from thunderlite.executors.triton.executor import kernel_sources
-from thunderlite.frontend.cache import (
+from thunderlite.frontend.caching.entries import (
     CacheInfo,
     CompiledEntry,
     KeyCache,

@@ -24,10 +24,10 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
 from thunderlite.executors.torchex import writes_out
-from thunderlite.frontend.alias_guard import plan_alias_guard, refused_writes, written_inputs
+from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.autocast import without_autocast
-from thunderlite.frontend.cache import CompiledEntry
-from thunderlite.frontend.cache_key import storage_groups
+from thunderlite.frontend.caching.entries import CompiledEntry
+from thunderlite.frontend.caching.keys import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
 from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks

@@ -26,8 +26,8 @@ import torch
 from thunderlite.core import codegen
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
-from thunderlite.frontend.alias_guard import AliasGuard, write_verdict
-from thunderlite.frontend.cache_key import alias_pattern
+from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
+from thunderlite.frontend.caching.keys import alias_pattern
 from thunderlite.frontend.epilogue import Write, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
-from thunderlite.frontend.cache_key import ALL_DIMS, VALUE_TYPES
+from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
 
 MIRROR_MAX_ITEMS = 64

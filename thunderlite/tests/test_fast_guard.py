@@ -1,4 +1,4 @@
-"""The fast guard of the cached call (frontend/cache.py: make_fast_guard): an
+"""The fast guard of the cached call (frontend/caching/entries.py: make_fast_guard): an
 entry the key path served twice in a row is then called without building the
 key. Every change the key would see must still reach another entry (or a
 compile), and every call must still equal eager."""
@@ -9,8 +9,8 @@ import torch
 
 import thunderlite
 from thunderlite.api import _no_fast_guard
-from thunderlite.frontend.cache import make_fast_guard
-from thunderlite.frontend.cache_key import describe
+from thunderlite.frontend.caching.entries import make_fast_guard
+from thunderlite.frontend.caching.keys import describe
 from thunderlite.frontend.entry import MISS
 
 

@@ -23,7 +23,7 @@ dropped, so every program is one eager runs. The menu (issue 9):
   arguments (``_RELATIONS``: a separate tensor, an argument itself, another
   tensor object on an argument's storage, an overlapping slice of it), so an
   entry compiled for one relation meets another (the alias guards of
-  frontend/alias_guard.py must recompile, or the entry must be right for it);
+  frontend/caching/alias_guard.py must recompile, or the entry must be right for it);
 - ``torch.no_grad()`` blocks of writes and reads, EMA/shadow updates
   (``x.mul_(s).add_(y, alpha=1 - s)``), writes through ``detach()`` in them,
   views made in them and written after, ``torch.enable_grad()`` nested inside;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from thunderlite.frontend.cache_key import alias_pattern, describe, make_key_fn, storage_groups
+from thunderlite.frontend.caching.keys import alias_pattern, describe, make_key_fn, storage_groups
 
 
 def _key_fn(args, kwargs=None, names=None):

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from thunderlite.core.trace import Trace
-from thunderlite.frontend.cache_key import alias_pattern
+from thunderlite.frontend.caching.keys import alias_pattern
 from thunderlite.frontend.state import Input
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, writes_memory, written
 

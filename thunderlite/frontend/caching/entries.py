@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from thunderlite.core import codegen
-from thunderlite.frontend.cache_key import (
+from thunderlite.frontend.caching.keys import (
     _MISSING,
     ALL_DIMS,
     KeyGen,
