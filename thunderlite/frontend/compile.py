@@ -24,8 +24,8 @@ from thunderlite.core.tracectx import tracectx
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
 from thunderlite.executors.torchex import writes_out
-from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.autocast import without_autocast
+from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
