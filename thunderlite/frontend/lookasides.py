@@ -138,6 +138,17 @@ class Lookasides:
             "forward (or the model) and call loss.backward() outside it; an optimizer step can be jitted on "
             "its own: thunderlite.jit(optimizer.step)")
 
+    def module_backward_hooks(self, hook_state, module, user_hooks, user_pre_hooks) -> None:
+        # nn.Module._call_impl builds a BackwardHook when a module (or the global
+        # registry) has full backward hooks: they fire inside autograd's backward
+        # at the module's boundary, which the compiled program does not expose
+        loc = self.hooks.locate()
+        where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
+        raise NotImplementedError(
+            f"thunderlite does not run module backward hooks: {type(module).__name__} has "
+            f"register_full_backward_hook/register_full_backward_pre_hook hooks{where}; call that module "
+            "outside thunderlite.jit (jit its children instead), or remove the hooks")
+
     @staticmethod
     def record_function(*args, **kwargs):
         # a profiler range (``optimizer.step`` opens one) is a run-time annotation
@@ -186,7 +197,8 @@ def _table() -> dict:
                      (torch.nn.Module.__delattr__, "module_delattr"), (object.__setattr__, "object_setattr"),
                      (torch.vmap, "vmap"), (torch.func.vmap, "vmap"), (builtins.isinstance, "isinstance_"),
                      (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
-                     (torch._C._set_grad_enabled, "set_grad_enabled")]:
+                     (torch._C._set_grad_enabled, "set_grad_enabled"),
+                     (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks")]:
         table[fn] = _method(name)
     return table
 
