@@ -74,7 +74,7 @@ def test_module_backward_hooks_are_refused_by_name(register):
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(NotImplementedError, match="module backward hooks: Linear.*outside thunderlite.jit"):
         thunderlite.jit(model)(torch.randn(5, 3))
-    for p, b in zip(model.parameters(), before):
+    for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)
 
 
