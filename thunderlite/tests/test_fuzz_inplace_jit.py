@@ -24,6 +24,14 @@ dropped, so every program is one eager runs. The menu (issue 9):
   tensor object on an argument's storage, an overlapping slice of it), so an
   entry compiled for one relation meets another (the alias guards of
   frontend/caching/alias_guard.py must recompile, or the entry must be right for it);
+- routes (issue 25): in half of the module programs the state tensor sits in a
+  container the module holds (a plain list, a plain dict, a ``ModuleList`` of
+  a module holding it) and the program reaches it through a builtin or module
+  method walking it (``zip``, ``map``, ``filter``, ``enumerate``, ``reversed``,
+  ``itertools.chain``, ``functools.reduce``, ``sorted``, dict views,
+  ``parameters()``/``buffers()``, ``state_dict(keep_vars=True)``, ``getattr``);
+  the container is refilled between calls, so a tensor baked into the trace as
+  a constant shows;
 - ``torch.no_grad()`` blocks of writes and reads, EMA/shadow updates
   (``x.mul_(s).add_(y, alpha=1 - s)``), writes through ``detach()`` in them,
   views made in them and written after, ``torch.enable_grad()`` nested inside;
@@ -42,6 +50,8 @@ in-place ops (``index_fill_``) on expanded views, which the opaque fallback runs
 on a clone and copies back, a copy eager refuses there."""
 from __future__ import annotations
 
+import functools
+import itertools
 import linecache
 import random
 import textwrap
@@ -130,7 +140,22 @@ def _alias_inputs(rng: random.Random, rows: int, cols: int, g: torch.Generator, 
 
 
 # Where the program's state tensor lives, and its name in the program's statements.
-_STATE_NAMES = {"global": "G", "closure": "w", "module": "self.w"}
+_STATE_NAMES = {"global": "G", "closure": "w", "module": "self.w", "routed": "w"}
+# A routed program's first statement binds ``w`` by one of these routes into the container
+# (``self.box``) its module holds the state tensor in.
+_ROUTES = {
+    "list": ["self.box[0]", "next(iter(self.box))", "list(zip(self.box))[0][0]", "next(map(lambda t: t, self.box))",
+             "next(filter(lambda t: True, self.box))", "[t for _, t in enumerate(self.box)][0]",
+             "next(reversed(self.box))", "next(itertools.chain([], self.box))",
+             "functools.reduce(lambda acc, t: t, self.box)", "sorted(self.box, key=lambda t: 0)[0]",
+             "tuple(self.box)[0]"],
+    "dict": ["self.box['w']", "next(iter(self.box.values()))", "list(self.box.items())[0][1]", "dict(self.box)['w']",
+             "next(map(lambda kv: kv[1], self.box.items()))"],
+    "modules": ["self.box[0].w", "next(iter(self.box)).w", "next(map(lambda m: m.w, self.box))",
+                "next(itertools.chain(self.box.parameters(), self.box.buffers()))",
+                "self.box.state_dict(keep_vars=True)['0.w']", "[m for _, m in enumerate(self.box)][0].w",
+                "getattr(self.box[0], 'w')", "dict(self.box.named_modules())['0'].w"],
+}
 # How the state tensor relates to the arguments on one call.
 _RELATIONS = ["separate", "a", "b", "view_a", "view_b", "slice_a", "slice_b"]
 
@@ -145,7 +170,7 @@ def _state_tensor(relation: str, args: tuple, g: torch.Generator, leaves: list |
         t = torch.randn(a.shape, generator=g)
         if relation == "separate" or leaves is None:
             return t
-        t = torch.nn.Parameter(t) if kind == "module" else t.requires_grad_()
+        t = torch.nn.Parameter(t) if kind in ("module", "routed") else t.requires_grad_()
         leaves.append(t)
         return t
     x = a if relation.endswith("a") else b
@@ -171,6 +196,14 @@ def _install(kind: str, fn, namespace: dict, state) -> None:
             fn.register_parameter("w", state)
         else:
             fn.register_buffer("w", state)
+    elif kind == "routed":
+        box = fn.box
+        if isinstance(box, list):
+            box[0] = state
+        elif isinstance(box, dict):
+            box["w"] = state
+        else:
+            _install("module", box[0], namespace, state)
 
 
 def _read_state(kind: str, fn, namespace: dict):
@@ -181,16 +214,25 @@ def _read_state(kind: str, fn, namespace: dict):
         return fn.__closure__[free.index("w")].cell_contents if "w" in free else None
     if kind == "module":
         return fn.w
+    if kind == "routed":
+        box = fn.box
+        return box[0] if isinstance(box, list) else box["w"] if isinstance(box, dict) else box[0].w
     return None
 
 
 class _StateModule(torch.nn.Module):
     """A module whose forward is the generated program (``self.w`` its state)."""
 
-    def __init__(self, forward):
+    def __init__(self, forward, container: str | None = None):
         super().__init__()
         self._program = forward
         self.register_buffer("w", None)
+        if container == "list":
+            self.box = [None]
+        elif container == "dict":
+            self.box = {"w": None}
+        elif container == "modules":
+            self.box = torch.nn.ModuleList([_StateModule(None)])
 
     def forward(self, a, b):
         return self._program(self, a, b)
@@ -203,8 +245,10 @@ class FuzzProgram:
     ``module``); ``calls`` lists each call's (argument aliasing, state relation),
     so one compiled function meets several aliasing relations in turn."""
 
-    def __init__(self, seed: int, source: str, rows: int, cols: int, kind: str | None, calls: list):
+    def __init__(self, seed: int, source: str, rows: int, cols: int, kind: str | None, calls: list,
+                 container: str | None = None):
         self.seed = seed
+        self.container = container
         self.source = source
         self.rows, self.cols = rows, cols
         self.kind = kind
@@ -217,11 +261,11 @@ class FuzzProgram:
         module), with nothing installed yet."""
         filename = f"<fuzz program {self.seed}>"
         linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
-        namespace = {"torch": torch, **_FUNCTIONS}
+        namespace = {"torch": torch, "functools": functools, "itertools": itertools, **_FUNCTIONS}
         exec(compile(self.source, filename, "exec"), namespace)
         fn = namespace["f"]
-        if self.kind == "module":
-            fn = _StateModule(fn)
+        if self.kind in ("module", "routed"):
+            fn = _StateModule(fn, self.container)
         self._namespaces[id(fn)] = (fn, namespace)
         self._last = fn
         return fn
@@ -290,7 +334,12 @@ def generate(seed: int, steps: int = 12, grad: bool = False) -> FuzzProgram:
     rng = random.Random(seed)
     rows, cols = rng.randint(2, 4), rng.randint(2, 4)
     kind = rng.choice([None, "global", "closure", "module"])
-    prog = FuzzProgram(seed, "", rows, cols, kind, _program_calls(rng, kind, grad))
+    route_rng = random.Random(seed * 7919 + 1)      # its own stream: the other draws stay the seed's
+    container = route = None
+    if kind == "module" and route_rng.random() < 0.5:
+        kind, container = "routed", route_rng.choice(sorted(_ROUTES))
+        route = route_rng.choice(_ROUTES[container])
+    prog = FuzzProgram(seed, "", rows, cols, kind, _program_calls(rng, kind, grad), container)
     names = ["a", "b"] + ([_STATE_NAMES[kind]] if kind else [])
     lines: list[str] = []
     count = 0
@@ -306,17 +355,19 @@ def generate(seed: int, steps: int = 12, grad: bool = False) -> FuzzProgram:
             names.extend(new)
             count += 1
     outs = rng.sample(names, k=min(len(names), rng.randint(1, 3)))
-    prog.source = _source(kind, lines, outs)
+    prog.source = _source(kind, lines, outs, route)
     return prog
 
 
-def _source(kind: str | None, lines: list[str], outs: list[str]) -> str:
+def _source(kind: str | None, lines: list[str], outs: list[str], route: str | None = None) -> str:
     ret = f"return ({', '.join(outs)},)"
     if kind == "closure":
         body = "".join(textwrap.indent(ln, "        ") + "\n" for ln in lines)
         return f"def make(w):\n    def f(a, b):\n{body}        {ret}\n    return f\n\n\nf = make(None)\n"
+    if route is not None:
+        lines = [f"w = {route}", *lines]
     body = "".join(textwrap.indent(ln, "    ") + "\n" for ln in lines)
-    return f"def f({'self, ' if kind == 'module' else ''}a, b):\n{body}    {ret}\n"
+    return f"def f({'self, ' if kind in ('module', 'routed') else ''}a, b):\n{body}    {ret}\n"
 
 
 def _candidate(rng: random.Random, names: list[str], count: int):
@@ -444,8 +495,10 @@ def test_generated_programs_mutate_and_alias():
                   "G.", "self.w", "def make(w):"):
         assert piece in text, piece
     relations = {(p.kind, rel) for p in progs for _, rel in p.calls}
-    for kind in ("global", "closure", "module"):
+    for kind in ("global", "closure", "module", "routed"):
         assert {(kind, r) for r in ("separate", "a", "b", "view_a", "slice_b")} <= relations
+    routes = {p.source.split("\n", 2)[1].strip().removeprefix("w = ") for p in progs if p.kind == "routed"}
+    assert len(routes) >= 10, routes
     assert any(len({rel for _, rel in p.calls}) > 1 for p in progs)       # a relation change meets the cache
     shared = set()
     for s in range(30):
