@@ -29,7 +29,7 @@ from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.source_map import source_line
 from thunderlite.frontend.state import DELETED, TraceState
-from thunderlite.interpreter import MISSING, InterpreterHooks, source_locations
+from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
@@ -41,6 +41,26 @@ _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 
 class NotTracedError(RuntimeError):
     """The program uses something thunderlite does not trace (numpy arrays)."""
+
+
+class UnknownOriginError(NotTracedError):
+    """A real tensor reached the program by a way the prologue could not take
+    again on the next call: baked in, it would be stale there."""
+
+
+def _default_argument(t: torch.Tensor) -> Prov | None:
+    """The path of ``t`` when it is a default argument of an interpreted function:
+    every call of that function gets the very same object."""
+    for fn in interpreted_functions():
+        if fn is None:
+            continue
+        for i, d in enumerate(getattr(fn, "__defaults__", None) or ()):
+            if d is t:
+                return Prov.object(fn).attr("__defaults__").item(i)
+        for k, d in (getattr(fn, "__kwdefaults__", None) or {}).items():
+            if d is t:
+                return Prov.object(fn).attr("__kwdefaults__").item(k)
+    return None
 
 
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
@@ -142,14 +162,33 @@ class TracingHooks(InterpreterHooks):
             return out
         return call
 
+    def unannounced(self, t: torch.Tensor, how: str) -> TensorProxy:
+        """The proxy of a real tensor met where no path leads (``how``): one the
+        trace already has, a module's tensor (registered with its path), or a
+        default argument; anything else is an error naming the user's line,
+        never a constant baked into the trace."""
+        st = self.state
+        if id(t) in st.proxy_of or id(t) in st.prov_of:
+            return st.enter(None, t)
+        prov = _default_argument(t)
+        if prov is not None:
+            return st.enter(prov, t)
+        loc = self.user_location()
+        where = f" at {loc[0]}:{loc[1]}: {loc[2]}" if loc else ""
+        kind = "Parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
+        raise UnknownOriginError(
+            f"thunderlite cannot tell where a {kind} ({tuple(t.shape)}, {t.dtype}){where} comes from: it was {how} "
+            "after code thunderlite ran natively handed it over, so the next call could not find it again (a "
+            "constant baked into the compiled program would go stale). Pass it as an argument, or read it from a "
+            "module attribute, a global or a closure variable.")
+
     def _capture_constants(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Concrete tensors reaching an op without provenance (a default argument,
-        a tensor made by untraced code) become trace inputs captured by reference."""
-        enter = self.state.enter
+        """Concrete tensors reaching an op: module tensors and default arguments
+        join the trace with their paths; others have no path (``unannounced``)."""
 
         def conv(v):
             if isinstance(v, torch.Tensor):
-                return enter(None, v)
+                return self.unannounced(v, "passed to a torch function")
             if type(v) in (list, tuple) and _has_tensor(v):
                 return type(v)(conv(y) for y in v)
             if type(v) is dict and _has_tensor(v.values()):
@@ -250,10 +289,11 @@ class TracingHooks(InterpreterHooks):
             # captured by reference, as a real tensor argument of an op does
             # (``_capture_constants``); run natively, its in-place methods would write
             # once at trace time and be recorded as a constant call DCE drops
-            return getattr(st.enter(None, obj), name)
+            return getattr(self.unannounced(obj, f"whose .{name} was read"), name)
         parent = st.prov_of.get(id(obj))
         if parent is None:
-            return st.enter(None, value) if isinstance(value, torch.Tensor) else value
+            return self.unannounced(value, f"read as .{name} of a {type(obj).__name__}") \
+                if isinstance(value, torch.Tensor) else value
         return st.enter(parent.attr(name, _module_slot(obj, name)), value)
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
@@ -265,7 +305,8 @@ class TracingHooks(InterpreterHooks):
             return w[1]
         parent = st.prov_of.get(id(container))
         if parent is None or not _is_path_key(key):
-            return st.enter(None, value) if isinstance(value, torch.Tensor) else value
+            return self.unannounced(value, f"read as an item of a {type(container).__name__}") \
+                if isinstance(value, torch.Tensor) else value
         return st.enter(parent.item(key), value)
 
     def input_grad(self, proxy: TensorProxy, value: Any) -> Any:
@@ -304,7 +345,8 @@ class TracingHooks(InterpreterHooks):
         if value is MISSING:
             return value
         if id(cell) not in self.state.external_cells:
-            return self.state.enter(None, value) if isinstance(value, torch.Tensor) else value
+            return self.unannounced(value, "read from a closure variable") if isinstance(value, torch.Tensor) \
+                else value
         return self.state.enter(Prov.cell(cell), value)
 
     # --- stores ------------------------------------------------------------------------------------

@@ -65,8 +65,22 @@ def _emulate_no_argument(native, of_frame) -> None:
 
 
 for _native, _of_frame in ((builtins.locals, frame_locals), (builtins.globals, lambda f: f.globals),
-                           (builtins.vars, frame_locals), (builtins.dir, lambda f: sorted(frame_locals(f)))):
+                           (builtins.dir, lambda f: sorted(frame_locals(f)))):
     _emulate_no_argument(_native, _of_frame)
+
+
+@emulates(builtins.vars)
+def em_vars(rt, args, kwargs):
+    # ``vars(obj)`` is ``obj.__dict__`` read through the attribute hooks, so what
+    # the program finds in it keeps obj's provenance
+    if kwargs or len(args) > 1:
+        return vars(*args, **(kwargs or {}))
+    if not args:
+        return frame_locals(_frame())
+    try:
+        return load_attr(rt, args[0], "__dict__")
+    except AttributeError:
+        raise TypeError("vars() argument must have __dict__ attribute") from None
 
 
 @emulates(builtins.super)

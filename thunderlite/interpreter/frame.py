@@ -116,6 +116,12 @@ def source_locations() -> list[tuple[str, int]]:
     return [(f.code.co_filename, f.lineno) for f in thread_state().frames]
 
 
+def interpreted_functions() -> list:
+    """The function objects of the interpreted frames, innermost first (None for
+    frames without one, a class body or ``exec``'d code)."""
+    return [f.fn for f in reversed(thread_state().frames)]
+
+
 def limit(construct, f=None):
     """An InterpreterError naming the construct and the user's file:line."""
     if f is None and thread_state().frames:

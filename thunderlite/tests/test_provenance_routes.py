@@ -200,3 +200,56 @@ def test_an_opaque_call_that_may_write_is_never_dead_code():
     assert not _may_write_unseen(torch.histc) and not _may_write_unseen(torch.add)
     assert Tag.DONT_DCE in opaque_symbol_for(torch.Tensor.tolist).symbol.tags
     assert Tag.DONT_DCE not in opaque_symbol_for(torch.histc).symbol.tags
+
+
+def test_a_tensor_reached_without_a_path_is_an_error_naming_the_line():
+    """The invariant at the recording boundary: a real tensor whose way in the
+    prologue cannot take again (handed over by natively run code: here a deque's
+    ``popleft``) is refused with the user's line, never baked into the trace;
+    the caller's tensors are untouched."""
+    import collections
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.queue = collections.deque([torch.ones(3)])
+            self.register_buffer("b", torch.zeros(3))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.b.add_(x)
+            w = self.queue.popleft()
+            return x * w
+
+    m = M()
+    with pytest.raises(RuntimeError,
+                       match=r"cannot tell where a tensor \(\(3,\), torch.float32\) at .*test_provenance_routes.py:\d+: "
+                             r"return x \* w comes from"):
+        thunderlite.jit(m)(torch.ones(3))
+    assert torch.equal(m.b, torch.zeros(3))
+
+
+def test_default_arguments_and_vars_keep_their_paths():
+    """A tensor default argument is the same object on every call (its path is
+    the function's ``__defaults__``); ``vars(obj)`` is ``obj.__dict__`` read
+    through the attribute hooks, so a tensor replaced there is read afresh."""
+    import types
+    default = torch.ones(3)
+
+    def f(x, w=default):
+        with torch.no_grad():
+            w.add_(1)
+        return x * w
+    jf = thunderlite.jit(f)
+    for expected in (2.0, 3.0):
+        torch.testing.assert_close(jf(torch.ones(3)), torch.full((3,), expected))
+    assert torch.equal(default, torch.full((3,), 3.0))
+
+    holder = types.SimpleNamespace(w=torch.zeros(3))
+
+    def g(x):
+        return x + vars(holder)["w"]
+    jg = thunderlite.jit(g)
+    torch.testing.assert_close(jg(torch.ones(3)), torch.ones(3))
+    holder.w = torch.full((3,), 5.0)
+    torch.testing.assert_close(jg(torch.ones(3)), torch.full((3,), 6.0))
