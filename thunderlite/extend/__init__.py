@@ -45,6 +45,6 @@ from thunderlite.transforms.autodiff.executors import get_grad, put_grad
 from thunderlite.transforms.user import Transform
 
 __all__ = ["CUDAGraphs", "Executor", "OperatorExecutor", "FusionExecutor", "Implementation", "Transform",
-           "register_executor", "get_executor", "get_default_executors", "add_default_executor", "remove_default_executor",
-           "get_all_executors", "get_grad", "put_grad", "SymmMemExecutor", "SymmMemBackend",
+           "register_executor", "get_executor", "get_default_executors", "add_default_executor",
+           "remove_default_executor", "get_all_executors", "get_grad", "put_grad", "SymmMemExecutor", "SymmMemBackend",
            "declare_symm_mem_args", "symm_mem_args"]

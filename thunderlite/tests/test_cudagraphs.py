@@ -32,7 +32,7 @@ def test_training_step_forward_and_backward_become_graphs_and_match_eager():
     model = _mlp()
     ref = _mlp()
     jm = thunderlite.jit(model, transforms=[CUDAGraphs(**CPU)])
-    for step in range(3):
+    for _ in range(3):
         x = torch.randn(5, 8)
         jm(x).square().mean().backward()
         ref(x).square().mean().backward()

@@ -510,6 +510,7 @@ def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     from thunderlite.transforms.autodiff.split import split_forward_backward
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)    # else cuDNN attention on sm90
     trc = Trace()
     with tracectx(trc):
         x = TensorProxy((2, 3, 32, 64), torch.bfloat16, "cuda", requires_grad=True, name="x")
