@@ -36,8 +36,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # this checkout's thunderlite
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import thunderlite
 from bench_training import LlamaLoss, NanoGPT
+
+import thunderlite
 
 VARIANTS = ("eager", "inductor", "inductor-ro", "tl", "tl+cg", "tl-triton", "tl-triton+cg", "tl-tc", "tl-tc+cg")
 _EXECUTORS = {"tl": None, "tl-triton": ["triton", "torch"], "tl-tc": ["torchcompile", "torch"]}

@@ -220,6 +220,16 @@ def test_nvfuser_unavailable_is_skipped_with_its_reason():
     assert f"executor 'nvfuser' skipped: {reason}" in str(report)
 
 
+def test_nvfuser_install_hint_names_nvidias_index(monkeypatch):
+    """Where CUDA is present but the package is not, the reason says where the
+    wheel comes from (NVIDIA's index, per CUDA toolkit and torch release)."""
+    from thunderlite.executors.nvfuser.executor import install_hint
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    hint = install_hint()
+    assert "pip install nvfuser-cu128-torch211 --extra-index-url https://pypi.nvidia.com" in hint, hint
+
+
 def _nvfuser_or_skip():
     ok, reason = get_executor("nvfuser").is_available()
     if not ok:
