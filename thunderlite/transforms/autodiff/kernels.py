@@ -371,9 +371,14 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
     them such tensors (it takes the math path then); a trace does not see
     strides, so the call makes them dense, a copy only where one is needed."""
     def call(*args, **kwargs):
-        args = tuple(a.contiguous() if i in positions and isinstance(a, torch.Tensor) and a.stride(-1) != 1 else a
-                     for i, a in enumerate(args))
-        return op(*args, **kwargs)
+        dense = args
+        for i in positions:         # a plain loop: no Python frame per call beyond this one
+            a = args[i]
+            if a is not None and a.stride(-1) != 1:
+                if dense is args:
+                    dense = list(args)
+                dense[i] = a.contiguous()
+        return op(*dense, **kwargs)
     call.__name__ = call.__qualname__ = f"{op.__name__}_dense"
     return call
 
