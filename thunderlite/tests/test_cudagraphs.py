@@ -10,6 +10,7 @@ import thunderlite
 from thunderlite.executors.cudagraphs import plan as cg_plan
 from thunderlite.executors.cudagraphs.runtime import GraphRunner
 from thunderlite.extend import CUDAGraphs
+from thunderlite.tests.test_distributed import one_rank_group  # noqa: F401  (a fixture)
 
 CPU = dict(devices=("cpu",))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -158,6 +159,22 @@ def test_a_new_shape_gets_its_own_buffers_under_dynamic_shapes():
         torch.testing.assert_close(jf(x), f(x))
     runner = _graphs(thunderlite.last_traces(jf)[-1])[0].sym.impl
     assert len(runner._graphs) == 2 and runner.replays == 1
+
+
+def test_collectives_stay_out(one_rank_group):
+    import torch.distributed as dist
+
+    def f(a):
+        x = (a.exp() * 2).sin()
+        dist.all_reduce(x)
+        return (x + 1).cos() * 3
+
+    a = torch.randn(4)
+    jf = thunderlite.jit(f, transforms=[CUDAGraphs(**CPU)])
+    torch.testing.assert_close(jf(a.clone()), f(a.clone()))     # one rank: all_reduce is the identity
+    left = _left_out(thunderlite.last_traces(jf)[-1])
+    assert any(n.startswith("all_reduce") or n == "wait" for n in left), left
+    assert all(cg_plan.EFFECT in h or cg_plan.HOST_VALUE in h or cg_plan.WRITES_OUTSIDE in h for h in left.values())
 
 
 def test_cpu_work_stays_out_by_default_and_examine_says_why():
