@@ -97,14 +97,15 @@ def time_ms(call: Callable, device: str, iters: int, warmup: int = 3) -> float:
 
 
 def _close(got, want, what: str, dtype: torch.dtype) -> str | None:
-    """None when ``got`` matches ``want`` within half-precision tolerance
-    (relative to the reference's magnitude), else what differs."""
-    tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-4
+    """None when ``got`` matches ``want`` within tolerance relative to the
+    reference's largest magnitude (5% in half precision, where kernels that
+    accumulate differently part by a few roundings), else what differs."""
+    tol = 5e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-4
     got, want = got.detach().double(), want.detach().double()
     if got.shape != want.shape:
         return f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     err = (got - want).abs().max().item()
-    scale = max(want.abs().max().item(), 1.0)
+    scale = max(want.abs().max().item(), 1e-6)
     return None if err <= tol * scale else f"{what}: max abs error {err:.3g} (scale {scale:.3g})"
 
 
