@@ -131,12 +131,12 @@ from thunderlite.tests.test_grad_jit import NanoGPT  # the model the training te
 class LlamaLoss(nn.Module):
     """HF LlamaForCausalLM returning its language-model loss."""
 
-    def __init__(self, vocab: int, d: int, heads: int, layers: int, ctx: int):
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, ctx: int, kv_heads: int | None = None):
         super().__init__()
         import transformers
         cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=(8 * d // 3 + 63) // 64 * 64,
                                        num_hidden_layers=layers, num_attention_heads=heads,
-                                       num_key_value_heads=max(heads // 2, 1), max_position_embeddings=ctx,
+                                       num_key_value_heads=kv_heads or max(heads // 2, 1), max_position_embeddings=ctx,
                                        attn_implementation="sdpa")
         self.model = transformers.LlamaForCausalLM(cfg)
 

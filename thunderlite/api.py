@@ -31,6 +31,7 @@ import torch
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.distributed.ddp import from_data_parallel, from_torch_ddp
+from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.triton.executor import kernel_sources
 from thunderlite.frontend.caching.entries import (
     CacheInfo,
@@ -275,7 +276,7 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None, dynamic: bool | None = None):
+        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -289,7 +290,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     ``dynamic``: None (default) makes a tensor dim symbolic after a recompile
     caused by its size changing; True makes every size of the tensor arguments
     symbolic from the first call (as ``cache='symbolic values'`` does); False
-    compiles for each new size."""
+    compiles for each new size.
+    ``cudagraphs``: run the static parts of the final traces (forward and
+    backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
+    ``transforms``); what stays outside, and why, is in ``examine``."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -300,6 +304,8 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     own = getattr(fn, "_thunderlite_transforms", None)
     if own:
         transforms = [*own, *(transforms or ())]
+    if cudagraphs:
+        transforms = [*(transforms or ()), CUDAGraphs()]
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
                                  dynamic=dynamic)
@@ -375,11 +381,12 @@ def kernel_source(jfn) -> str:
                            "backward": entry.backward_traces[-1] if entry.backward_traces else None})
 
 
-def examine(fn: Callable | torch.nn.Module, *args, executors=None, **kwargs):
+def examine(fn: Callable | torch.nn.Module, *args, executors=None, cudagraphs: bool = False, **kwargs):
     """Trace and run ``fn`` once and report what thunderlite did with it: ops
     recorded as opaque torch calls, which executor claimed what, executors
-    skipped and why, and the error if it could not be compiled."""
-    jfn = jit(fn, executors=executors)
+    skipped and why, what stays out of CUDA graphs and why (``cudagraphs=True``,
+    as ``jit`` takes it), and the error if it could not be compiled."""
+    jfn = jit(fn, executors=executors, cudagraphs=cudagraphs)
     start = time.perf_counter()
     try:
         jfn(*args, **kwargs)

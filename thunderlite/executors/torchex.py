@@ -13,6 +13,7 @@ last in the executor list.
 from __future__ import annotations
 
 import functools
+from operator import itemgetter
 
 import torch
 
@@ -100,14 +101,16 @@ def broadcast_in_dim(a, shape, broadcast_dims):
 
 
 def slice_prim(a, start_indices, end_indices, strides=None):
-    strides = strides or (1,) * a.ndim
-    return a[tuple(slice(lo, hi, st) for lo, hi, st in zip(start_indices, end_indices, strides, strict=True))]
+    # map over the builtin ``slice``: no Python frame per dim (a hot prim of rotary embeddings)
+    if strides is None:
+        return a[tuple(map(slice, start_indices, end_indices))]
+    return a[tuple(map(slice, start_indices, end_indices, strides))]
 
 
 def pad(a, padding_value, padding_config):
-    if all(interior == 0 for _, _, interior in padding_config):
+    if not any(map(itemgetter(2), padding_config)):      # no interior padding: ATen's constant_pad_nd
         flat = [p for lo, hi, _ in reversed(padding_config) for p in (lo, hi)]
-        return torch.nn.functional.pad(a, flat, value=padding_value)
+        return torch.constant_pad_nd(a, flat, padding_value)
     grown = [size + max(lo, 0) + max(hi, 0) + max(size - 1, 0) * interior
              for size, (lo, hi, interior) in zip(a.shape, padding_config, strict=True)]
     out = torch.full(grown, padding_value, dtype=a.dtype, device=a.device)

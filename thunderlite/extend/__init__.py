@@ -17,7 +17,8 @@ named points of the pipeline. Both plug in without touching thunderlite::
 - ``FusionExecutor``: replaces regions (``transforms/fusion.py``'s shared
   region former) by symbols it compiles.
 - ``Transform``: hooks ``after_tracing``, ``after_autodiff``,
-  ``after_claiming``; ``jit(fn, transforms=[...])``.
+  ``after_claiming``; ``jit(fn, transforms=[...])``. ``CUDAGraphs`` is one
+  (``jit(fn, cudagraphs=True)``).
 - The registry: ``register_executor``, ``get_executor``, ``get_all_executors``,
   ``get_default_executors``, ``add_default_executor``, ``remove_default_executor``.
 - Symmetric memory: ``SymmMemExecutor(backend=...)`` (the ``symm_mem`` executor
@@ -29,6 +30,7 @@ named points of the pipeline. Both plug in without touching thunderlite::
 re-exports from ``executors`` and ``transforms`` and defines nothing of its own.
 """
 from thunderlite.executors.base import Executor, FusionExecutor, Implementation, OperatorExecutor
+from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.registry import (
                                             add_default_executor,
                                             get_all_executors,
@@ -42,7 +44,7 @@ from thunderlite.executors.symm_mem.plan import declare_symm_mem_args, symm_mem_
 from thunderlite.transforms.autodiff.executors import get_grad, put_grad
 from thunderlite.transforms.user import Transform
 
-__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Implementation", "Transform", "register_executor",
-           "get_executor", "get_default_executors", "add_default_executor", "remove_default_executor",
-           "get_all_executors", "get_grad", "put_grad", "SymmMemExecutor", "SymmMemBackend",
+__all__ = ["CUDAGraphs", "Executor", "OperatorExecutor", "FusionExecutor", "Implementation", "Transform",
+           "register_executor", "get_executor", "get_default_executors", "add_default_executor",
+           "remove_default_executor", "get_all_executors", "get_grad", "put_grad", "SymmMemExecutor", "SymmMemBackend",
            "declare_symm_mem_args", "symm_mem_args"]

@@ -11,6 +11,7 @@ from collections import Counter
 
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
+from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
@@ -24,6 +25,7 @@ class Examination:
                  unused: list[tuple[str, str, str]] | None = None):
         self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
+        self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -53,6 +55,7 @@ class Examination:
             lines.append(f"  executor {ex!r}: implementation of {sym} not used: {why}")
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
+        lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -77,7 +80,25 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     unused = unused_implementations(entry, resolve_executors(executors)) if entry is not None else []
     report = Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n, unused)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
+    if entry is not None:
+        report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
     return report
+
+
+def _cudagraph_notes(finals) -> list[str]:
+    """Per final trace: its graphs, and each symbol left out with the reason
+    the CUDAGraphs transform wrote above it; runtime fallbacks of its graphs."""
+    notes: list[str] = []
+    for t in finals:
+        graphs = [b for b in t.bound_symbols if b.sym.module == "cudagraphs"]
+        left = [b for b in t.bound_symbols if (b.header or "").startswith(NOT_CAPTURED)]
+        if not graphs and not left:
+            continue
+        notes.append(f"{t.name}: {len(graphs)} graph regions, {len(left)} symbols left out")
+        notes += [f"  {b.sym.name} ({', '.join(p.name for p in b.proxy_outs()) or '-'}) "
+                  f"{b.header[len(NOT_CAPTURED):].lstrip(': ')}" for b in left]
+        notes += [f"  {b.sym.name}: {why}" for b in graphs for why in getattr(b.sym.impl, "fallbacks", ())]
+    return notes
 
 
 def _autodiff_note(traces) -> str:

@@ -100,12 +100,14 @@ def test_repeated_layers_are_cut_one_to_a_piece():
     assert repeat_span(Region(region.bsyms[:2], [], [])) is None
 
 
-def test_small_layers_share_a_region_big_layers_get_their_own():
+def test_small_layers_share_a_region_big_layers_get_their_own(monkeypatch):
     """The default groups repeated layers by their estimated work
     (executors/cost.py): layers computing for microseconds or milliseconds go
     several to a region (each cut costs a region call on the host and
     Inductor's fusion across it), layers computing for a tenth of a second or
-    more one to a region (one compilation shared by all)."""
+    more one to a region (one compilation shared by all). CPU estimates divide
+    by torch's thread count, so the numbers below are for one thread (a
+    16-core GPU host runs 16: a layer there is 16x cheaper, the last check)."""
     from thunderlite.executors.cost import MAX_LAYERS_PER_REGION, estimated_seconds, group_size, layers_per_region
     tc = get_executor("torchcompile")
     ok, reason = tc.is_available()
@@ -127,6 +129,7 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
             trc.args = [h]
             trc.set_return(ew.add(h, linalg.matmul(h, h)))
         return trc.bound_symbols
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert 1e-8 < estimated_seconds(layer(16)) < 1e-5 and layers_per_region(layer(16), 6) == 6
     assert layers_per_region(layer(16), 40) == MAX_LAYERS_PER_REGION
     assert layers_per_region(layer(16), MAX_LAYERS_PER_REGION + 2) == MAX_LAYERS_PER_REGION // 2 + 1   # evened out
@@ -135,6 +138,9 @@ def test_small_layers_share_a_region_big_layers_get_their_own():
     assert estimated_seconds(layer(2048)) > 0.1 and layers_per_region(layer(2048), 6) == 1
     # a GPU computes the same layer hundreds of times faster: grouped there
     assert layers_per_region(layer(1024), 4) == 2 and layers_per_region(layer(1024, torch.bfloat16, "cuda"), 4) == 4
+    one_thread = estimated_seconds(layer(2048))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert estimated_seconds(layer(2048)) == pytest.approx(one_thread / 16) and layers_per_region(layer(2048), 6) == 3
 
 
 def test_layers_per_region_groups_consecutive_layers_sharing_one_artifact():
@@ -212,6 +218,16 @@ def test_nvfuser_unavailable_is_skipped_with_its_reason():
     report = thunderlite.examine(lambda a: a.sin() + 1, torch.randn(3), executors=["nvfuser"])
     assert report.ok and report.skipped["nvfuser"] == reason
     assert f"executor 'nvfuser' skipped: {reason}" in str(report)
+
+
+def test_nvfuser_install_hint_names_nvidias_index(monkeypatch):
+    """Where CUDA is present but the package is not, the reason says where the
+    wheel comes from (NVIDIA's index, per CUDA toolkit and torch release)."""
+    from thunderlite.executors.nvfuser.executor import install_hint
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    hint = install_hint()
+    assert "pip install nvfuser-cu128-torch211 --extra-index-url https://pypi.nvidia.com" in hint, hint
 
 
 def _nvfuser_or_skip():
@@ -510,6 +526,7 @@ def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     from thunderlite.transforms.autodiff.split import split_forward_backward
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)    # else cuDNN attention on sm90
     trc = Trace()
     with tracectx(trc):
         x = TensorProxy((2, 3, 32, 64), torch.bfloat16, "cuda", requires_grad=True, name="x")

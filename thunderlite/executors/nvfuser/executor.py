@@ -1,7 +1,8 @@
 """The nvFuser executor: regions of the trace compiled by nvFuser (``nvfuser_direct``).
 
-Available only with CUDA and the ``nvfuser_direct`` package
-(``pip install thunderlite[nvfuser]``); otherwise it is skipped with the
+Available only with CUDA and the ``nvfuser_direct`` package, NVIDIA's wheel
+for the CUDA toolkit and torch release in use (``install_hint``: from
+NVIDIA's index, https://pypi.nvidia.com); otherwise it is skipped with the
 reason in ``examine``. Regions come from the shared region former
 (transforms/fusion.py). A symbol joins a region when every prim it decomposes
 into has a translation (``translate.TRANSLATIONS``) that accepts the call,
@@ -106,6 +107,18 @@ class NvFuserFusion:
                 env[o.name] = v
 
 
+def install_hint() -> str:
+    """How to get nvFuser for this torch, as NVIDIA documents it (the NVIDIA/Fuser
+    README): wheels built per CUDA toolkit and torch release, on pypi.org and
+    NVIDIA's index; the plain ``nvfuser`` name on PyPI is an old build without
+    ``nvfuser_direct``, and ``nvfuser-cuXXY`` on pypi.org are placeholders."""
+    cuda = "".join((torch.version.cuda or "12.8").split(".")[:2])
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return (f"install NVIDIA's build for CUDA {torch.version.cuda or '12.x'} and torch {major}.{minor}: "
+            f"pip install nvfuser-cu{cuda}-torch{major}{minor} --extra-index-url https://pypi.nvidia.com "
+            f"(for a torch nightly: pip install --pre nvfuser-cu{cuda} --extra-index-url https://pypi.nvidia.com)")
+
+
 class NvFuserExecutor(FusionExecutor):
     """Fuses regions of at least ``min_size`` symbols into nvFuser fusions."""
     symbolic_sizes = True       # a region with symbolic sizes is defined per concrete sizes at run time
@@ -121,7 +134,7 @@ class NvFuserExecutor(FusionExecutor):
         try:
             import nvfuser_direct  # noqa: F401
         except ImportError as e:
-            return False, f"the nvfuser_direct package is not importable ({e}); pip install 'thunderlite[nvfuser]'"
+            return False, f"the nvfuser_direct package is not importable ({e}); {install_hint()}"
         return True, ""
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:

@@ -316,8 +316,28 @@ def _scores(query, key, is_causal: bool, attn_mask, scale):
     return s, scale
 
 
+def _heads_of(t, heads: int):
+    """Grouped-query attention: k or v with fewer heads than q, each head
+    repeated for the ``heads // t.shape[-3]`` query heads of its group (as
+    eager's ``enable_gqa`` math path ``repeat_interleave``s it)."""
+    if t.shape[-3] == heads:
+        return t
+    *batch, h, s, e = t.shape
+    wide = shapes.expand(shapes.unsqueeze(t, -3), (*batch, h, heads // h, s, e))
+    return shapes.reshape(wide, (*batch, heads, s, e))
+
+
+def _sum_groups(g, heads: int):
+    """The gradient of ``_heads_of``: each kv head's group summed."""
+    if g.shape[-3] == heads:
+        return g
+    *batch, h, s, e = g.shape
+    return red.sum(shapes.reshape(g, (*batch, heads, h // heads, s, e)), -3)
+
+
 def _attention(query, key, value, is_causal: bool, attn_mask, scale):
     """``(out, logsumexp)``: the logsumexp of each query row's scaled scores, ``[B, H, L]``."""
+    key, value = _heads_of(key, query.shape[-3]), _heads_of(value, query.shape[-3])
     s, _ = _scores(query, key, is_causal, attn_mask, scale)
     m = red.amax(s, -1, True)
     m = ew.where(ew.isinf(m), 0, m)
@@ -328,14 +348,19 @@ def _attention(query, key, value, is_causal: bool, attn_mask, scale):
 
 
 def _attention_grads(grad_out, query, key, value, out, logsumexp, is_causal: bool, attn_mask, scale):
-    """``(gq, gk, gv)``; the probabilities are recomputed from q, k and the saved logsumexp."""
+    """``(gq, gk, gv)``; the probabilities are recomputed from q, k and the saved
+    logsumexp. k and v with fewer heads (grouped-query attention) get their
+    groups' sums."""
+    kv_heads = key.shape[-3]
+    key, value = _heads_of(key, query.shape[-3]), _heads_of(value, query.shape[-3])
     s, scale = _scores(query, key, is_causal, attn_mask, scale)
     probs = ew.exp(ew.sub(s, shapes.unsqueeze(logsumexp, -1)))
     gv = linalg.matmul(shapes.transpose(probs, -2, -1), grad_out)
     gp = linalg.matmul(grad_out, shapes.transpose(value, -2, -1))
     rowdot = red.sum(ew.mul(grad_out, out), -1, True)
     gs = ew.mul(ew.mul(probs, ew.sub(gp, rowdot)), scale)
-    return linalg.matmul(gs, key), linalg.matmul(shapes.transpose(gs, -2, -1), query), gv
+    gk = linalg.matmul(shapes.transpose(gs, -2, -1), query)
+    return linalg.matmul(gs, key), _sum_groups(gk, kv_heads), _sum_groups(gv, kv_heads)
 
 
 def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
@@ -346,9 +371,14 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
     them such tensors (it takes the math path then); a trace does not see
     strides, so the call makes them dense, a copy only where one is needed."""
     def call(*args, **kwargs):
-        args = tuple(a.contiguous() if i in positions and isinstance(a, torch.Tensor) and a.stride(-1) != 1 else a
-                     for i, a in enumerate(args))
-        return op(*args, **kwargs)
+        dense = args
+        for i in positions:         # a plain loop: no Python frame per call beyond this one
+            a = args[i]
+            if a is not None and a.stride(-1) != 1:
+                if dense is args:
+                    dense = list(args)
+                dense[i] = a.contiguous()
+        return op(*dense, **kwargs)
     call.__name__ = call.__qualname__ = f"{op.__name__}_dense"
     return call
 
@@ -437,4 +467,34 @@ def sdpa_flash_cuda_backward(grad_out, query, key, value, out, logsumexp, cum_se
     _no_dropout(dropout_p)
     grads = _attention_grads(_f32(grad_out), _f32(query), _f32(key), _f32(value), _f32(out), logsumexp, is_causal,
                              None, scale)
+    return tuple(convert(g, query.dtype) for g in grads)
+
+
+# --- attention (CUDA cuDNN attention) ----------------------------------------------------------------------
+
+@_kernel(_dense_last_dims(aten._scaled_dot_product_cudnn_attention, (0, 1, 2)))
+def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp: bool, dropout_p: float = 0.0,
+               is_causal: bool = False, return_debug_mask: bool = False, *, scale=None):
+    """``(out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+    philox_offset, debug_attn_mask)`` as cuDNN's kernel returns them without
+    dropout or bias: the logsumexp float32 ``[B, H, L, 1]``, no cumulative
+    lengths or debug mask, the philox state int64 scalars (never read without
+    dropout). k and v may have fewer heads than q (grouped-query attention,
+    which the kernel takes as it is). Computed in float32, as the kernel accumulates."""
+    _no_dropout(dropout_p, return_debug_mask)
+    prims.check(attn_bias is None, lambda: "the cuDNN attention symbol models no attn_bias", NotImplementedError)
+    out, lse = _attention(_f32(query), _f32(key), _f32(value), is_causal, None, scale)
+    seed, offset = (prims.full((), 0, device=query.device, dtype=torch.int64) for _ in range(2))
+    return convert(out, query.dtype), shapes.unsqueeze(lse, -1), None, None, query.shape[-2], key.shape[-2], \
+        seed, offset, None
+
+
+@_kernel(_dense_last_dims(aten._scaled_dot_product_cudnn_attention_backward, (0, 1, 2, 3, 4)))
+def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
+                        cum_seq_q, cum_seq_k, max_q: int, max_k: int, dropout_p: float, is_causal: bool, *,
+                        scale=None):
+    """``(gq, gk, gv)``, from the forward's float32 ``[B, H, L, 1]`` logsumexp."""
+    _no_dropout(dropout_p)
+    grads = _attention_grads(_f32(grad_out), _f32(query), _f32(key), _f32(value), _f32(out),
+                             shapes.squeeze(logsumexp, -1), is_causal, None, scale)
     return tuple(convert(g, query.dtype) for g in grads)

@@ -12,6 +12,7 @@ Registered into the one table of autodiff/rules.py.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -326,16 +327,17 @@ def _flash_cuda_when(bsym) -> bool:
     ATen's CUDA flash attention take, less what thunderlite's symbols do not
     model: 4-d float16/bfloat16 q/k/v on an sm80..sm121 GPU of a build with
     flash attention, one head size at most 256 and a multiple of 8 (eager pads
-    others, a recorded forward cannot), one batch and head count (``enable_gqa``
-    then changes nothing), non-empty sequences, no mask or dropout,
-    ``is_causal`` only with as many queries as keys."""
+    others, a recorded forward cannot), one batch size and head count, or with
+    ``enable_gqa`` k and v of one head count dividing q's (the kernel takes
+    grouped-query attention as it is), non-empty sequences, no mask or
+    dropout, ``is_causal`` only with as many queries as keys."""
     q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
     if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
         return False
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     shapes_ok = (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
                  and q.ndim == k.ndim == v.ndim == 4 and E == k.shape[-1] == v.shape[-1] and E <= 256 and E % 8 == 0
-                 and q.shape[:2] == k.shape[:2] == v.shape[:2] and S == v.shape[-2] and L > 0 and S > 0
+                 and _heads_ok(bsym) and S == v.shape[-2] and L > 0 and S > 0
                  and (not _arg(bsym, 5, "is_causal", False) or L == S))
     if not (shapes_ok and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
             and not isinstance(_arg(bsym, 6, "scale"), TensorProxy)):
@@ -345,24 +347,96 @@ def _flash_cuda_when(bsym) -> bool:
             and _flash_training_head_dim_ok(cap, E, any(_wants(t) for t in (q, k, v))))
 
 
-_SDP_MATH, _SDP_FLASH, _SDP_EFFICIENT = 0, 1, 2     # torch.nn.attention.SDPBackend's values
+def _heads_ok(bsym) -> bool:
+    """sdp_utils ``check_batch_size_and_num_heads_dense`` for kernels that take
+    grouped-query attention: one batch size; one head count, or with
+    ``enable_gqa`` k and v of one head count that divides q's."""
+    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        return False
+    hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
+    if _arg(bsym, 7, "enable_gqa", False):
+        return hk == hv and hk > 0 and hq % hk == 0
+    return hq == hk == hv
 
 
-def _sdp_priority_order() -> list[int]:
+def _cudnn_version() -> int | None:
+    return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+
+
+_CUDNN_MAX_HEAD_DIM = 128   # eager allows 256 on sm90/sm10x with cuDNN > 9.22 and a frontend built for it
+
+
+def _cudnn_cuda_when(bsym) -> bool:
+    """What eager's dispatcher (sdp_utils.cpp ``can_use_cudnn_attention``) lets
+    cuDNN attention take, less what thunderlite's symbols do not model: 4-d
+    float16/bfloat16 q/k/v on an sm80..sm121 GPU with cuDNN 9+, one head size
+    at most 128 and a multiple of 8, batch and heads at most 65535, grouped
+    query attention as flash takes it, non-empty queries, more than one key, no
+    mask (cuDNN takes some; their turn is skipped here) or dropout, and not
+    under ``torch.use_deterministic_algorithms`` (unless warn-only)."""
+    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
+    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
+        return False
+    version = _cudnn_version()
+    if version is None or version < 90000:
+        return False
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False
+    E = q.shape[-1]
+    ok = (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
+          and q.ndim == k.ndim == v.ndim == 4 and E == k.shape[-1] == v.shape[-1] and E <= _CUDNN_MAX_HEAD_DIM
+          and E % 8 == 0 and _heads_ok(bsym) and q.shape[0] <= 65535 and q.shape[1] <= 65535
+          and q.shape[-2] > 0 and k.shape[-2] > 1 and k.shape[-2] == v.shape[-2]
+          and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
+          and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
+    cap = _cuda_capability(q.device) if ok else None
+    return cap is not None and (8, 0) <= cap <= (12, 1)
+
+
+_SDP_MATH, _SDP_FLASH, _SDP_EFFICIENT, _SDP_CUDNN = 0, 1, 2, 3     # torch.nn.attention.SDPBackend's values
+_DEFAULT_ORDER = [_SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH, _SDP_CUDNN]
+
+
+def _prefers_cudnn(device) -> bool:
+    """sdp_utils.cpp ``check_prefer_cudnn_attention``: on sm90/sm10x (with a
+    CUDA 12 build: sm90, sm100, sm103) and cuDNN newer than 9.15.0, eager's
+    first SDPA call puts cuDNN attention first in the priority order, unless
+    ``TORCH_CUDNN_SDPA_DEPRIORITIZED`` is set."""
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on", "yes"):
+        return False
+    version = _cudnn_version()
+    cap = _cuda_capability(device)
+    if version is None or version <= 91500 or cap is None or cap[0] not in (9, 10):
+        return False
+    cuda = tuple(int(x) for x in (torch.version.cuda or "0").split(".")[:1])
+    return cuda >= (13,) or cap[1] in (0, 3)
+
+
+def _sdp_priority_order(device=None) -> list[int]:
+    """Eager's order: torch's setting, which its first CUDA SDPA call replaces
+    by cuDNN, flash, efficient, math where cuDNN is preferred (read before any
+    such call, torch still reports the default order)."""
     get = getattr(torch._C, "_get_sdp_priority_order", None)
-    return list(get()) if get is not None else [_SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH]
+    order = list(get()) if get is not None else list(_DEFAULT_ORDER[:3])
+    if order[:4] == _DEFAULT_ORDER and device is not None and _prefers_cudnn(device):
+        return [_SDP_CUDNN, _SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH, *order[4:]]
+    return order
 
 
 def _cuda_sdpa_kernel(bsym) -> str | None:
-    """``"flash"`` or ``"efficient"``: the CUDA attention kernel eager's
-    dispatcher (sdp_utils.cpp ``select_sdp_backend``) picks for this call,
-    walking its priority order under the user's toggles, where thunderlite has
-    that kernel's symbols and can tell from the metadata that the kernel takes
-    the call; None where eager takes the math path (the decomposition's VJP).
-    cuDNN attention, first in eager's order on sm90/sm100 with a recent cuDNN,
-    has no symbols here: its turn is skipped, so flash, next, stands in."""
+    """``"cudnn"``, ``"flash"`` or ``"efficient"``: the CUDA attention kernel
+    eager's dispatcher (sdp_utils.cpp ``select_sdp_backend``) picks for this
+    call, walking its priority order under the user's toggles, where
+    thunderlite has that kernel's symbols and can tell from the metadata that
+    the kernel takes the call; None where eager takes the math path (the
+    decomposition's VJP). A call cuDNN would take but thunderlite does not
+    model for it (a mask, head dims above 128) skips cuDNN's turn."""
     backends = torch.backends.cuda
-    for backend in _sdp_priority_order():
+    q = _arg(bsym, 0, "query")
+    for backend in _sdp_priority_order(q.device if isinstance(q, TensorProxy) and q.device.type == "cuda" else None):
+        if backend == _SDP_CUDNN and backends.cudnn_sdp_enabled() and _cudnn_cuda_when(bsym):
+            return "cudnn"
         if backend == _SDP_FLASH and backends.flash_sdp_enabled() and _flash_cuda_when(bsym):
             return "flash"
         if backend == _SDP_EFFICIENT and backends.mem_efficient_sdp_enabled() and _efficient_cuda_when(bsym):
@@ -398,7 +472,10 @@ def _sdpa_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     attn_mask = _additive(attn_mask, query)
     if query.device.type == "cpu":
         return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
-    if _cuda_sdpa_kernel(call) == "flash":
+    kernel = _cuda_sdpa_kernel(call)
+    if kernel == "cudnn":
+        return kernels.sdpa_cudnn(query, key, value, None, True, 0.0, is_causal, False, scale=scale)
+    if kernel == "flash":
         return kernels.sdpa_flash_cuda(query, key, value, 0.0, is_causal, False, scale=scale)
     if attn_mask is not None:
         attn_mask = shapes.expand(attn_mask, (*query.shape[:-1], key.shape[-2]))
@@ -422,6 +499,17 @@ def _sdpa_flash_cuda(g, out, query, key, value, dropout_p=0.0, is_causal=False, 
         return {}
     gq, gk, gv = kernels.sdpa_flash_cuda_backward(g[0], query, key, value, out[0], out[1], out[2], out[3], out[4],
                                                   out[5], 0.0, is_causal, out[6], out[7], scale=scale)
+    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
+            "value": gv if _wants(value) else None}
+
+
+@register_vjp(kernels.sdpa_cudnn)
+def _sdpa_cudnn(g, out, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, *, scale=None):
+    if g[0] is None:
+        return {}
+    gq, gk, gv = kernels.sdpa_cudnn_backward(g[0], query, key, value, out[0], out[1], out[6], out[7], None, None,
+                                             None, out[4], out[5], 0.0, is_causal, scale=scale)
     return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
             "value": gv if _wants(value) else None}
 
