@@ -161,7 +161,8 @@ def test_a_new_shape_gets_its_own_buffers_under_dynamic_shapes():
     assert len(runner._graphs) == 2 and runner.replays == 1
 
 
-def test_collectives_stay_out(one_rank_group):
+@pytest.mark.usefixtures("one_rank_group")
+def test_collectives_stay_out():
     import torch.distributed as dist
 
     def f(a):
