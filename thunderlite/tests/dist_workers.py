@@ -214,3 +214,62 @@ def fsdp_matches_single_process(rank: int, world: int, store: str) -> None:
             bwd = str(thunderlite.last_backward_traces(model)[-1])
             assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4
             assert ("dist.all_gather(" in bwd) == reshard, bwd
+
+
+def _fsdp2_net(fully_shard, **opts) -> torch.nn.Module:
+    """Two sharded layers and the sharded root; 5 output rows split unevenly (3 + 2)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    if fully_shard is not None:
+        for layer in (net[0], net[2]):
+            fully_shard(layer, **opts)
+        fully_shard(net, **opts)
+    return net
+
+
+def fsdp2_under_jit_matches_single_process(rank: int, world: int, store: str) -> None:
+    """``thunderlite.jit`` of a model sharded by torch's ``fully_shard`` per layer
+    and at the root: three AdamW steps equal one process on the whole batch
+    (``reshard_after_forward`` True and False); the sharded ``.grad`` are
+    DTensors; the gathers and reduce-scatters are in the traces. With
+    ``MixedPrecisionPolicy(bf16, reduce fp32)`` it equals torch's eager FSDP2."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+    with _group(rank, world, store):
+        xs, ys = _batches(1, 3, 5)
+        for reshard in (True, False):
+            net = _fsdp2_net(fully_shard, reshard_after_forward=reshard)
+            ref = _fsdp2_net(None)
+            model = thunderlite.jit(net)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+            ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
+            assert all(isinstance(p.grad, DTensor) for p in net.parameters())
+            for (k, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.full_tensor(), r.detach(), atol=2e-6, rtol=1e-5,
+                                           msg=lambda m, k=k: f"{k}: {m}")
+            fwd = str(thunderlite.last_traces(model)[-1])
+            bwd = str(thunderlite.last_backward_traces(model)[-1])
+            assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
+            assert ("dist.all_gather(" in bwd) == reshard, bwd      # the root's own params: none here
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        net, eager = _fsdp2_net(fully_shard, mp_policy=mp), _fsdp2_net(fully_shard, mp_policy=mp)
+        model = thunderlite.jit(net)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        eopt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+        x, y = xs[0].chunk(world)[rank], ys[0].chunk(world)[rank]
+        for _ in range(3):
+            out, eout = model(x), eager(x)
+            assert out.dtype == eout.dtype == torch.bfloat16
+            torch.testing.assert_close(out, eout)
+            for o, m in ((opt, model), (eopt, eager)):
+                o.zero_grad()
+                _loss(m, x, y).backward()
+            for p, e in zip(net.parameters(), eager.parameters(), strict=True):
+                assert p.grad.dtype == e.grad.dtype == torch.float32
+                torch.testing.assert_close(p.grad.full_tensor(), e.grad.full_tensor(), atol=1e-3, rtol=1e-2)
+            opt.step()
+            eopt.step()
+        assert "dist.reduce_scatter(" in str(thunderlite.last_backward_traces(model)[-1])

@@ -1,0 +1,314 @@
+"""``thunderlite.jit(m)`` where torch's FSDP2 (``fully_shard``) sharded ``m``
+(docs/architecture.md §15).
+
+FSDP2 keeps each parameter as a ``DTensor`` sharded on dim 0 and gathers it
+in module hooks that swap parameters and run collectives on side streams: a
+trace sees none of it. So, as for torch's DDP, the jit compiles what the
+wrapper stands for: ``from_torch_fsdp2`` builds a *view* of the module tree
+(same classes without FSDP's mixin and hooks, same buffers) in which every
+FSDP-managed parameter is a leaf sharing storage with the ``DTensor``'s
+local shard, and reading ``module.weight`` gathers it (cast to the reduce
+dtype, padded to equal rows, ``all_gather_tensor_autograd``, cut to size,
+cast to ``param_dtype``). Traced, that is ``dist.all_gather`` + ``dist.wait``
+where the forward uses the parameter; autodiff turns it into a
+``dist.reduce_scatter`` of the gradient (in the reduce dtype, averaged over
+the ranks as FSDP2 does), and a hook on each leaf moves its gradient into
+the ``DTensor`` parameter's ``.grad`` (a ``DTensor`` with the same
+placements), where torch's optimizers find it. Groups resharded after
+forward have their gathers recomputed in the backward
+(``fsdp.regather_in_backward``); the root (FSDP2 keeps it gathered) and
+``reshard_after_forward=False`` keep them saved. ``MixedPrecisionPolicy``'s
+input and output casts run as forward hooks of the view, as FSDP2's do.
+
+Options that change results and are not honoured raise at ``jit()`` naming
+the option. Example::
+
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    jm = thunderlite.jit(model)
+    opt = torch.optim.AdamW(model.parameters())      # the DTensors
+    loss_fn(jm(x_local), y_local).backward(); opt.step()
+"""
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed._functional_collectives as funcol
+
+from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward
+from thunderlite.transforms.user import Transform
+
+
+def fsdp2_types() -> tuple[type, type] | None:
+    """``(FSDPModule, FSDPState)`` when this torch build has FSDP2, else None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError:
+        return None
+    return FSDPModule, FSDPState
+
+
+def uses_fsdp2(module: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules
+    (never true before a program imported FSDP2, so nothing is imported here)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(fsdp, "FSDPModule", None)
+    return cls is not None and any(isinstance(m, cls) for m in module.modules())
+
+
+@dataclass(frozen=True)
+class RowShard:
+    """How one FSDP2 parameter is split: rows of dim 0 over ``group``, each
+    rank's chunk padded to ``per`` rows for the gather."""
+    rows: int
+    per: int
+    world: int
+    group: Any
+    gather_dtype: torch.dtype         # the reduce dtype: the gradient's reduce-scatter runs in it
+    param_dtype: torch.dtype          # what the forward computes with
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        x = local if local.dtype == self.gather_dtype else local.to(self.gather_dtype)
+        x = _AverageGrad.apply(x, 1.0 / self.world)
+        if x.shape[0] < self.per:
+            x = torch.nn.functional.pad(x, (0, 0) * (x.ndim - 1) + (0, self.per - x.shape[0]))
+        full = funcol.all_gather_tensor_autograd(x, 0, self.group)[:self.rows]
+        return full if full.dtype == self.param_dtype else full.to(self.param_dtype)
+
+
+def _gathered(module: torch.nn.Module, name: str) -> torch.Tensor:
+    return module._fsdp2_specs[name].unshard(getattr(module, SHARD_PREFIX + name))
+
+
+def _training_get(self) -> bool:
+    return self._fsdp2_source.training
+
+
+def _training_set(self, mode: bool) -> None:
+    self._fsdp2_source.training = mode
+
+
+_VIEW_CLASSES: dict[tuple, type] = {}
+
+
+def _view_class(orig: type, names: tuple[str, ...]) -> type:
+    """``orig`` with a gathering property per sharded parameter and ``training``
+    read from the FSDP module (one class per shape of the view, not per module)."""
+    key = (orig, names)
+    cls = _VIEW_CLASSES.get(key)
+    if cls is None:
+        ns: dict[str, Any] = {n: property(lambda self, n=n: _gathered(self, n)) for n in names}
+        ns["training"] = property(_training_get, _training_set)
+        cls = _VIEW_CLASSES[key] = type(orig.__name__, (orig,), ns)
+    return cls
+
+
+def _refuse(option: str, why: str) -> None:
+    raise NotImplementedError(
+        f"thunderlite.jit of a module sharded by torch's fully_shard does not support {option}: {why}. "
+        "Run that model eagerly, or use thunderlite.distributed.fsdp(m) on the unsharded module.")
+
+
+def _cast_tree(dtype: torch.dtype, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_tree(dtype, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_tree(dtype, v) for k, v in value.items()}
+    return value
+
+
+def _mp_hooks(view: torch.nn.Module, policy: Any) -> None:
+    """FSDP2's ``MixedPrecisionPolicy`` casts: floating inputs to ``param_dtype``
+    before the module's other pre-hooks, outputs to ``output_dtype`` after."""
+    if policy.cast_forward_inputs and policy.param_dtype is not None:
+        dt = policy.param_dtype
+        view.register_forward_pre_hook(lambda m, a, k: (_cast_tree(dt, a), _cast_tree(dt, k)),
+                                       prepend=True, with_kwargs=True)
+    if policy.output_dtype is not None:
+        out_dt = policy.output_dtype
+        view.register_forward_hook(lambda m, a, out: _cast_tree(out_dt, out))
+
+
+def _check_group(pg: Any) -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
+    if type(pg.mesh_info) is not FSDPMeshInfo:
+        _refuse(f"a {type(pg.mesh_info).__name__} mesh (HSDP or replicate)", "only a 1-D sharding mesh is translated")
+    if isinstance(pg.offload_policy, CPUOffloadPolicy):
+        _refuse("offload_policy=CPUOffloadPolicy()", "it keeps shards on the CPU and steps there")
+    if pg.gradient_divide_factor is not None:
+        _refuse("set_gradient_divide_factor()", "it changes how gradients are averaged")
+    if not pg.reduce_grads:
+        _refuse("set_requires_gradient_sync(False)", "it accumulates unsharded gradients without reducing them")
+    if pg.post_forward_mesh_info not in (None, pg.mesh_info):
+        _refuse("reshard_after_forward=<int>", "it reshards to a smaller mesh after forward")
+    if not pg.is_sharded:
+        _refuse("parameters left unsharded", "call model.reshard() before compiling")
+
+
+def from_torch_fsdp2(model: torch.nn.Module) -> FSDP2Module:
+    """The module ``thunderlite.jit`` compiles for an FSDP2 model (see the module
+    docstring). ``fully_shard`` must have been applied to ``model`` itself."""
+    FSDPModule, FSDPState = fsdp2_types()
+    if not isinstance(model, FSDPModule):
+        inner = next(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
+        _refuse(f"fully_shard on submodule {inner!r} without fully_shard on the module compiled",
+                "apply fully_shard(model) to the root as well, as FSDP2 expects")
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+    root_state = fully_shard.state(model)
+    root_state._lazy_init()                    # what FSDP2's first forward does: the root is known, shards final
+    views: dict[int, torch.nn.Module] = {}
+    reshard_leaves: list[torch.nn.Parameter] = []
+    sharded: dict[int, tuple[Any, Any]] = {}   # id(module) -> (state, {name: fsdp_param})
+    for m in model.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        state = fully_shard.state(m)
+        if len(state._modules) != 1:
+            _refuse("fully_shard([module, ...]) over several modules", "one FSDP group spans several modules")
+        for pg in state._fsdp_param_groups:
+            _check_group(pg)
+            for fp in pg.fsdp_params:
+                info = fp._module_info
+                if info.shared_modules:
+                    _refuse(f"the shared parameter {info.param_name!r}", "a parameter shared between modules")
+                if fp.is_dtensor:
+                    _refuse(f"the DTensor parameter {info.param_name!r} (FSDP with tensor parallelism)",
+                            "it is sharded on a 2-D mesh")
+                if fp.fsdp_placement != Shard(0):
+                    _refuse(f"shard_placement_fn ({fp.fsdp_placement} for {info.param_name!r})",
+                            "only dim-0 sharding is translated")
+                if fp.offload_to_cpu:
+                    _refuse("offload_policy=CPUOffloadPolicy()", "it keeps shards on the CPU and steps there")
+                sharded.setdefault(id(info.module), (state, {}))[1][info.param_name] = (fp, pg)
+    for m in model.modules():
+        views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves)
+    for m in model.modules():
+        v = views[id(m)]
+        v._modules = OrderedDict((n, views[id(c)] if c is not None else None) for n, c in m._modules.items())
+        if isinstance(m, FSDPModule):
+            _mp_hooks(v, fully_shard.state(m)._mp_policy)
+    return FSDP2Module(model, views[id(model)], reshard_leaves)
+
+
+def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list) -> torch.nn.Module:
+    """``m`` without FSDP: its class minus the mixin, no FSDP hooks, shared
+    buffers, and each sharded parameter a leaf on the local shard's storage."""
+    orig = next(c for c in type(m).__mro__ if not issubclass(c, fsdp_module))
+    params = entry[1] if entry else {}
+    v = object.__new__(_view_class(orig, tuple(sorted(params))))
+    v.__dict__.update(m.__dict__)
+    v.__dict__.pop("training", None)
+    v.__dict__["_fsdp2_source"] = m        # not a submodule: the view must not own the FSDP module
+    for hooks in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+        setattr(v, hooks, OrderedDict() if isinstance(m, fsdp_module) else getattr(m, hooks).copy())
+    if isinstance(m, fsdp_module):
+        state_hooks = {id(h) for h in fsdp_state_hooks(m)}
+        for hooks in ("_forward_pre_hooks", "_forward_hooks"):
+            for h in getattr(m, hooks).values():
+                if id(h) not in state_hooks:
+                    _refuse(f"a forward hook ({getattr(h, '__qualname__', h)}) on an FSDP module",
+                            "its order relative to FSDP's casts is not kept")
+    v._parameters = OrderedDict()
+    specs = {}
+    for name, p in m._parameters.items():
+        if name not in params:
+            v._parameters[name] = p
+            continue
+        fp, pg = params[name]
+        leaf = torch.nn.Parameter(p._local_tensor.detach(), requires_grad=p.requires_grad)
+        leaf.register_post_accumulate_grad_hook(_grad_into(p))
+        v._parameters[SHARD_PREFIX + name] = leaf
+        pd = fp.param_dtype or fp.orig_dtype
+        rd = fp.reduce_dtype or pd
+        if rd not in (pd, fp.orig_dtype):
+            _refuse(f"reduce_dtype={rd} with param_dtype={pd} for {name!r}",
+                    "the gradient would be reduced in a third dtype")
+        mi = pg.mesh_info
+        specs[name] = RowShard(rows=fp._orig_size[0] if len(fp._orig_size) else 1,
+                               per=fp.padded_sharded_param_size[0], world=mi.shard_mesh_size,
+                               group=mi.shard_process_group, gather_dtype=rd, param_dtype=pd)
+        if pg._reshard_after_forward:
+            reshard_leaves.append(leaf)
+        if not len(fp._orig_size):
+            _refuse(f"the 0-dim parameter {name!r}", "it cannot be sharded on dim 0")
+    v._fsdp2_specs = specs
+    return v
+
+
+def fsdp_state_hooks(m: torch.nn.Module) -> list:
+    """The hook functions FSDP2 registered on ``m`` (its state's bound methods)."""
+    from torch.distributed.fsdp import fully_shard
+    state = fully_shard.state(m)
+    return [h for hooks in (m._forward_pre_hooks, m._forward_hooks) for h in hooks.values()
+            if getattr(h, "__self__", None) is state]
+
+
+def _grad_into(param: torch.nn.Parameter):
+    """A post-accumulate hook moving a leaf's gradient into ``param.grad`` (a
+    DTensor), accumulating as autograd would; the leaf's own ``.grad`` is cleared."""
+    from torch.distributed.tensor import DTensor
+
+    def hook(leaf: torch.Tensor) -> None:
+        g, leaf.grad = leaf.grad, None
+        gd = DTensor.from_local(g.to(param.dtype), param.device_mesh, param.placements,
+                                shape=param.shape, stride=param.stride(), run_check=False)
+        with torch.no_grad():
+            if param.grad is None:
+                param.grad = gd
+            else:
+                param.grad += gd
+    return hook
+
+
+class FSDP2Transform(Transform):
+    """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after forward."""
+
+    def __init__(self, leaves: list[torch.nn.Parameter]):
+        self._ids = {id(p) for p in leaves}
+        self._shards: set[str] = set()
+
+    def bind_inputs(self, values: dict[str, Any]) -> None:
+        self._shards = {name for name, v in values.items() if id(v) in self._ids}
+
+    def after_autodiff(self, forward, backward):
+        if not self._shards:
+            return forward, backward
+        return regather_in_backward(forward, backward, self._shards)
+
+
+class FSDP2Module(torch.nn.Module):
+    """What ``thunderlite.jit`` compiles for an FSDP2 model: its forward runs the
+    view (``module``); parameters, buffers and ``state_dict`` are the FSDP
+    model's own (``DTensor`` parameters, for optimizers and checkpoints)."""
+
+    def __init__(self, source: torch.nn.Module, view: torch.nn.Module, reshard_leaves: list):
+        super().__init__()
+        self.module = view
+        self.__dict__["_source"] = source
+        self._thunderlite_transforms = (FSDP2Transform(reshard_leaves),)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        return self._source.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any):
+        return self._source.named_buffers(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        return self._source.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any):
+        return self._source.load_state_dict(*args, **kwargs)
