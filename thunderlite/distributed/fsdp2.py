@@ -33,7 +33,6 @@ the option. Example::
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward
+from thunderlite.distributed.views import ViewModule, link_children, local_leaf, view_class, view_of
 from thunderlite.transforms.user import Transform
 
 
@@ -84,29 +84,6 @@ class RowShard:
 
 def _gathered(module: torch.nn.Module, name: str) -> torch.Tensor:
     return module._fsdp2_specs[name].unshard(getattr(module, SHARD_PREFIX + name))
-
-
-def _training_get(self) -> bool:
-    return self._fsdp2_source.training
-
-
-def _training_set(self, mode: bool) -> None:
-    self._fsdp2_source.training = mode
-
-
-_VIEW_CLASSES: dict[tuple, type] = {}
-
-
-def _view_class(orig: type, names: tuple[str, ...]) -> type:
-    """``orig`` with a gathering property per sharded parameter and ``training``
-    read from the FSDP module (one class per shape of the view, not per module)."""
-    key = (orig, names)
-    cls = _VIEW_CLASSES.get(key)
-    if cls is None:
-        ns: dict[str, Any] = {n: property(lambda self, n=n: _gathered(self, n)) for n in names}
-        ns["training"] = property(_training_get, _training_set)
-        cls = _VIEW_CLASSES[key] = type(orig.__name__, (orig,), ns)
-    return cls
 
 
 def _refuse(option: str, why: str) -> None:
@@ -154,7 +131,7 @@ def _check_group(pg: Any) -> None:
         _refuse("parameters left unsharded", "call model.reshard() before compiling")
 
 
-def from_torch_fsdp2(model: torch.nn.Module) -> FSDP2Module:
+def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
     """The module ``thunderlite.jit`` compiles for an FSDP2 model (see the module
     docstring). ``fully_shard`` must have been applied to ``model`` itself."""
     FSDPModule, FSDPState = fsdp2_types()
@@ -192,26 +169,17 @@ def from_torch_fsdp2(model: torch.nn.Module) -> FSDP2Module:
                 sharded.setdefault(id(info.module), (state, {}))[1][info.param_name] = (fp, pg)
     for m in model.modules():
         views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves)
+    link_children(model, views)
     for m in model.modules():
-        v = views[id(m)]
-        v._modules = OrderedDict((n, views[id(c)] if c is not None else None) for n, c in m._modules.items())
         if isinstance(m, FSDPModule):
-            _mp_hooks(v, fully_shard.state(m)._mp_policy)
-    return FSDP2Module(model, views[id(model)], reshard_leaves)
+            _mp_hooks(views[id(m)], fully_shard.state(m)._mp_policy)
+    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves),))
 
 
 def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list) -> torch.nn.Module:
-    """``m`` without FSDP: its class minus the mixin, no FSDP hooks, shared
-    buffers, and each sharded parameter a leaf on the local shard's storage."""
-    orig = next(c for c in type(m).__mro__ if not issubclass(c, fsdp_module))
+    """``m`` without FSDP: its class minus the mixin, no FSDP hooks, and each
+    sharded parameter a leaf on the local shard read through a gathering property."""
     params = entry[1] if entry else {}
-    v = object.__new__(_view_class(orig, tuple(sorted(params))))
-    v.__dict__.update(m.__dict__)
-    v.__dict__.pop("training", None)
-    v.__dict__["_fsdp2_source"] = m        # not a submodule: the view must not own the FSDP module
-    for hooks in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
-                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
-        setattr(v, hooks, OrderedDict() if isinstance(m, fsdp_module) else getattr(m, hooks).copy())
     if isinstance(m, fsdp_module):
         state_hooks = {id(h) for h in fsdp_state_hooks(m)}
         for hooks in ("_forward_pre_hooks", "_forward_hooks"):
@@ -219,30 +187,27 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
                 if id(h) not in state_hooks:
                     _refuse(f"a forward hook ({getattr(h, '__qualname__', h)}) on an FSDP module",
                             "its order relative to FSDP's casts is not kept")
-    v._parameters = OrderedDict()
+    orig = next(c for c in type(m).__mro__ if not issubclass(c, fsdp_module))
+    gathers = {n: property(lambda self, n=n: _gathered(self, n)) for n in params}
+    v = view_of(m, view_class(orig, gathers), drop_hooks=isinstance(m, fsdp_module))
     specs = {}
-    for name, p in m._parameters.items():
-        if name not in params:
-            v._parameters[name] = p
-            continue
-        fp, pg = params[name]
-        leaf = torch.nn.Parameter(p._local_tensor.detach(), requires_grad=p.requires_grad)
-        leaf.register_post_accumulate_grad_hook(_grad_into(p))
-        v._parameters[SHARD_PREFIX + name] = leaf
+    for name, (fp, pg) in params.items():
+        if not len(fp._orig_size):
+            _refuse(f"the 0-dim parameter {name!r}", "it cannot be sharded on dim 0")
         pd = fp.param_dtype or fp.orig_dtype
         rd = fp.reduce_dtype or pd
         if rd not in (pd, fp.orig_dtype):
             _refuse(f"reduce_dtype={rd} with param_dtype={pd} for {name!r}",
                     "the gradient would be reduced in a third dtype")
+        leaf = local_leaf(v._parameters.pop(name))
+        v._parameters[SHARD_PREFIX + name] = leaf
         mi = pg.mesh_info
-        specs[name] = RowShard(rows=fp._orig_size[0] if len(fp._orig_size) else 1,
-                               per=fp.padded_sharded_param_size[0], world=mi.shard_mesh_size,
-                               group=mi.shard_process_group, gather_dtype=rd, param_dtype=pd)
+        specs[name] = RowShard(rows=fp._orig_size[0], per=fp.padded_sharded_param_size[0],
+                               world=mi.shard_mesh_size, group=mi.shard_process_group,
+                               gather_dtype=rd, param_dtype=pd)
         if pg._reshard_after_forward:
             reshard_leaves.append(leaf)
-        if not len(fp._orig_size):
-            _refuse(f"the 0-dim parameter {name!r}", "it cannot be sharded on dim 0")
-    v._fsdp2_specs = specs
+    v.__dict__["_fsdp2_specs"] = specs
     return v
 
 
@@ -252,23 +217,6 @@ def fsdp_state_hooks(m: torch.nn.Module) -> list:
     state = fully_shard.state(m)
     return [h for hooks in (m._forward_pre_hooks, m._forward_hooks) for h in hooks.values()
             if getattr(h, "__self__", None) is state]
-
-
-def _grad_into(param: torch.nn.Parameter):
-    """A post-accumulate hook moving a leaf's gradient into ``param.grad`` (a
-    DTensor), accumulating as autograd would; the leaf's own ``.grad`` is cleared."""
-    from torch.distributed.tensor import DTensor
-
-    def hook(leaf: torch.Tensor) -> None:
-        g, leaf.grad = leaf.grad, None
-        gd = DTensor.from_local(g.to(param.dtype), param.device_mesh, param.placements,
-                                shape=param.shape, stride=param.stride(), run_check=False)
-        with torch.no_grad():
-            if param.grad is None:
-                param.grad = gd
-            else:
-                param.grad += gd
-    return hook
 
 
 class FSDP2Transform(Transform):
@@ -285,30 +233,3 @@ class FSDP2Transform(Transform):
         if not self._shards:
             return forward, backward
         return regather_in_backward(forward, backward, self._shards)
-
-
-class FSDP2Module(torch.nn.Module):
-    """What ``thunderlite.jit`` compiles for an FSDP2 model: its forward runs the
-    view (``module``); parameters, buffers and ``state_dict`` are the FSDP
-    model's own (``DTensor`` parameters, for optimizers and checkpoints)."""
-
-    def __init__(self, source: torch.nn.Module, view: torch.nn.Module, reshard_leaves: list):
-        super().__init__()
-        self.module = view
-        self.__dict__["_source"] = source
-        self._thunderlite_transforms = (FSDP2Transform(reshard_leaves),)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    def named_parameters(self, *args: Any, **kwargs: Any):
-        return self._source.named_parameters(*args, **kwargs)
-
-    def named_buffers(self, *args: Any, **kwargs: Any):
-        return self._source.named_buffers(*args, **kwargs)
-
-    def state_dict(self, *args: Any, **kwargs: Any):
-        return self._source.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any):
-        return self._source.load_state_dict(*args, **kwargs)

@@ -42,7 +42,8 @@ def _spawn(worker) -> None:
                                     dist_workers.torch_ddp_under_jit_matches_single_process,
                                     dist_workers.functional_collectives_gradients,
                                     dist_workers.fsdp_matches_single_process,
-                                    dist_workers.fsdp2_under_jit_matches_single_process],
+                                    dist_workers.fsdp2_under_jit_matches_single_process,
+                                    dist_workers.tensor_parallel_under_jit_matches_single_process],
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
