@@ -18,6 +18,9 @@ timeout ${TEST_S:-220} python3 -m pytest -q -rs -n 8 -p no:cacheprovider \
   thunderlite/tests/test_grad_kernels.py thunderlite/tests/test_prims.py thunderlite/tests/test_symm_mem.py \
   thunderlite/tests/test_fusion_executors.py thunderlite/tests/test_triton.py thunderlite/tests/test_dynamic_shapes.py \
   --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/tests.log" | tail -n 60
+# FSDP2 and tensor parallelism under jit on a one-rank NCCL group (the [cuda] cases)
+timeout ${DIST_S:-120} python3 -m pytest -q -rs -p no:cacheprovider thunderlite/tests/test_distributed.py -k cuda \
+  2>&1 | tee "$OUT/distributed.log" | tail -n 20
 for dtype in ${BENCH_DTYPES-float32 bfloat16}; do     # BENCH_DTYPES= (empty): no benchmark
   timeout ${BENCH_S:-170} python3 benchmarks/bench_training.py --steps 12 --dtype $dtype \
     ${BENCH_ARGS:---dim 512 --layers 4 --seq 256 --batch 8} 2>&1 | tee "$OUT/bench_$dtype.log"

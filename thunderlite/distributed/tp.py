@@ -120,7 +120,8 @@ def _style(m: torch.nn.Module, name: str, hooks: list) -> tuple[str, Any]:
             if mesh.ndim != 1:
                 _refuse(f"the {mesh.ndim}-D mesh of {where}")
             return kind, mesh
-    _refuse(f"the tensor-parallel style on {where} ({getattr(inp, 'func', inp)})")
+    fn = getattr(inp, "func", inp)
+    _refuse(f"{getattr(fn, '__qualname__', repr(fn)).split('.')[0]} on {where}")
     raise AssertionError("unreachable")
 
 
