@@ -101,6 +101,8 @@ class TracingHooks(InterpreterHooks):
             return functools.partial(special, self._lookasides)
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
+        if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith("torch.distributed.tensor"):
+            raise self.dtensor_refused(fn)
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym)
@@ -202,6 +204,16 @@ class TracingHooks(InterpreterHooks):
             f"numpy arrays are not traced: {what} at {where}. Write it with torch operations "
             "(most numpy functions have a torch namesake), or do the numpy work outside the "
             "jitted function and pass tensors in.")
+
+    def dtensor_refused(self, fn: Callable) -> NotImplementedError:
+        """DTensor code runs its sharding propagation and collectives inside torch's
+        dispatcher, which a trace of local tensors would not: refused by name."""
+        name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        return NotImplementedError(
+            f"thunderlite does not trace DTensor code: {name}(...) at {self._where()}. Models whose layers "
+            "fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
+            "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
+            "local tensors.")
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:

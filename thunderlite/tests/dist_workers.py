@@ -248,7 +248,7 @@ def _fsdp2_net(fully_shard, **opts) -> torch.nn.Module:
     return net
 
 
-def fsdp2_under_jit_matches_single_process(rank: int, world: int, store: str) -> None:
+def _fsdp2_checks(rank: int, world: int) -> None:
     """``thunderlite.jit`` of a model sharded by torch's ``fully_shard`` per layer
     and at the root: three AdamW steps equal one process on the whole batch
     (``reshard_after_forward`` True and False); the sharded ``.grad`` are
@@ -256,42 +256,41 @@ def fsdp2_under_jit_matches_single_process(rank: int, world: int, store: str) ->
     ``MixedPrecisionPolicy(bf16, reduce fp32)`` it equals torch's eager FSDP2."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
-    with _group(rank, world, store):
-        xs, ys = _batches(1, 3, 5)
-        for reshard in (True, False):
-            net = _fsdp2_net(fully_shard, reshard_after_forward=reshard)
-            ref = _fsdp2_net(None)
-            model = thunderlite.jit(net)
-            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-            ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-            _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
-            assert all(isinstance(p.grad, DTensor) for p in net.parameters())
-            for (k, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-                torch.testing.assert_close(p.full_tensor(), r.detach(), atol=2e-6, rtol=1e-5,
-                                           msg=lambda m, k=k: f"{k}: {m}")
-            fwd = str(thunderlite.last_traces(model)[-1])
-            bwd = str(thunderlite.last_backward_traces(model)[-1])
-            assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
-            assert ("dist.all_gather(" in bwd) == reshard, bwd      # the root's own params: none here
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        net, eager = _fsdp2_net(fully_shard, mp_policy=mp), _fsdp2_net(fully_shard, mp_policy=mp)
+    xs, ys = _batches(1, 3, 5)
+    for reshard in (True, False):
+        net = _fsdp2_net(fully_shard, reshard_after_forward=reshard)
+        ref = _fsdp2_net(None)
         model = thunderlite.jit(net)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        eopt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-        x, y = xs[0].chunk(world)[rank], ys[0].chunk(world)[rank]
-        for _ in range(3):
-            out, eout = model(x), eager(x)
-            assert out.dtype == eout.dtype == torch.bfloat16
-            torch.testing.assert_close(out, eout)
-            for o, m in ((opt, model), (eopt, eager)):
-                o.zero_grad()
-                _loss(m, x, y).backward()
-            for p, e in zip(net.parameters(), eager.parameters(), strict=True):
-                assert p.grad.dtype == e.grad.dtype == torch.float32
-                torch.testing.assert_close(p.grad.full_tensor(), e.grad.full_tensor(), atol=1e-3, rtol=1e-2)
-            opt.step()
-            eopt.step()
-        assert "dist.reduce_scatter(" in str(thunderlite.last_backward_traces(model)[-1])
+        ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
+        assert all(isinstance(p.grad, DTensor) for p in net.parameters())
+        for (k, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.full_tensor(), r.detach(), atol=2e-6, rtol=1e-5,
+                                       msg=lambda m, k=k: f"{k}: {m}")
+        fwd = str(thunderlite.last_traces(model)[-1])
+        bwd = str(thunderlite.last_backward_traces(model)[-1])
+        assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
+        assert ("dist.all_gather(" in bwd) == reshard, bwd      # the root's own params: none here
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    net, eager = _fsdp2_net(fully_shard, mp_policy=mp), _fsdp2_net(fully_shard, mp_policy=mp)
+    model = thunderlite.jit(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    eopt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    x, y = xs[0].chunk(world)[rank], ys[0].chunk(world)[rank]
+    for _ in range(3):
+        out, eout = model(x), eager(x)
+        assert out.dtype == eout.dtype == torch.bfloat16
+        torch.testing.assert_close(out, eout)
+        for o, m in ((opt, model), (eopt, eager)):
+            o.zero_grad()
+            _loss(m, x, y).backward()
+        for p, e in zip(net.parameters(), eager.parameters(), strict=True):
+            assert p.grad.dtype == e.grad.dtype == torch.float32
+            torch.testing.assert_close(p.grad.full_tensor(), e.grad.full_tensor(), atol=1e-3, rtol=1e-2)
+        opt.step()
+        eopt.step()
+    assert "dist.reduce_scatter(" in str(thunderlite.last_backward_traces(model)[-1])
 
 
 class _Block(torch.nn.Module):
@@ -315,41 +314,47 @@ class _Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(x)))
 
 
-def tensor_parallel_under_jit_matches_single_process(rank: int, world: int, store: str) -> None:
+def _tensor_parallel_checks(rank: int, world: int) -> None:
     """``thunderlite.jit`` of a block sharded by ``parallelize_module``
     (``ColwiseParallel`` q/k/v/up, ``RowwiseParallel`` o/down): output and
     DTensor gradients equal the unsharded model's, and three AdamW steps on
     the same batch give the same parameters; the all-reduces are in the traces."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    with _group(rank, world, store):
-        torch.manual_seed(0)
-        ref = _Block()
-        net = copy.deepcopy(ref)
-        mesh = init_device_mesh("cpu", (world,))
-        plan = {**{n: ColwiseParallel() for n in ("q", "k", "v", "up")},
-                **{n: RowwiseParallel() for n in ("o", "down")}}
-        parallelize_module(net, mesh, plan)
-        model = thunderlite.jit(net)
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(4)
-        xs, ys = torch.randn(3, 2, 4, 16, generator=g), torch.randn(3, 2, 4, 16, generator=g)
-        for s in range(3):
-            opt.zero_grad()
-            ropt.zero_grad()
-            out, want = model(xs[s]), ref(xs[s])
-            torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-            ((out - ys[s]) ** 2).mean().backward()
-            ((want - ys[s]) ** 2).mean().backward()
-            for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-                torch.testing.assert_close(p.grad.full_tensor(), r.grad, atol=1e-5, rtol=1e-4,
-                                           msg=lambda m, n=n: f"{n}.grad: {m}")
-            opt.step()
-            ropt.step()
+    torch.manual_seed(0)
+    ref = _Block()
+    net = copy.deepcopy(ref)
+    mesh = init_device_mesh("cpu", (world,))
+    plan = {**{n: ColwiseParallel() for n in ("q", "k", "v", "up")},
+            **{n: RowwiseParallel() for n in ("o", "down")}}
+    parallelize_module(net, mesh, plan)
+    model = thunderlite.jit(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(4)
+    xs, ys = torch.randn(3, 2, 4, 16, generator=g), torch.randn(3, 2, 4, 16, generator=g)
+    for s in range(3):
+        opt.zero_grad()
+        ropt.zero_grad()
+        out, want = model(xs[s]), ref(xs[s])
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        ((out - ys[s]) ** 2).mean().backward()
+        ((want - ys[s]) ** 2).mean().backward()
         for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p.full_tensor(), r.detach(), atol=1e-5, rtol=1e-4,
-                                       msg=lambda m, n=n: f"{n}: {m}")
-        fwd = str(thunderlite.last_traces(model)[-1])
-        bwd = str(thunderlite.last_backward_traces(model)[-1])
-        assert fwd.count("dist.all_reduce(") == 2 and bwd.count("dist.all_reduce(") == 1, (fwd, bwd)
+            torch.testing.assert_close(p.grad.full_tensor(), r.grad, atol=1e-5, rtol=1e-4,
+                                       msg=lambda m, n=n: f"{n}.grad: {m}")
+        opt.step()
+        ropt.step()
+    for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.full_tensor(), r.detach(), atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, n=n: f"{n}: {m}")
+    fwd = str(thunderlite.last_traces(model)[-1])
+    bwd = str(thunderlite.last_backward_traces(model)[-1])
+    assert fwd.count("dist.all_reduce(") == 2 and bwd.count("dist.all_reduce(") == 1, (fwd, bwd)
+
+
+def dtensor_models_under_jit_match_single_process(rank: int, world: int, store: str) -> None:
+    """FSDP2 and tensor parallelism under ``thunderlite.jit``, in one group (one spawn)."""
+    with _group(rank, world, store):
+        _fsdp2_checks(rank, world)
+        _tensor_parallel_checks(rank, world)

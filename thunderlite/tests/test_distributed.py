@@ -43,8 +43,7 @@ def _spawn(worker) -> None:
                                     dist_workers.torch_ddp_under_jit_matches_single_process,
                                     dist_workers.functional_collectives_gradients,
                                     dist_workers.fsdp_matches_single_process,
-                                    dist_workers.fsdp2_under_jit_matches_single_process,
-                                    dist_workers.tensor_parallel_under_jit_matches_single_process],
+                                    dist_workers.dtensor_models_under_jit_match_single_process],
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
@@ -217,6 +216,12 @@ def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
     dt = distribute_tensor(torch.randn(4), one_rank_mesh, [Replicate()])
     with pytest.raises(NotImplementedError, match=r"DTensor argument 0 \(placements \(Replicate\(\),\)\)"):
         thunderlite.jit(lambda t: t * 2)(dt)
+    from torch.distributed.tensor import DTensor, Shard
+
+    def wraps(t):
+        return DTensor.from_local(t, one_rank_mesh, [Shard(0)]).full_tensor()
+    with pytest.raises(NotImplementedError, match=r"DTensor.from_local\(\.\.\.\) at .*test_distributed.py:\d+"):
+        thunderlite.jit(wraps)(torch.randn(4))
     with pytest.raises(NotImplementedError, match=r"ColwiseParallel\(.*use_local_output=False\) on module '0'"):
         thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"0": ColwiseParallel(use_local_output=False)}))
     with pytest.raises(NotImplementedError, match="SequenceParallel on module '1' \\(LayerNorm\\)"):
