@@ -199,7 +199,8 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
         if rd not in (pd, fp.orig_dtype):
             _refuse(f"reduce_dtype={rd} with param_dtype={pd} for {name!r}",
                     "the gradient would be reduced in a third dtype")
-        leaf = local_leaf(v._parameters.pop(name))
+        leaf = local_leaf(m, name)
+        del v._parameters[name]
         v._parameters[SHARD_PREFIX + name] = leaf
         mi = pg.mesh_info
         specs[name] = RowShard(rows=fp._orig_size[0], per=fp.padded_sharded_param_size[0],

@@ -159,8 +159,8 @@ def from_torch_tp(model: torch.nn.Module) -> ViewModule:
                 _refuse(f"{name}.{pname} with placements {getattr(p, 'placements', 'none')} (expected {want})")
         v = view_of(m, view_class(type(m), {}), drop_hooks=True)
         v.__dict__["_tp_group"] = mesh.get_group()
-        v._parameters["weight"] = local_leaf(m.weight)
-        bias = local_leaf(m.bias) if m.bias is not None else None
+        v._parameters["weight"] = local_leaf(m, "weight")
+        bias = local_leaf(m, "bias") if m.bias is not None else None
         if kind == "colwise":
             v._parameters["bias"] = bias
             v.register_forward_pre_hook(_colwise_in)

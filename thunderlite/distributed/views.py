@@ -67,19 +67,24 @@ def link_children(model: torch.nn.Module, views: dict[int, torch.nn.Module]) -> 
             (n, views[id(c)] if c is not None else None) for n, c in m._modules.items())
 
 
-def local_leaf(param: torch.nn.Parameter) -> torch.nn.Parameter:
-    """A leaf on ``param``'s local shard storage whose gradient lands in
-    ``param.grad`` as a ``DTensor`` with ``param``'s placements."""
+def local_leaf(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
+    """A leaf on the local shard storage of ``module``'s ``DTensor`` parameter
+    ``name``, whose gradient lands in that parameter's ``.grad`` as a
+    ``DTensor`` with its placements (the parameter is looked up when the
+    gradient arrives: ``load_state_dict(assign=True)`` may have replaced it)."""
+    param = module._parameters[name]
     leaf = torch.nn.Parameter(param._local_tensor.detach(), requires_grad=param.requires_grad)
+    leaf._view_source = (module, name)
     if param.requires_grad:
-        leaf.register_post_accumulate_grad_hook(_grad_into(param))
+        leaf.register_post_accumulate_grad_hook(_grad_into(module, name))
     return leaf
 
 
-def _grad_into(param: torch.nn.Parameter):
+def _grad_into(module: torch.nn.Module, name: str):
     from torch.distributed.tensor import DTensor
 
     def hook(leaf: torch.Tensor) -> None:
+        param = module._parameters[name]
         g, leaf.grad = leaf.grad, None
         gd = DTensor.from_local(g.to(param.dtype), param.device_mesh, param.placements,
                                 shape=param.shape, stride=param.stride(), run_check=False)
@@ -95,13 +100,25 @@ class ViewModule(torch.nn.Module):
     """What ``thunderlite.jit`` compiles for a model a distributed wrapper
     transformed: its forward runs the view (``module``); parameters, buffers
     and ``state_dict`` are the source model's own (the ``DTensor`` s, for
-    optimizers and checkpoints). ``transforms``: run by the jit."""
+    optimizers and checkpoints; loading a state dict re-points the leaves).
+    ``transforms``: run by the jit."""
 
     def __init__(self, source: torch.nn.Module, view: torch.nn.Module, transforms: tuple = ()):
         super().__init__()
         self.module = view
         self.__dict__["_source"] = source
         self._thunderlite_transforms = transforms
+        source.register_load_state_dict_post_hook(self._repoint)
+
+    def _repoint(self, source: torch.nn.Module, incompatible_keys: Any) -> None:
+        """After ``load_state_dict`` (with ``assign=True`` FSDP2 re-pads a shard into new
+        storage), every leaf is put back on its ``DTensor``'s local tensor."""
+        for leaf in self.module.parameters():
+            where = getattr(leaf, "_view_source", None)
+            if where is not None:
+                local = where[0]._parameters[where[1]]._local_tensor
+                if leaf.data_ptr() != local.data_ptr() or leaf.shape != local.shape:
+                    leaf.data = local.detach()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

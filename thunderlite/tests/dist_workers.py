@@ -235,9 +235,9 @@ def fsdp_matches_single_process(rank: int, world: int, store: str) -> None:
             assert ("dist.all_gather(" in bwd) == reshard, bwd
 
 
-def _fsdp2_net(fully_shard, **opts) -> torch.nn.Module:
+def _fsdp2_net(fully_shard, seed: int = 0, **opts) -> torch.nn.Module:
     """Two sharded layers and the sharded root; 5 output rows split unevenly (3 + 2)."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
     for p in net.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -272,6 +272,11 @@ def _fsdp2_checks(rank: int, world: int) -> None:
         bwd = str(thunderlite.last_backward_traces(model)[-1])
         assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
         assert ("dist.all_gather(" in bwd) == reshard, bwd      # the root's own params: none here
+    # FSDP2's load_state_dict(assign=True) re-pads the unevenly split shard into new storage:
+    # the jitted model follows
+    net.load_state_dict(_fsdp2_net(fully_shard, seed=1).state_dict(), assign=True)
+    x = xs[0].chunk(world)[rank]
+    torch.testing.assert_close(model(x), _fsdp2_net(None, seed=1)(x))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     net, eager = _fsdp2_net(fully_shard, mp_policy=mp), _fsdp2_net(fully_shard, mp_policy=mp)
     model = thunderlite.jit(net)
