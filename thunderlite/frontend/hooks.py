@@ -44,6 +44,8 @@ class NotTracedError(RuntimeError):
 
 
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
+# code that runs DTensor's dispatcher or FSDP2's parameter swapping: refused while tracing
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp._fully_shard")
 # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
 _DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
 
@@ -101,7 +103,7 @@ class TracingHooks(InterpreterHooks):
             return functools.partial(special, self._lookasides)
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
-        if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith("torch.distributed.tensor"):
+        if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
             raise self.dtensor_refused(fn)
         sym = symbol_for(fn)
         if sym is not None:
@@ -207,11 +209,12 @@ class TracingHooks(InterpreterHooks):
 
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
-        dispatcher, which a trace of local tensors would not: refused by name."""
-        name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        dispatcher, FSDP2's hooks swap parameters: a trace of proxies would do
+        neither, so they are refused by name."""
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         return NotImplementedError(
-            f"thunderlite does not trace DTensor code: {name}(...) at {self._where()}. Models whose layers "
-            "fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
+            f"thunderlite does not trace DTensor or FSDP2 internals: {name}(...) at {self._where()}. Models "
+            "whose layers fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
             "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
             "local tensors.")
 

@@ -226,6 +226,9 @@ def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
         thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"0": ColwiseParallel(use_local_output=False)}))
     with pytest.raises(NotImplementedError, match="SequenceParallel on module '1' \\(LayerNorm\\)"):
         thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"1": SequenceParallel()}))
+    whole = fully_shard(net(), mesh=one_rank_mesh)
+    with pytest.raises(NotImplementedError, match=r"FSDP2 internals: FSDPSequential\(\.\.\.\) at "):
+        thunderlite.jit(lambda t: whole(t))(torch.randn(2, 4))      # reached inside a function, not given to jit
     inner = net()
     fully_shard(inner[0], mesh=one_rank_mesh)
     with pytest.raises(NotImplementedError, match="fully_shard on submodule '0' without fully_shard on the module"):
