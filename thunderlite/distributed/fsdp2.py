@@ -44,16 +44,6 @@ from thunderlite.distributed.views import ViewModule, link_children, local_leaf,
 from thunderlite.transforms.user import Transform
 
 
-def fsdp2_types() -> tuple[type, type] | None:
-    """``(FSDPModule, FSDPState)`` when this torch build has FSDP2, else None."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-    except ImportError:
-        return None
-    return FSDPModule, FSDPState
-
-
 def uses_fsdp2(module: torch.nn.Module) -> bool:
     """Whether ``fully_shard`` was applied to ``module`` or one of its submodules
     (never true before a program imported FSDP2, so nothing is imported here)."""
@@ -134,7 +124,7 @@ def _check_group(pg: Any) -> None:
 def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
     """The module ``thunderlite.jit`` compiles for an FSDP2 model (see the module
     docstring). ``fully_shard`` must have been applied to ``model`` itself."""
-    FSDPModule, FSDPState = fsdp2_types()
+    from torch.distributed.fsdp import FSDPModule
     if not isinstance(model, FSDPModule):
         inner = next(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
         _refuse(f"fully_shard on submodule {inner!r} without fully_shard on the module compiled",

@@ -74,7 +74,7 @@ def local_leaf(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
     gradient arrives: ``load_state_dict(assign=True)`` may have replaced it)."""
     param = module._parameters[name]
     leaf = torch.nn.Parameter(param._local_tensor.detach(), requires_grad=param.requires_grad)
-    leaf._view_source = (module, name)
+    leaf._view_of = (module, name)
     if param.requires_grad:
         leaf.register_post_accumulate_grad_hook(_grad_into(module, name))
     return leaf
@@ -114,7 +114,7 @@ class ViewModule(torch.nn.Module):
         """After ``load_state_dict`` (with ``assign=True`` FSDP2 re-pads a shard into new
         storage), every leaf is put back on its ``DTensor``'s local tensor."""
         for leaf in self.module.parameters():
-            where = getattr(leaf, "_view_source", None)
+            where = getattr(leaf, "_view_of", None)
             if where is not None:
                 local = where[0]._parameters[where[1]]._local_tensor
                 if leaf.data_ptr() != local.data_ptr() or leaf.shape != local.shape:

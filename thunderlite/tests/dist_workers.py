@@ -23,7 +23,11 @@ def _group(rank: int, world: int, store: str):
     another test run could take between its choice and its use). On success
     the ranks meet at a barrier before the group is destroyed, so no rank tears
     down while a peer still communicates, and the process exits at once with
-    status 0."""
+    status 0. Inside another worker's group it only runs the body, so several
+    checks share one spawn (``grouped``)."""
+    if dist.is_initialized():          # a check run by a grouped worker: the outer group serves it
+        yield
+        return
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -363,3 +367,24 @@ def dtensor_models_under_jit_match_single_process(rank: int, world: int, store: 
     with _group(rank, world, store):
         _fsdp2_checks(rank, world)
         _tensor_parallel_checks(rank, world)
+
+
+def collectives_and_their_gradients(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
+        collectives_in_jitted_code(rank, world, store)
+        functional_collectives_gradients(rank, world, store)
+
+
+def data_parallel_matches_single_process(rank: int, world: int, store: str) -> None:
+    """thunderlite's ddp, its no_sync, torch's DDP both ways round: one spawn."""
+    with _group(rank, world, store):
+        ddp_matches_single_process(rank, world, store)
+        ddp_no_sync_accumulation(rank, world, store)
+        torch_ddp_under_jit_matches_single_process(rank, world, store)
+
+
+def sharded_models_match_single_process(rank: int, world: int, store: str) -> None:
+    """thunderlite's fsdp, FSDP2 and tensor parallelism under jit: one spawn."""
+    with _group(rank, world, store):
+        fsdp_matches_single_process(rank, world, store)
+        dtensor_models_under_jit_match_single_process(rank, world, store)

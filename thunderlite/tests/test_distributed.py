@@ -38,12 +38,10 @@ def _spawn(worker) -> None:
                 pytest.fail(f"{worker.__name__}: ranks still running after {TIMEOUT_S} s")
 
 
-@pytest.mark.parametrize("worker", [dist_workers.collectives_in_jitted_code, dist_workers.ddp_matches_single_process,
-                                    dist_workers.ddp_no_sync_accumulation,
-                                    dist_workers.torch_ddp_under_jit_matches_single_process,
-                                    dist_workers.functional_collectives_gradients,
-                                    dist_workers.fsdp_matches_single_process,
-                                    dist_workers.dtensor_models_under_jit_match_single_process],
+# several checks per spawn: starting two ranks costs more than most checks
+@pytest.mark.parametrize("worker", [dist_workers.collectives_and_their_gradients,
+                                    dist_workers.data_parallel_matches_single_process,
+                                    dist_workers.sharded_models_match_single_process],
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
