@@ -52,6 +52,18 @@ def uses_fsdp2(module: torch.nn.Module) -> bool:
     return cls is not None and any(isinstance(m, cls) for m in module.modules())
 
 
+def refuse_fsdp1(module: torch.nn.Module) -> None:
+    """torch's first FSDP (``FullyShardedDataParallel``) flattens parameters and
+    swaps them in its hooks; it is not translated: refuse it by name."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(fsdp, "FullyShardedDataParallel", None)
+    if cls is not None and any(isinstance(m, cls) for m in module.modules()):
+        raise NotImplementedError(
+            "thunderlite.jit does not support torch's FullyShardedDataParallel (FSDP1): it flattens and swaps "
+            "parameters in hooks the trace would not run. Shard with fully_shard (FSDP2), which thunderlite.jit "
+            "compiles, or with thunderlite.distributed.fsdp.")
+
+
 @dataclass(frozen=True)
 class RowShard:
     """How one FSDP2 parameter is split: rows of dim 0 over ``group``, each

@@ -44,8 +44,8 @@ class NotTracedError(RuntimeError):
 
 
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-# code that runs DTensor's dispatcher or FSDP2's parameter swapping: refused while tracing
-_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp._fully_shard")
+# code that runs DTensor's dispatcher or FSDP's parameter swapping: refused while tracing
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp")
 # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
 _DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
 
@@ -209,11 +209,11 @@ class TracingHooks(InterpreterHooks):
 
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
-        dispatcher, FSDP2's hooks swap parameters: a trace of proxies would do
+        dispatcher, FSDP's hooks swap parameters: a trace of proxies would do
         neither, so they are refused by name."""
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         return NotImplementedError(
-            f"thunderlite does not trace DTensor or FSDP2 internals: {name}(...) at {self._where()}. Models "
+            f"thunderlite does not trace DTensor or FSDP internals: {name}(...) at {self._where()}. Models "
             "whose layers fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
             "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
             "local tensors.")

@@ -225,8 +225,11 @@ def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
     with pytest.raises(NotImplementedError, match="SequenceParallel on module '1' \\(LayerNorm\\)"):
         thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"1": SequenceParallel()}))
     whole = fully_shard(net(), mesh=one_rank_mesh)
-    with pytest.raises(NotImplementedError, match=r"FSDP2 internals: FSDPSequential\(\.\.\.\) at "):
+    with pytest.raises(NotImplementedError, match=r"FSDP internals: FSDPSequential\(\.\.\.\) at "):
         thunderlite.jit(lambda t: whole(t))(torch.randn(2, 4))      # reached inside a function, not given to jit
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    with pytest.raises(NotImplementedError, match=r"FullyShardedDataParallel \(FSDP1\)"):
+        thunderlite.jit(FullyShardedDataParallel(net(), device_id=torch.device("cpu")))
     inner = net()
     fully_shard(inner[0], mesh=one_rank_mesh)
     with pytest.raises(NotImplementedError, match="fully_shard on submodule '0' without fully_shard on the module"):
