@@ -299,7 +299,9 @@ def _fsdp2_checks(rank: int, world: int) -> None:
             torch.testing.assert_close(p.grad.full_tensor(), e.grad.full_tensor(), atol=1e-3, rtol=1e-2)
         opt.step()
         eopt.step()
-    assert "dist.reduce_scatter(" in str(thunderlite.last_backward_traces(model)[-1])
+    scatters = [ln for ln in str(thunderlite.last_backward_traces(model)[-1]).splitlines()
+                if "dist.reduce_scatter(" in ln]
+    assert len(scatters) == 4 and all("f32[" in ln for ln in scatters), scatters    # in reduce_dtype
 
 
 class _Block(torch.nn.Module):
