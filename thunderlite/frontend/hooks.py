@@ -44,13 +44,13 @@ class NotTracedError(RuntimeError):
 
 
 _DYNAMO_DISABLE_CODE = torch._disable_dynamo(len).__code__
-# code that runs DTensor's dispatcher or FSDP's parameter swapping: refused while tracing
-_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp")
 # item/tolist give symbolic numbers (torch/ops/data_dependent.py)
 _DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
 
 _DATA_DEPENDENT_HINT = (". Compute both branches and pick with torch.where, or use the ThunderFX backend "
                         "(torch.compile(fn, backend=\"thunderlite\")), which splits the graph there.")
+# code that runs DTensor's dispatcher or FSDP's parameter swapping: refused while tracing
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp")
 
 
 class TracingHooks(InterpreterHooks):
