@@ -1,9 +1,11 @@
-"""Distributed (issue 13): collectives traced as symbols, run by gloo in two
-processes on localhost, and ``thunderlite.distributed.ddp`` / ``fsdp`` against
-a single-process eager model trained on the full batch. Each case spawns its
-ranks (bounded in time; every rank exits on its own) and passes when every
-rank's own assertions held. Trace-level checks of the scheduling pass run in
-one process on a one-rank group."""
+"""Distributed (issues 13, 28): collectives traced as symbols, run by gloo in
+two processes on localhost; ``thunderlite.distributed.ddp`` / ``fsdp``, torch's
+DDP (both ways round), FSDP2 and tensor parallelism under ``jit`` against a
+single-process eager model trained on the full batch. Each case spawns its
+ranks (bounded in time; every rank exits on its own; several checks share a
+spawn) and passes when every rank's own assertions held. Trace-level checks
+(the scheduling pass, FSDP2/TP traces, refusals) run in one process on a
+one-rank group, on CUDA/NCCL too when a GPU is present."""
 from __future__ import annotations
 
 import copy
