@@ -42,6 +42,10 @@ timeout ${TEST_S:-150} python3 -m pytest -q -rs $XDIST -p no:cacheprovider \
   thunderlite/tests/test_prims.py thunderlite/tests/test_triton.py thunderlite/tests/test_dynamic_shapes.py \
   --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/tests.log" | tail -n 60
 
+# ---- [dtensor] FSDP2 and tensor parallelism under jit on a one-rank NCCL group (the [cuda] cases) --
+timeout ${DIST_S:-120} python3 -m pytest -q -rs -p no:cacheprovider thunderlite/tests/test_distributed.py -k cuda \
+  2>&1 | tee "$OUT/distributed.log" | tail -n 20
+
 # ---- [gpu-path] 4. kernels, bf16, forward and forward+backward (~1.5 min) -------------------
 timeout ${KERNELS_S:-90} python3 benchmarks/bench_gpu.py --only kernels --budget ${KERNEL_BUDGET_S:-80} \
   2>&1 | grep -v -i "warn" | tee "$OUT/bench_kernels.log"

@@ -31,6 +31,8 @@ import torch
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.distributed.ddp import from_data_parallel, from_torch_ddp
+from thunderlite.distributed.fsdp2 import from_torch_fsdp2, refuse_fsdp1, uses_fsdp2
+from thunderlite.distributed.tp import from_torch_tp, uses_tensor_parallel
 from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.triton.executor import kernel_sources
 from thunderlite.frontend.caching.entries import (
@@ -300,6 +302,13 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         fn = from_torch_ddp(fn)
     elif isinstance(fn, torch.nn.DataParallel):
         fn = from_data_parallel(fn)
+    elif isinstance(fn, torch.nn.Module):
+        # FSDP2 and tensor parallelism: DTensor parameters, compiled as views on the local shards
+        refuse_fsdp1(fn)
+        if uses_fsdp2(fn):
+            fn = from_torch_fsdp2(fn)
+        elif uses_tensor_parallel(fn):
+            fn = from_torch_tp(fn)
     # a module may carry its own transforms (thunderlite.distributed.ddp): they run first
     own = getattr(fn, "_thunderlite_transforms", None)
     if own:

@@ -1,4 +1,4 @@
-"""``thunderlite.distributed``: data parallelism under ``thunderlite.jit``.
+"""``thunderlite.distributed``: data and model parallelism under ``thunderlite.jit``.
 
 - ``ddp(module)``: gradients all-reduced inside the backward trace, bucketed
   and overlapped with the rest of the backward; ``no_sync()`` for gradient
@@ -14,8 +14,10 @@ jitted function. Launch on CPU with gloo::
 
     torchrun --nproc-per-node 2 train.py
 
-Also ``from_torch_ddp``/``from_data_parallel``: what ``thunderlite.jit``
-compiles for torch's own wrappers. Its modules may import ``transforms``, the
+Also ``from_torch_ddp``/``from_data_parallel`` (``ddp.py``),
+``from_torch_fsdp2`` (``fsdp2.py``) and ``from_torch_tp`` (``tp.py``, over
+``views.py``): what ``thunderlite.jit`` compiles for torch's own wrappers
+(DDP, FSDP2's ``fully_shard``, ``parallelize_module``). Its modules may import ``transforms``, the
 torch language and ``core`` (no executor, ``frontend`` or ``api``, which import it).
 """
 from thunderlite.distributed.ddp import DDPModule, DDPTransform, ddp

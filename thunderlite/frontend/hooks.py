@@ -69,6 +69,8 @@ _DATA_DEPENDENT_METHODS = frozenset({"__bool__", "numpy"})
 
 _DATA_DEPENDENT_HINT = (". Compute both branches and pick with torch.where, or use the ThunderFX backend "
                         "(torch.compile(fn, backend=\"thunderlite\")), which splits the graph there.")
+# code that runs DTensor's dispatcher or FSDP's parameter swapping: refused while tracing
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed.fsdp")
 
 
 class TracingHooks(InterpreterHooks):
@@ -121,6 +123,8 @@ class TracingHooks(InterpreterHooks):
             return functools.partial(special, self._lookasides)
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
+        if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
+            raise self.dtensor_refused(fn)
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym)
@@ -241,6 +245,17 @@ class TracingHooks(InterpreterHooks):
             f"numpy arrays are not traced: {what} at {where}. Write it with torch operations "
             "(most numpy functions have a torch namesake), or do the numpy work outside the "
             "jitted function and pass tensors in.")
+
+    def dtensor_refused(self, fn: Callable) -> NotImplementedError:
+        """DTensor code runs its sharding propagation and collectives inside torch's
+        dispatcher, FSDP's hooks swap parameters: a trace of proxies would do
+        neither, so they are refused by name."""
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        return NotImplementedError(
+            f"thunderlite does not trace DTensor or FSDP internals: {name}(...) at {self._where()}. Models "
+            "whose layers fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
+            "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
+            "local tensors.")
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:

@@ -14,6 +14,7 @@ the prologue/epilogue builders read afterwards:
 """
 from __future__ import annotations
 
+import sys
 import types
 from collections import OrderedDict
 from typing import Any
@@ -138,6 +139,7 @@ class TraceState:
             return proxy
         if prov is None:
             prov = self.prov_of.get(id(t))     # reached by iteration: its registered module path
+        _refuse_dtensor(t, prov)
         name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
         proxy = proxy_of_tensor(t, name=name)
         if symbolic_dims and prov is not None and self.shape_env is not None:
@@ -240,6 +242,20 @@ class TraceState:
         self.mirrors_by_copy[id(copy)] = m
         self._alive += [container, copy]
         return copy
+
+
+def _refuse_dtensor(t: torch.Tensor, prov: Prov | None) -> None:
+    """A DTensor's ops run sharding propagation and collectives inside torch's
+    dispatcher, which a trace of its local tensor would not: refuse it by name."""
+    tensor_mod = sys.modules.get("torch.distributed.tensor")       # no DTensor exists before it is imported
+    if tensor_mod is None or not isinstance(t, tensor_mod.DTensor):
+        return
+    where = prov.describe() if prov is not None else "a tensor the program reached"
+    raise NotImplementedError(
+        f"thunderlite cannot trace the DTensor {where} (placements {tuple(t.placements)}): DTensor inputs and "
+        "parameters (tensor parallelism: parallelize_module, distribute_tensor) are not supported. Models "
+        "sharded by fully_shard (FSDP2) are compiled when fully_shard was applied to the module given to "
+        "thunderlite.jit; otherwise run the DTensor code eagerly and jit the functions on local tensors.")
 
 
 def _item_prov(prov: Prov | None, key) -> Prov | None:

@@ -1,11 +1,14 @@
-"""Distributed (issue 13): collectives traced as symbols, run by gloo in two
-processes on localhost, and ``thunderlite.distributed.ddp`` / ``fsdp`` against
-a single-process eager model trained on the full batch. Each case spawns its
-ranks (bounded in time; every rank exits on its own) and passes when every
-rank's own assertions held. Trace-level checks of the scheduling pass run in
-one process on a one-rank group."""
+"""Distributed (issues 13, 28): collectives traced as symbols, run by gloo in
+two processes on localhost; ``thunderlite.distributed.ddp`` / ``fsdp``, torch's
+DDP (both ways round), FSDP2 and tensor parallelism under ``jit`` against a
+single-process eager model trained on the full batch. Each case spawns its
+ranks (bounded in time; every rank exits on its own; several checks share a
+spawn) and passes when every rank's own assertions held. Trace-level checks
+(the scheduling pass, FSDP2/TP traces, refusals) run in one process on a
+one-rank group, on CUDA/NCCL too when a GPU is present."""
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import tempfile
@@ -37,11 +40,10 @@ def _spawn(worker) -> None:
                 pytest.fail(f"{worker.__name__}: ranks still running after {TIMEOUT_S} s")
 
 
-@pytest.mark.parametrize("worker", [dist_workers.collectives_in_jitted_code, dist_workers.ddp_matches_single_process,
-                                    dist_workers.ddp_no_sync_accumulation,
-                                    dist_workers.torch_ddp_under_jit_matches_single_process,
-                                    dist_workers.functional_collectives_gradients,
-                                    dist_workers.fsdp_matches_single_process],
+# several checks per spawn: starting two ranks costs more than most checks
+@pytest.mark.parametrize("worker", [dist_workers.collectives_and_their_gradients,
+                                    dist_workers.data_parallel_matches_single_process,
+                                    dist_workers.sharded_models_match_single_process],
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
@@ -145,3 +147,100 @@ def test_data_parallel_without_devices_compiles_its_module():
     jm = thunderlite.jit(torch.nn.DataParallel(net, device_ids=[]))
     x = torch.randn(2, 4)
     torch.testing.assert_close(jm(x), net(x))
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def one_rank_mesh(request):
+    """A one-rank process group and device mesh: gloo on CPU, NCCL on CUDA
+    (skipped without a GPU); one rank still traces every collective."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    device = request.param
+    if device == "cuda" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+        pytest.skip("needs CUDA and NCCL (runs in scripts/gpu_checks.sh)")
+    from torch.distributed.device_mesh import init_device_mesh
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{os.path.join(d, 'store')}",
+                                rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+        try:
+            yield init_device_mesh(device, (1,))
+        finally:
+            dist.destroy_process_group()
+
+
+def _grads_equal(sharded: torch.nn.Module, ref: torch.nn.Module) -> None:
+    for (n, p), r in zip(sharded.named_parameters(), ref.parameters(), strict=True):
+        assert type(p.grad) is type(p.data), n          # a DTensor parameter's gradient is a DTensor
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        torch.testing.assert_close(grad, r.grad, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_fsdp2_and_tensor_parallel_one_rank_traces(one_rank_mesh):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    device = one_rank_mesh.device_type
+    torch.manual_seed(0)
+    ref = dist_workers._Block().to(device)
+    x = torch.randn(2, 4, 16, device=device)
+    sharded = copy.deepcopy(ref)
+    for layer in (sharded.q, sharded.o):
+        fully_shard(layer, mesh=one_rank_mesh)
+    fully_shard(sharded, mesh=one_rank_mesh)
+    tp = copy.deepcopy(ref)
+    parallelize_module(tp, one_rank_mesh, {"q": ColwiseParallel(), "up": ColwiseParallel(),
+                                           "o": RowwiseParallel(), "down": RowwiseParallel()})
+    ref(x).square().mean().backward()
+    for model, gathers in ((sharded, True), (tp, False)):
+        jm = thunderlite.jit(model)
+        out = jm(x)
+        torch.testing.assert_close(out, ref(x))
+        out.square().mean().backward()
+        _grads_equal(model, ref)
+        fwd, bwd = str(thunderlite.last_traces(jm)[-1]), str(thunderlite.last_backward_traces(jm)[-1])
+        if gathers:       # every parameter gathered; the gradients reduce-scattered
+            n = len(list(ref.parameters()))
+            assert fwd.count("dist.all_gather(") == n and bwd.count("dist.reduce_scatter(") == n
+        else:             # o and down: partial sums all-reduced; up's input gradient too
+            assert fwd.count("dist.all_reduce(") == 2 and bwd.count("dist.all_reduce(") == 1
+
+
+def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel, parallelize_module
+    if one_rank_mesh.device_type != "cpu":
+        pytest.skip("refusals are device independent: checked once, on CPU")
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    dt = distribute_tensor(torch.randn(4), one_rank_mesh, [Replicate()])
+    with pytest.raises(NotImplementedError, match=r"DTensor argument 0 \(placements \(Replicate\(\),\)\)"):
+        thunderlite.jit(lambda t: t * 2)(dt)
+    from torch.distributed.tensor import DTensor, Shard
+
+    def wraps(t):
+        return DTensor.from_local(t, one_rank_mesh, [Shard(0)]).full_tensor()
+    with pytest.raises(NotImplementedError, match=r"DTensor.from_local\(\.\.\.\) at .*test_distributed.py:\d+"):
+        thunderlite.jit(wraps)(torch.randn(4))
+    with pytest.raises(NotImplementedError, match=r"ColwiseParallel\(.*use_local_output=False\) on module '0'"):
+        thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"0": ColwiseParallel(use_local_output=False)}))
+    with pytest.raises(NotImplementedError, match="SequenceParallel on module '1' \\(LayerNorm\\)"):
+        thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"1": SequenceParallel()}))
+    whole = fully_shard(net(), mesh=one_rank_mesh)
+    with pytest.raises(NotImplementedError, match=r"FSDP internals: FSDPSequential\(\.\.\.\) at "):
+        thunderlite.jit(lambda t: whole(t))(torch.randn(2, 4))      # reached inside a function, not given to jit
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    with pytest.raises(NotImplementedError, match=r"FullyShardedDataParallel \(FSDP1\)"):
+        thunderlite.jit(FullyShardedDataParallel(net(), device_id=torch.device("cpu")))
+    inner = net()
+    fully_shard(inner[0], mesh=one_rank_mesh)
+    with pytest.raises(NotImplementedError, match="fully_shard on submodule '0' without fully_shard on the module"):
+        thunderlite.jit(inner)
+    divided = fully_shard(net(), mesh=one_rank_mesh)
+    divided.set_gradient_divide_factor(3.0)
+    with pytest.raises(NotImplementedError, match=r"set_gradient_divide_factor\(\)"):
+        thunderlite.jit(divided)
+    no_sync = fully_shard(net(), mesh=one_rank_mesh)
+    no_sync.set_requires_gradient_sync(False)
+    with pytest.raises(NotImplementedError, match=r"set_requires_gradient_sync\(False\)"):
+        thunderlite.jit(no_sync)
