@@ -1,0 +1,248 @@
+"""torch.func inside jitted code (docs/architecture.md §9, "torch.func inside a
+trace"): every transform is compared with eager torch.func, values and, where
+the jitted function's outputs are differentiated by a ``backward()`` outside
+the jit, the gradients of its inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+import thunderlite
+
+EXECUTORS = [None, ["torchcompile", "torch"]]
+
+
+def _jit(fn, executors=None):
+    return thunderlite.jit(fn) if executors is None else thunderlite.jit(fn, executors=executors)
+
+
+def _leaves(x):
+    return [t for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def _check(fn, *args, executors=None, backward=False, atol=1e-5, rtol=1e-5):
+    """``fn`` jitted against eager: outputs, and with ``backward`` the input
+    gradients of the sum of the outputs."""
+    def clone(a):
+        return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+    eargs = torch.utils._pytree.tree_map(clone, args)
+    jargs = torch.utils._pytree.tree_map(clone, args)
+    expected = fn(*eargs)
+    jfn = _jit(fn, executors)
+    got = jfn(*jargs)
+    e_out, g_out = _leaves(expected), _leaves(got)
+    assert len(e_out) == len(g_out)
+    for e, g in zip(e_out, g_out, strict=True):
+        assert e.shape == g.shape
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+    if backward:
+        sum(e.sum() for e in e_out).backward()
+        sum(g.sum() for g in g_out).backward()
+        for ea, ga in zip(_leaves(eargs), _leaves(jargs), strict=True):
+            if ea.requires_grad:
+                torch.testing.assert_close(ga.grad, ea.grad, atol=atol, rtol=rtol)
+    return jfn
+
+
+def _loss(w, x):
+    return (torch.tanh(x @ w) ** 2).sum()
+
+
+# --- grad ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_grad_matches_eager(executors):
+    w, x = torch.randn(3, 2), torch.randn(4, 3)
+    jfn = _check(lambda w, x: grad(_loss)(w, x), w, x, executors=executors)
+    text = str(thunderlite.last_traces(jfn)[0])
+    assert "tanh_backward" in text or "tanh" in text        # the gradient is computed in the trace
+
+
+def test_grad_argnums_tuple_and_has_aux():
+    def f(w, b, x):
+        y = x @ w + b
+        return y.pow(2).mean(), y.detach()
+    w, b, x = torch.randn(3, 2), torch.randn(2), torch.randn(5, 3)
+    _check(lambda w, b, x: grad(f, argnums=(0, 1), has_aux=True)(w, b, x), w, b, x)
+    _check(lambda w, b, x: grad_and_value(f, argnums=1, has_aux=True)(w, b, x), w, b, x)
+
+
+def test_grad_of_dict_argument():
+    def f(p, x):
+        return (x @ p["w"] + p["b"]).sin().sum()
+    p = {"w": torch.randn(3, 2), "b": torch.randn(2)}
+    _check(lambda p, x: grad(f)(p, x), p, torch.randn(4, 3))
+
+
+def test_grad_unused_input_is_zeros():
+    _check(lambda a, b: grad(lambda a, b: (a * 2).sum(), argnums=1)(a, b), torch.randn(3), torch.randn(3))
+
+
+def test_grad_under_no_grad_and_outer_backward():
+    w, x = torch.randn(3, 2, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    _check(lambda w, x: grad(_loss)(w, x), w, x, backward=True)
+
+    def under_no_grad(w, x):
+        with torch.no_grad():
+            return grad(_loss)(w, x)
+    _check(under_no_grad, torch.randn(3, 2), torch.randn(4, 3))
+
+
+def test_grad_of_grad():
+    def f(x):
+        return (x.sin() * x).sum()
+    x = torch.randn(5)
+    _check(lambda x: grad(lambda y: grad(f)(y).sum())(x), x)
+    # functorch's levels: the closed-over x is a constant of the inner grad
+    _check(lambda x: grad(lambda x: grad(lambda y: (x * y).sum())(x).sum())(x), x)
+
+
+def test_grad_errors():
+    with pytest.raises(RuntimeError, match="scalar Tensor"):
+        thunderlite.jit(lambda x: grad(lambda x: x * 2)(x))(torch.randn(3))
+    with pytest.raises(RuntimeError, match="floating point"):
+        thunderlite.jit(lambda x: grad(lambda x: x.sum())(x))(torch.arange(3))
+
+
+def test_grad_through_module_and_inplace():
+    lin = torch.nn.Linear(4, 3)
+
+    def f(x):
+        y = lin(x).relu()
+        y = y.clone()
+        y.mul_(2)
+        return y.sum()
+    _check(lambda x: grad(f)(x), torch.randn(2, 4))
+
+
+# --- vjp / jvp -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_vjp(executors):
+    def prog(x, w, ct):
+        out, fn = vjp(lambda x, w: torch.tanh(x @ w), x, w)
+        gx, gw = fn(ct)
+        return out, gx, gw
+    x, w, ct = torch.randn(4, 3), torch.randn(3, 2), torch.randn(4, 2)
+    _check(prog, x, w, ct, executors=executors)
+
+
+def test_vjp_has_aux_and_outer_backward():
+    def prog(x, ct):
+        out, fn, aux = vjp(lambda x: (x.exp(), x.cos()), x, has_aux=True)
+        return fn(ct)[0], aux
+    _check(prog, torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True), backward=True)
+
+
+def test_jvp():
+    def prog(x, t):
+        return jvp(lambda x: (x.sin() * x).cumsum(0), (x,), (t,))
+    _check(prog, torch.randn(5), torch.randn(5))
+
+    def two(x, y, tx, ty):
+        return jvp(lambda x, y: (x @ y).tanh(), (x, y), (tx, ty))
+    _check(two, torch.randn(2, 3), torch.randn(3, 4), torch.randn(2, 3), torch.randn(3, 4))
+
+
+# --- jacobians --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("transform", [jacrev, jacfwd])
+def test_jacobian(transform):
+    def f(x, w):
+        return torch.tanh(x @ w)
+    x, w = torch.randn(3), torch.randn(3, 2)
+    _check(lambda x, w: transform(f)(x, w), x, w)
+    _check(lambda x, w: transform(f, argnums=(0, 1))(x, w), x, w)
+
+
+def test_hessian():
+    def f(x):
+        return (x.sin() * x.pow(2)).sum()
+    _check(lambda x: hessian(f)(x), torch.randn(4))
+
+
+# --- vmap ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_vmap_basic(executors):
+    def f(x, w):
+        return torch.tanh(x @ w).sum(0) + w.mean()
+    x, w = torch.randn(6, 4, 3), torch.randn(3, 2)
+    jfn = _check(lambda x, w: vmap(f, in_dims=(0, None))(x, w), x, w, executors=executors)
+    assert "vmap" not in str(thunderlite.last_traces(jfn)[-1]).lower()
+
+
+def test_vmap_in_dims_out_dims_nested():
+    def f(a, b):
+        return a * b.unsqueeze(-1) + a.softmax(-1)
+    a, b = torch.randn(3, 4, 5), torch.randn(4, 3)
+    _check(lambda a, b: vmap(f, in_dims=(0, 1), out_dims=1)(a, b), a, b)
+    _check(lambda a: vmap(vmap(lambda r: r.sum() * r))(a), torch.randn(2, 3, 4))
+    _check(lambda a, v: vmap(lambda m: m @ v)(a), torch.randn(5, 2, 3), torch.randn(3))
+    _check(lambda v, a: vmap(lambda x, y: x @ y)(v, a), torch.randn(5, 2), torch.randn(5, 2, 3))
+    _check(lambda a, b: vmap(torch.dot)(a, b), torch.randn(5, 3), torch.randn(5, 3))
+
+
+def test_vmap_outer_backward():
+    def f(x, w):
+        return F.gelu(x @ w).sum(-1)
+    _check(lambda x, w: vmap(f, in_dims=(0, None))(x, w), torch.randn(4, 3, requires_grad=True),
+           torch.randn(3, 2, requires_grad=True), backward=True)
+
+
+def test_vmap_randomness():
+    with pytest.raises(RuntimeError, match="randomness"):
+        thunderlite.jit(lambda x: vmap(lambda r: r + torch.rand(()))(x))(torch.randn(3))
+    out = thunderlite.jit(lambda x: vmap(lambda r: r * 0 + torch.rand(()), randomness="same")(x))(torch.randn(4))
+    assert torch.all(out == out[0])
+    out = thunderlite.jit(lambda x: vmap(lambda r: r * 0 + torch.rand(()), randomness="different")(x))(
+        torch.randn(64))
+    assert out.unique().numel() > 1
+
+
+def test_vmap_errors():
+    with pytest.raises(ValueError, match="same size"):
+        thunderlite.jit(lambda a, b: vmap(torch.add)(a, b))(torch.randn(3), torch.randn(4))
+
+
+# --- per-sample gradients, functional_call --------------------------------------------
+
+@pytest.mark.parametrize("executors", EXECUTORS)
+def test_per_sample_gradients(executors):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+    def loss(params, x, y):
+        out = functional_call(model, params, (x.unsqueeze(0),))
+        return F.cross_entropy(out, y.unsqueeze(0))
+
+    def prog(params, x, y):
+        return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    _check(prog, params, torch.randn(5, 4), torch.randint(0, 3, (5,)), executors=executors)
+
+
+def test_functional_call_tied_and_buffers():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3)
+            self.b = torch.nn.Linear(3, 3)
+            self.b.weight = self.a.weight
+            self.register_buffer("scale", torch.tensor(2.0))
+
+        def forward(self, x):
+            return self.b(self.a(x)) * self.scale
+    m = M()
+    x = torch.randn(2, 3)
+    new = {"a.weight": torch.randn(3, 3), "scale": torch.tensor(3.0)}
+    _check(lambda x, p: functional_call(m, p, (x,)), x, new)
+    # the module's own parameters are untouched afterwards
+    jfn = thunderlite.jit(lambda x: m(x))
+    torch.testing.assert_close(jfn(x), m(x))
+
+
+def test_jacrev_of_module_params():
+    lin = torch.nn.Linear(3, 2)
+    params = {k: v.detach() for k, v in lin.named_parameters()}
+    _check(lambda p, x: jacrev(lambda p: functional_call(lin, p, (x,)))(p), params, torch.randn(3))
