@@ -246,3 +246,35 @@ def test_jacrev_of_module_params():
     lin = torch.nn.Linear(3, 2)
     params = {k: v.detach() for k, v in lin.named_parameters()}
     _check(lambda p, x: jacrev(lambda p: functional_call(lin, p, (x,)))(p), params, torch.randn(3))
+
+
+def test_per_sample_gradients_cnn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 3))
+
+    def loss(params, x, y):
+        return F.cross_entropy(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    _check(lambda p, x, y: vmap(grad(loss), in_dims=(None, 0, 0))(p, x, y), params, torch.randn(3, 1, 6, 6),
+           torch.randint(0, 3, (3,)))
+    _check(lambda x, w: vmap(lambda xi: F.conv2d(xi, w))(x), torch.randn(3, 2, 1, 6, 6), torch.randn(4, 1, 3, 3))
+
+
+def test_vmap_views_reductions_indexing():
+    idx = torch.tensor([0, 2])
+    _check(lambda a, v: vmap(lambda r, vv: r.index_put((idx,), vv, accumulate=True))(a, v),
+           torch.randn(3, 4, 2), torch.randn(3, 2, 2))
+    _check(lambda a, i: vmap(lambda r, ii: r[ii] * 2)(a, i), torch.randn(3, 5), torch.randint(0, 5, (3, 2)))
+    _check(lambda a, i: vmap(lambda r, ii: torch.index_select(r, 0, ii))(a, i), torch.randn(3, 5, 2),
+           torch.randint(0, 5, (3, 2)))
+    _check(lambda a: vmap(lambda r: r[1:3].T.reshape(-1).flip(0).cumsum(0).max())(a), torch.randn(3, 5, 2))
+    _check(lambda a, b: vmap(lambda x, y: torch.cat([x, y]).sort().values + torch.where(x > 0, x, y).sum())(a, b),
+           torch.randn(3, 5), torch.randn(3, 5))
+    w = torch.randn(4)
+    _check(lambda a: vmap(lambda x: F.layer_norm(x, (4,), w).softmax(-1).var())(a), torch.randn(3, 2, 4))
+
+
+def test_vmap_missing_rule_names_op_and_line():
+    with pytest.raises(NotImplementedError, match=r"no batching rule for prims.item .*test_torch_func.py"):
+        thunderlite.jit(lambda a: vmap(lambda r: r * r.sum().item())(a))(torch.randn(3, 2))

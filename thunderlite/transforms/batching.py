@@ -24,11 +24,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import torch
+
 from thunderlite.core import prims, pytree
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
+from thunderlite.torch import opaque_symbol_for
 
 RULES: dict[str, Callable] = {}
 
@@ -102,6 +105,8 @@ def batch(bsyms, env: dict, size, randomness: str, what: str) -> None:
         rule = RULES.get(sym.id)
         if rule is None and random:
             rule = functools.partial(_random, sym)
+        if rule is None and not bsym.subsymbols and Tag.OPAQUE in sym.tags and sym.torch_fn is not None:
+            rule = functools.partial(_opaque, bsym)
         if rule is not None:
             source = trc.source
             trc.source = bsym.source
@@ -116,9 +121,6 @@ def batch(bsyms, env: dict, size, randomness: str, what: str) -> None:
         if bsym.subsymbols:
             subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
             batch(subs, env, size, randomness, what)
-            continue
-        if Tag.OPAQUE in sym.tags and sym.torch_fn is not None:
-            _opaque(b, bsym)
             continue
         raise NotImplementedError(
             f"{what}: no batching rule for {sym.id} (used at {_where(bsym)}); register one in "
@@ -280,6 +282,25 @@ def _index_add(b: Batch, a, dim, index, source):
     return prims.index_add(b.lift(a), _canon(dim, a.ndim) + 1, index, b.lift(source))
 
 
+@register("prims.index_put")
+def _index_put(b: Batch, a, indices, values, accumulate):
+    """The batch is one more index: ``arange(B)`` broadcast against the
+    example's (integer) indices; values get the batch dim in front of theirs."""
+    if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
+        raise NotImplementedError("vmap: index_put with boolean indices has no batching rule")
+    idx_shape = prims.broadcast_shapes(*(i.shape for i in indices))
+    n = len(idx_shape)
+    ar = prims.iota(b.size, start=0, step=1, device=a.device, dtype=torch.int64)
+    ar = prims.broadcast_in_dim(ar, (b.size, *idx_shape), (0,))
+    idx = [prims.broadcast_in_dim(b.lift(i), (b.size, *idx_shape), (0, *range(1 + n - i.ndim, 1 + n)))
+           for i in indices]
+    rest = tuple(a.shape[len(indices):])
+    full = (*idx_shape, *rest)
+    v = b.lift(values)
+    v = prims.broadcast_in_dim(v, (b.size, *full), (0, *range(1 + len(full) - values.ndim, 1 + len(full))))
+    return prims.index_put(b.lift(a), [ar, *idx], v, accumulate)
+
+
 # --- matmul ----------------------------------------------------------------------------
 
 @register("prims.matmul")
@@ -330,6 +351,48 @@ def _random(sym, b: Batch, shape, *params, **kwargs):
     return sym((b.size, *shape), *(b.lift(p) for p in params), **kwargs)
 
 
-def _opaque(b: Batch, bsym: BoundSymbol):
-    raise NotImplementedError(
-        f"vmap: the opaque op {bsym.sym.name} (used at {_where(bsym)}) has no batching rule")
+_vmapped: dict = {}
+
+
+def _under_torch_vmap(fn, what: str, b: Batch, args: tuple, kwargs: dict):
+    """``fn`` (a torch callable) on the physical values under PyTorch's own vmap:
+    one opaque call of ``torch.vmap(fn)``, which has batching rules of its own."""
+    if any(b.batched(p) for p in pytree.leaves(kwargs)):
+        raise NotImplementedError(f"vmap: {what} gets a batched tensor as a keyword argument; pass it positionally")
+    dims = pytree.tree_map(lambda x: 0 if b.batched(x) else None, args)
+    key = (fn, repr(dims))
+    mapped = _vmapped.get(key)
+    if mapped is None:
+        mapped = _vmapped[key] = torch.vmap(fn, in_dims=dims)
+    return opaque_symbol_for(mapped)(*b.phys(args), **kwargs)
+
+
+def _opaque(bsym: BoundSymbol, b: Batch, *args, **kwargs):
+    """A batched opaque op (no symbol of ours) runs under PyTorch's own vmap."""
+    return _under_torch_vmap(bsym.sym.torch_fn, f"the opaque op {bsym.sym.name} (used at {_where(bsym)})",
+                             b, args, kwargs)
+
+
+@register("prims.convolution")
+def _convolution(b: Batch, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if b.batched(weight) or b.batched(bias):
+        return _under_torch_vmap(torch.ops.aten.convolution.default, "convolution", b,
+                                 (a, weight, bias, stride, padding, dilation, transposed, output_padding, groups), {})
+    # the examples' own batch dims folded into one
+    pa = b.phys(a)
+    folded = prims.reshape(pa, (b.size * a.shape[0], *a.shape[1:]))
+    out = prims.convolution(folded, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return prims.reshape(out, (b.size, a.shape[0], *out.shape[1:]))
+
+
+def _conv_backward_kernel(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return torch.ops.aten.convolution_backward(
+        g, a, weight, None if bias is None else list(bias.shape), stride, padding, dilation, transposed,
+        output_padding, groups, [True, True, bias is not None])
+
+
+@register("autodiff.convolution_backward")
+def _convolution_backward(b: Batch, g, a, weight, bias, stride, padding, dilation, transposed, output_padding,
+                          groups):
+    args = (g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return _under_torch_vmap(_conv_backward_kernel, "convolution_backward", b, args, {})

@@ -48,7 +48,7 @@ def record(hooks, fn: Callable, args: tuple, kwargs: dict, grad: bool | None = N
     hooks.trace = scratch
     try:
         with tracectx(scratch), _grad_mode(hooks, grad):
-            out = interpret(fn, hooks)(*args, **kwargs)
+            out = (hooks.lookaside(fn) or interpret(fn, hooks))(*args, **kwargs)
     finally:
         hooks.trace = saved
     return scratch.bound_symbols, out
