@@ -278,3 +278,39 @@ def test_vmap_views_reductions_indexing():
 def test_vmap_missing_rule_names_op_and_line():
     with pytest.raises(NotImplementedError, match=r"no batching rule for prims.item .*test_torch_func.py"):
         thunderlite.jit(lambda a: vmap(lambda r: r * r.sum().item())(a))(torch.randn(3, 2))
+
+
+def test_vjp_tuple_output_called_twice_and_jacrev_has_aux():
+    def prog(x, c1, c2):
+        out, fn = vjp(lambda x: (x.sin(), x.cos().sum()), x)
+        return out, fn((c1, c2)), fn((c1 * 0 + 1, c2))
+    _check(prog, torch.randn(3), torch.randn(3), torch.randn(()))
+    _check(lambda x: jacrev(lambda x: (x.exp(), x.sum()), has_aux=True)(x), torch.randn(3))
+
+
+def test_vmap_pytree_dims_and_compositions():
+    _check(lambda a, b: vmap(lambda a, b: (a + b, a.sum(), b * 0 + 1), in_dims=(0, None), out_dims=(1, 0, 0))(a, b),
+           torch.randn(4, 3), torch.randn(3))
+    _check(lambda d: vmap(lambda d: d["a"] * d["b"], in_dims=({"a": 0, "b": None},))(d),
+           {"a": torch.randn(4, 3), "b": torch.randn(3)})
+    _check(lambda w, X: grad(lambda w: vmap(lambda x: (x @ w).sin().sum())(X).sum())(w), torch.randn(3, 2),
+           torch.randn(5, 3))
+    _check(lambda X: vmap(jacrev(lambda x: x.sin() * x.sum()))(X), torch.randn(4, 3))
+    _check(lambda x: grad(grad(grad(lambda x: x.sin() * x ** 3)))(x), torch.tensor(0.7))
+
+
+def test_vmap_nn_ops():
+    q = torch.randn(2, 3, 4, 8)
+    _check(lambda q, k, v: vmap(F.scaled_dot_product_attention)(q, k, v), q, torch.randn_like(q), torch.randn_like(q))
+    _check(lambda w, i: vmap(lambda ii: F.embedding(ii, w))(i), torch.randn(10, 4), torch.randint(0, 10, (3, 5)))
+    _check(lambda x, w, b: vmap(F.linear, in_dims=(0, None, None))(x, w, b), torch.randn(3, 4, 5), torch.randn(2, 5),
+           torch.randn(2))
+    _check(lambda X, Y: vmap(F.cross_entropy)(X, Y), torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3)))
+
+
+def test_write_into_differentiated_input_is_refused():
+    def f(x):
+        x.mul_(2)
+        return x.sum()
+    with pytest.raises(NotImplementedError, match="grad_and_value at .*test_torch_func.py"):
+        thunderlite.jit(lambda x: grad(f)(x))(torch.randn(3))

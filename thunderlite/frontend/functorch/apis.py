@@ -248,7 +248,7 @@ def _rows(hooks, d: _Diff, out_leaves: list, j: int, what: str) -> list:
     scratch = Trace("sub-trace", names=current_trace().names)
     scratch.source = current_trace().source
     with tracectx(scratch):
-        grads = d.lin.backward([row if k == j else None for k in range(len(out_leaves))])
+        grads = d.lin.backward([row if k == j else None for k in range(len(d.lin.outputs))])
     env = {row.name: basis}
     batch(scratch.bound_symbols, env, n, "error", f"{what} at {_line(hooks)}")
     out = []
