@@ -142,11 +142,12 @@ def _scalar_out(out, what: str, hooks) -> TensorProxy:
 
 # --- reverse mode --------------------------------------------------------------------
 
-def grad_and_value(hooks, func: Callable, argnums=0, has_aux: bool = False) -> Callable:
+def grad_and_value(hooks, func: Callable, argnums=0, has_aux: bool = False, what: str = "grad_and_value"
+                   ) -> Callable:
     def transformed(*args, **kwargs):
-        nums = _argnums(argnums, len(args), "grad_and_value")
-        d = _Diff(hooks, func, args, kwargs, nums, has_aux, "grad_and_value")
-        out = _scalar_out(d.out, "grad_and_value", hooks)
+        nums = _argnums(argnums, len(args), what)
+        d = _Diff(hooks, func, args, kwargs, nums, has_aux, what)
+        out = _scalar_out(d.out, what, hooks)
         one = prims.full((), 1, device=out.device, dtype=out.dtype)
         grads = d.backward([one])
         g = grads[0] if isinstance(argnums, int) else tuple(grads)
@@ -155,7 +156,7 @@ def grad_and_value(hooks, func: Callable, argnums=0, has_aux: bool = False) -> C
 
 
 def grad(hooks, func: Callable, argnums=0, has_aux: bool = False) -> Callable:
-    gv = grad_and_value(hooks, func, argnums, has_aux)
+    gv = grad_and_value(hooks, func, argnums, has_aux, "grad")
 
     def transformed(*args, **kwargs):
         g, value = gv(*args, **kwargs)
