@@ -314,3 +314,12 @@ def test_write_into_differentiated_input_is_refused():
         return x.sum()
     with pytest.raises(NotImplementedError, match="grad at .*test_torch_func.py"):
         thunderlite.jit(lambda x: grad(f)(x))(torch.randn(3))
+
+
+_GLOBAL_GRAD = grad(_loss)
+_GLOBAL_VMAP = vmap(torch.dot)
+
+
+def test_transforms_made_outside_the_jitted_function():
+    _check(lambda w, x: _GLOBAL_GRAD(w, x), torch.randn(3, 2), torch.randn(4, 3))
+    _check(lambda a, b: _GLOBAL_VMAP(a, b), torch.randn(4, 3), torch.randn(4, 3))

@@ -28,6 +28,8 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from torch._functorch import eager_transforms
+from torch._functorch import vmap as functorch_vmap
 from torch.utils import _pytree as torch_pytree
 
 from thunderlite.core import prims
@@ -414,8 +416,24 @@ def functional_call(hooks, module: torch.nn.Module, parameter_and_buffer_dicts, 
         return interpret(module, hooks)(*args, **(kwargs or {}))
 
 
+def _grad_impl(hooks, func, argnums, has_aux, args, kwargs):
+    return grad(hooks, func, argnums, has_aux)(*args, **kwargs)
+
+
+def _grad_and_value_impl(hooks, func, argnums, has_aux, args, kwargs):
+    return grad_and_value(hooks, func, argnums, has_aux)(*args, **kwargs)
+
+
+def _vmap_impl(hooks, func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs):
+    return vmap(hooks, func, in_dims, out_dims, randomness, chunk_size=chunk_size)(*args, **kwargs)
+
+
 def replacements() -> dict:
-    """torch.func callable -> ``replacement(hooks, *args, **kwargs)``."""
+    """torch.func callable -> ``replacement(hooks, *args, **kwargs)``. The
+    ``*_impl`` entries catch a ``grad``/``vmap`` made outside the jitted
+    function (``g = grad(f)`` at module level) and called inside it."""
     return {torch.func.grad: grad, torch.func.grad_and_value: grad_and_value, torch.func.vjp: vjp,
             torch.func.jvp: jvp, torch.func.jacrev: jacrev, torch.func.jacfwd: jacfwd,
-            torch.func.hessian: hessian, torch.func.vmap: vmap, torch.func.functional_call: functional_call}
+            torch.func.hessian: hessian, torch.func.vmap: vmap, torch.func.functional_call: functional_call,
+            eager_transforms.grad_impl: _grad_impl, eager_transforms.grad_and_value_impl: _grad_and_value_impl,
+            functorch_vmap.vmap_impl: _vmap_impl}
