@@ -97,13 +97,10 @@ def batch(bsyms, env: dict, size, randomness: str, what: str) -> None:
                 "operation out of vmap")
         on_batch = any(p.name in env for p in bsym.proxy_args())
         if not on_batch and not (random and randomness == "different"):
-            source = trc.source
-            trc.source = bsym.source
             trc.add_bound_symbol(bsym)
-            trc.source = source
             continue
         rule = RULES.get(sym.id)
-        if rule is None and random:
+        if rule is None and random and not bsym.subsymbols:
             rule = functools.partial(_random, sym)
         if rule is None and not bsym.subsymbols and Tag.OPAQUE in sym.tags and sym.torch_fn is not None:
             rule = functools.partial(_opaque, bsym)
@@ -321,9 +318,9 @@ def _matmul(b: Batch, a, c):
         drop = (() if a.ndim > 1 else (out.ndim - 2,)) + (() if c.ndim > 1 else (out.ndim - 1,))
         return prims.squeeze(out, drop) if drop else out
     if ba:
-        if a.ndim == 1 or c.ndim > 2:
+        if c.ndim > 2:
             return _matmul(_both(b, a, c), a, c)
-        return prims.matmul(pa, pc)           # (B, ..., n, k) @ (k, m) or (k,)
+        return prims.matmul(pa, pc)           # (B, ..., n, k) or (B, k) @ (k, m) or (k,)
     if c.ndim == 1 or a.ndim > 2:
         return _matmul(_both(b, a, c), a, c)
     # (n, k) or (k,) @ (B, ..., k, m): the batched operand carries the batch
