@@ -198,6 +198,15 @@ def test_vmap_randomness():
     out = thunderlite.jit(lambda x: vmap(lambda r: r * 0 + torch.rand(()), randomness="different")(x))(
         torch.randn(64))
     assert out.unique().numel() > 1
+    # a composite draw (dropout): one mask per example with "different", one for all with "same"
+    ones = torch.ones(8, 100)
+    out = thunderlite.jit(lambda x: vmap(lambda r: F.dropout(r, 0.5), randomness="different")(x))(ones)
+    assert set(out.unique().tolist()) <= {0.0, 2.0} and (out[0] != out[1]).any()
+    out = thunderlite.jit(lambda x: vmap(lambda r: F.dropout(r, 0.5), randomness="same")(x))(ones)
+    assert (out == out[0]).all()
+    out = thunderlite.jit(lambda x: vmap(lambda r: r * 0 + torch.rand(3), randomness="different")(x))(
+        torch.randn(8, 3))
+    assert out.shape == (8, 3) and (out[0] != out[1]).any()
 
 
 def test_vmap_errors():
