@@ -251,6 +251,18 @@ def test_functional_call_tied_and_buffers():
     torch.testing.assert_close(jfn(x), m(x))
 
 
+def test_functional_call_module_reading_its_slots():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3))
+            self.register_buffer("b", torch.ones(3))
+
+        def forward(self, x):
+            return x * self._parameters["w"] + sum(p.sum() for p in self.parameters()) + self._buffers["b"]
+    _check(lambda x, p: functional_call(M(), p, (x,)), torch.randn(3), {"w": torch.randn(3), "b": torch.randn(3)})
+
+
 def test_jacrev_of_module_params():
     lin = torch.nn.Linear(3, 2)
     params = {k: v.detach() for k, v in lin.named_parameters()}

@@ -379,16 +379,23 @@ def _overlay(hooks, module: torch.nn.Module, values: dict, tie_weights: bool, st
             if len(tied) > 1 and given:
                 for n in tied:
                     values.setdefault(n, values[given[0]])
-    saved = {}
+    overlay = {}
+    for name, value in values.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        if isinstance(value, torch.Tensor):
+            value = st.enter(None, value)
+        overlay[(id(owner), attr)] = (owner, value)
+        # code reading the slots (``self._parameters[name]``, ``parameters()``) sees the values too
+        for slot in ("_parameters", "_buffers"):
+            if attr in owner.__dict__.get(slot, ()):
+                key = (id(owner), slot)
+                if key not in overlay:
+                    overlay[key] = (owner, dict(owner.__dict__[slot]))
+                overlay[key][1][attr] = value
+    saved = {key: st.attr_writes.get(key, _MISSING) for key in overlay}
+    st.attr_writes.update(overlay)
     try:
-        for name, value in values.items():
-            owner_name, _, attr = name.rpartition(".")
-            owner = module.get_submodule(owner_name) if owner_name else module
-            if isinstance(value, torch.Tensor):
-                value = st.enter(None, value)
-            key = (id(owner), attr)
-            saved[key] = st.attr_writes.get(key, _MISSING)
-            st.attr_writes[key] = (owner, value)
         yield
     finally:
         for key, old in saved.items():
