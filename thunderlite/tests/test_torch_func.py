@@ -260,7 +260,8 @@ def test_functional_call_module_reading_its_slots():
 
         def forward(self, x):
             return x * self._parameters["w"] + sum(p.sum() for p in self.parameters()) + self._buffers["b"]
-    _check(lambda x, p: functional_call(M(), p, (x,)), torch.randn(3), {"w": torch.randn(3), "b": torch.randn(3)})
+    m = M()
+    _check(lambda x, p: functional_call(m, p, (x,)), torch.randn(3), {"w": torch.randn(3), "b": torch.randn(3)})
 
 
 def test_jacrev_of_module_params():
