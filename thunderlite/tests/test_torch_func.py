@@ -155,6 +155,17 @@ def test_jacobian(transform):
     _check(lambda x, w: transform(f, argnums=(0, 1))(x, w), x, w)
 
 
+def test_jacfwd_randomness():
+    def f(x):
+        return x * torch.rand(3)
+    with pytest.raises(RuntimeError, match="randomness error mode"):
+        thunderlite.jit(lambda x: jacfwd(f)(x))(torch.randn(3))
+    with pytest.raises(NotImplementedError, match="reverse mode"):
+        thunderlite.jit(lambda x: jacfwd(f, randomness="different")(x))(torch.randn(3))
+    jac = thunderlite.jit(lambda x: jacfwd(f, randomness="same")(x))(torch.randn(3))
+    assert torch.count_nonzero(jac - torch.diag(torch.diagonal(jac))) == 0
+
+
 def test_hessian():
     def f(x):
         return (x.sin() * x.pow(2)).sum()

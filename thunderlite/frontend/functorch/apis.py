@@ -34,6 +34,8 @@ from torch.utils import _pytree as torch_pytree
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import walk
+from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.frontend.functorch.subtrace import inline, record
@@ -222,10 +224,12 @@ def jvp(hooks, func: Callable, primals, tangents, *, strict: bool = False, has_a
     return (d.out, tangent, d.aux) if has_aux else (d.out, tangent)
 
 
-def _jacobian(hooks, func: Callable, argnums, has_aux: bool, what: str) -> Callable:
+def _jacobian(hooks, func: Callable, argnums, has_aux: bool, what: str, randomness: str | None = None) -> Callable:
     def transformed(*args, **kwargs):
         nums = _argnums(argnums, len(args), what)
         d = _Diff(hooks, func, args, kwargs, nums, has_aux, what)
+        if randomness is not None:
+            _check_forward_randomness(d, randomness, what, hooks)
         out_leaves, out_spec = torch_pytree.tree_flatten(d.out)
         per_out = []
         for j, o in enumerate(out_leaves):
@@ -267,17 +271,33 @@ def _rows(hooks, d: _Diff, out_leaves: list, j: int, what: str) -> list:
     return out
 
 
+def _check_forward_randomness(d: _Diff, randomness: str, what: str, hooks) -> None:
+    """jacfwd vmaps its function over the tangents in eager: a random draw there
+    follows ``randomness``. Here the function runs once (the Jacobian comes
+    from reverse mode): one draw, which is ``"same"``."""
+    drawn = next((b for bsym in d.lin.forward for b in walk(bsym) if Tag.RANDOM in b.sym.tags), None)
+    if drawn is None or randomness == "same":
+        return
+    if randomness == "error":
+        raise RuntimeError(f"vmap: called random operation while in randomness error mode ({what} at "
+                           f"{_line(hooks)}). Please either use the 'same' or 'different' randomness flags on vmap "
+                           "or perform the randomness operation out of vmap")
+    raise NotImplementedError(f"{what}(randomness={randomness!r}) of a function drawing random numbers (at "
+                              f"{_line(hooks)}): thunderlite computes jacfwd by reverse mode, with one draw; "
+                              "use randomness='same' or jacrev")
+
+
 def jacrev(hooks, func: Callable, argnums=0, *, has_aux: bool = False, chunk_size=None,
            _preallocate_and_copy: bool = False) -> Callable:
     return _jacobian(hooks, func, argnums, has_aux, "jacrev")
 
 
 def jacfwd(hooks, func: Callable, argnums=0, has_aux: bool = False, *, randomness: str = "error") -> Callable:
-    return _jacobian(hooks, func, argnums, has_aux, "jacfwd")
+    return _jacobian(hooks, func, argnums, has_aux, "jacfwd", randomness)
 
 
 def hessian(hooks, func: Callable, argnums=0) -> Callable:
-    return _jacobian(hooks, _jacobian(hooks, func, argnums, False, "jacrev"), argnums, False, "jacfwd")
+    return _jacobian(hooks, _jacobian(hooks, func, argnums, False, "jacrev"), argnums, False, "jacfwd", "error")
 
 
 # --- vmap ------------------------------------------------------------------------------
