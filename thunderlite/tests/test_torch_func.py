@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import thunderlite
+from thunderlite.core.verify import verify_trace
 
 EXECUTORS = [None, ["torchcompile", "torch"]]
 
@@ -30,6 +31,8 @@ def _check(fn, *args, executors=None, backward=False, atol=1e-5, rtol=1e-5):
     expected = fn(*eargs)
     jfn = _jit(fn, executors)
     got = jfn(*jargs)
+    for trace in thunderlite.last_traces(jfn):
+        verify_trace(trace)
     e_out, g_out = _leaves(expected), _leaves(got)
     assert len(e_out) == len(g_out)
     for e, g in zip(e_out, g_out, strict=True):
@@ -356,3 +359,14 @@ _GLOBAL_VMAP = vmap(torch.dot)
 def test_transforms_made_outside_the_jitted_function():
     _check(lambda w, x: _GLOBAL_GRAD(w, x), torch.randn(3, 2), torch.randn(4, 3))
     _check(lambda a, b: _GLOBAL_VMAP(a, b), torch.randn(4, 3), torch.randn(4, 3))
+
+
+def test_every_prim_has_a_batching_rule():
+    from thunderlite.core import prims
+    from thunderlite.core.tags import Tag
+    from thunderlite.transforms.batching import RULES
+    # creation prims never take a batched tensor; random ones follow vmap's randomness; item reads a value
+    exempt = {"full", "empty", "iota", "item"}
+    missing = [s.id for name, s in prims.all_prims().items()
+               if s.id not in RULES and name not in exempt and Tag.RANDOM not in s.tags]
+    assert missing == []
