@@ -223,9 +223,13 @@ def test_vmap_randomness():
     assert out.shape == (8, 3) and (out[0] != out[1]).any()
 
 
-def test_vmap_errors():
+def test_vmap_errors_and_out_dims_none():
     with pytest.raises(ValueError, match="same size"):
         thunderlite.jit(lambda a, b: vmap(torch.add)(a, b))(torch.randn(3), torch.randn(4))
+    with pytest.raises(ValueError, match="out_dim is None"):
+        thunderlite.jit(lambda a: vmap(lambda a: a * 2, out_dims=None)(a))(torch.randn(4, 3))
+    _check(lambda a, b: vmap(lambda a, b: (a * 2, b + 1), in_dims=(0, None), out_dims=(0, None))(a, b),
+           torch.randn(4, 3), torch.randn(3))
 
 
 # --- per-sample gradients, functional_call --------------------------------------------

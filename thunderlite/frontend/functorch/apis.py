@@ -358,17 +358,21 @@ def vmap(hooks, func: Callable, in_dims=0, out_dims=0, randomness: str = "error"
         bsyms, out = record(hooks, func, torch_pytree.tree_unflatten(logical, spec), kwargs)
         batch(bsyms, env, size, randomness, what)
         out_leaves, out_spec = torch_pytree.tree_flatten(out)
-        odims = _broadcast_dims(out_dims, out if isinstance(out_dims, (tuple, list, dict)) else out, what) \
-            if not isinstance(out_dims, int) and out_dims is not None else [out_dims] * len(out_leaves)
         result = []
-        for o, od in zip(out_leaves, odims, strict=True):
+        for o, od in zip(out_leaves, _broadcast_dims(out_dims, out, what), strict=True):
+            if od is None:          # returned as it is: it must be the same for every example
+                if _is_t(o) and o.name in env:
+                    raise ValueError(f"{what}: `{_fn_name(func)}` can not return a BatchedTensor when out_dim is None "
+                                     "(the output depends on the mapped inputs)")
+                result.append(o)
+                continue
             if not _is_t(o):
                 raise ValueError(f"{what}: `{_fn_name(func)}` must only return Tensors, got type {type(o)}. "
                                  "Did you mean to set out_dims= to None for output?")
             phys = env.get(o.name)
             if phys is None:
                 phys = prims.broadcast_in_dim(o, (size, *o.shape), tuple(range(1, o.ndim + 1)))
-            if od is not None and od % phys.ndim != 0:
+            if od % phys.ndim != 0:
                 phys = symbol_for(torch.movedim)(phys, 0, od)
             result.append(phys)
         return torch_pytree.tree_unflatten(result, out_spec)
