@@ -339,6 +339,14 @@ def test_vmap_pytree_dims_and_compositions():
     _check(lambda x: grad(grad(grad(lambda x: x.sin() * x ** 3)))(x), torch.tensor(0.7))
 
 
+def test_vmap_of_vjp_fn_and_of_jvp():
+    def over_cotangents(x, cts):
+        _, fn = vjp(lambda x: x.sin() * x, x)
+        return vmap(fn)(cts)
+    _check(over_cotangents, torch.randn(3), torch.randn(5, 3))
+    _check(lambda x: vmap(lambda t: jvp(lambda x: x.sin() * x.sum(), (x,), (t,))[1])(torch.eye(3)), torch.randn(3))
+
+
 def test_vmap_nn_ops():
     q = torch.randn(2, 3, 4, 8)
     _check(lambda q, k, v: vmap(F.scaled_dot_product_attention)(q, k, v), q, torch.randn_like(q), torch.randn_like(q))
