@@ -356,6 +356,14 @@ def test_vmap_nn_ops():
     _check(lambda X, Y: vmap(F.cross_entropy)(X, Y), torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3)))
 
 
+def test_write_into_captured_tensor_raises_as_eager():
+    bn = torch.nn.BatchNorm1d(3)            # train mode: the running statistics are written
+    with pytest.raises(RuntimeError, match="mutate a captured Tensor.*test_torch_func.py"):
+        thunderlite.jit(lambda x: grad(lambda x: bn(x).pow(2).sum())(x))(torch.randn(4, 3))
+    bn.eval()
+    _check(lambda x: grad(lambda x: bn(x).pow(2).sum())(x), torch.randn(4, 3))
+
+
 def test_write_into_differentiated_input_is_refused():
     def f(x):
         x.mul_(2)
@@ -382,3 +390,18 @@ def test_every_prim_has_a_batching_rule():
     missing = [s.id for name, s in prims.all_prims().items()
                if s.id not in RULES and name not in exempt and Tag.RANDOM not in s.tags]
     assert missing == []
+
+
+def test_second_order_through_backward_kernels():
+    # conv, batch_norm and cross_entropy backward kernels differentiated again (PyTorch autograd's
+    # double backward) and the statistics a fused forward saves kept differentiable
+    x, t = torch.randn(2, 1, 5), torch.tensor([0, 1])
+    _check(lambda w: grad(lambda w: grad(lambda w: F.conv1d(x, w).pow(2).sum())(w).pow(2).sum())(w),
+           torch.randn(3, 1, 2))
+    _check(lambda w: grad(lambda w: grad(lambda z: F.cross_entropy(z, t))(w).pow(2).sum())(w), torch.randn(2, 2))
+    _check(lambda w: grad(lambda w: grad(lambda w: F.cross_entropy(w @ w.T, t))(w).pow(2).sum())(w),
+           torch.randn(2, 3))
+    bn = torch.nn.BatchNorm1d(3).eval()
+    _check(lambda x: grad(lambda x: grad(lambda x: bn(x).pow(3).sum())(x).pow(2).sum())(x), torch.randn(4, 3))
+    _check(lambda w: grad(lambda w: F.conv1d(x, w).pow(2).sum())(w), torch.randn(3, 1, 2, requires_grad=True),
+           backward=True)

@@ -108,7 +108,8 @@ class _Diff:
                 raise RuntimeError(f"{what}(f)(*args): output of function f should be a tuple: (output, aux) "
                                    f"if has_aux is True (at {_line(hooks)})")
         names = current_trace().names
-        self.lin: Linearized = linearize(bsyms, self.wrt, out, names, f"{what} at {_line(hooks)}")
+        self.lin: Linearized = linearize(bsyms, self.wrt, out, names, f"{what} at {_line(hooks)}",
+                                         higher_order=any(g.requires_grad for g in self.given))
         out = self.lin.output
         if has_aux:
             out, self.aux = out

@@ -20,15 +20,22 @@ them (functorch's levels; ``grad(lambda x: grad(lambda y: x * y)(x))(x)`` is 1).
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from thunderlite.core import pytree
+import torch
+
+from thunderlite.core import dtypes, pytree
+from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol, walk
+from thunderlite.core.symbol import BoundSymbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch import opaque_symbol_for
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
+from thunderlite.transforms.autodiff import rules, symbols
 from thunderlite.transforms.autodiff.split import (
     _accumulate,
     _flatten,
@@ -36,6 +43,7 @@ from thunderlite.transforms.autodiff.split import (
     _opaque_forward,
     _sweep,
     _vjp_pairs,
+    _where,
 )
 
 
@@ -76,7 +84,7 @@ class Linearized:
             trc.source = source
             for p, f in flags:
                 p.requires_grad = f
-        settle_requires_grad(trc._scopes[-1][start:])
+        _exact_requires_grad(trc._scopes[-1][start:])
         return [grads.get(w.name) for w in self.wrt]
 
     def _proxies(self) -> list[TensorProxy]:
@@ -99,9 +107,25 @@ def settle_requires_grad(bsyms) -> None:
                     o.requires_grad = False
 
 
-def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, what: str) -> Linearized:
+def _exact_requires_grad(bsyms) -> None:
+    """The gradient's symbols require grad where an input does (a backward
+    kernel's meta says it never does: in the program's own backward nothing
+    differentiates it; here an enclosing level may)."""
+    for bsym in bsyms:
+        for b in walk(bsym):
+            if rules.is_non_differentiable(b.sym):
+                continue
+            need = any(a.requires_grad for a in b.tensor_args())
+            for o in b.tensor_outs():
+                o.requires_grad = need and dtypes.is_inexact(o.dtype)
+
+
+def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, what: str,
+              higher_order: bool = False) -> Linearized:
     """``bsyms`` (computing ``output``) ready to differentiate with respect to
-    ``wrt``; ``what`` names the transform and the user's line for errors."""
+    ``wrt``; ``what`` names the transform and the user's line for errors.
+    ``higher_order``: the gradient may be differentiated again (the values
+    given for ``wrt`` require grad in the enclosing level)."""
     scratch = Trace("sub-trace", names=names)
     scratch.args = list(wrt)
     scratch.bound_symbols = list(bsyms)
@@ -113,9 +137,20 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
         renamed = update_aliases(scratch)
         output = renamed.output
         scratch = renamed.with_bound_symbols("", renamed.bound_symbols[:-1])
+    captured = _captured_write(scratch.bound_symbols, wrt)
+    if captured is not None:
+        top, leaf = captured
+        line = f" at {_where(top)}" if top.source is not None else ""
+        raise RuntimeError(f"During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call "
+                           f"in-place operation ({leaf.sym.id}{line}) that would mutate a captured Tensor. This "
+                           "is not supported; please rewrite the function being transformed to explicitly accept "
+                           f"the mutated Tensor(s) as inputs. ({what})")
     tracked = {w.name for w in wrt}
     flat: list[BoundSymbol] = []
-    _flatten(scratch.bound_symbols, tracked, flat, None, names)
+    # a registered forward (sdpa, layer_norm, cross_entropy...) returns statistics its rule reads but
+    # no rule differentiates: used only where no enclosing level may differentiate this gradient
+    nested = any(p.requires_grad and p.name not in tracked for p in free_tensors(scratch.bound_symbols))
+    _flatten(scratch.bound_symbols, tracked, flat, None, None if nested or higher_order else names)
     groups = AliasGroups.of_trace(scratch)
     reason = _needs_eager(scratch, flat, tracked, groups)
     if reason is not None:
@@ -124,3 +159,81 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
     forward, handles = _opaque_forward(scratch, flat, tracked)
     return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups)
 
+
+
+def _captured_write(bsyms, wrt) -> tuple[BoundSymbol, BoundSymbol] | None:
+    """The first leaf writing memory the function did not make (a tensor it
+    closed over, a view of one), with its top-level symbol: eager's transforms
+    refuse those writes."""
+    made = {w.name for w in wrt}
+    outside: set[str] = set()
+    for bsym in bsyms:
+        for b in walk(bsym):
+            if b.subsymbols:
+                continue
+            for out, base in views(b):
+                if base.name in outside or base.name not in made:
+                    outside.add(out.name)
+            if any(dst.name in outside or dst.name not in made for dst, _ in writes(b)):
+                return bsym, b
+            made.update(p.name for p in b.proxy_outs() if p.name not in outside)
+    return None
+
+
+# --- the VJPs of backward kernels without a decomposition ------------------------------------
+# Differentiated only when a gradient is differentiated again (grad of grad, a loss on a
+# gradient): PyTorch's autograd differentiates the kernel (its double-backward formulas),
+# recomputing it at run time, as one opaque call.
+
+def _autograd_vjp(impl: Callable, diff: tuple[int, ...]) -> Callable:
+    """``run(grads, *args)``: the gradients of ``impl(*args)``'s outputs,
+    weighted by ``grads``, with respect to the arguments at positions ``diff``."""
+    def run(grads, *args):
+        with torch.enable_grad():
+            ins = list(args)
+            for i in diff:
+                ins[i] = args[i].detach().requires_grad_()
+            outs = impl(*ins)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+                     if g is not None and o is not None and o.requires_grad]
+            if not pairs:
+                return tuple(torch.zeros_like(args[i]) for i in diff)
+            res = torch.autograd.grad([o for o, _ in pairs], [ins[i] for i in diff], [g for _, g in pairs],
+                                      allow_unused=True)
+        return tuple(torch.zeros_like(args[i]) if r is None else r for i, r in zip(diff, res, strict=True))
+    run.__name__ = f"{getattr(impl, '__name__', 'kernel').lstrip('_')}_vjp"
+    return run
+
+
+def _cross_entropy_backward(g, a, target, ignore_index, reduction):
+    """``symbols.cross_entropy_backward`` out of place, so autograd can differentiate it."""
+    c_dim = 1 if a.ndim > 1 else 0
+    valid = (target != ignore_index).unsqueeze(c_dim)
+    safe = target.unsqueeze(c_dim).masked_fill(~valid, 0)
+    onehot = torch.zeros_like(a).scatter_add(c_dim, safe, valid.to(a.dtype))
+    grad = (torch.softmax(a, c_dim) - onehot) * valid
+    if reduction == "mean":
+        return grad * (g / valid.sum())
+    return grad * (g if reduction == "sum" else g.unsqueeze(c_dim))
+
+
+def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = None) -> None:
+    run = _autograd_vjp(impl or sym.impl, diff)
+
+    def rule(g, out, *args):
+        grads = tuple(g) if isinstance(out, tuple) else (g,)
+        res = opaque_symbol_for(run)(grads, *args)
+        by_pos = dict(zip(diff, res, strict=True))
+        return tuple(by_pos.get(i) if isinstance(a, TensorProxy) else None for i, a in enumerate(args))
+    # the rule table pairs results with the kernel's parameters by name
+    params = list(inspect.signature(sym.meta).parameters.values())
+    rule.__signature__ = inspect.Signature([inspect.Parameter("grad_", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                            inspect.Parameter("out_", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                            *params])
+    rules.register_vjp(sym)(rule)
+
+
+_register_autograd_vjp(symbols.convolution_backward, (0, 1, 2))      # g, input, weight
+_register_autograd_vjp(symbols.batch_norm_backward, (0, 1, 2))       # g, input, weight
+_register_autograd_vjp(symbols.cross_entropy_backward, (0, 1), _cross_entropy_backward)     # g, logits
