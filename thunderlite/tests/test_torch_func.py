@@ -405,3 +405,13 @@ def test_second_order_through_backward_kernels():
     _check(lambda x: grad(lambda x: grad(lambda x: bn(x).pow(3).sum())(x).pow(2).sum())(x), torch.randn(4, 3))
     _check(lambda w: grad(lambda w: F.conv1d(x, w).pow(2).sum())(w), torch.randn(3, 1, 2, requires_grad=True),
            backward=True)
+
+
+def test_forward_mode_and_hessians_through_fused_ops():
+    t = torch.tensor([0, 2])
+    w = torch.randn(5)
+    _check(lambda x, v: jvp(lambda x: F.cross_entropy(x, t), (x,), (v,)), torch.randn(2, 3), torch.randn(2, 3))
+    _check(lambda x, v: jvp(lambda x: F.layer_norm(x, (5,), w), (x,), (v,)), torch.randn(2, 5), torch.randn(2, 5))
+    _check(lambda w: jacfwd(lambda w: F.conv1d(torch.ones(1, 1, 4), w))(w), torch.randn(2, 1, 2))
+    _check(lambda x: hessian(lambda x: F.layer_norm(x, (3,)).pow(3).sum())(x), torch.randn(2, 3))
+    _check(lambda x: hessian(lambda x: F.cross_entropy(x, t))(x), torch.randn(2, 3))

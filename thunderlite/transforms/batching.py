@@ -32,6 +32,7 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
 from thunderlite.torch import opaque_symbol_for
+from thunderlite.transforms.autodiff.inline_vjp import cross_entropy_backward_reference
 
 RULES: dict[str, Callable] = {}
 
@@ -383,13 +384,21 @@ def _convolution(b: Batch, a, weight, bias, stride, padding, dilation, transpose
 
 
 def _conv_backward_kernel(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    return torch.ops.aten.convolution_backward(
+    out = torch.ops.aten.convolution_backward(
         g, a, weight, None if bias is None else list(bias.shape), stride, padding, dilation, transposed,
         output_padding, groups, [True, True, bias is not None])
+    return out if bias is not None else out[:2]        # torch.vmap maps tensors only
 
 
 @register("autodiff.convolution_backward")
 def _convolution_backward(b: Batch, g, a, weight, bias, stride, padding, dilation, transposed, output_padding,
                           groups):
     args = (g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    return _under_torch_vmap(_conv_backward_kernel, "convolution_backward", b, args, {})
+    out = _under_torch_vmap(_conv_backward_kernel, "convolution_backward", b, args, {})
+    return out if bias is not None else (*out, None)
+
+
+@register("autodiff.cross_entropy_backward")
+def _cross_entropy_backward(b: Batch, g, a, target, ignore_index, reduction):
+    return _under_torch_vmap(cross_entropy_backward_reference, "cross_entropy_backward", b,
+                             (g, a, target, ignore_index, reduction), {})

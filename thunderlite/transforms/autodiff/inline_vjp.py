@@ -36,6 +36,7 @@ from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.torch import opaque_symbol_for
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.autodiff import rules, symbols
+from thunderlite.transforms.autodiff.function import is_function_symbol
 from thunderlite.transforms.autodiff.split import (
     _accumulate,
     _flatten,
@@ -147,10 +148,15 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
                            f"the mutated Tensor(s) as inputs. ({what})")
     tracked = {w.name for w in wrt}
     flat: list[BoundSymbol] = []
-    # a registered forward (sdpa, layer_norm, cross_entropy...) returns statistics its rule reads but
-    # no rule differentiates: used only where no enclosing level may differentiate this gradient
-    nested = any(p.requires_grad and p.name not in tracked for p in free_tensors(scratch.bound_symbols))
-    _flatten(scratch.bound_symbols, tracked, flat, None, None if nested or higher_order else names)
+    nested = higher_order or any(p.requires_grad and p.name not in tracked
+                                 for p in free_tensors(scratch.bound_symbols))
+    if nested:
+        # an enclosing level may differentiate (or batch) this gradient again: the prims' rules,
+        # whose gradients are prims, rather than torch-level rules emitting fused kernels and
+        # registered forwards returning statistics no rule differentiates
+        _flatten(_decomposed_on_path(scratch.bound_symbols, set(tracked)), tracked, flat, None, None)
+    else:
+        _flatten(scratch.bound_symbols, tracked, flat, None, names)
     groups = AliasGroups.of_trace(scratch)
     reason = _needs_eager(scratch, flat, tracked, groups)
     if reason is not None:
@@ -159,6 +165,22 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
     forward, handles = _opaque_forward(scratch, flat, tracked)
     return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups)
 
+
+
+def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
+    """``bsyms`` with every composite reading a ``tracked`` value replaced by its
+    decomposition (recursively); user Functions and opaque ops stay whole."""
+    out = []
+    for bsym in bsyms:
+        on_path = any(p.name in tracked for p in bsym.tensor_args())
+        if on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags:
+            subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
+            out.extend(_decomposed_on_path(subs, tracked))
+            continue
+        if on_path:
+            tracked.update(o.name for o in bsym.tensor_outs())
+        out.append(bsym)
+    return out
 
 
 def _captured_write(bsyms, wrt) -> tuple[BoundSymbol, BoundSymbol] | None:
@@ -206,7 +228,7 @@ def _autograd_vjp(impl: Callable, diff: tuple[int, ...]) -> Callable:
     return run
 
 
-def _cross_entropy_backward(g, a, target, ignore_index, reduction):
+def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
     """``symbols.cross_entropy_backward`` out of place, so autograd can differentiate it."""
     c_dim = 1 if a.ndim > 1 else 0
     valid = (target != ignore_index).unsqueeze(c_dim)
@@ -236,4 +258,4 @@ def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = N
 
 _register_autograd_vjp(symbols.convolution_backward, (0, 1, 2))      # g, input, weight
 _register_autograd_vjp(symbols.batch_norm_backward, (0, 1, 2))       # g, input, weight
-_register_autograd_vjp(symbols.cross_entropy_backward, (0, 1), _cross_entropy_backward)     # g, logits
+_register_autograd_vjp(symbols.cross_entropy_backward, (0, 1), cross_entropy_backward_reference)     # g, logits
