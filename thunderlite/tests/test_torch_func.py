@@ -2,6 +2,8 @@
 trace"): every transform is compared with eager torch.func, values and, where
 the jitted function's outputs are differentiated by a ``backward()`` outside
 the jit, the gradients of its inputs."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -415,3 +417,25 @@ def test_forward_mode_and_hessians_through_fused_ops():
     _check(lambda w: jacfwd(lambda w: F.conv1d(torch.ones(1, 1, 4), w))(w), torch.randn(2, 1, 2))
     _check(lambda x: hessian(lambda x: F.layer_norm(x, (3,)).pow(3).sum())(x), torch.randn(2, 3))
     _check(lambda x: hessian(lambda x: F.cross_entropy(x, t))(x), torch.randn(2, 3))
+
+
+def test_gradient_penalty_in_a_jitted_module():
+    # WGAN-GP: per-example input gradients inside the forward, then the caller's backward()
+    # differentiates them with respect to the parameters
+    class GP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.GELU(),
+                                         torch.nn.Linear(8, 1))
+
+        def forward(self, x):
+            gx = vmap(grad(lambda xi: self.d(xi).sum()))(x)
+            return self.d(x).mean() + ((gx.norm(dim=-1) - 1) ** 2).mean()
+    torch.manual_seed(0)
+    m = GP()
+    jm = thunderlite.jit(copy.deepcopy(m))
+    x = torch.randn(5, 4)
+    m(x).backward()
+    jm(x).backward()
+    for p, jp in zip(m.parameters(), jm.parameters(), strict=True):
+        torch.testing.assert_close(jp.grad, p.grad, atol=1e-5, rtol=1e-5)

@@ -17,6 +17,10 @@ gradient differentiated by the caller's ``backward()``).
 Each level differentiates only from its own ``wrt`` names: values closed over
 from outside are constants of this level even where the enclosing level tracks
 them (functorch's levels; ``grad(lambda x: grad(lambda y: x * y)(x))(x)`` is 1).
+Where an enclosing level may differentiate the gradient again, composites on
+the gradient path are differentiated through their decompositions (the
+prims' rules give gradients made of prims); the backward kernels that have no
+decomposition get VJP rules below that run PyTorch's autograd on them.
 """
 from __future__ import annotations
 
