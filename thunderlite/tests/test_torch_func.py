@@ -439,3 +439,17 @@ def test_gradient_penalty_in_a_jitted_module():
     jm(x).backward()
     for p, jp in zip(m.parameters(), jm.parameters(), strict=True):
         torch.testing.assert_close(jp.grad, p.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_per_sample_gradients_and_attention():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).cuda()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x.unsqueeze(0),)), y.unsqueeze(0))
+    _check(lambda p, x, y: vmap(grad(loss), in_dims=(None, 0, 0))(p, x, y), params, torch.randn(6, 8, device="cuda"),
+           torch.randint(0, 4, (6,), device="cuda"), atol=1e-4, rtol=1e-4)
+    q = torch.randn(2, 4, 16, 64, device="cuda", dtype=torch.float16)
+    _check(lambda q: grad(lambda q: F.scaled_dot_product_attention(q, q, q).float().sum())(q), q, atol=2e-2, rtol=2e-2)
+    _check(lambda q: vmap(F.scaled_dot_product_attention)(q, q, q), q, atol=2e-2, rtol=2e-2)
