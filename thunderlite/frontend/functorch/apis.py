@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._functorch import eager_transforms
@@ -323,61 +324,69 @@ def vmap(hooks, func: Callable, in_dims=0, out_dims=0, randomness: str = "error"
 
     def transformed(*args, **kwargs):
         what = f"vmap({_fn_name(func)}) at {_line(hooks)}"
-        dims = in_dims if not isinstance(in_dims, list) else tuple(in_dims)
-        if isinstance(dims, tuple) and len(dims) != len(args):
-            raise ValueError(f"vmap({_fn_name(func)}, in_dims={in_dims}, ...)(<inputs>): in_dims is not "
-                             f"compatible with the structure of `inputs`. in_dims has length {len(dims)} but "
-                             f"inputs has length {len(args)}.")
-        leaves, spec = torch_pytree.tree_flatten(args)
-        per_leaf = _broadcast_dims(dims, args, what)
-        size, env, logical = None, {}, []
-        for leaf, dim in zip(leaves, per_leaf, strict=True):
-            if dim is None:
-                logical.append(leaf)
-                continue
-            if not _is_t(leaf):
-                raise ValueError(f"{what}: Got in_dim={dim} for an input but the input is of type {type(leaf)}. "
-                                 "We cannot vmap over non-Tensor arguments, please use None as the respective "
-                                 "in_dim")
-            d = dim % max(leaf.ndim, 1)
-            if leaf.ndim == 0 or not -leaf.ndim <= dim < leaf.ndim:
-                raise ValueError(f"{what}: Got in_dim={dim} for some input, but that input is a Tensor of "
-                                 f"dimensionality {leaf.ndim} so expected in_dim to satisfy "
-                                 f"-{leaf.ndim} <= in_dim < {leaf.ndim}.")
-            if size is None:
-                size = leaf.shape[d]
-            elif leaf.shape[d] != size:
-                raise ValueError(f"{what}: Expected all tensors to have the same size in the mapped dimension, "
-                                 f"got sizes {size} and {leaf.shape[d]} for the mapped dimension")
-            phys = leaf if d == 0 else symbol_for(torch.movedim)(leaf, d, 0)
-            lo = phys.replace(name=current_trace().fresh_name("t"), shape=tuple(phys.shape[1:]))
-            env[lo.name] = phys
-            logical.append(lo)
-        if size is None:
-            raise ValueError(f"{what}: There are no tensors to vmap over: at least one input needs a non-None "
-                             "in_dim")
-        bsyms, out = record(hooks, func, torch_pytree.tree_unflatten(logical, spec), kwargs)
+        logical, env, size = _map_inputs(args, in_dims, what)
+        bsyms, out = record(hooks, func, logical, kwargs)
         batch(bsyms, env, size, randomness, what)
-        out_leaves, out_spec = torch_pytree.tree_flatten(out)
-        result = []
-        for o, od in zip(out_leaves, _broadcast_dims(out_dims, out, what), strict=True):
-            if od is None:          # returned as it is: it must be the same for every example
-                if _is_t(o) and o.name in env:
-                    raise ValueError(f"{what}: `{_fn_name(func)}` can not return a BatchedTensor when out_dim is None "
-                                     "(the output depends on the mapped inputs)")
-                result.append(o)
-                continue
-            if not _is_t(o):
-                raise ValueError(f"{what}: `{_fn_name(func)}` must only return Tensors, got type {type(o)}. "
-                                 "Did you mean to set out_dims= to None for output?")
-            phys = env.get(o.name)
-            if phys is None:
-                phys = prims.broadcast_in_dim(o, (size, *o.shape), tuple(range(1, o.ndim + 1)))
-            if od % phys.ndim != 0:
-                phys = symbol_for(torch.movedim)(phys, 0, od)
-            result.append(phys)
-        return torch_pytree.tree_unflatten(result, out_spec)
+        return _map_outputs(out, out_dims, env, size, what, _fn_name(func))
     return transformed
+
+
+def _map_inputs(args: tuple, in_dims, what: str) -> tuple[tuple, dict, Any]:
+    """The per-example arguments, the physical (batch-first) value of each
+    mapped one by name, and the batch size."""
+    dims = in_dims if not isinstance(in_dims, list) else tuple(in_dims)
+    if isinstance(dims, tuple) and len(dims) != len(args):
+        raise ValueError(f"{what}: in_dims is not compatible with the structure of `inputs`. in_dims has length "
+                         f"{len(dims)} but inputs has length {len(args)}.")
+    leaves, spec = torch_pytree.tree_flatten(args)
+    size, env, logical = None, {}, []
+    for leaf, dim in zip(leaves, _broadcast_dims(dims, args, what), strict=True):
+        if dim is None:
+            logical.append(leaf)
+            continue
+        if not _is_t(leaf):
+            raise ValueError(f"{what}: Got in_dim={dim} for an input but the input is of type {type(leaf)}. "
+                             "We cannot vmap over non-Tensor arguments, please use None as the respective in_dim")
+        if leaf.ndim == 0 or not -leaf.ndim <= dim < leaf.ndim:
+            raise ValueError(f"{what}: Got in_dim={dim} for some input, but that input is a Tensor of "
+                             f"dimensionality {leaf.ndim} so expected in_dim to satisfy "
+                             f"-{leaf.ndim} <= in_dim < {leaf.ndim}.")
+        d = dim % leaf.ndim
+        if size is None:
+            size = leaf.shape[d]
+        elif leaf.shape[d] != size:
+            raise ValueError(f"{what}: Expected all tensors to have the same size in the mapped dimension, "
+                             f"got sizes {size} and {leaf.shape[d]} for the mapped dimension")
+        phys = leaf if d == 0 else symbol_for(torch.movedim)(leaf, d, 0)
+        lo = phys.replace(name=current_trace().fresh_name("t"), shape=tuple(phys.shape[1:]))
+        env[lo.name] = phys
+        logical.append(lo)
+    if size is None:
+        raise ValueError(f"{what}: There are no tensors to vmap over: at least one input needs a non-None in_dim")
+    return torch_pytree.tree_unflatten(logical, spec), env, size
+
+
+def _map_outputs(out, out_dims, env: dict, size, what: str, name: str):
+    """The per-example outputs as vmap returns them: the batch at ``out_dims``."""
+    out_leaves, out_spec = torch_pytree.tree_flatten(out)
+    result = []
+    for o, od in zip(out_leaves, _broadcast_dims(out_dims, out, what), strict=True):
+        if od is None:          # returned as it is: it must be the same for every example
+            if _is_t(o) and o.name in env:
+                raise ValueError(f"{what}: `{name}` can not return a BatchedTensor when out_dim is None "
+                                 "(the output depends on the mapped inputs)")
+            result.append(o)
+            continue
+        if not _is_t(o):
+            raise ValueError(f"{what}: `{name}` must only return Tensors, got type {type(o)}. "
+                             "Did you mean to set out_dims= to None for output?")
+        phys = env.get(o.name)
+        if phys is None:
+            phys = prims.broadcast_in_dim(o, (size, *o.shape), tuple(range(1, o.ndim + 1)))
+        if od % phys.ndim != 0:
+            phys = symbol_for(torch.movedim)(phys, 0, od)
+        result.append(phys)
+    return torch_pytree.tree_unflatten(result, out_spec)
 
 
 # --- functional_call ------------------------------------------------------------------
