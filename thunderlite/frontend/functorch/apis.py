@@ -37,9 +37,8 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import walk
 from thunderlite.core.tags import Tag
-from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import current_trace, tracectx
-from thunderlite.frontend.functorch.subtrace import inline, record
+from thunderlite.core.tracectx import current_trace
+from thunderlite.frontend.functorch.subtrace import inline, record, recorded
 from thunderlite.interpreter import interpret
 from thunderlite.torch import symbol_for
 from thunderlite.transforms.autodiff.inline_vjp import Linearized, linearize, settle_requires_grad
@@ -202,12 +201,9 @@ def jvp(hooks, func: Callable, primals, tangents, *, strict: bool = False, has_a
         if u is not None:
             u.requires_grad = True
         us.append(u)
-    scratch = Trace("sub-trace", names=current_trace().names)
-    scratch.source = current_trace().source
-    with tracectx(scratch):
-        grads = d.lin.backward(us)
+    bsyms, grads = recorded(d.lin.backward, us)
     wrt_u = [u for u in us if u is not None]
-    lin2 = linearize(scratch.bound_symbols, wrt_u, grads, current_trace().names, f"{what} at {_line(hooks)}")
+    lin2 = linearize(bsyms, wrt_u, grads, current_trace().names, f"{what} at {_line(hooks)}")
     for u in wrt_u:
         u.requires_grad = False
     settle_requires_grad(lin2.forward)
@@ -254,12 +250,9 @@ def _rows(hooks, d: _Diff, out_leaves: list, j: int, what: str) -> list:
     eye = symbol_for(torch.eye)(n, dtype=o.dtype, device=o.device)
     basis = prims.reshape(eye, (n, *o.shape))
     row = basis.replace(name=current_trace().fresh_name("row"), shape=tuple(o.shape), requires_grad=False)
-    scratch = Trace("sub-trace", names=current_trace().names)
-    scratch.source = current_trace().source
-    with tracectx(scratch):
-        grads = d.lin.backward([row if k == j else None for k in range(len(d.lin.outputs))])
+    bsyms, grads = recorded(d.lin.backward, [row if k == j else None for k in range(len(d.lin.outputs))])
     env = {row.name: basis}
-    batch(scratch.bound_symbols, env, n, "error", f"{what} at {_line(hooks)}")
+    batch(bsyms, env, n, "error", f"{what} at {_line(hooks)}")
     out = []
     for g, w in zip(grads, d.wrt, strict=True):
         if g is None:

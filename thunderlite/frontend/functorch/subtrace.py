@@ -40,17 +40,27 @@ def _grad_mode(hooks, enabled: bool | None):
 
 
 def record(hooks, fn: Callable, args: tuple, kwargs: dict, grad: bool | None = None) -> tuple[list[BoundSymbol], Any]:
-    """``fn(*args, **kwargs)`` recorded into a scratch trace: (symbols, output)."""
+    """``fn(*args, **kwargs)`` interpreted into a scratch trace: (symbols, output)."""
+    saved = hooks.trace
+
+    def run():
+        hooks.trace = current_trace()       # the hooks stamp lines and grad flags on the scratch
+        with _grad_mode(hooks, grad):
+            return (hooks.lookaside(fn) or interpret(fn, hooks))(*args, **kwargs)
+    try:
+        return recorded(run)
+    finally:
+        hooks.trace = saved
+
+
+def recorded(fn: Callable, *args) -> tuple[list[BoundSymbol], Any]:
+    """``fn(*args)`` (thunderlite's own code recording symbols, run natively)
+    recorded into a scratch trace: (symbols, output)."""
     outer = current_trace()
     scratch = Trace("sub-trace", names=outer.names)
     scratch.source = outer.source
-    saved = hooks.trace
-    hooks.trace = scratch
-    try:
-        with tracectx(scratch), _grad_mode(hooks, grad):
-            out = (hooks.lookaside(fn) or interpret(fn, hooks))(*args, **kwargs)
-    finally:
-        hooks.trace = saved
+    with tracectx(scratch):
+        out = fn(*args)
     return scratch.bound_symbols, out
 
 
