@@ -19,7 +19,7 @@ import torch
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import SymInt
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
-from thunderlite.torch import opaque_symbol_for
+from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -86,12 +86,6 @@ class Lookasides:
 
     def set_grad_enabled(self, mode: bool) -> None:
         self.hooks.set_grad_enabled(bool(mode))
-
-    def vmap(self, func, *vmap_args, **vmap_kwargs):
-        # vmap's machinery is not traceable: the vmapped function is one opaque
-        # call whose output metadata comes from a meta-tensor run.
-        mapped = torch.vmap(func, *vmap_args, **vmap_kwargs)
-        return self.hooks.recording(opaque_symbol_for(mapped))
 
     def module_getattr(self, module, name: str):
         # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
@@ -195,11 +189,14 @@ def _table() -> dict:
                      (torch.overrides.has_torch_function_variadic, "has_torch_function"),
                      (torch.nn.Module.__getattr__, "module_getattr"), (torch.nn.Module.__setattr__, "module_setattr"),
                      (torch.nn.Module.__delattr__, "module_delattr"), (object.__setattr__, "object_setattr"),
-                     (torch.vmap, "vmap"), (torch.func.vmap, "vmap"), (builtins.isinstance, "isinstance_"),
+                     (builtins.isinstance, "isinstance_"),
                      (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
                      (torch._C._set_grad_enabled, "set_grad_enabled"),
                      (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks")]:
         table[fn] = _method(name)
+    # torch.func transforms as trace computations (functorch/apis.py)
+    table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
+                  for f, impl in functorch_replacements().items()})
     return table
 
 
