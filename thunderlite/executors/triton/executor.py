@@ -38,24 +38,31 @@ from thunderlite.transforms.fusion import fusion_regions, reorder
 class TritonKernel:
     """The callable of one fusion symbol: allocates the outputs and launches the kernel.
 
+    Its tiling is chosen on the first call: by timing the candidate configurations on
+    the real inputs when autotuning is on (triton/autotune.py; the choice is cached on
+    disk), else the heuristic's, which ``spec`` holds until then.
+
     A kernel is not differentiable. When autograd is recording (grad mode on and an
     input requiring grad: an eager-mode program, see executors/autograd_function.py)
     the region runs as its torch calls (``torch_fallback``) so that autograd records
     it as eager would. A differentiable jit call runs its forward with grad mode off,
     so the kernel runs there."""
 
-    def __init__(self, spec, kernel: Callable, launch: Callable, torch_fallback: Callable):
+    def __init__(self, spec, kernel: Callable, runtime, torch_fallback: Callable, tune: bool = False):
         self.spec = spec
         self.torch_fallback = torch_fallback
-        self.source: str = spec.source
         self._kernel = kernel
-        self._launch = launch
+        self._rt = runtime
+        self._tune = tune
         plan: Plan = spec.plan
         self._inputs = [(v.shape, [j for j, d in enumerate(v.amap) if d is not None]) for v in plan.inputs]
         self._outputs = [(v.shape, v.dtype, [j for j, d in enumerate(v.amap) if d is not None])
                          for v in plan.outputs]
         self._scalars = [plan.M, plan.N, *plan.domain]
-        self._constexprs = {"BM": spec.BM, "BN": spec.BN}
+
+    @property
+    def source(self) -> str:
+        return self.spec.source
 
     def __repr__(self):
         return f"<TritonKernel {self.spec.fn_name}>"
@@ -72,9 +79,35 @@ class TritonKernel:
             strides += [t.stride(j) for j in dims]
         for t, (_, _, dims) in zip(outs, self._outputs, strict=True):
             strides += [t.stride(j) for j in dims]
-        self._launch(self._kernel, self.spec.grid, [*tensors, *outs, *self._scalars, *strides],
-                     self._constexprs, self.spec.num_warps)
+        args = [*tensors, *outs, *self._scalars, *strides]
+        if self._tune:
+            self._tune = False
+            self._autotune(args, device)
+        self._run(self._kernel, self.spec, args)
         return tuple(outs)
+
+    def _run(self, kernel: Callable, spec, args: list) -> None:
+        self._rt.launch(kernel, spec.grid, args, {"BM": spec.BM, "BN": spec.BN}, spec.num_warps, spec.num_stages)
+
+    def _autotune(self, args: list, device: torch.device) -> None:
+        """Replace the heuristic spec by the fastest candidate (or the cached choice)."""
+        from thunderlite.executors.triton import autotune
+        from thunderlite.executors.triton.codegen import candidate_configs, generate
+        rt, plan = self._rt, self.spec.plan
+        key = autotune.cache_key(self.spec.source, plan, rt.device_name(device), rt.triton_version())
+        specs: dict = {}
+
+        def compiled(config):
+            if config not in specs:
+                spec = self.spec if config == self.spec.config else generate(plan, rt.INTERPRET, config)
+                specs[config] = (spec, rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args)))
+            return specs[config]
+
+        def run_for(config):
+            spec, kernel = compiled(config)
+            return lambda: self._run(kernel, spec, args)
+        best = autotune.choose(key, candidate_configs(plan, rt.INTERPRET), autotune.timer or rt.bench, run_for)
+        self.spec, self._kernel = compiled(best)
 
 
 class TritonExecutor(FusionExecutor):
@@ -165,12 +198,13 @@ class TritonExecutor(FusionExecutor):
 
     def kernel(self, bsyms: list[BoundSymbol], inputs: list, outputs: list, fallback: Callable) -> TritonKernel:
         """The compiled kernel of a region whose sizes are all static."""
+        from thunderlite.executors.triton import autotune
         from thunderlite.executors.triton.codegen import generate
         rt = self._runtime()
         plan = plan_region(bsyms, inputs, outputs, rt.DTYPES)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
-        return TritonKernel(spec, kernel, rt.launch, fallback)
+        return TritonKernel(spec, kernel, rt, fallback, tune=autotune.enabled(rt.INTERPRET))
 
 
 class SizedTritonKernel:

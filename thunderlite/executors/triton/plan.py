@@ -40,7 +40,11 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 
 MAX_ROW = 16384
-"""Largest row (elements reduced by one program) the executor claims."""
+"""Largest row one program holds whole (a *persistent* reduction); longer rows loop over column blocks."""
+
+MAX_TOTAL_WORK = 1 << 20
+"""Most elements a region with totals may cover: its one program loops over every row, so a larger
+region is cut before the total, which then runs as a kernel of its own."""
 
 SUPPORTED_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                               torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -107,6 +111,7 @@ class Plan:
         self.domain: tuple = ()
         self.rdims: tuple = ()
         self.looped = False
+        self.loopable = True        # whether rows may be reduced in column blocks (triton.codegen)
         self.dtypes = SUPPORTED_DTYPES
 
     @property
@@ -221,6 +226,8 @@ def _add_op(plan: Plan, b: BoundSymbol) -> None:
         raise Unsupported(f"prims.{name} has no Triton translation")
     args = [_operand(plan, a) for a in b.args]
     kwargs = {k: _operand(plan, a) for k, a in b.kwargs.items()}
+    if name == "gather":                 # gather(a, dim, index): take_along_axis(a, index, dim)
+        name, args = "take_along_axis", [args[0], args[2], args[1]]
     op = Op(name, args, [_new_value(plan, o, "temp") for o in outs], kwargs)
     _CHECKS.get(name, _check_elementwise)(op)
     plan.ops.append(op)
@@ -277,8 +284,13 @@ def _check_take(op: Op) -> None:
         raise Unsupported("take_along_axis other than picking one element per row")
 
 
-_CHECKS = {"broadcast_in_dim": _check_view, "reshape": _check_view, "squeeze": _check_view,
-           "take_along_axis": _check_take, **{r: _check_reduction for r in ROW_REDUCTIONS}}
+def _check_iota(op: Op) -> None:
+    if op.outs[0].dtype is torch.bool or any(type(op.opts.get(k)) not in (int, float) for k in ("start", "step")):
+        raise Unsupported("iota with a traced start or step, or of bool")
+
+
+_CHECKS = {"broadcast_in_dim": _check_view, "gather": _check_take, "iota": _check_iota, "reshape": _check_view,
+           "squeeze": _check_view, "take_along_axis": _check_take, **{r: _check_reduction for r in ROW_REDUCTIONS}}
 
 
 # --- alignment: which domain dim each dim of each value runs along ---------------------------
@@ -403,7 +415,7 @@ def _choose_rows(plan: Plan) -> None:
     for op in plan.ops:
         if op.name in ROW_REDUCTIONS or op.name == "take_along_axis":
             rd = reduced_dims(op)
-            if rd and math.prod(plan.domain[d] for d in rd) <= MAX_ROW:
+            if rd:
                 plan.rdims = tuple(sorted(rd))
             return
 
@@ -420,7 +432,10 @@ def _check_classes(plan: Plan) -> None:
             if not rd or rd == rset:
                 continue
             if op.name in TOTAL_REDUCTIONS and rd == a.dims() and plan.has_m(a):
+                if plan.M * plan.N > MAX_TOTAL_WORK:
+                    raise Unsupported(f"a total over {plan.M} rows of {plan.N}: one program would loop over them")
                 plan.looped = True
+                plan.loopable &= not plan.has_n(a)
                 for o in op.outs:
                     o.total = True
                 continue
@@ -433,3 +448,5 @@ def _check_classes(plan: Plan) -> None:
     for v in plan.outputs:
         if v.kind == "const":
             raise Unsupported("a literal tensor as an output")
+    if plan.N > MAX_ROW and not plan.loopable:
+        raise Unsupported(f"rows of {plan.N} beside a total over them: too long for one block, cannot loop")
