@@ -573,13 +573,14 @@ def _through_views(plan: Plan, v: Value) -> Value:
     return v
 
 
-def online_sums(plan: Plan) -> dict[int, Op]:
-    """``sum(exp(a - max))`` reductions whose ``max`` is ``amax(a)`` of the same rows, by
-    ``id``: an online softmax accumulates them in the max's pass over the row (rescaling the
-    running sum whenever the running max grows), so softmax, log_softmax, logsumexp and
-    cross-entropy read a long row once for their statistics instead of twice."""
+def online_sums(plan: Plan) -> dict[int, tuple[Op, Value]]:
+    """``sum(exp(a - b))`` reductions whose per-row shift ``b`` is ``amax(a)`` of the same rows
+    (or a ``where`` of it: logsumexp's guard against an infinite max), by ``id``, with the
+    ``amax`` and ``b``: an online softmax accumulates them in the max's pass over the row
+    (rescaling the running sum whenever the running max grows, then to ``b``), so softmax,
+    log_softmax, logsumexp and cross-entropy read a long row once for their statistics."""
     producer = {o.name: op for op in plan.ops for o in op.outs}
-    out: dict[int, Op] = {}
+    out: dict[int, tuple[Op, Value]] = {}
     for op in plan.ops:
         if op.name != "sum" or not _reducer(op) or op.outs[0].total:
             continue
@@ -587,10 +588,14 @@ def online_sums(plan: Plan) -> dict[int, Op]:
         d = producer.get(e.args[0].name) if e is not None and e.name == "exp" else None
         if d is None or d.name != "sub" or not all(isinstance(a, Value) for a in d.args):
             continue
-        m = producer.get(_through_views(plan, d.args[1]).name)
-        if (m is not None and m.name == "amax" and _reducer(m) and m.args[0] is d.args[0]
-                and reduced_dims(m) == reduced_dims(op) and d.args[0].dtype.is_floating_point):
-            out[id(op)] = m
+        shift = _through_views(plan, d.args[1])
+        guard = producer.get(shift.name)
+        sources = [guard] if guard is None or guard.name != "where" else [
+            producer.get(_through_views(plan, a).name) for a in guard.args if isinstance(a, Value)]
+        m = next((s for s in sources if s is not None and s.name == "amax"), None)
+        if (m is not None and _reducer(m) and m.args[0] is d.args[0] and reduced_dims(m) == reduced_dims(op)
+                and d.args[0].dtype.is_floating_point and not plan.has_n(shift)):
+            out[id(op)] = (m, shift)
     return out
 
 
@@ -605,7 +610,7 @@ def _passes(plan: Plan) -> tuple[dict[str, int], dict[int, int]]:
             continue
         base = max((level[a.name] for a in _tensor_args(op)), default=0)
         if _reducer(op):
-            passes[id(op)] = passes[id(online[id(op)])] if id(op) in online else base
+            passes[id(op)] = passes[id(online[id(op)][0])] if id(op) in online else base
             base = passes[id(op)] + 1
         for o in op.outs:
             level[o.name] = base
@@ -633,7 +638,7 @@ def _column_passes(w: _Writer, big: bool, first: str) -> None:
     for p in order:
         reducers = [op for op in plan.ops if passes.get(id(op)) == p]
         stores = [v for v in plan.outputs if v.name in per_elem and level[v.name] == p]
-        roots = [a for op in reducers for a in (_tensor_args(online[id(op)]) if id(op) in online
+        roots = [a for op in reducers for a in (_tensor_args(online[id(op)][0]) if id(op) in online
                                                   else _tensor_args(op))] + stores
         needed = _needed(roots, producer, per_elem)
         for op in reducers:
@@ -652,10 +657,12 @@ def _column_passes(w: _Writer, big: bool, first: str) -> None:
         for v in stores:
             _store(w, v, f"out{outputs[v.name]}", first=first)
         w.indent -= 1
-        for op in reducers:
-            _loop_finish(w, op, online)
-            done.update(o.name for o in op.outs)
-        _row_ops(w, row_ops, done)
+        for late in (False, True):          # an online sum is rescaled to its shift, computed from the max
+            for op in reducers:
+                if (id(op) in online) == late:
+                    _loop_finish(w, op, online)
+                    done.update(o.name for o in op.outs)
+            _row_ops(w, row_ops, done)
     for k, v in enumerate(plan.outputs):
         if v.name not in per_elem and not v.total:
             _store(w, v, f"out{k}", first=first)
@@ -712,7 +719,7 @@ def _loop_step(w: _Writer, op: Op, online: dict) -> None:
     mask = w.mask(a)
     if id(op) in online:
         x, mx = w.fresh(), w.fresh()
-        src = online[id(op)].args[0]
+        src = online[id(op)][0].args[0]
         w.emit(f"{x} = {_masked(w, src, _NEG_INF, ctx)}")
         w.emit(f"{mx} = tl.maximum({k}_m, {x})")
         # exp(-inf - -inf) is NaN: a lane that has seen only -inf keeps its sum, adds nothing
@@ -747,10 +754,11 @@ def _loop_finish(w: _Writer, op: Op, online: dict) -> None:
     ctx = _acc_dtype(a.dtype)
     tl_ctx = TL_DTYPES[ctx]
     if id(op) in online:
-        m = w.fresh()
-        w.emit(f"{m} = {_reduce(w, f'{k}_m', 'amax', 1)}")
-        _finish(w, out, _reduce(w, f"tl.where({k}_m == float(\"-inf\"), 0.0, {k}_s * tl.exp({k}_m - {m}))",
-                                "sum", 1))
+        # each lane's sum rescaled to the shift b: exp(m - b) * sum(exp(x - m)); a lane holding +inf
+        # adds exp(inf - b) as eager's sum would (inf, or NaN when b is inf too)
+        b = f"{w.var[online[id(op)][1].name]}.to({tl_ctx})"
+        _finish(w, out, _reduce(w, f"tl.where({k}_m == float(\"-inf\"), 0.0, tl.where({k}_m == float(\"inf\"), "
+                                   f"tl.exp({k}_m - {b}), {k}_s * tl.exp({k}_m - {b})))", "sum", 1))
     elif op.name in ("var", "var_mean"):      # the lanes combined (Chan et al.)
         mean, m2 = w.fresh(), w.fresh()
         w.emit(_ieee(f"{mean} = DIV({_reduce(w, f'{k}_mu * {k}_n', 'sum', 1)}, N.to({tl_ctx}))", ctx))

@@ -27,6 +27,7 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.symint import mentions_symbolic
+from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.torchex import torch_executor
@@ -121,6 +122,7 @@ class TritonExecutor(FusionExecutor):
         super().__init__(name)
         self.max_prims = max_prims
         self._counter = itertools.count()
+        self._internal: frozenset = frozenset()    # during a fusion pass: see _expand_composites
 
     def check_availability(self) -> tuple[bool, str]:
         from thunderlite.executors.triton import runtime
@@ -144,7 +146,8 @@ class TritonExecutor(FusionExecutor):
         if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
             return False
         try:
-            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES)
+            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES,
+                        self._internal)
         except Unsupported:
             return False
         return True
@@ -178,7 +181,8 @@ class TritonExecutor(FusionExecutor):
         defined = {p.name for b in bsyms for p in b.proxy_outs()}
         inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
         try:
-            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES)
+            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES,
+                               self._internal)
         except Unsupported:
             return False
         return len(plan.ops) <= self.max_prims
@@ -201,7 +205,7 @@ class TritonExecutor(FusionExecutor):
         from thunderlite.executors.triton import autotune
         from thunderlite.executors.triton.codegen import generate
         rt = self._runtime()
-        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES)
+        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES, self._internal)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
         return TritonKernel(spec, kernel, rt, fallback, tune=autotune.enabled(rt.INTERPRET))
@@ -279,6 +283,14 @@ def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) ->
             hit = cache[id(b)] = ex.can_fuse(b)
         return hit
 
+    trace, ex._internal = _expand_composites(trace, ex, ex.can_fuse)     # uncached: the answers change
+    try:
+        return _fuse(trace, ex, can_fuse, input_alias_groups)
+    finally:
+        ex._internal = frozenset()
+
+
+def _fuse(trace: Trace, ex: TritonExecutor, can_fuse, input_alias_groups) -> Trace:
     ordered = reorder(trace, can_fuse, input_alias_groups)
     fused: dict[int, BoundSymbol] = {}          # id of a piece's first symbol -> its fusion symbol
     skip: set[int] = set()
@@ -292,6 +304,58 @@ def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) ->
         return trace
     out = [fused.get(id(b), b) for b in ordered.bound_symbols if id(b) not in skip or id(b) in fused]
     return ordered.with_bound_symbols("triton fusion", out)
+
+
+def _expand_composites(trace: Trace, ex: TritonExecutor, can_fuse: Callable[[BoundSymbol], bool]
+                       ) -> tuple[Trace, frozenset]:
+    """Composites that are not one kernel but whose decomposition is all kernels (a layer
+    norm's backward: row reductions for the input's gradient, column sums for the
+    weight's) replaced by that decomposition, so the cutter makes it a few kernels
+    instead of leaving it whole to the next executor. A composite holding anything the
+    executor cannot run (a matmul, attention) stays whole: its own kernel is better.
+    Also returns the names of the values internal to the decomposed composites: a view
+    among them (an ``unsqueeze`` inside a loss) may then be computed fresh by a kernel."""
+    out: list[BoundSymbol] = []
+    internal: set[str] = set()
+    for b in trace.bound_symbols:
+        if b.sym.executor is not None or can_fuse(b) or b.sym.decomposition is None or not b.subsymbols:
+            out.append(b)
+            continue
+        mine = frozenset(p.name for s in _leaves(b) for p in s.proxy_outs()) - {p.name for p in b.proxy_outs()}
+        ex._internal = frozenset(internal | mine)
+        leaves = _fusible_leaves(b, can_fuse)
+        ex._internal = frozenset(internal)
+        if leaves is None:
+            out.append(b)
+            continue
+        out += leaves
+        internal |= mine
+    if len(out) == len(trace.bound_symbols):
+        return trace, frozenset(internal)
+    return trace.with_bound_symbols("triton fusion", out), frozenset(internal)
+
+
+def _leaves(b: BoundSymbol) -> list[BoundSymbol]:
+    return [s for sub in b.subsymbols for s in ([sub] + _leaves(sub))]
+
+
+def _fusible_leaves(b: BoundSymbol, can_fuse: Callable[[BoundSymbol], bool]) -> list[BoundSymbol] | None:
+    """``[b]`` if it is one kernel, else its decomposition's kernels (recursively), else None."""
+    if can_fuse(b):
+        return [b]
+    if b.sym.executor is not None or b.sym.decomposition is None or not b.subsymbols or b.sym.tags & _KEEP_WHOLE:
+        return None
+    out: list[BoundSymbol] = []
+    for sub in b.subsymbols:
+        leaves = _fusible_leaves(sub if sub.source is not None else sub.replace(source=b.source), can_fuse)
+        if leaves is None:
+            return None
+        out += leaves
+    return out
+
+
+_KEEP_WHOLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN, Tag.ORDER_BARRIER,
+                         Tag.OPAQUE})
 
 
 triton_executor = TritonExecutor()

@@ -133,14 +133,15 @@ class Plan:
         return bool(v.dims() & set(self.rdims))
 
 
-def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
-    """The region's prims, composites replaced by their subsymbols."""
+def flatten(bsyms: Sequence[BoundSymbol], internal: frozenset = frozenset()) -> list[BoundSymbol]:
+    """The region's prims, composites replaced by their subsymbols. ``internal``: names of
+    values no one outside a decomposed composite sees, which may be views made fresh."""
     out: list[BoundSymbol] = []
 
     def visit(b: BoundSymbol, top: bool = False) -> None:
         if b.sym.tags & _UNCLAIMABLE_TAGS or b.sym.executor is not None:
             raise Unsupported(f"{b.sym.id} is tagged {sorted(t.name for t in b.sym.tags)} or already claimed")
-        if top and output_aliases_input(b):
+        if top and output_aliases_input(b) and not all(p.name in internal for p in b.proxy_outs()):
             raise Unsupported(f"{b.sym.id} at top level may return a view")
         if Tag.PRIM in b.sym.tags:
             out.append(b)
@@ -155,7 +156,7 @@ def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
 
 
 def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequence,
-                dtypes: frozenset = SUPPORTED_DTYPES) -> Plan:
+                dtypes: frozenset = SUPPORTED_DTYPES, internal: frozenset = frozenset()) -> Plan:
     """Analyse ``bsyms`` (reading ``inputs``, producing ``outputs``) as one kernel, or raise
     Unsupported. ``dtypes``: the tensor dtypes allowed (the interpreter rounds bfloat16 wrongly)."""
     plan = Plan()
@@ -164,7 +165,7 @@ def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequenc
         if not isinstance(p, TensorProxy):
             raise Unsupported(f"input {p} is not a tensor")
         plan.inputs.append(_new_value(plan, p, "input"))
-    prims = flatten(bsyms)
+    prims = flatten(bsyms, internal)
     plan.domain = _domain(prims, inputs)
     if 0 in plan.domain:
         raise Unsupported("zero-size tensors")
@@ -296,19 +297,14 @@ _CHECKS = {"broadcast_in_dim": _check_view, "gather": _check_take, "iota": _chec
 # --- alignment: which domain dim each dim of each value runs along ---------------------------
 
 def _default_amap(domain: tuple, shape: tuple) -> tuple:
-    """Right-aligned onto the domain (broadcasting's rule), or Unsupported."""
-    off = len(domain) - len(shape)
-    if off < 0:
+    """Right-aligned onto the domain (broadcasting's rule), else left-aligned (a per-row
+    value met before anything ties it to the rows: a cross-entropy's targets), or Unsupported."""
+    if len(shape) > len(domain):
         raise Unsupported(f"shape {shape} has more dims than the domain {domain}")
-    amap = []
-    for j, s in enumerate(shape):
-        if s == 1:
-            amap.append(None)
-        elif s == domain[off + j]:
-            amap.append(off + j)
-        else:
-            raise Unsupported(f"shape {shape} does not align with the domain {domain}")
-    return tuple(amap)
+    for off in dict.fromkeys((len(domain) - len(shape), 0)):
+        if all(s == 1 or s == domain[off + j] for j, s in enumerate(shape)):
+            return tuple(None if s == 1 else off + j for j, s in enumerate(shape))
+    raise Unsupported(f"shape {shape} does not align with the domain {domain}")
 
 
 def _set_amap(plan: Plan, v: Value, amap: tuple) -> None:
