@@ -30,3 +30,10 @@ for model in gpt llama; do     # how thunderlite+tc splits the step on CUDA (reg
   timeout ${REGIONS_S:-60} python3 scripts/tc_regions.py --model $model --dtype bfloat16 2>&1 | grep -v -i warn \
     | tee -a "$OUT/regions.log"
 done
+# --- generated Triton kernels (issue 27, part 2): looped/online reductions, backward kernels, autotuning ---
+# the kernel tests natively, then each family forward and forward+backward against eager and Inductor
+timeout ${TRITON_TEST_S:-150} python3 -m pytest -q -rs -p no:cacheprovider thunderlite/tests/test_triton_kernels.py \
+  2>&1 | tee "$OUT/triton_kernels_tests.log" | tail -n 30
+timeout ${TRITON_BENCH_S:-300} python3 benchmarks/bench_triton_kernels.py ${TRITON_BENCH_ARGS:---quick} \
+  --json "$OUT/triton_kernels.json" 2>&1 | tee "$OUT/bench_triton_kernels.log"
+# --- end generated Triton kernels ---

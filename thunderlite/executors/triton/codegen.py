@@ -3,9 +3,10 @@
 The kernel body is written prim by prim from the region: every value becomes a
 tile variable (see triton/plan.py for the tile space), elementwise prims become
 expressions from ``EXPRESSIONS``, reductions ``tl.reduce`` calls on masked
-tiles. float16/bfloat16 operands are widened to float32 for each prim and its
-result rounded back to the prim's dtype, which is what eager PyTorch does per
-op. Only Triton builtins are called (see triton/runtime.py for why), so the same
+tiles (or, for rows longer than a block, accumulated over a loop of column
+blocks: ``_column_passes``). float16/bfloat16 values are held in float32 and
+rounded once, when stored (``_held``; the numerics policy of docs/architecture.md
+§6, as Inductor computes). Only Triton builtins are called (see triton/runtime.py for why), so the same
 source runs natively and under the interpreter, except for transcendental
 math: natively it is libdevice's (``_native_math``), as accurate as eager's
 CUDA kernels. Generated names are canonical (``v0``, ``in0``, ``out0``), so

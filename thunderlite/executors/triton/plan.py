@@ -5,8 +5,8 @@ kernel over a 2-D tile space ``[M, N]`` of a *domain* shape ``S`` (the largest
 shape in the region):
 
 - ``R`` (the *row* dims) are the domain dims the region's row reductions reduce;
-  ``N`` is their element count and one program holds a whole row (``N`` at most
-  ``MAX_ROW``); the other dims ``K`` enumerate ``M`` rows. A pointwise region
+  ``N`` is their element count (any: a row longer than a block is reduced in a
+  loop over column blocks, triton/codegen.py); the other dims ``K`` enumerate ``M`` rows. A pointwise region
   has ``R = ()`` and ``N = 1``.
 - every tensor value is *aligned* to the domain: for each of its dims, the domain
   dim it runs along (None for a size-1 dim). A value varying along ``K`` dims is a
