@@ -185,6 +185,17 @@ def test_short_rows_share_a_program():
     assert not spec.config.loop and spec.BN == 16 and spec.BM > 1 and spec.grid == (-(-50 // spec.BM),)
 
 
+def test_column_reductions_take_many_neighbouring_rows(small_blocks):
+    """A sum over the batch (a weight's gradient): rows run across memory, so a program
+    takes a block of neighbouring outputs and loops down the batch in short blocks."""
+    fn = lambda g, x: ((g * x).sum(0), g.sum(0), (x * x).mean(0))  # noqa: E731
+    g, x = _x(45, 24), _x(45, 24)
+    jfn = thunderlite.jit(fn, executors=EXECUTORS)
+    assert_within_eager_error(jfn(g, x), fn(g, x), fn(g.double(), x.double()))
+    (spec,) = _specs(thunderlite.last_traces(jfn)[-1])
+    assert spec.config.loop and spec.BM == 32 and spec.BN == 8 and spec.plan.rdims == (0,)
+
+
 def test_a_large_total_is_cut_from_its_rows():
     """The batch mean of a cross-entropy over many long rows is its own small kernel, not
     one program looping over everything."""

@@ -512,12 +512,24 @@ def _warps(elements: int) -> int:
     return 4 if elements <= 2048 else 8 if elements <= 8192 else 16
 
 
+def _column_reduction(plan: Plan) -> bool:
+    """Rows that run across memory (a weight's gradient summed over the batch): the row
+    dims exclude the innermost one, so a program takes many neighbouring rows (the
+    contiguous direction) and a short block of each."""
+    return bool(plan.rdims) and plan.rdims[-1] != len(plan.domain) - 1 and plan.M > 1
+
+
 def heuristic_config(plan: Plan, interpret: bool) -> Config:
     """Block sizes from the shapes: a whole row per program while it fits ``persistent_n``
     (several short rows per program, to fill a tile), else a looped reduction in
-    blocks of ``loop_bn`` columns, one row per program."""
+    blocks of ``loop_bn`` columns, one row per program; a column reduction takes 64
+    neighbouring rows per program, in blocks of 64."""
     lim = LIMITS[interpret]
     M, N = plan.M, plan.N
+    if _column_reduction(plan):
+        BM, BN = min(_pow2(M), 64), min(_pow2(N), 64 if not interpret else lim.loop_bn)
+        loop = _pow2(N) > BN and plan.loopable
+        return Config(BM=BM, BN=BN if loop else _pow2(N), num_warps=_warps(BM * BN), loop=loop)
     if _pow2(N) > lim.persistent_n and plan.loopable:
         BN = min(lim.loop_bn, _pow2(N))
         return Config(BM=1, BN=BN, num_warps=_warps(BN), loop=True)
@@ -535,21 +547,26 @@ def candidate_configs(plan: Plan, interpret: bool) -> list[Config]:
         return [best]
     M, N = plan.M, plan.N
     out = [best]
-    if best.loop:
-        for BN in (1024, 2048, 4096, 8192):
-            for warps in (4, 8, 16):
-                if BN <= _pow2(N) and warps * 32 <= BN:
-                    out += [Config(BM=1, BN=BN, num_warps=warps, num_stages=stages, loop=True) for stages in (1, 2)]
+    if _column_reduction(plan):
+        for BM in (32, 64, 128):
+            for BN in (32, 64):
+                if BM <= _pow2(M) and (BN < _pow2(N) and plan.loopable or BN == _pow2(N)):
+                    out += [Config(BM=BM, BN=BN, num_warps=warps, loop=BN < _pow2(N)) for warps in (4, 8)]
+    elif best.loop:
+        for BN in (1024, 2048, 4096):
+            if BN <= _pow2(N):
+                out += [Config(BM=1, BN=BN, num_warps=warps, loop=True) for warps in (4, 8, 16)]
+        out.append(best._replace(num_stages=2))
     elif N == 1:
-        for BM in (256, 512, 1024, 2048, 4096):
-            if BM <= max(_pow2(M), 256):
-                out += [Config(BM=BM, BN=1, num_warps=warps) for warps in (2, 4, 8) if warps * 32 <= BM]
+        for BM in (512, 1024, 2048):
+            if BM <= max(_pow2(M), 512):
+                out += [Config(BM=BM, BN=1, num_warps=warps) for warps in (4, 8)]
     else:
         BN = best.BN
-        for BM in (1, 2, 4, 8, 16, 32):
+        for BM in (1, 2, 4, 8, 16):
             if BM <= _pow2(M) and BM * BN <= 16384:
                 out += [Config(BM=BM, BN=BN, num_warps=warps) for warps in (4, 8, 16)
-                        if warps * 32 <= max(BM * BN, 128)]
+                        if warps * 32 <= max(BM * BN, 128) and (warps == 4 or BM * BN >= 1024)]
         if plan.loopable and N >= 2048:
             out += [Config(BM=1, BN=bn, num_warps=8, loop=True) for bn in (1024, 2048) if bn < N]
     seen: set = set()
