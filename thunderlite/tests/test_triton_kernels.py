@@ -155,6 +155,16 @@ def test_online_softmax_reads_the_row_once_for_its_statistics(small_blocks):
         assert codegen.online_sums(spec.plan) and spec.source.count("for n0 in range") == passes, spec.source
 
 
+def test_cross_entropy_reads_a_long_row_once(small_blocks):
+    """Online statistics in one pass; the target's logit is gathered, not scanned for."""
+    fn = lambda x, t: F.cross_entropy(x, t, reduction="none", ignore_index=3)  # noqa: E731
+    x, t = _x(6, 45), torch.tensor([0, 3, 44, 7, 3, 20], device=_device())
+    jfn = thunderlite.jit(fn, executors=EXECUTORS)
+    assert_within_eager_error(jfn(x, t), fn(x, t), fn(x.double(), t))
+    (spec,) = _specs(thunderlite.last_traces(jfn)[-1])
+    assert spec.source.count("for n0 in range") == 1 and "cols = tl.where(cmask, cols, 0)" in spec.source
+
+
 def test_long_rows_with_nan_inf_and_all_minus_inf(small_blocks):
     x = _x(5, 30)
     x[0, 3] = float("nan")

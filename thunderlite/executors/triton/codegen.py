@@ -163,6 +163,7 @@ class _Writer:
         self.indent = 1
         self.var: dict[str, str] = {}            # value name -> tile variable
         self.tmp = 0
+        self.gather = False                     # inside a direct take: one column per row (_gather)
         for i, v in enumerate(plan.values.values()):
             self.var[v.name] = f"v{i}"
 
@@ -176,7 +177,8 @@ class _Writer:
     def tile(self, v: Value) -> str:
         if v.total:
             return "(1, 1)"
-        return f"({'BM' if self.plan.has_m(v) else '1'}, {'BN' if self.plan.has_n(v) else '1'})"
+        columns = "BN" if self.plan.has_n(v) and not self.gather else "1"
+        return f"({'BM' if self.plan.has_m(v) else '1'}, {columns})"
 
     def mask(self, v: Value) -> str | None:
         parts = (["rmask"] if self.plan.has_m(v) and not v.total else []) + (
@@ -617,7 +619,26 @@ def online_sums(plan: Plan) -> dict[int, tuple[Op, Value]]:
     return out
 
 
-def _passes(plan: Plan) -> tuple[dict[str, int], dict[int, int]]:
+def _direct_takes(plan: Plan, producer: dict, per_elem: set) -> dict[int, set[str]]:
+    """``take_along_axis`` ops of a looped reduction that evaluate their per-element operand at
+    each row's index alone (a gather: no pass over the row), by ``id``, with the per-row
+    values that evaluation reads. Needs one row dim and an operand built from values that
+    vary along the rows (a ``[BM, 1]`` tile at the index); else the op scans the row."""
+    out: dict[int, set[str]] = {}
+    if len(plan.rdims) != 1:
+        return out
+    for op in plan.ops:
+        if op.name != "take_along_axis" or not _reducer(op):
+            continue
+        sub = _needed([op.args[0]], producer, per_elem)
+        if not all(plan.has_m(plan.values[n]) for n in sub):
+            continue
+        reads = {a.name for n in sub if n in producer for a in _tensor_args(producer[n]) if a.name not in per_elem}
+        out[id(op)] = reads | {op.args[1].name}
+    return out
+
+
+def _passes(plan: Plan, direct: dict) -> tuple[dict[str, int], dict[int, int]]:
     """Each value's level (how many passes over the row precede it) and each reducer's
     pass: a per-element value is computed, again, in every pass that needs it."""
     online = online_sums(plan)
@@ -627,7 +648,7 @@ def _passes(plan: Plan) -> tuple[dict[str, int], dict[int, int]]:
         if op.outs[0].total:
             continue
         base = max((level[a.name] for a in _tensor_args(op)), default=0)
-        if _reducer(op):
+        if _reducer(op) and id(op) not in direct:
             passes[id(op)] = passes[id(online[id(op)][0])] if id(op) in online else base
             base = passes[id(op)] + 1
         for o in op.outs:
@@ -640,17 +661,19 @@ def _column_passes(w: _Writer, big: bool, first: str) -> None:
     the row's column blocks per pass (accumulating that pass's reductions, storing the
     per-element outputs it can), per-row values as soon as their reductions finish."""
     plan = w.plan
-    level, passes = _passes(plan)
-    online = online_sums(plan)
+    producer = {o.name: op for op in plan.ops for o in op.outs}
     per_elem = {v.name for v in plan.values.values() if plan.has_n(v) and not v.total}
-    row_ops = [op for op in plan.ops if not op.outs[0].total and not _reducer(op) and op.outs[0].name not in per_elem]
+    direct = _direct_takes(plan, producer, per_elem)
+    level, passes = _passes(plan, direct)
+    online = online_sums(plan)
+    row_ops = [op for op in plan.ops if not op.outs[0].total and (id(op) in direct or not _reducer(op))
+               and op.outs[0].name not in per_elem]
     done = {v.name for v in plan.values.values() if v.kind == "const"}
     for i, v in enumerate(plan.inputs):
         if v.name not in per_elem:
             _load(w, v, f"in{i}")
             done.add(v.name)
-    _row_ops(w, row_ops, done)
-    producer = {o.name: op for op in plan.ops for o in op.outs}
+    _row_ops(w, row_ops, done, direct, big)
     outputs = {v.name: k for k, v in enumerate(plan.outputs)}
     order = sorted(set(passes.values()) | {level[v.name] for v in plan.outputs if v.name in per_elem})
     for p in order:
@@ -664,12 +687,7 @@ def _column_passes(w: _Writer, big: bool, first: str) -> None:
         w.emit("for n0 in range(0, N, BN):")
         w.indent += 1
         _column_indices(w, big, "n0")
-        for i, v in enumerate(plan.inputs):
-            if v.name in needed:
-                _load(w, v, f"in{i}")
-        for op in plan.ops:
-            if any(o.name in needed for o in op.outs) and op.outs[0].name in per_elem:
-                _op(w, op)
+        _per_element(w, needed, per_elem)
         for op in reducers:
             _loop_step(w, op, online)
         for v in stores:
@@ -680,10 +698,38 @@ def _column_passes(w: _Writer, big: bool, first: str) -> None:
                 if (id(op) in online) == late:
                     _loop_finish(w, op, online)
                     done.update(o.name for o in op.outs)
-            _row_ops(w, row_ops, done)
+            _row_ops(w, row_ops, done, direct, big)
     for k, v in enumerate(plan.outputs):
         if v.name not in per_elem and not v.total:
             _store(w, v, f"out{k}", first=first)
+
+
+def _per_element(w: _Writer, needed: set, per_elem: set) -> None:
+    """Load and compute the ``needed`` per-element values at the current column indices."""
+    for i, v in enumerate(w.plan.inputs):
+        if v.name in needed:
+            _load(w, v, f"in{i}")
+    for op in w.plan.ops:
+        if any(o.name in needed for o in op.outs) and op.outs[0].name in per_elem:
+            _op(w, op)
+
+
+def _gather(w: _Writer, op: Op, big: bool) -> None:
+    """A direct take: the operand evaluated at each row's index, as ``[BM, 1]`` tiles."""
+    plan = w.plan
+    a, idx, out = op.args[0], op.args[1], op.outs[0]
+    per_elem = {v.name for v in plan.values.values() if plan.has_n(v) and not v.total}
+    needed = _needed([a], {o.name: p for p in plan.ops for o in p.outs}, per_elem)
+    w.gather = True
+    w.emit(f"cols = {w.var[idx.name]}{'.to(tl.int64)' if big else ''}")
+    w.emit("cmask = (cols >= 0) & (cols < N)")
+    w.emit("cols = tl.where(cmask, cols, 0)")
+    _decompose(w, "cols", plan.rdims)
+    _per_element(w, needed, per_elem)
+    w.gather = False
+    acc = TL_DTYPES[_acc_dtype(a.dtype)]
+    # eager raises for an index out of range; a kernel cannot, so it yields NaN rather than a number
+    _finish(w, out, f"tl.where(cmask, {w.var[a.name]}.to({acc}), float(\"nan\"))")
 
 
 def _needed(roots: list[Value], producer: dict, per_elem: set) -> set[str]:
@@ -700,12 +746,19 @@ def _needed(roots: list[Value], producer: dict, per_elem: set) -> set[str]:
     return out
 
 
-def _row_ops(w: _Writer, ops: list[Op], done: set) -> None:
-    """Emit, in order, the per-row ops whose operands are all known."""
+def _row_ops(w: _Writer, ops: list[Op], done: set, direct: dict, big: bool) -> None:
+    """Emit, in order, the per-row ops whose operands are all known (a direct take: the
+    per-row values its operand reads)."""
     for op in ops:
-        if op.outs[0].name not in done and all(a.name in done for a in _tensor_args(op)):
+        if op.outs[0].name in done:
+            continue
+        if id(op) in direct and direct[id(op)] <= done:
+            _gather(w, op, big)
+        elif id(op) not in direct and all(a.name in done for a in _tensor_args(op)):
             _op(w, op)
-            done.update(o.name for o in op.outs)
+        else:
+            continue
+        done.update(o.name for o in op.outs)
 
 
 def _lanes(w: _Writer, a: Value) -> str:
