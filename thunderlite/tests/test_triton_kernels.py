@@ -165,6 +165,15 @@ def test_cross_entropy_reads_a_long_row_once(small_blocks):
     assert spec.source.count("for n0 in range") == 1 and "cols = tl.where(cmask, cols, 0)" in spec.source
 
 
+def test_iota_and_a_kernel_without_inputs():
+    """``iota`` (a one-hot's classes) is an index expression; a kernel reading no tensor
+    allocates its outputs on the trace's device."""
+    fn = lambda: torch.arange(7, device=_device()) * 3 + 1  # noqa: E731
+    jfn = thunderlite.jit(fn, executors=EXECUTORS)
+    torch.testing.assert_close(jfn(), fn())
+    assert _kernels(thunderlite.last_traces(jfn)[-1])
+
+
 def test_long_rows_with_nan_inf_and_all_minus_inf(small_blocks):
     x = _x(5, 30)
     x[0, 3] = float("nan")

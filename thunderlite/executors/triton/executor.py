@@ -49,8 +49,10 @@ class TritonKernel:
     it as eager would. A differentiable jit call runs its forward with grad mode off,
     so the kernel runs there."""
 
-    def __init__(self, spec, kernel: Callable, runtime, torch_fallback: Callable, tune: bool = False):
+    def __init__(self, spec, kernel: Callable, runtime, torch_fallback: Callable, tune: bool = False,
+                 device: torch.device | None = None):
         self.spec = spec
+        self.device = device            # of the outputs, for a kernel without inputs (an iota)
         self.torch_fallback = torch_fallback
         self._kernel = kernel
         self._rt = runtime
@@ -71,7 +73,7 @@ class TritonKernel:
     def __call__(self, *tensors: torch.Tensor):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self.torch_fallback(*tensors)
-        device = tensors[0].device
+        device = tensors[0].device if tensors else self.device
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in self._outputs]
         strides = []
         for t, (shape, dims) in zip(tensors, self._inputs, strict=True):
@@ -208,7 +210,7 @@ class TritonExecutor(FusionExecutor):
         plan = plan_region(bsyms, inputs, outputs, rt.DTYPES, self._internal)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
-        return TritonKernel(spec, kernel, rt, fallback, tune=autotune.enabled(rt.INTERPRET))
+        return TritonKernel(spec, kernel, rt, fallback, tune=autotune.enabled(rt.INTERPRET), device=outputs[0].device)
 
 
 class SizedTritonKernel:
