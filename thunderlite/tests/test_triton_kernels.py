@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderlite
-from thunderlite.executors.triton import codegen
+from thunderlite.executors.triton import codegen, tiling
 from thunderlite.executors.triton.executor import TritonKernel, triton_executor
 
 _ok, _why = triton_executor.is_available()
@@ -76,7 +76,7 @@ def _specs(trace) -> list:
 def small_blocks(monkeypatch):
     """Rows longer than 16 elements loop over blocks of 8 columns (natively too)."""
     for interpret in (True, False):
-        monkeypatch.setitem(codegen.LIMITS, interpret, codegen.Limits(persistent_n=16, loop_bn=8, tile=64))
+        monkeypatch.setitem(tiling.LIMITS, interpret, tiling.Limits(persistent_n=16, loop_bn=8, tile=64))
 
 
 def _x(*shape, dtype=torch.float32, requires_grad=False):
@@ -187,7 +187,7 @@ def test_long_rows_with_nan_inf_and_all_minus_inf(small_blocks):
 
 def test_cross_entropy_over_a_long_vocabulary_is_one_kernel():
     """No block size forced: rows past the persistent limit loop (interpreter: 16384)."""
-    n = codegen.LIMITS[_device() == "cpu"].persistent_n * 2 + 3
+    n = tiling.LIMITS[_device() == "cpu"].persistent_n * 2 + 3
     x, t = _x(2, n), torch.randint(0, n, (2,), device=_device())
     jfn = thunderlite.jit(lambda x, t: F.cross_entropy(x, t), executors=EXECUTORS)
     assert_within_eager_error(jfn(x, t), F.cross_entropy(x, t), F.cross_entropy(x.double(), t))
@@ -293,7 +293,7 @@ def test_autotune_picks_the_fastest_and_caches_it_on_disk(tuning):
     jfn = thunderlite.jit(fn, executors=EXECUTORS)
     torch.testing.assert_close(jfn(x), fn(x))
     (spec,) = _specs(thunderlite.last_traces(jfn)[-1])
-    assert len(calls) == len(codegen.candidate_configs(spec.plan, _device() == "cpu")) > 1
+    assert len(calls) == len(tiling.candidate_configs(spec.plan, _device() == "cpu")) > 1
     assert spec.BM == 2 and spec.grid == (5,)
     (path,) = cache.glob("*.json")
     stored = json.loads(path.read_text())
@@ -330,16 +330,16 @@ def test_autotune_looped_candidates_and_a_failing_candidate(small_blocks, tuning
             raise RuntimeError("out of resources")
         return fake(config, run)
     autotune.timer = flaky
-    monkey_candidates = [codegen.Config(BM=1, BN=8, loop=True), codegen.Config(BM=1, BN=16, loop=True),
-                         codegen.Config(BM=1, BN=32, loop=True)]
-    original = codegen.candidate_configs
-    codegen.candidate_configs = lambda plan, interpret: monkey_candidates
+    monkey_candidates = [tiling.Config(BM=1, BN=8, loop=True), tiling.Config(BM=1, BN=16, loop=True),
+                         tiling.Config(BM=1, BN=32, loop=True)]
+    original = tiling.candidate_configs
+    tiling.candidate_configs = lambda plan, interpret: monkey_candidates
     try:
         jfn = thunderlite.jit(lambda x: F.log_softmax(x, -1), executors=EXECUTORS)
         x = _x(3, 50)
         torch.testing.assert_close(jfn(x), F.log_softmax(x, -1))
     finally:
-        codegen.candidate_configs = original
+        tiling.candidate_configs = original
     (spec,) = _specs(thunderlite.last_traces(jfn)[-1])
     assert spec.config == monkey_candidates[1] and len(calls) == 2
 
@@ -352,7 +352,7 @@ def test_autotune_off_takes_the_heuristic_untimed(tuning, monkeypatch):
     torch.testing.assert_close(jfn(x), torch.softmax(x, -1))
     (spec,) = _specs(thunderlite.last_traces(jfn)[-1])
     assert calls == [] and not list(cache.glob("*.json"))
-    assert spec.config == codegen.heuristic_config(spec.plan, _device() == "cpu")
+    assert spec.config == tiling.heuristic_config(spec.plan, _device() == "cpu")
 
 
 def test_autotune_is_off_by_default_under_the_interpreter(monkeypatch):

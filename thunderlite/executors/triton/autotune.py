@@ -1,6 +1,6 @@
-"""Choosing a kernel's tiling (triton.codegen.Config) by timing, once per machine.
+"""Choosing a kernel's tiling (triton.tiling.Config) by timing, once per machine.
 
-On a kernel's first call with real inputs, each of ``codegen.candidate_configs``
+On a kernel's first call with real inputs, each of ``tiling.candidate_configs``
 is compiled and timed and the fastest kept. The choice is stored on disk under a
 key of (kernel structure, shape class, device name, triton version), so another
 process running the same kernel on the same kind of device pays nothing: it
@@ -31,8 +31,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from thunderlite.executors.triton.codegen import Config
 from thunderlite.executors.triton.plan import Plan
+from thunderlite.executors.triton.tiling import Config
 
 Timer = Callable[[Config, Callable[[], None]], float]
 """``timer(config, run)``: seconds one call of ``run`` (the kernel tiled as ``config``) takes."""

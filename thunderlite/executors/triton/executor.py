@@ -94,8 +94,8 @@ class TritonKernel:
 
     def _autotune(self, args: list, device: torch.device) -> None:
         """Replace the heuristic spec by the fastest candidate (or the cached choice)."""
-        from thunderlite.executors.triton import autotune
-        from thunderlite.executors.triton.codegen import candidate_configs, generate
+        from thunderlite.executors.triton import autotune, tiling
+        from thunderlite.executors.triton.codegen import generate
         rt, plan = self._rt, self.spec.plan
         key = autotune.cache_key(self.spec.source, plan, rt.device_name(device), rt.triton_version())
         specs: dict = {}
@@ -109,7 +109,7 @@ class TritonKernel:
         def run_for(config):
             spec, kernel = compiled(config)
             return lambda: self._run(kernel, spec, args)
-        best = autotune.choose(key, candidate_configs(plan, rt.INTERPRET), autotune.timer or rt.bench, run_for)
+        best = autotune.choose(key, tiling.candidate_configs(plan, rt.INTERPRET), autotune.timer or rt.bench, run_for)
         self.spec, self._kernel = compiled(best)
 
 
