@@ -204,6 +204,18 @@ def test_short_rows_share_a_program():
     assert not spec.config.loop and spec.BN == 16 and spec.BM > 1 and spec.grid == (-(-50 // spec.BM),)
 
 
+def test_a_long_reduction_into_few_rows_is_left_to_torch():
+    """One program per row would idle most of a GPU: a sum of 2**18 elements into one
+    value is torch's; the pointwise work before it is still a kernel."""
+    from thunderlite.executors.triton import plan
+    fn = lambda x: (x * 2 + 1).sum()  # noqa: E731
+    x = _x(plan.LONG_ROW * 2)
+    jfn = thunderlite.jit(fn, executors=EXECUTORS)
+    assert_within_eager_error(jfn(x), fn(x), fn(x.double()), atol=1e-2)
+    trace = thunderlite.last_traces(jfn)[-1]
+    assert len(_kernels(trace)) == 1 and "sum" in {b.sym.name for b in trace.bound_symbols}
+
+
 def test_column_reductions_take_many_neighbouring_rows(small_blocks):
     """A sum over the batch (a weight's gradient): rows run across memory, so a program
     takes a block of neighbouring outputs and loops down the batch in short blocks."""

@@ -42,6 +42,10 @@ from thunderlite.core.tags import Tag
 MAX_ROW = 16384
 """Largest row one program holds whole (a *persistent* reduction); longer rows loop over column blocks."""
 
+FEW_ROWS, LONG_ROW = 16, 1 << 17
+"""Fewer than ``FEW_ROWS`` rows longer than ``LONG_ROW`` are refused: one program per row would
+leave most of a GPU idle, where torch splits such a reduction across many programs."""
+
 MAX_TOTAL_WORK = 1 << 20
 """Most elements a region with totals may cover: its one program loops over every row, so a larger
 region is cut before the total, which then runs as a kernel of its own."""
@@ -444,5 +448,7 @@ def _check_classes(plan: Plan) -> None:
     for v in plan.outputs:
         if v.kind == "const":
             raise Unsupported("a literal tensor as an output")
+    if plan.M < FEW_ROWS and plan.N > LONG_ROW:
+        raise Unsupported(f"{plan.M} rows of {plan.N}: too few programs for a reduction that long")
     if plan.N > MAX_ROW and not plan.loopable:
         raise Unsupported(f"rows of {plan.N} beside a total over them: too long for one block, cannot loop")
