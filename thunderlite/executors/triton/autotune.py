@@ -116,8 +116,10 @@ def choose(key: str, candidates: Sequence[Config], timer: Timer, run_for: Callab
             timings[config] = timer(config, run_for(config))
         except Exception:      # noqa: BLE001 - e.g. out of shared memory for this tiling: not a candidate
             continue
+    if not timings:             # nothing could be timed (no GPU to time on): the heuristic, not remembered
+        return candidates[0]
     timed.append(key)
-    best = min(timings, key=timings.get) if timings else candidates[0]
+    best = min(timings, key=timings.get)
     store(key, best, timings)
     return best
 
