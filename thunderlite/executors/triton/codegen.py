@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import torch
 
@@ -626,6 +627,7 @@ def _gather(w: _Writer, op: Op, big: bool) -> None:
     a, idx, out = op.args[0], op.args[1], op.outs[0]
     per_elem = {v.name for v in plan.values.values() if plan.has_n(v) and not v.total}
     needed = _needed([a], {o.name: p for p in plan.ops for o in p.outs}, per_elem)
+    start = len(w.lines)
     w.gather = True
     w.emit(f"cols = {w.var[idx.name]}{'.to(tl.int64)' if big else ''}")
     w.emit("cmask = (cols >= 0) & (cols < N)")
@@ -633,9 +635,15 @@ def _gather(w: _Writer, op: Op, big: bool) -> None:
     _decompose(w, "cols", plan.rdims)
     _per_element(w, needed, per_elem)
     w.gather = False
+    # The block's names get a suffix: a later loop over the row assigns the same names with
+    # [BM, BN] tiles, which Triton would otherwise take for loop-carried values of another type.
+    suffix = f"_{w.fresh()}"
+    defined = {m.group(1) for line in w.lines[start:] if (m := re.match(r"\s*(\w+) = ", line))}
+    pattern = re.compile(r"\b(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")
+    w.lines[start:] = [pattern.sub(lambda m: m.group(1) + suffix, line) for line in w.lines[start:]]
     acc = TL_DTYPES[_acc_dtype(a.dtype)]
     # eager raises for an index out of range; a kernel cannot, so it yields NaN rather than a number
-    _finish(w, out, f"tl.where(cmask, {w.var[a.name]}.to({acc}), float(\"nan\"))")
+    _finish(w, out, f"tl.where(cmask{suffix}, {w.var[a.name]}{suffix}.to({acc}), float(\"nan\"))")
 
 
 def _needed(roots: list[Value], producer: dict, per_elem: set) -> set[str]:
