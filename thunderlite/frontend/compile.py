@@ -29,13 +29,14 @@ from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_w
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
 from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
@@ -101,7 +102,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
-        writes = collect_writes(state)
+        writes = collect_writes(state) + _input_hooks(trace, state)
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -133,6 +134,26 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     return compiled
+
+
+def _input_hooks(trace: Trace, state: TraceState) -> list[Write]:
+    """``register_hook``/``retain_grad`` on a program input act on the caller's
+    tensor (the hook outlives the call, as in eager): their markers leave the
+    trace and become epilogue calls on that tensor, in program order."""
+    inputs = {inp.proxy.name: inp for inp in state.inputs if isinstance(inp.value, torch.Tensor)}
+    writes, kept = [], []
+    for bsym in trace.bound_symbols:
+        inp = inputs.get(bsym.args[0].name) if bsym.sym.id in _INPUT_MARKERS and bsym.args else None
+        if inp is None:
+            kept.append(bsym)
+            continue
+        target = inp.prov if inp.prov is not None else Prov.object(inp.value)
+        writes.append(Write("call", target, _INPUT_MARKERS[bsym.sym.id], tuple(bsym.args[1:])))
+    trace.bound_symbols[:] = kept
+    return writes
+
+
+_INPUT_MARKERS = {REGISTER_HOOK_ID: "register_hook", RETAIN_GRAD_ID: "retain_grad"}
 
 
 def _param_names(fn: Callable) -> list[str]:

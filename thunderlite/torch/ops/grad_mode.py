@@ -61,3 +61,81 @@ def requires_grad_(a, requires_grad: bool = True):
 
 register_torch_callable(torch.Tensor.requires_grad_, requires_grad_)
 register_method("requires_grad_", requires_grad_)
+
+
+# --- tensor hooks (docs/architecture.md §9, "Tensor hooks") -------------------------------------
+
+def _register_hook_meta(a, hook) -> None:
+    return None
+
+
+def _register_hook_impl(a, hook) -> None:
+    a.register_hook(hook)       # the eager-mode replay: autograd runs it on the real tensor
+
+
+register_hook_marker = Symbol("register_hook", meta=_register_hook_meta, impl=_register_hook_impl,
+                              module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
+_register_symbol(register_hook_marker)
+REGISTER_HOOK_ID = register_hook_marker.id
+"""``t.register_hook(fn)`` inside the program: a fact about ``t`` with no output.
+Autodiff passes the total gradient of ``t`` through ``fn`` (in order of
+registration) before propagating it; on a program input the jit registers
+``fn`` on the caller's tensor after the call instead (the hook outlives the
+call, as in eager)."""
+
+
+def _retain_grad_meta(a) -> None:
+    return None
+
+
+def _retain_grad_impl(a) -> None:
+    a.retain_grad()
+
+
+retain_grad_marker = Symbol("retain_grad", meta=_retain_grad_meta, impl=_retain_grad_impl,
+                            module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
+_register_symbol(retain_grad_marker)
+RETAIN_GRAD_ID = retain_grad_marker.id
+"""``t.retain_grad()`` inside the program: on an input the jit calls it on the
+caller's tensor after the call; on a value the program makes, autodiff runs the
+program in eager mode, where ``t`` is a real tensor of the graph."""
+
+
+class TracedHookHandle:
+    """What ``register_hook`` returns while tracing (eager: a ``RemovableHandle``)."""
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def remove(self) -> None:
+        raise NotImplementedError(f"removing a tensor hook (of {self.tensor.name}) inside a jitted function is not "
+                                  "supported; register it outside, or do not remove it")
+
+
+def _needs_grad(a, what: str) -> None:
+    if not a.requires_grad:
+        raise RuntimeError(what)
+
+
+def register_hook(a, hook):
+    """``a.register_hook(hook)``: records the marker (eager's error when ``a``
+    does not require grad)."""
+    _needs_grad(a, "cannot register a hook on a tensor that doesn't require gradient")
+    if not callable(hook):
+        raise TypeError(f"register_hook expects a callable, got {type(hook).__name__}")
+    register_hook_marker(a, hook)
+    return TracedHookHandle(a)
+
+
+def retain_grad(a) -> None:
+    """``a.retain_grad()``: records the marker (eager's error when ``a`` does not
+    require grad)."""
+    _needs_grad(a, "can't retain_grad on Tensor that has requires_grad=False")
+    retain_grad_marker(a)
+
+
+register_torch_callable(torch.Tensor.register_hook, register_hook)
+register_method("register_hook", register_hook)
+register_torch_callable(torch.Tensor.retain_grad, retain_grad)
+register_method("retain_grad", retain_grad)
