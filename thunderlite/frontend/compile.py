@@ -102,7 +102,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
-        writes = collect_writes(state) + _input_hooks(trace, state)
+        writes = collect_writes(state) + _input_hooks(trace, state) + _rebound_inputs(trace, state)
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -150,6 +150,48 @@ def _input_hooks(trace: Trace, state: TraceState) -> list[Write]:
         target = inp.prov if inp.prov is not None else Prov.object(inp.value)
         writes.append(Write("call", target, _INPUT_MARKERS[bsym.sym.id], tuple(bsym.args[1:])))
     trace.bound_symbols[:] = kept
+    return writes
+
+
+def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
+    """Inputs whose tensor object took another shape or other memory in place
+    (``x.t_()``, ``x.resize_(n)``, ``x.set_(y)``, ``x.data = v``;
+    ``core.retrace.rebind``): the trace reads the value the input had on entry,
+    and the epilogue replays the same steps on the caller's tensor (eager's
+    strides, the same object: a Parameter stays that Parameter); a ``resize_``
+    then copies the final elements in. Refused before anything runs where the
+    caller's tensor cannot follow: it requires grad (eager's leaf error), or a
+    ``resize_`` of a tensor not contiguous or sharing storage with another input."""
+    writes: list[Write] = []
+    if not trace.rebound:
+        return writes
+    shared = {i for g in storage_groups([inp.value for inp in state.inputs
+                                         if isinstance(inp.value, torch.Tensor)]) for i in g}
+    tensors = [inp for inp in state.inputs if isinstance(inp.value, torch.Tensor)]
+    for p, entry, steps in trace.rebound.values():
+        k = next((k for k, inp in enumerate(tensors) if inp.proxy is p), None)
+        if k is None:
+            continue
+        inp = tensors[k]
+        what = ", ".join(f"{name}" for name, *_ in steps)
+        if inp.value.requires_grad and any(grad for *_, grad in steps):
+            raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place operation "
+                               f"({what} on the input {entry.name}; thunderlite also refuses this on an input "
+                               "that requires grad and is not a leaf)")
+        resized = any(name in ("resize_", "resize_as_") for name, *_ in steps)
+        if resized and (k in shared or not inp.value.is_contiguous()):
+            raise NotImplementedError(f"{what} on the input {entry.name}, which "
+                                      + ("shares storage with another input" if k in shared else
+                                         "is not contiguous") + ": thunderlite cannot resize the caller's tensor")
+        inp.proxy = entry
+        target = inp.prov if inp.prov is not None else Prov.object(inp.value)
+        for name, args, kwargs, _ in steps:
+            if name == "data":
+                writes.append(Write("attr", target, "data", args[0]))
+            else:
+                writes.append(Write("call", target, name, tuple(args) + tuple(kwargs.values())))
+        if resized:
+            writes.append(Write("call", target, "copy_", (p.replace(name=p.name),)))
     return writes
 
 

@@ -187,7 +187,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
     target = w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
     if w.kind == "call":
-        return [f"{target}.{w.key}(*{v})"]
+        return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
         return [f"delattr({target}, {w.key!r})" if w.value is DELETED else f"setattr({target}, {w.key!r}, {v})"]
     if w.kind == "cell":

@@ -13,9 +13,11 @@ import torch.nn.functional as F
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import register_method
+from thunderlite.core.proxies import method_table, register_method
+from thunderlite.core.retrace import rebind
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import current_trace
 from thunderlite.interpreter import current_source_location
 from thunderlite.torch.ops import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
 from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
@@ -161,27 +163,78 @@ for _op, _name in _AUGMENTED.items():
 
 
 class MetadataMutation:
-    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, a resizing
-    ``resize_``) change the tensor *object's* size and strides. A trace names
-    values, not objects, so the proxy the program keeps using cannot change shape;
-    these are refused with the op and the user's line instead of computing a wrong
-    answer. Stands in for a symbol in the table."""
+    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, ``resize_``,
+    ``as_strided_``, ``set_``) change the tensor *object's* size and strides. A
+    trace names values, not objects: the op records its functional form (a view
+    of the old value, or for a growing ``resize_`` a new tensor holding the old
+    elements) and ``core.retrace.rebind`` makes the proxy the program holds
+    stand for that value from then on; on an input, the jit replays the op on
+    the caller's tensor after the call (docs/architecture.md §5). Stands in for
+    a symbol in the table."""
 
-    def __init__(self, name: str, functional: str | None):
+    def __init__(self, name: str):
         self.__name__ = name
-        self.functional = functional
 
     def __call__(self, a, *args, **kwargs):
-        if _is_noop(self.__name__, a, args, kwargs):
+        if self.__name__ != "set_" and _is_noop(self.__name__, a, args, kwargs):
             return a                        # x.squeeze_() with no size-1 dim, resize_ to the same size...
-        loc = current_source_location()
-        where = f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
-        fix = f"; use the out-of-place form, e.g. x = x.{self.functional}(...)" if self.functional else ""
-        raise NotImplementedError(f"Tensor.{self.__name__} changes the shape of a tensor object in place{where}, "
-                                  f"which thunderlite does not support{fix}")
+        new = _FUNCTIONAL[self.__name__](a, *args, **kwargs)
+        if self.__name__ == "set_":             # the caller's tensor is set to the value it viewed
+            args, kwargs = (new,), {}
+        rebind(current_trace(), a, new, (self.__name__, args, kwargs, torch.is_grad_enabled()))
+        return a
 
     def __repr__(self):
-        return f"<unsupported metadata mutation {self.__name__}>"
+        return f"<metadata mutation {self.__name__}>"
+
+
+def _where() -> str:
+    loc = current_source_location()
+    return f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
+
+
+def _view(name: str):
+    return lambda a, *args, **kwargs: method_table[name](a, *args, **kwargs)
+
+
+def _resized(a, *size, memory_format=None):
+    """``a.resize_(size)``'s value: a contiguous tensor over ``a``'s elements in
+    storage order, the tail a growing resize adds zero-filled (eager leaves it
+    uninitialized)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    n = 1
+    for s in size:
+        n *= s
+    flat = method_table["reshape"](a, (-1,))
+    if n <= a.numel():
+        return method_table["view"](flat[:n], size)
+    tail = creation.zeros(n - a.numel(), dtype=a.dtype, device=a.device)
+    return method_table["view"](shapes.cat([flat, tail]), size)
+
+
+def _resized_as(a, other, memory_format=None):
+    return _resized(a, tuple(other.shape))
+
+
+def _set(a, source=None, storage_offset=None, size=None, stride=None):
+    """``a.set_(source)``: ``a`` views ``source``'s elements (``set_()``: empty);
+    with an offset, sizes and strides, a strided view of ``source``'s storage."""
+    if source is None:
+        return creation.empty(0, dtype=a.dtype, device=a.device)
+    if not is_tensor(source):
+        raise NotImplementedError(f"Tensor.set_ from a {type(source).__name__}{_where()} is not supported by "
+                                  "thunderlite; set_ from a tensor")
+    check(source.dtype == a.dtype, lambda: f"Could not set tensor of type {source.dtype} to a tensor of type "
+          f"{a.dtype}", TypeError)
+    if size is None:
+        return method_table["view_as"](source, source)
+    return method_table["as_strided"](source, size, stride, storage_offset)
+
+
+_FUNCTIONAL = {name + "_": _view(name) for name in _SHAPE_INPLACE}
+_FUNCTIONAL.update({"as_strided_": _view("as_strided"), "resize_": _resized, "resize_as_": _resized_as,
+                    "set_": _set})
 
 
 def _is_noop(name: str, a, args, kwargs) -> bool:
@@ -190,13 +243,32 @@ def _is_noop(name: str, a, args, kwargs) -> bool:
     try:
         m = torch.empty(a.shape, dtype=a.dtype, device="meta")
         before = (m.shape, m.stride())
-        getattr(m, name)(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - arguments eager would refuse: report the op as unsupported
+        margs = [torch.empty(x.shape, dtype=x.dtype, device="meta") if is_tensor(x) else x for x in args]
+        getattr(m, name)(*margs, **kwargs)
+    except Exception:  # noqa: BLE001 - arguments eager would refuse: the functional form raises eager's error
         return False
     return (m.shape, m.stride()) == before
 
 
-for _name in sorted(_SHAPE_INPLACE) + ["as_strided", "resize"]:
-    _mm = MetadataMutation(_name + "_", _name if _name != "resize" else "reshape")
-    register_torch_callable(getattr(T, _name + "_"), _mm)
-    register_method(_name + "_", _mm)
+for _name in sorted(_FUNCTIONAL):
+    _mm = MetadataMutation(_name)
+    register_torch_callable(getattr(T, _name), _mm)
+    register_method(_name, _mm)
+
+
+def assign_data(a, value) -> None:
+    """``a.data = value``. Same shape, dtype and device: ``value``'s elements are
+    written through ``a.data`` (autograd does not see the write; ``a`` keeps its
+    history and, unlike eager, its own memory). Otherwise ``a`` stands for
+    ``value``'s elements from now on (``rebind``); refused on a tensor that
+    requires grad, whose later uses eager would still differentiate as ``a``."""
+    if not is_tensor(value):
+        raise TypeError(f"assigned data must be a Tensor, not {type(value).__name__}")
+    if (tuple(value.shape), value.dtype, value.device) == (tuple(a.shape), a.dtype, a.device):
+        a.data.copy_(value)
+        return
+    if a.requires_grad:
+        raise NotImplementedError(f"assigning .data of another shape, dtype or device to a tensor that requires "
+                                  f"grad{_where()} is not supported by thunderlite")
+    new = method_table["view_as"](value.detach(), value)
+    rebind(current_trace(), a, new, ("data", (new,), {}, torch.is_grad_enabled()))
