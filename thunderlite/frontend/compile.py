@@ -37,8 +37,9 @@ from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
+from thunderlite.torch.ops.inplace import grown
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
@@ -111,6 +112,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         trace.set_return(ret)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
+    _check_growing_resizes(trace, groups)
     if transforms:
         values = {inp.proxy.name: inp.value for inp in state.inputs}
         for tr in transforms:
@@ -161,7 +163,7 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
     strides, the same object: a Parameter stays that Parameter); a ``resize_``
     then copies the final elements in. Refused before anything runs where the
     caller's tensor cannot follow: it requires grad (eager's leaf error), or a
-    ``resize_`` of a tensor not contiguous or sharing storage with another input."""
+    ``resize_`` of a tensor sharing storage with another input."""
     writes: list[Write] = []
     if not trace.rebound:
         return writes
@@ -179,10 +181,9 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
                                f"({what} on the input {entry.name}; thunderlite also refuses this on an input "
                                "that requires grad and is not a leaf)")
         resized = any(name in ("resize_", "resize_as_") for name, *_ in steps)
-        if resized and (k in shared or not inp.value.is_contiguous()):
-            raise NotImplementedError(f"{what} on the input {entry.name}, which "
-                                      + ("shares storage with another input" if k in shared else
-                                         "is not contiguous") + ": thunderlite cannot resize the caller's tensor")
+        if resized and k in shared:
+            raise NotImplementedError(f"{what} on the input {entry.name}, which shares storage with another "
+                                      "input: thunderlite cannot resize the caller's tensor")
         inp.proxy = entry
         target = inp.prov if inp.prov is not None else Prov.object(inp.value)
         for name, args, kwargs, _ in steps:
@@ -193,6 +194,24 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
         if resized:
             writes.append(Write("call", target, "copy_", (p.replace(name=p.name),)))
     return writes
+
+
+def _check_growing_resizes(trace: Trace, groups) -> None:
+    """A growing ``resize_`` gives the resized tensor fresh memory in the trace
+    (``ltorch.inplace.grown``); eager reallocates the storage itself, which every
+    tensor sharing it sees. Refused where another tensor shares it."""
+    grows = [b for b in trace.bound_symbols if getattr(b.sym, "torch_fn", None) is grown]
+    if not grows:
+        return
+    aliases = AliasGroups.of_trace(trace, groups)
+    for b in grows:
+        a = b.args[0]
+        others = [m.name for m in aliases.members(a.name) if m.name != a.name]
+        if others:
+            where = f" (at {b.source[0]}:{b.source[1]}: {b.source[2].strip()})" if b.source else ""
+            raise NotImplementedError(f"Tensor.resize_ grows {a.name}, which shares storage with "
+                                      f"{', '.join(others)}{where}; eager reallocates the storage they share, "
+                                      "which thunderlite does not model: resize a tensor of its own (a clone)")
 
 
 _INPUT_MARKERS = {REGISTER_HOOK_ID: "register_hook", RETAIN_GRAD_ID: "retain_grad"}

@@ -267,9 +267,13 @@ def test_write_into_expanded_tensor_raises_like_eager(fn, fallback):
 
 
 @pytest.mark.parametrize("fallback", FALLBACKS)
-def test_piece_thunderlite_refuses_but_eager_runs_goes_to_the_fallback(fallback):
-    """Eager decides a refused piece: here it runs (shape-changing in-place,
-    which thunderlite does not trace), so the fallback takes the piece."""
+def test_piece_thunderlite_refuses_but_eager_runs_goes_to_the_fallback(fallback, monkeypatch):
+    """Eager decides a refused piece: here it runs (``t_``, made refused for the
+    test: dynamo breaks the graph before anything thunderlite still refuses),
+    so the fallback takes the piece."""
+    from thunderlite.tests.test_thunderfx import _refuse_transpose_
+    _refuse_transpose_(monkeypatch)
+
     def f(x):
         y = x + 1
         y.t_()

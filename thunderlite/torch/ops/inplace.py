@@ -19,6 +19,7 @@ from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
 from thunderlite.interpreter import current_source_location
+from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.ops import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
 from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
@@ -194,23 +195,42 @@ def _where() -> str:
 
 
 def _view(name: str):
-    return lambda a, *args, **kwargs: method_table[name](a, *args, **kwargs)
+    return lambda a, *args, **kwargs: getattr(a, name)(*args, **kwargs)   # a traced or an opaque view
 
 
 def _resized(a, *size, memory_format=None):
-    """``a.resize_(size)``'s value: a contiguous tensor over ``a``'s elements in
-    storage order, the tail a growing resize adds zero-filled (eager leaves it
-    uninitialized)."""
+    """``a.resize_(size)``'s value: eager's contiguous tensor over ``a``'s storage
+    from its offset on; a view of it when the storage holds enough elements,
+    else fresh memory holding them and a tail that is zero-filled (eager leaves
+    it uninitialized)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
+    check(not (a.requires_grad and torch.is_grad_enabled()), lambda: "cannot resize variables that require grad")
     n = 1
     for s in size:
         n *= s
-    flat = method_table["reshape"](a, (-1,))
     if n <= a.numel():
-        return method_table["view"](flat[:n], size)
-    tail = creation.zeros(n - a.numel(), dtype=a.dtype, device=a.device)
-    return method_table["view"](shapes.cat([flat, tail]), size)
+        return a.as_strided(size, _contiguous_strides(size))
+    return opaque_symbol_for(grown)(a, tuple(size))
+
+
+def _contiguous_strides(size) -> tuple:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def grown(a: torch.Tensor, size: tuple) -> torch.Tensor:
+    """What a growing ``a.resize_(size)`` holds: ``a``'s storage from its offset
+    on, then zeros (run as an opaque op: it reads the storage, not the elements)."""
+    off = a.storage_offset()
+    stored = a.untyped_storage().nbytes() // a.element_size() - off
+    out = a.new_zeros(size)
+    k = min(out.numel(), stored)
+    out.view(-1)[:k] = a.as_strided((k,), (1,), off)
+    return out
 
 
 def _resized_as(a, other, memory_format=None):
@@ -229,7 +249,7 @@ def _set(a, source=None, storage_offset=None, size=None, stride=None):
           f"{a.dtype}", TypeError)
     if size is None:
         return method_table["view_as"](source, source)
-    return method_table["as_strided"](source, size, stride, storage_offset)
+    return source.as_strided(size, stride, storage_offset)
 
 
 _FUNCTIONAL = {name + "_": _view(name) for name in _SHAPE_INPLACE}
