@@ -150,7 +150,7 @@ def _input_hooks(trace: Trace, state: TraceState) -> list[Write]:
             kept.append(bsym)
             continue
         target = inp.prov if inp.prov is not None else Prov.object(inp.value)
-        writes.append(Write("call", target, _INPUT_MARKERS[bsym.sym.id], tuple(bsym.args[1:])))
+        writes.append(Write("call", target, _INPUT_MARKERS[bsym.sym.id], tuple(bsym.args[1:2])))
     trace.bound_symbols[:] = kept
     return writes
 

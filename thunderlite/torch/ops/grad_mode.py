@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from thunderlite.core.proxies import register_method
+from thunderlite.core.proxies import TensorProxy, register_method
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.torch.registry import _register_symbol, register_torch_callable
@@ -51,6 +51,7 @@ def _requires_grad_impl(a, requires_grad: bool = True) -> None:
 requires_grad_marker = Symbol("requires_grad_", meta=_requires_grad_meta, impl=_requires_grad_impl,
                               module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
 _register_symbol(requires_grad_marker)
+REQUIRES_GRAD_ID = requires_grad_marker.id
 
 
 def requires_grad_(a, requires_grad: bool = True):
@@ -65,11 +66,11 @@ register_method("requires_grad_", requires_grad_)
 
 # --- tensor hooks (docs/architecture.md §9, "Tensor hooks") -------------------------------------
 
-def _register_hook_meta(a, hook) -> None:
+def _register_hook_meta(a, hook, reads=()) -> None:
     return None
 
 
-def _register_hook_impl(a, hook) -> None:
+def _register_hook_impl(a, hook, reads=()) -> None:
     a.register_hook(hook)       # the eager-mode replay: autograd runs it on the real tensor
 
 
@@ -77,7 +78,8 @@ register_hook_marker = Symbol("register_hook", meta=_register_hook_meta, impl=_r
                               module="ltorch", tags={Tag.DONT_DCE, Tag.ORDER_BARRIER})
 _register_symbol(register_hook_marker)
 REGISTER_HOOK_ID = register_hook_marker.id
-"""``t.register_hook(fn)`` inside the program: a fact about ``t`` with no output.
+"""``t.register_hook(fn)`` inside the program: a fact about ``t`` with no output
+(its third argument: the traced tensors ``fn`` closes over, kept alive for it).
 Autodiff passes the total gradient of ``t`` through ``fn`` (in order of
 registration) before propagating it; on a program input the jit registers
 ``fn`` on the caller's tensor after the call instead (the hook outlives the
@@ -124,8 +126,20 @@ def register_hook(a, hook):
     _needs_grad(a, "cannot register a hook on a tensor that doesn't require gradient")
     if not callable(hook):
         raise TypeError(f"register_hook expects a callable, got {type(hook).__name__}")
-    register_hook_marker(a, hook)
+    register_hook_marker(a, hook, hook_reads(hook))
     return TracedHookHandle(a)
+
+
+def hook_reads(fn) -> tuple:
+    """The traced tensors a hook's function closes over (or takes as defaults)."""
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:      # a cell not filled yet
+            continue
+    values += list(getattr(fn, "__defaults__", None) or ())
+    return tuple(v for v in values if isinstance(v, TensorProxy))
 
 
 def retain_grad(a) -> None:

@@ -78,6 +78,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch.ops.grad_mode import requires_grad_marker
 from thunderlite.transforms.aliasing.eager_layout import eager_aliasing, eager_tensors, inputs_behind
 from thunderlite.transforms.aliasing.functionalize import (
     DETACH,
@@ -155,7 +156,7 @@ def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
             tracked.add(o.name)
 
 
-REQUIRES_GRAD_ID = "ltorch.requires_grad_"
+REQUIRES_GRAD_ID = requires_grad_marker.id
 """``x.requires_grad_(flag)`` inside the program: a symbol with this id and no
 output (the torch language sets the proxy's flag at trace time) makes ``x`` a
 new leaf of the differentiated program, or stops tracking it."""

@@ -10,9 +10,10 @@ what it returns replaces the gradient (None keeps it). A backward traced
 inside the program can reuse the same two calls.
 
 A hook is traced into the backward when its function reads traced tensors
-(its closure or defaults hold proxies: ``lambda g: g * h.detach()``): it is
-then pure tensor math on proxies, and what it reads from the forward is saved
-like any value a rule reads. Otherwise it is called opaquely when the backward
+(its closure or defaults hold proxies: ``lambda g: g * h.detach()``; the
+marker lists them, so DCE keeps them): it is then pure tensor math on
+proxies, and what it reads from the forward is saved like any value a rule
+reads. Otherwise it is called opaquely when the backward
 runs (``autodiff.call_tensor_hook``), so Python state it closes over (a list
 it appends to, a counter) changes at each backward, as in eager.
 
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from thunderlite.core import pytree
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.trace import Trace
-from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, REQUIRES_GRAD_ID, RETAIN_GRAD_ID
 
 HOOK_MARKERS = frozenset({REGISTER_HOOK_ID, RETAIN_GRAD_ID})
 
@@ -48,29 +50,45 @@ CALL_TENSOR_HOOK = Symbol("call_tensor_hook", meta=_call_tensor_hook_meta, impl=
 """A hook whose function is Python the trace cannot hold: called when the backward runs."""
 
 
-def hooks_of(trace: Trace) -> dict[str, list[Callable]]:
-    """name -> hook functions (in order) of the values ``trace`` makes."""
+def hooks_of(trace: Trace) -> dict[str, list[tuple]]:
+    """name -> the hooks (in order) of the values ``trace`` makes, each
+    ``(function, traced tensors it reads)``."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
-    hooks: dict[str, list[Callable]] = {}
+    hooks: dict[str, list[tuple]] = {}
     for bsym in trace.bound_symbols:
         if bsym.sym.id == REGISTER_HOOK_ID and bsym.args[0].name not in args:
-            hooks.setdefault(bsym.args[0].name, []).append(bsym.args[1])
+            reads = bsym.args[2] if len(bsym.args) > 2 else ()
+            hooks.setdefault(bsym.args[0].name, []).append((bsym.args[1], reads))
     return hooks
 
 
 def needs_eager(trace: Trace, where: Callable[[BoundSymbol], str]) -> str | None:
-    """``retain_grad`` of a value the program makes: the reason eager mode runs it."""
+    """``retain_grad`` of a value the program makes, or ``requires_grad_()`` making
+    a leaf the caller sees (returned or stored; its ``.grad`` is the caller's):
+    the reason eager mode runs the program, where that tensor is the one the
+    graph holds."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
+    visible = {p.name for p in pytree.leaves(trace.output) if isinstance(p, Proxy)}
     for bsym in trace.bound_symbols:
-        if bsym.sym.id == RETAIN_GRAD_ID and bsym.args[0].name not in args:
-            return f"retain_grad on {bsym.args[0].name}, a tensor the program makes, at {where(bsym)}"
+        name = bsym.args[0].name if bsym.args and isinstance(bsym.args[0], Proxy) else None
+        if name is None or name in args:
+            continue
+        if bsym.sym.id == RETAIN_GRAD_ID:
+            return f"retain_grad on {name}, a tensor the program makes, at {where(bsym)}"
+        if bsym.sym.id == REQUIRES_GRAD_ID and name in visible and _flag(bsym):
+            return f"requires_grad_ makes {name} a leaf the caller sees, at {where(bsym)}"
     return None
 
 
-def apply_hooks(fns: list[Callable], g: TensorProxy, bwd: Trace) -> TensorProxy:
-    """``g`` passed through ``fns`` in order, recorded into ``bwd`` (the current trace)."""
-    for fn in fns:
-        if _reads_proxies(fn):
+def _flag(bsym: BoundSymbol) -> bool:
+    return bool(bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True))
+
+
+def apply_hooks(fns: list[tuple], g: TensorProxy, bwd: Trace) -> TensorProxy:
+    """``g`` passed through the hooks ``fns`` (``(function, traced tensors it
+    reads)``) in order, recorded into ``bwd`` (the current trace)."""
+    for fn, reads in fns:
+        if reads:
             out = fn(g)
             if out is not None and type(out) is not TensorProxy:
                 raise TypeError(f"a tensor hook returned {type(out).__name__}; it must return a tensor or None")
@@ -80,19 +98,3 @@ def apply_hooks(fns: list[Callable], g: TensorProxy, bwd: Trace) -> TensorProxy:
             bwd.add_bound_symbol(CALL_TENSOR_HOOK.bind(fn, g, output=out))
             g = out
     return g
-
-
-def _reads_proxies(fn: Callable) -> bool:
-    cells = getattr(fn, "__closure__", None) or ()
-    values = [c.cell_contents for c in cells if _filled(c)]
-    values += list(getattr(fn, "__defaults__", None) or ())
-    return any(isinstance(v, Proxy) for v in values)
-
-
-def _filled(cell) -> bool:
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
