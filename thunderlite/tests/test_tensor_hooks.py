@@ -295,3 +295,14 @@ def test_thunderfx_hooks_and_retain_grad_match_eager():
     torch.testing.assert_close(ch.grad, eh.grad)
     assert len(seen_c) == len(seen_e) == 1
     torch._dynamo.reset()
+
+
+def test_traced_hook_reading_a_tensor_written_later_is_refused_with_the_line():
+    def fn(x):
+        h = x * 2
+        s = x * 0.5
+        h.register_hook(lambda g: g * s)
+        s.add_(1)                   # eager's hook would read s as it is after this write
+        return h.sin() + s
+    with pytest.raises(NotImplementedError, match=r"registered at .*test_tensor_hooks.py:\d+ .*h\.register_hook"):
+        thunderlite.jit(fn)(torch.randn(3, requires_grad=True))

@@ -618,7 +618,7 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             if is_function_symbol(bsym.sym):
                 user_backwards.append((bsym, start, len(bwd.bound_symbols)))
             return pairs
-        _sweep(flat, tracked, grads, vjp, hooks_of(trace))
+        _sweep(flat, tracked, grads, vjp, hooks_of(trace, groups, _where))
         bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None

@@ -28,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from thunderlite.core import pytree
+from thunderlite.core.aliasing import writes
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.trace import Trace
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, REQUIRES_GRAD_ID, RETAIN_GRAD_ID
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups
 
 HOOK_MARKERS = frozenset({REGISTER_HOOK_ID, RETAIN_GRAD_ID})
 
@@ -50,16 +52,35 @@ CALL_TENSOR_HOOK = Symbol("call_tensor_hook", meta=_call_tensor_hook_meta, impl=
 """A hook whose function is Python the trace cannot hold: called when the backward runs."""
 
 
-def hooks_of(trace: Trace) -> dict[str, list[tuple]]:
+def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str]) -> dict[str, list[tuple]]:
     """name -> the hooks (in order) of the values ``trace`` makes, each
-    ``(function, traced tensors it reads)``."""
+    ``(function, traced tensors it reads)``. A traced hook reads the tensors
+    it closes over as they are when the forward ends (eager's backward sees
+    the objects then): one written after the hook was registered is refused."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
     hooks: dict[str, list[tuple]] = {}
-    for bsym in trace.bound_symbols:
+    for i, bsym in enumerate(trace.bound_symbols):
         if bsym.sym.id == REGISTER_HOOK_ID and bsym.args[0].name not in args:
             reads = bsym.args[2] if len(bsym.args) > 2 else ()
+            _check_not_written(bsym, reads, trace.bound_symbols[i + 1:], groups, where)
             hooks.setdefault(bsym.args[0].name, []).append((bsym.args[1], reads))
     return hooks
+
+
+def _check_not_written(marker: BoundSymbol, reads, later, groups: AliasGroups,
+                       where: Callable[[BoundSymbol], str]) -> None:
+    roots = {groups.find(p.name) for p in reads}
+    if not roots:
+        return
+    for b in later:
+        for leaf in walk(b):
+            for dst, _ in writes(leaf):
+                if groups.find(dst.name) in roots:
+                    raise NotImplementedError(
+                        f"the tensor hook registered at {where(marker)} reads a tensor written afterwards, at "
+                        f"{where(b)}; "
+                        "thunderlite traces such a hook with the values it reads when it is registered, eager reads "
+                        "them when the backward runs: register the hook after the write, or pass a clone")
 
 
 def needs_eager(trace: Trace, where: Callable[[BoundSymbol], str]) -> str | None:
