@@ -336,3 +336,28 @@ def test_data_of_another_shape_on_a_tensor_requiring_grad_is_refused():
     with pytest.raises(NotImplementedError, match=r"\.data of another shape.*p\.data = q"):
         thunderlite.jit(fn)(p, torch.randn(4))
     assert p.shape == (3,)
+
+
+@pytest.mark.parametrize("executors", sorted(EXECUTORS))
+def test_data_assignment_shares_memory_like_eager(executors):
+    def fn(x, y):
+        x.data = y
+        y.add_(1)                   # x sees it: they share memory now
+        return x * 2
+    _check(fn, _rand((3,), (2, 2)), executors)
+    x, y = torch.zeros(3), torch.ones(4)
+    _jit(fn, "default")(x, y)
+    assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+
+
+def test_data_of_the_same_shape_on_a_parameter_keeps_its_gradient():
+    def fn(p, q, x):
+        p.data = q * 2
+        return (p * x).sum()
+    g = torch.Generator().manual_seed(0)
+    q, x = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    p, pe = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    thunderlite.jit(fn)(p, q, x).backward()
+    fn(pe, q, x).backward()
+    _same_tensor_state(p, pe)
+    torch.testing.assert_close(p.grad, pe.grad)

@@ -277,18 +277,19 @@ for _name in sorted(_FUNCTIONAL):
 
 
 def assign_data(a, value) -> None:
-    """``a.data = value``. Same shape, dtype and device: ``value``'s elements are
-    written through ``a.data`` (autograd does not see the write; ``a`` keeps its
-    history and, unlike eager, its own memory). Otherwise ``a`` stands for
-    ``value``'s elements from now on (``rebind``); refused on a tensor that
-    requires grad, whose later uses eager would still differentiate as ``a``."""
+    """``a.data = value``: ``a`` stands for ``value``'s elements from now on
+    (``rebind``; the caller's tensor is given them after the call). On a tensor
+    that requires grad, whose later uses eager still differentiates as ``a``,
+    ``value``'s elements are written through ``a.data`` instead (autograd does
+    not see the write; unlike eager, ``a`` keeps its own memory), and another
+    shape, dtype or device is refused."""
     if not is_tensor(value):
         raise TypeError(f"assigned data must be a Tensor, not {type(value).__name__}")
-    if (tuple(value.shape), value.dtype, value.device) == (tuple(a.shape), a.dtype, a.device):
-        a.data.copy_(value)
+    if not a.requires_grad:
+        new = method_table["view_as"](value.detach(), value)
+        rebind(current_trace(), a, new, ("data", (new,), {}, torch.is_grad_enabled()))
         return
-    if a.requires_grad:
+    if (tuple(value.shape), value.dtype, value.device) != (tuple(a.shape), a.dtype, a.device):
         raise NotImplementedError(f"assigning .data of another shape, dtype or device to a tensor that requires "
                                   f"grad{_where()} is not supported by thunderlite")
-    new = method_table["view_as"](value.detach(), value)
-    rebind(current_trace(), a, new, ("data", (new,), {}, torch.is_grad_enabled()))
+    a.data.copy_(value)
