@@ -27,7 +27,7 @@ from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.caching.entries import CompiledEntry
-from thunderlite.frontend.caching.keys import storage_groups
+from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
 from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
@@ -103,6 +103,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
+        _check_hook_functions(trace, state)
         writes = collect_writes(state) + _input_hooks(trace, state) + _rebound_inputs(trace, state)
         extras: list[Proxy] = []
         for w in writes:
@@ -136,6 +137,67 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     return compiled
+
+
+def _check_hook_functions(trace: Trace, state: TraceState) -> None:
+    """A tensor hook runs when the backward runs, after the call (or, reading
+    traced tensors, is traced into the backward). A function the program made
+    (a ``lambda`` in its body) was made once, while tracing, and serves every
+    call: what it holds must mean the same on every call. Refused, with the
+    line, where it holds a list or dict the program sees as a copy (an
+    argument's: eager's hook would fill the caller's, which may be another
+    object on the next call) or an object the call made (the caller gets a
+    copy of it)."""
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id != REGISTER_HOOK_ID:
+            continue
+        fn = bsym.args[1]
+        for what, value in _held_by(fn, state):
+            if _stable(value, state):
+                continue
+            where = f" (at {bsym.source[0]}:{bsym.source[1]}: {bsym.source[2].strip()})" if bsym.source else ""
+            kind = ("a list or dict argument, which the jit traces as a copy"
+                    if id(value) in state.mirrors_by_copy else f"a {type(value).__name__} made during the call")
+            raise NotImplementedError(
+                f"the tensor hook{where} holds {kind} ({what}): a hook made inside a jitted function is made once, "
+                "when it is traced, and runs after the call; keep what it fills outside the function (a global, a "
+                "closure of an enclosing function, an attribute of a module or object passed in)")
+
+
+def _held_by(fn: Any, state: TraceState):
+    """(what, value) the hook function holds that the call may have made: its
+    own closure cells' contents, defaults, a bound method's ``self``."""
+    if id(fn) in state.prov_of:
+        return
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        yield "the object its method is bound to", owner
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
+                          getattr(fn, "__closure__", None) or (), strict=False):
+        if id(cell) in state.external_cells:
+            continue            # a cell of a function outside the call: read when the hook runs
+        try:
+            yield f"the variable {name!r}", cell.cell_contents
+        except ValueError:
+            continue
+    for i, d in enumerate(getattr(fn, "__defaults__", None) or ()):
+        yield f"default {i}", d
+
+
+def _stable(value: Any, state: TraceState, nested: bool = True) -> bool:
+    """Means the same on every call of the compiled entry (``nested``: look
+    one level into a function the call made)."""
+    if type(value) in VALUE_TYPES or isinstance(value, (TensorProxy, NumberProxy)):
+        return True
+    if id(value) in state.prov_of:
+        return id(value) not in state.mirrors_by_copy
+    if isinstance(value, types.FunctionType):
+        return nested and all(_stable(v, state, nested=False) for _, v in _held_by(value, state))
+    if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return getattr(value, "__self__", None) is None or isinstance(value.__self__, types.ModuleType)
+    if type(value) is tuple:
+        return all(_stable(v, state, nested) for v in value)
+    return False
 
 
 def _input_hooks(trace: Trace, state: TraceState) -> list[Write]:

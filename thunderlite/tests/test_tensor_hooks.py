@@ -306,3 +306,49 @@ def test_traced_hook_reading_a_tensor_written_later_is_refused_with_the_line():
         return h.sin() + s
     with pytest.raises(NotImplementedError, match=r"registered at .*test_tensor_hooks.py:\d+ .*h\.register_hook"):
         thunderlite.jit(fn)(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+def test_hook_holding_a_list_argument_is_refused_with_the_line(on_input):
+    """The program sees a list argument as a copy, and a hook made while
+    tracing serves every call: eager's would fill each call's own list."""
+    def fn(x, log):
+        h = x if on_input else x * 2
+        h.register_hook(lambda g: log.append(g))
+        return h.sin()
+    with pytest.raises(NotImplementedError, match=r"h\.register_hook.*list or dict argument.*'log'"):
+        thunderlite.jit(fn)(torch.randn(3, requires_grad=True), [])
+
+
+def test_hook_holding_an_object_made_in_the_call_is_refused():
+    def fn(x):
+        grads = []
+        h = x * 2
+        h.register_hook(grads.append)
+        return h.sin(), grads
+    with pytest.raises(NotImplementedError, match="list made during the call"):
+        thunderlite.jit(fn)(torch.randn(3, requires_grad=True))
+
+
+def test_hook_that_is_a_method_of_a_module_argument():
+    class Saver(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def save(self, g):
+            self.seen.append(g.detach().clone())
+
+    def fn(x, saver):
+        h = x.exp()
+        h.register_hook(saver.save)
+        return h.sum()
+    es, js = Saver(), Saver()
+    ex, jx = _leaves(0, (3,))[0], _leaves(0, (3,))[0]
+    jfn = thunderlite.jit(fn)
+    for _ in range(2):
+        fn(ex, es).backward()
+        jfn(jx, js).backward()
+    assert len(js.seen) == len(es.seen) == 2
+    for a, b in zip(js.seen, es.seen, strict=True):
+        torch.testing.assert_close(a, b)
