@@ -88,6 +88,15 @@ def hook_reading_a_traced_tensor(log):
     return fn
 
 
+def opaque_hook_reading_a_traced_tensor(log):
+    def fn(x):
+        h = x.tanh()
+        s = x * 0.5
+        h.register_hook(lambda g: log.append(s.detach().clone()) or g * s)
+        return (h * h).sum()
+    return fn
+
+
 def hook_closing_over_state(log):
     calls = {"n": 0}
 
@@ -125,6 +134,7 @@ PROGRAMS = {
     "total_gradient_once": (total_gradient_once, [(3,), (3,)]),
     "hook_reading_a_traced_tensor": (hook_reading_a_traced_tensor, [(5,)]),
     "hook_closing_over_state": (hook_closing_over_state, [(3,)]),
+    "opaque_hook_reading_a_traced_tensor": (opaque_hook_reading_a_traced_tensor, [(4,)]),
     "hook_on_input": (hook_on_input, [(3,), (3,)]),
     "hook_on_output_and_input": (hook_on_output_and_input, [(2, 3)]),
 }
@@ -137,16 +147,13 @@ def test_hooks_match_eager(name, executors):
     _check(make_fn, executors, *shapes)
 
 
-def test_hook_is_applied_in_the_backward_trace():
-    jfn = _check(replacing_hook, "default", (3,), calls=1)
+@pytest.mark.parametrize("make_fn,shape,traced", [
+    (replacing_hook, (3,), True), (hook_reading_a_traced_tensor, (5,), True),
+    (hook_closing_over_state, (3,), False), (opaque_hook_reading_a_traced_tensor, (4,), False)])
+def test_tensor_math_hooks_are_traced_others_called_at_run_time(make_fn, shape, traced):
+    jfn = _check(make_fn, "default", shape, calls=1)
     text = str(thunderlite.last_backward_traces(jfn)[-1])
-    assert "call_tensor_hook" in text
-
-
-def test_hook_reading_a_traced_tensor_is_traced_into_the_backward():
-    jfn = _check(hook_reading_a_traced_tensor, "default", (5,), calls=1)
-    text = str(thunderlite.last_backward_traces(jfn)[-1])
-    assert "call_tensor_hook" not in text
+    assert ("call_tensor_hook" not in text) == traced
 
 
 def test_hook_on_input_stays_on_the_callers_tensor_like_eager():
@@ -352,3 +359,27 @@ def test_hook_that_is_a_method_of_a_module_argument():
     assert len(js.seen) == len(es.seen) == 2
     for a, b in zip(js.seen, es.seen, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("executors", sorted(EXECUTORS))
+def test_hooks_reading_traced_tensors_in_eager_mode(executors):
+    """``retain_grad`` of an intermediate runs the program in eager mode: the
+    hooks are registered on the real tensors, with the real values they read."""
+    def make(log):
+        def fn(x):
+            h = x.tanh()
+            s = x * 0.5
+            h.retain_grad()
+            h.register_hook(lambda g: g * s.detach())
+            h.register_hook(lambda g: log.append(s.detach().clone()) or g + s.detach())
+            return h, (h * h).sum()
+        return fn
+    elog, jlog = [], []
+    ex, jx = _leaves(0, (4,))[0], _leaves(0, (4,))[0]
+    (eh, eo), (jh, jo) = make(elog)(ex), _jit(make(jlog), executors)(jx)
+    (eh.sum() + eo).backward()
+    (jh.sum() + jo).backward()
+    torch.testing.assert_close(jx.grad, ex.grad)
+    torch.testing.assert_close(jh.grad, eh.grad)
+    assert len(jlog) == len(elog) == 1
+    torch.testing.assert_close(jlog[0], elog[0])

@@ -17,6 +17,8 @@
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 from thunderlite.core.proxies import TensorProxy, register_method
@@ -71,7 +73,27 @@ def _register_hook_meta(a, hook, reads=()) -> None:
 
 
 def _register_hook_impl(a, hook, reads=()) -> None:
-    a.register_hook(hook)       # the eager-mode replay: autograd runs it on the real tensor
+    a.register_hook(with_values(hook, reads))     # the eager-mode replay: autograd runs it on the real tensor
+
+
+def with_values(fn, reads: tuple):
+    """``fn`` with each traced tensor it closes over (or takes as a default)
+    replaced by its value when the program runs, in ``hook_reads``' order."""
+    if not reads:
+        return fn
+    values = iter(reads)
+    cells = tuple(types.CellType(next(values)) if _holds_proxy(c) else c for c in fn.__closure__ or ())
+    defaults = tuple(next(values) if isinstance(d, TensorProxy) else d for d in fn.__defaults__ or ()) or None
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, defaults, cells or None)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
+def _holds_proxy(cell) -> bool:
+    try:
+        return isinstance(cell.cell_contents, TensorProxy)
+    except ValueError:
+        return False
 
 
 register_hook_marker = Symbol("register_hook", meta=_register_hook_meta, impl=_register_hook_impl,

@@ -9,13 +9,14 @@ hook fires once, in order of registration, with what eager's would get, and
 what it returns replaces the gradient (None keeps it). A backward traced
 inside the program can reuse the same two calls.
 
-A hook is traced into the backward when its function reads traced tensors
-(its closure or defaults hold proxies: ``lambda g: g * h.detach()``; the
-marker lists them, so DCE keeps them): it is then pure tensor math on
-proxies, and what it reads from the forward is saved like any value a rule
-reads. Otherwise it is called opaquely when the backward
-runs (``autodiff.call_tensor_hook``), so Python state it closes over (a list
-it appends to, a counter) changes at each backward, as in eager.
+A hook that is tensor math (``is_tensor_math``: ``lambda g: g * 3``,
+``lambda g: g * h.detach()``) is traced into the backward, where it fuses
+with the rest. Any other is called when the backward runs
+(``autodiff.call_tensor_hook``), so Python state it closes over (a list it
+appends to, a counter, ``print``) changes at each backward, as in eager; the
+traced tensors it closes over (listed on the marker, so DCE keeps them) are
+saved like any value a rule reads and put in its place for the call
+(``grad_mode.with_values``).
 
 Markers on program *inputs* are not autodiff's: the jit registers the hook on
 (or calls ``retain_grad`` of) the caller's tensor after the call
@@ -25,31 +26,37 @@ mode, where that tensor is the one the graph holds.
 """
 from __future__ import annotations
 
+import dis
+import math
+import types
 from collections.abc import Callable
+
+import torch
 
 from thunderlite.core import pytree
 from thunderlite.core.aliasing import writes
-from thunderlite.core.proxies import Proxy, TensorProxy
+from thunderlite.core.proxies import Proxy, TensorProxy, method_table, property_table
 from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.trace import Trace
-from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, REQUIRES_GRAD_ID, RETAIN_GRAD_ID
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, REQUIRES_GRAD_ID, RETAIN_GRAD_ID, with_values
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups
 
 HOOK_MARKERS = frozenset({REGISTER_HOOK_ID, RETAIN_GRAD_ID})
 
 
-def _call_tensor_hook_meta(fn, g):
+def _call_tensor_hook_meta(fn, g, reads=()):
     return g.replace()
 
 
-def _call_tensor_hook_impl(fn, g):
-    out = fn(g)
+def _call_tensor_hook_impl(fn, g, reads=()):
+    out = with_values(fn, reads)(g)
     return g if out is None else out
 
 
 CALL_TENSOR_HOOK = Symbol("call_tensor_hook", meta=_call_tensor_hook_meta, impl=_call_tensor_hook_impl,
                           module="autodiff")
-"""A hook whose function is Python the trace cannot hold: called when the backward runs."""
+"""A hook that is more than tensor math, called when the backward runs, as
+eager calls it; ``reads``: the values of the traced tensors it closes over."""
 
 
 def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str]) -> dict[str, list[tuple]]:
@@ -107,15 +114,59 @@ def _flag(bsym: BoundSymbol) -> bool:
 
 def apply_hooks(fns: list[tuple], g: TensorProxy, bwd: Trace) -> TensorProxy:
     """``g`` passed through the hooks ``fns`` (``(function, traced tensors it
-    reads)``) in order, recorded into ``bwd`` (the current trace)."""
+    reads)``) in order, recorded into ``bwd`` (the current trace): traced where
+    the hook is tensor math (``is_tensor_math``), else called at run time."""
     for fn, reads in fns:
-        if reads:
+        if is_tensor_math(fn):
             out = fn(g)
             if out is not None and type(out) is not TensorProxy:
                 raise TypeError(f"a tensor hook returned {type(out).__name__}; it must return a tensor or None")
             g = g if out is None else out
         else:
             out = g.replace(name=bwd.fresh_name("g"))
-            bwd.add_bound_symbol(CALL_TENSOR_HOOK.bind(fn, g, output=out))
+            bwd.add_bound_symbol(CALL_TENSOR_HOOK.bind(fn, g, tuple(reads), output=out))
             g = out
     return g
+
+
+_MODULES = (torch, torch.nn.functional, math)
+_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR",
+                     "DELETE_SUBSCR", "STORE_DEREF", "DELETE_DEREF", "IMPORT_NAME", "YIELD_VALUE",
+                     "RETURN_GENERATOR", "SEND"})
+
+
+def is_tensor_math(fn) -> bool:
+    """Whether a hook is pure tensor math that tracing reproduces exactly: a
+    plain function holding only traced tensors and constants, that reads no
+    global but ``torch``/``F``/``math``, names only tensor methods and torch
+    functions, writes nothing and makes no nested function. Anything else
+    (``print``, a list it appends to, a counter) runs at each backward."""
+    code = getattr(fn, "__code__", None)
+    if type(fn) is not types.FunctionType or code is None or fn.__kwdefaults__:
+        return False
+    if any(isinstance(c, types.CodeType) for c in code.co_consts):
+        return False
+    held = [c.cell_contents for c in fn.__closure__ or () if _filled(c)] + list(fn.__defaults__ or ())
+    if not all(isinstance(v, TensorProxy) or type(v) in (int, float, bool, type(None)) for v in held):
+        return False
+    for ins in dis.get_instructions(code):
+        if ins.opname in _WRITES:
+            return False
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            if not any(fn.__globals__.get(ins.argval) is m for m in _MODULES):
+                return False
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and not _tensor_or_torch_name(ins.argval):
+            return False
+    return True
+
+
+def _tensor_or_torch_name(name: str) -> bool:
+    return name in method_table or name in property_table or any(hasattr(m, name) for m in _MODULES)
+
+
+def _filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
