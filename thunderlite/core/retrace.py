@@ -15,7 +15,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import tracectx
+from thunderlite.core.tracectx import active_traces, tracectx
 
 
 def retrace(bsym: BoundSymbol, fn: Callable, *, names, what: str,
@@ -61,7 +61,7 @@ def uses_symbol(b: BoundSymbol, sym: Symbol) -> bool:
     return b.sym is sym or any(uses_symbol(s, sym) for s in b.subsymbols)
 
 
-def rebind(trace: Trace, p: TensorProxy, new: TensorProxy, step: tuple) -> None:
+def rebind(p: TensorProxy, new: TensorProxy, step: tuple) -> None:
     """The tensor *object* ``p`` stands for the value ``new`` from now on: a
     shape-changing in-place op (``x.t_()``), ``set_``, ``x.data = v``. A trace
     names values, not objects, so what was recorded so far keeps reading ``p``'s
@@ -70,12 +70,16 @@ def rebind(trace: Trace, p: TensorProxy, new: TensorProxy, step: tuple) -> None:
     reference (a module attribute, a list) sees the new value, as eager's
     references see the changed tensor. ``trace.rebound[id(p)]`` keeps
     ``(p, the value p had first, [step, ...])``: the jit replays the steps
-    (``(method, args, grad_enabled)``) on the caller's tensor when ``p`` is an input
-    (docs/architecture.md §5)."""
+    (``(method, args, kwargs, grad_enabled)``) on the caller's tensor when ``p``
+    is an input (docs/architecture.md §5). Every trace being recorded into is
+    renamed; the record goes to the outermost, the program's."""
     entry = p.replace(name=p.name)
     rename = {p.name: entry, new.name: p}
-    for scope in trace._scopes:
-        scope[:] = [rename_bsym(b, rename) for b in scope]
+    traces = active_traces()
+    for trc in traces:
+        for scope in trc._scopes:
+            scope[:] = [rename_bsym(b, rename) for b in scope]
+    trace = traces[0]
     p.name, p.shape, p.dtype, p.device = new.name, new.shape, new.dtype, new.device
     p.requires_grad, p.memory = new.requires_grad, new.memory
     record = trace.rebound.setdefault(id(p), (p, entry, []))

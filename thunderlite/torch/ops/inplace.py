@@ -17,7 +17,6 @@ from thunderlite.core.proxies import method_table, register_method
 from thunderlite.core.retrace import rebind
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
-from thunderlite.core.tracectx import current_trace
 from thunderlite.interpreter import current_source_location
 from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.ops import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
@@ -182,7 +181,7 @@ class MetadataMutation:
         new = _FUNCTIONAL[self.__name__](a, *args, **kwargs)
         if self.__name__ == "set_":             # the caller's tensor is set to the value it viewed
             args, kwargs = (new,), {}
-        rebind(current_trace(), a, new, (self.__name__, args, kwargs, torch.is_grad_enabled()))
+        rebind(a, new, (self.__name__, args, kwargs, torch.is_grad_enabled()))
         return a
 
     def __repr__(self):
@@ -287,7 +286,7 @@ def assign_data(a, value) -> None:
         raise TypeError(f"assigned data must be a Tensor, not {type(value).__name__}")
     if not a.requires_grad:
         new = method_table["view_as"](value.detach(), value)
-        rebind(current_trace(), a, new, ("data", (new,), {}, torch.is_grad_enabled()))
+        rebind(a, new, ("data", (new,), {}, torch.is_grad_enabled()))
         return
     if (tuple(value.shape), value.dtype, value.device) != (tuple(a.shape), a.dtype, a.device):
         raise NotImplementedError(f"assigning .data of another shape, dtype or device to a tensor that requires "
