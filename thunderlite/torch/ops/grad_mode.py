@@ -20,6 +20,7 @@ from __future__ import annotations
 import types
 
 import torch
+from torch._higher_order_ops.register_hook import register_hook_op
 
 from thunderlite.core.proxies import TensorProxy, register_method
 from thunderlite.core.symbol import Symbol
@@ -82,8 +83,9 @@ def with_values(fn, reads: tuple):
     if not reads:
         return fn
     values = iter(reads)
-    cells = tuple(types.CellType(next(values)) if _holds_proxy(c) else c for c in fn.__closure__ or ())
-    defaults = tuple(next(values) if isinstance(d, TensorProxy) else d for d in fn.__defaults__ or ()) or None
+    cells = tuple(types.CellType(_filled_in(c.cell_contents, values)) if _holds_proxy(c) else c
+                  for c in fn.__closure__ or ())
+    defaults = tuple(_filled_in(d, values) for d in fn.__defaults__ or ()) or None
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, defaults, cells or None)
     new.__kwdefaults__ = fn.__kwdefaults__
     return new
@@ -91,9 +93,26 @@ def with_values(fn, reads: tuple):
 
 def _holds_proxy(cell) -> bool:
     try:
-        return isinstance(cell.cell_contents, TensorProxy)
+        return bool(_proxies(cell.cell_contents))
     except ValueError:
         return False
+
+
+def _proxies(value) -> tuple:
+    """The traced tensors ``value`` is or holds (a tuple of them, one level)."""
+    if isinstance(value, TensorProxy):
+        return (value,)
+    if type(value) is tuple:
+        return tuple(v for v in value if isinstance(v, TensorProxy))
+    return ()
+
+
+def _filled_in(value, values):
+    if isinstance(value, TensorProxy):
+        return next(values)
+    if type(value) is tuple:
+        return tuple(next(values) if isinstance(v, TensorProxy) else v for v in value)
+    return value
 
 
 register_hook_marker = Symbol("register_hook", meta=_register_hook_meta, impl=_register_hook_impl,
@@ -161,7 +180,7 @@ def hook_reads(fn) -> tuple:
         except ValueError:      # a cell not filled yet
             continue
     values += list(getattr(fn, "__defaults__", None) or ())
-    return tuple(v for v in values if isinstance(v, TensorProxy))
+    return tuple(p for v in values for p in _proxies(v))
 
 
 def retain_grad(a) -> None:
@@ -171,7 +190,18 @@ def retain_grad(a) -> None:
     retain_grad_marker(a)
 
 
+def register_hook_hop(tensor, hook_body, *freevars):
+    """``torch.ops.higher_order.register_hook(h, body, *freevars)``, dynamo's
+    spelling of ``h.register_hook(lambda g: body(g, *freevars))`` in a graph
+    (ThunderFX, docs/architecture.md §14): the same marker; returns ``h``."""
+    def hook(grad, body=hook_body, free=freevars):
+        return body(grad, *free)
+    register_hook(tensor, hook)
+    return tensor
+
+
 register_torch_callable(torch.Tensor.register_hook, register_hook)
+register_torch_callable(register_hook_op, register_hook_hop)
 register_method("register_hook", register_hook)
 register_torch_callable(torch.Tensor.retain_grad, retain_grad)
 register_method("retain_grad", retain_grad)
