@@ -70,7 +70,7 @@ def rebind(p: TensorProxy, new: TensorProxy, step: tuple) -> None:
     reference (a module attribute, a list) sees the new value, as eager's
     references see the changed tensor. ``trace.rebound[id(p)]`` keeps
     ``(p, the value p had first, [step, ...])``: the jit replays the steps
-    (``(method, args, kwargs, grad_enabled)``) on the caller's tensor when ``p``
+    (``(method, args, kwargs, grad_enabled, grew)``) on the caller's tensor when ``p``
     is an input (docs/architecture.md §5). Every trace being recorded into is
     renamed; the record goes to the outermost, the program's."""
     entry = p.replace(name=p.name)

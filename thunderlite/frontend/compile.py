@@ -223,9 +223,9 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
     ``core.retrace.rebind``): the trace reads the value the input had on entry,
     and the epilogue replays the same steps on the caller's tensor (eager's
     strides, the same object: a Parameter stays that Parameter); a ``resize_``
-    then copies the final elements in. Refused before anything runs where the
-    caller's tensor cannot follow: it requires grad (eager's leaf error), or a
-    ``resize_`` of a tensor sharing storage with another input."""
+    that grows it then copies the final elements in. Refused before anything
+    runs where the caller's tensor cannot follow: it requires grad (eager's leaf
+    error), or a ``resize_`` grows a tensor sharing storage with another input."""
     writes: list[Write] = []
     if not trace.rebound:
         return writes
@@ -238,22 +238,22 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
             continue
         inp = tensors[k]
         what = ", ".join(f"{name}" for name, *_ in steps)
-        if inp.value.requires_grad and any(grad for *_, grad in steps):
+        if inp.value.requires_grad and any(step[3] for step in steps):
             raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place operation "
                                f"({what} on the input {entry.name}; thunderlite also refuses this on an input "
                                "that requires grad and is not a leaf)")
-        resized = any(name in ("resize_", "resize_as_") for name, *_ in steps)
-        if resized and k in shared:
+        grew = any(step[4] for step in steps)
+        if grew and k in shared:
             raise NotImplementedError(f"{what} on the input {entry.name}, which shares storage with another "
-                                      "input: thunderlite cannot resize the caller's tensor")
+                                      "input: thunderlite cannot grow the caller's tensor")
         inp.proxy = entry
         target = inp.prov if inp.prov is not None else Prov.object(inp.value)
-        for name, args, kwargs, _ in steps:
+        for name, args, kwargs, *_ in steps:
             if name == "data":
                 writes.append(Write("attr", target, "data", args[0]))
             else:
                 writes.append(Write("call", target, name, tuple(args) + tuple(kwargs.values())))
-        if resized:
+        if grew:        # the grown elements are fresh memory in the trace: copied into the caller's
             writes.append(Write("call", target, "copy_", (p.replace(name=p.name),)))
     return writes
 

@@ -179,13 +179,22 @@ class MetadataMutation:
         if self.__name__ != "set_" and _is_noop(self.__name__, a, args, kwargs):
             return a                        # x.squeeze_() with no size-1 dim, resize_ to the same size...
         new = _FUNCTIONAL[self.__name__](a, *args, **kwargs)
+        grew = new.numel() > a.numel() and self.__name__ in ("resize_", "resize_as_")
         if self.__name__ == "set_":             # the caller's tensor is set to the value it viewed
             args, kwargs = (new,), {}
-        rebind(a, new, (self.__name__, args, kwargs, torch.is_grad_enabled()))
+        # tensors among the arguments as they are now (the objects may change value later)
+        args, kwargs = _snapshot(args), {k: _snapshot(v) for k, v in kwargs.items()}
+        rebind(a, new, (self.__name__, args, kwargs, torch.is_grad_enabled(), grew))
         return a
 
     def __repr__(self):
         return f"<metadata mutation {self.__name__}>"
+
+
+def _snapshot(x):
+    if is_tensor(x):
+        return x.replace(name=x.name)
+    return tuple(_snapshot(y) for y in x) if type(x) is tuple else x
 
 
 def _where() -> str:
@@ -273,6 +282,8 @@ for _name in sorted(_FUNCTIONAL):
     _mm = MetadataMutation(_name)
     register_torch_callable(getattr(T, _name), _mm)
     register_method(_name, _mm)
+    if hasattr(torch, _name):                   # torch.as_strided_, torch.resize_as_
+        register_torch_callable(getattr(torch, _name), _mm)
 
 
 def assign_data(a, value) -> None:
@@ -286,7 +297,7 @@ def assign_data(a, value) -> None:
         raise TypeError(f"assigned data must be a Tensor, not {type(value).__name__}")
     if not a.requires_grad:
         new = method_table["view_as"](value.detach(), value)
-        rebind(a, new, ("data", (new,), {}, torch.is_grad_enabled()))
+        rebind(a, new, ("data", (_snapshot(new),), {}, torch.is_grad_enabled(), False))
         return
     if (tuple(value.shape), value.dtype, value.device) != (tuple(a.shape), a.dtype, a.device):
         raise NotImplementedError(f"assigning .data of another shape, dtype or device to a tensor that requires "
