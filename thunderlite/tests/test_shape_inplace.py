@@ -311,7 +311,7 @@ def test_resize_of_input_sharing_storage_with_another_is_refused():
         a.resize_(8)
         return a * 2, b
     base = torch.randn(6)
-    with pytest.raises(NotImplementedError, match="resize_ grows .* shares storage with"):
+    with pytest.raises(NotImplementedError, match="resize_ .*shares storage with"):
         thunderlite.jit(fn)(base[:3], base[3:])
     assert base.shape == (6,)
 
