@@ -547,7 +547,7 @@ def _output_grad(bsym: BoundSymbol, grads: dict, hooks: dict | None = None):
     return g if found else None
 
 
-def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]],
+def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]], *,
            hooks: dict | None = None) -> None:
     """The reverse sweep of the program's backward and of a decomposition's
     alike: each symbol of ``flat`` on a gradient path, last first, takes its
@@ -618,7 +618,7 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             if is_function_symbol(bsym.sym):
                 user_backwards.append((bsym, start, len(bwd.bound_symbols)))
             return pairs
-        _sweep(flat, tracked, grads, vjp, hooks_of(trace, groups, _where))
+        _sweep(flat, tracked, grads, vjp, hooks=hooks_of(trace, groups, _where))
         bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
