@@ -112,6 +112,24 @@ def hook_closing_over_state(log):
     return fn
 
 
+def hook_then_inplace_write(log):
+    def fn(x):
+        h = x * 2
+        h.register_hook(lambda g: log.append(g.detach().clone()) or g * 3)
+        h.mul_(x)                   # eager: the hook sees the gradient of h before the write
+        return h.sin()
+    return fn
+
+
+def hook_then_shape_change(log):
+    def fn(x):
+        h = x * 2
+        h.register_hook(lambda g: log.append(g.detach().clone()) or g * 3)
+        h.t_()
+        return (h * torch.arange(6.0, dtype=torch.float64).view(3, 2)).sin()
+    return fn
+
+
 def hook_on_input(log):
     def fn(x, w):
         x.register_hook(lambda g: log.append(g.detach().clone()) or g * 2)
@@ -136,6 +154,8 @@ PROGRAMS = {
     "hook_closing_over_state": (hook_closing_over_state, [(3,)]),
     "opaque_hook_reading_a_traced_tensor": (opaque_hook_reading_a_traced_tensor, [(4,)]),
     "hook_on_input": (hook_on_input, [(3,), (3,)]),
+    "hook_then_inplace_write": (hook_then_inplace_write, [(3,)]),
+    "hook_then_shape_change": (hook_then_shape_change, [(2, 3)]),
     "hook_on_output_and_input": (hook_on_output_and_input, [(2, 3)]),
 }
 
