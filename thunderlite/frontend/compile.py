@@ -242,6 +242,11 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
             raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place operation "
                                f"({what} on the input {entry.name}; thunderlite also refuses this on an input "
                                "that requires grad and is not a leaf)")
+        if inp.value.requires_grad and torch.is_grad_enabled() and _reads(trace, p.name):
+            raise NotImplementedError(f"{what} under no_grad on the input {entry.name}, which requires grad, and a "
+                                      "later read of it: eager differentiates that read with respect to the same "
+                                      "leaf in its new shape, which thunderlite cannot give; change its shape "
+                                      "outside the jitted function")
         grew = any(step[4] for step in steps)
         if grew and k in shared:
             raise NotImplementedError(f"{what} on the input {entry.name}, which shares storage with another "
@@ -256,6 +261,10 @@ def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
         if grew:        # the grown elements are fresh memory in the trace: copied into the caller's
             writes.append(Write("call", target, "copy_", (p.replace(name=p.name),)))
     return writes
+
+
+def _reads(trace: Trace, name: str) -> bool:
+    return any(p.name == name for b in trace.bound_symbols for p in b.proxy_args())
 
 
 def _check_growing_resizes(trace: Trace, groups) -> None:
