@@ -401,3 +401,27 @@ def test_function_forms_and_shared_shrink(executors):
         base = torch.randn(6, generator=torch.Generator().manual_seed(seed))
         return [base[:3], base[3:]]
     _check(shrink_shared_input, make, executors)
+
+
+def views_taken_before(x):
+    y = x * 2
+    v = y[0]
+    y.t_()
+    y.add_(1)                   # v sees it: same memory
+    w = y[:, 1]
+    y.unsqueeze_(0)
+    y.mul_(3)                   # so do v and w
+    return v + 0, w + 0, y + 0
+
+
+def input_view_then_shape_change(x):
+    v = x[1]
+    x.t_()
+    x[0].fill_(5.0)             # the caller's x and v see it
+    return v * 1
+
+
+@pytest.mark.parametrize("executors", sorted(EXECUTORS))
+@pytest.mark.parametrize("fn", [views_taken_before, input_view_then_shape_change])
+def test_views_across_shape_changes_match_eager(fn, executors):
+    _check(fn, _rand((3, 4)), executors)
