@@ -34,6 +34,7 @@ from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
 from thunderlite.torch.ops import grad_mode
+from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -381,6 +382,9 @@ class TracingHooks(InterpreterHooks):
         return self.store_deref(cell, DELETED)
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
+        if name == "data" and isinstance(obj, TensorProxy):
+            assign_data(obj, value)
+            return True
         if id(obj) not in self.state.prov_of:
             return False
         self.state.attr_writes[(id(obj), name)] = (obj, value)
