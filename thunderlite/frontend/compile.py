@@ -101,7 +101,8 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
-        writes = collect_writes(state)
+        result = hooks.autograd.returned(result)
+        writes = collect_writes(state) + hooks.autograd.writes()
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -116,7 +117,8 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
             tr.bind_inputs(values)
     traces = [trace]
     comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
-                                           refused_writes(state.inputs), _input_strides(state.inputs))
+                                           refused_writes(state.inputs), _input_strides(state.inputs),
+                                           own_backward=hooks.autograd.used)
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
@@ -271,7 +273,7 @@ def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
 
 
 def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
-                 refused: dict | None = None, input_strides: dict | None = None):
+                 refused: dict | None = None, input_strides: dict | None = None, own_backward: bool = False):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation, the backward traces and the inputs whose
@@ -279,7 +281,9 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     naming inputs eager refuses to write (leaves requiring grad, inference
     tensors...), so the error is raised here, at trace time, before anything
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
-    checks and in autodiff's functionalization (see ``split_forward_backward``)."""
+    checks and in autodiff's functionalization (see ``split_forward_backward``).
+    ``own_backward``: the program ran its backward itself (a whole training
+    step, frontend/training/): it needs no autograd and runs under no_grad."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
     copies = lambda: eager_copies(t, input_strides or {}, groups)  # noqa: E731
     strided = inputs_behind(t, check_writes(t, **(refused or {}), copies=copies))
@@ -287,7 +291,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     t = _record(traces, _step(dce, t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
+    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and not own_backward:
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
             final = finalize(tr, exs, groups, steps, transforms)
@@ -302,9 +306,21 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     final = finalize(t, exs, groups, steps, transforms)
     # as on the differentiable path (executors/autograd_function.py), an elementwise
     # step may write into a buffer dying there, unless autograd records it
-    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=torch.is_grad_enabled()), final)
+    recorded = torch.is_grad_enabled() and not own_backward
+    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
     traces += steps
-    return final.python_callable(), [], tuple(strided)
+    run = final.python_callable()
+    return (_without_grad(run) if own_backward else run), [], tuple(strided)
+
+
+def _without_grad(run: Callable) -> Callable:
+    """The computation of a program that ran its own backward: nothing in it is
+    recorded by PyTorch's autograd (its gradients are trace values)."""
+    def computation(*args):
+        with torch.no_grad():
+            return run(*args)
+    computation.__thunderlite_source__ = getattr(run, "__thunderlite_source__", None)
+    return computation
 
 
 def _makes_leaves(trace: Trace) -> bool:
