@@ -252,7 +252,8 @@ class TracingHooks(InterpreterHooks):
             # captured by reference, as a real tensor argument of an op does
             # (``_capture_constants``); run natively, its in-place methods would write
             # once at trace time and be recorded as a constant call DCE drops
-            return getattr(st.enter(None, obj), name)
+            proxy = st.enter(None, obj)
+            return self.input_grad(proxy) if name == "grad" else getattr(proxy, name)
         parent = st.prov_of.get(id(obj))
         if parent is None:
             return st.enter(None, value) if isinstance(value, torch.Tensor) else value
@@ -318,8 +319,8 @@ class TracingHooks(InterpreterHooks):
         return self.store_deref(cell, DELETED)
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
-        if type(obj) is TensorProxy and name == "grad":
-            self.autograd.set_grad(obj, value)
+        if name == "grad" and (type(obj) is TensorProxy or isinstance(obj, torch.Tensor)):
+            self.autograd.set_grad(obj if type(obj) is TensorProxy else self.state.enter(None, obj), value)
             return True
         if id(obj) not in self.state.prov_of:
             return False

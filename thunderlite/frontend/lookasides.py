@@ -127,6 +127,8 @@ class Lookasides:
             return self.hooks.input_grad(proxy)
         if name == "backward":
             return functools.partial(self.tensor_backward, proxy)
+        if name == "grad_fn" and (not proxy.requires_grad or self.hooks.state.input_by_name(proxy.name)):
+            return None     # a leaf, or a value without history (``zero_grad`` asks of ``p.grad``)
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
     def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):

@@ -35,6 +35,7 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, free_proxies, graph_of, inline_backward
+from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 
 _SECOND_BACKWARD = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -164,8 +165,11 @@ class TracedAutograd:
 
     # --- the differentiation ------------------------------------------------------------------
     def _differentiate(self, outs: list, cots: list, retain: bool, wrt) -> tuple[list, list, list]:
-        bsyms = self.retained + self.trace.bound_symbols[self.start:]
-        graph = graph_of(bsyms, outs)
+        segment = self.trace.bound_symbols[self.start:]
+        graph = graph_of(self.retained + segment, outs)
+        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient: it stays as it is
+        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name not in graph]
+        bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
         free = free_proxies(bsyms)
@@ -185,11 +189,12 @@ class TracedAutograd:
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
-        self.trace.bound_symbols[self.start:] = inl.forward + inl.backward
+        self.trace.bound_symbols[self.start:] = flags + inl.forward + inl.backward
         self.trace.writes += 1
         self.start = len(self.trace.bound_symbols)
-        if not retain:
-            self.freed |= graph
+        if not retain:      # the leaves stay: a later graph starts from them anew
+            inputs = {inp.proxy.name for inp in self.state.inputs}
+            self.freed |= graph - inputs
         self.retained = [b for b in bsyms if any(o.requires_grad and o.name not in self.freed
                                                  for o in b.tensor_outs())]
         self.used = True
