@@ -35,16 +35,17 @@ def assert_same_state(model, ref, opt=None, ref_opt=None) -> None:
         for p, r in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(opt.state[p], ref_opt.state[r], **TOL)
         for g, rg in zip(opt.param_groups, ref_opt.param_groups, strict=True):
-            assert {k: v for k, v in g.items() if k != "params"} == \
-                   {k: v for k, v in rg.items() if k != "params"}
+            assert {k: v for k, v in g.items() if k not in ("params", "capturable")} == \
+                   {k: v for k, v in rg.items() if k not in ("params", "capturable")}
 
 
-def run_both(step, make_opt=None, exs=None, steps: int = 3, model=None, args=None, sched=None):
-    """``step(model, opt, *args)`` (and ``sched`` if given) jitted and eager, ``steps`` times."""
+def run_both(step, make_opt=None, exs=None, steps: int = 3, model=None, args=None, sched=None, make_ref_opt=None):
+    """``step(model, opt, *args)`` (and ``sched`` if given) jitted and eager, ``steps`` times;
+    ``make_ref_opt``: the eager optimizer where it differs from the jitted one's."""
     model = model if model is not None else small_model()
     ref = copy.deepcopy(model)
     opt = make_opt(model.parameters()) if make_opt else None
-    ref_opt = make_opt(ref.parameters()) if make_opt else None
+    ref_opt = (make_ref_opt or make_opt)(ref.parameters()) if make_opt else None
     extra, ref_extra = (), ()
     if sched is not None:
         extra, ref_extra = (sched(opt),), (sched(ref_opt),)
