@@ -46,6 +46,7 @@ from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
+from thunderlite.transforms.whole_step import drop_autograd_markers, schedule_updates
 
 INTERPRETATION_STAGE = "interpretation"
 
@@ -118,7 +119,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     traces = [trace]
     comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
                                            refused_writes(state.inputs), _input_strides(state.inputs),
-                                           own_backward=hooks.autograd.used)
+                                           own_backward=hooks.autograd.backward_names())
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
@@ -273,7 +274,8 @@ def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
 
 
 def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
-                 refused: dict | None = None, input_strides: dict | None = None, own_backward: bool = False):
+                 refused: dict | None = None, input_strides: dict | None = None,
+                 own_backward: frozenset[str] | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation, the backward traces and the inputs whose
@@ -282,16 +284,21 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     tensors...), so the error is raised here, at trace time, before anything
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
     checks and in autodiff's functionalization (see ``split_forward_backward``).
-    ``own_backward``: the program ran its backward itself (a whole training
-    step, frontend/training/): it needs no autograd and runs under no_grad."""
+    ``own_backward``: the names its last backward made, when the program ran
+    its backward itself (a whole training step, frontend/training/): it needs
+    no autograd, runs under no_grad, and its updates are scheduled right after
+    their gradients (transforms/whole_step.py)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
     copies = lambda: eager_copies(t, input_strides or {}, groups)  # noqa: E731
     strided = inputs_behind(t, check_writes(t, **(refused or {}), copies=copies))
     t = _record(traces, _step(update_aliases, t, groups))
     t = _record(traces, _step(dce, t, groups))
+    if own_backward is not None:
+        t = _record(traces, _step(drop_autograd_markers, t))
+        t = _record(traces, _step(schedule_updates, t, own_backward, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and not own_backward:
+    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
             final = finalize(tr, exs, groups, steps, transforms)
@@ -306,11 +313,11 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     final = finalize(t, exs, groups, steps, transforms)
     # as on the differentiable path (executors/autograd_function.py), an elementwise
     # step may write into a buffer dying there, unless autograd records it
-    recorded = torch.is_grad_enabled() and not own_backward
+    recorded = torch.is_grad_enabled() and own_backward is None
     final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
     traces += steps
     run = final.python_callable()
-    return (_without_grad(run) if own_backward else run), [], tuple(strided)
+    return (_without_grad(run) if own_backward is not None else run), [], tuple(strided)
 
 
 def _without_grad(run: Callable) -> Callable:

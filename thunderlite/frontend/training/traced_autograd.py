@@ -281,6 +281,12 @@ class TracedAutograd:
         loc = self.hooks.locate()
         return f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
 
+    def backward_names(self) -> frozenset[str] | None:
+        """The names the program's last backward made (None: it ran none)."""
+        if not self.used:
+            return None
+        return frozenset(p.name for b in self.last_backward for p in b.proxy_outs())
+
     def returned(self, result: Any) -> Any:
         """The program's result with each tensor that still requires grad made
         eager's tensor whose graph the program's backward used (graph_used)."""
