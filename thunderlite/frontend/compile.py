@@ -135,6 +135,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.alias_guard = alias_guard
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
+    compiled.gradients = hooks.autograd.gradient_of
     return compiled
 
 

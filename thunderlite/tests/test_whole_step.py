@@ -279,3 +279,31 @@ def test_jit_of_the_model_still_uses_the_autograd_bridge():
     jit(model, None)(x).sum().backward()
     ref(x).sum().backward()
     assert_same_state(model, ref)
+
+
+def test_updates_follow_their_gradients_and_the_report_shows_where_they_die(tmp_path):
+    """``schedule_updates``: without clipping, each update runs inside the backward, right
+    after its gradient, which is freed there (``zero_grad(set_to_none=True)``: nothing
+    outside sees it); the trace report lists each gradient's death."""
+    from thunderlite.report import trace_report
+    from thunderlite.report.memory import deaths
+
+    def step(model, opt, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    jstep, _, _, _ = run_both(step, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    final = thunderlite.last_traces(jstep)[-1]
+    assert "schedule_updates" in [t.stage for t in thunderlite.last_traces(jstep)]
+    names = [b.sym.name for b in final.bound_symbols]
+    first_update = names.index("add_")
+    last_matmul = max(i for i, n in enumerate(names) if n == "matmul")
+    assert first_update < last_matmul            # an update runs before the backward ends
+    grads = thunderlite.last_gradients(jstep)
+    died = deaths(final, grads)
+    assert len(died) == 4 and all(i < len(final.bound_symbols) - 1 for _, _, i in died)
+    assert {d[0] for d in died} == {f"argument 0.{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    html = open(trace_report(jstep, tmp_path / "r.html")).read()
+    assert "grad_deaths" in html and "argument 0.2.weight" in html

@@ -65,6 +65,7 @@ class TracedAutograd:
         self.used = False                        # a backward ran: the program runs without autograd
         self.retain_last = False
         self.last_backward: list[BoundSymbol] = []
+        self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
@@ -254,6 +255,8 @@ class TracedAutograd:
         return {n for n, k in seen.items() if k == 1 and n in made and not may_view(made[n])}
 
     def _accumulate(self, leaf: TensorProxy, g: TensorProxy, fresh: set[str]) -> None:
+        inp = self.state.input_by_name(leaf.name)
+        self.gradient_of[g.name] = inp.prov.describe() if inp.prov is not None else leaf.name
         cur = self.grad_of(leaf)
         if cur is None:
             self.grads[leaf.name] = g if g.name in fresh else self._call(torch.Tensor.clone, g)
