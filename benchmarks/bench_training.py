@@ -112,6 +112,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
@@ -147,7 +148,8 @@ class LlamaLoss(nn.Module):
 MODELS = {"gpt": NanoGPT, "llama": LlamaLoss}
 
 
-_INDUCTOR = ("thunderlite+tc", "thunderlite+tc1", "torch.compile")     # the variants needing a C++ compiler on CPU
+# the variants needing a C++ compiler on CPU
+_INDUCTOR = ("thunderlite+tc", "thunderlite+tc1", "torch.compile", "torch.compile(step)")
 
 
 def _variant_fn(name: str, model: nn.Module):
@@ -184,19 +186,54 @@ def _proc_status(field: str) -> int:
     raise RuntimeError(f"{field} is not in /proc/self/status")
 
 
-def peak_step_bytes(fn, opt, batch) -> int:
-    """Peak memory of one step above its start (see module docstring)."""
+def peak_step_bytes(run, batch) -> int:
+    """Peak memory of one step (``run(batch)``) above its start (see module docstring)."""
     if batch[0].is_cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        _step(fn, opt, batch)
+        run(batch)
         return torch.cuda.max_memory_allocated() - base
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _proc_status("VmRSS")
-    _step(fn, opt, batch)
+    run(batch)
     return _proc_status("VmHWM") - base
+
+
+def whole_step(model, opt, idx, targets):
+    """The whole-step variants' training step, as people write it."""
+    loss = model(idx, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if idx.is_cuda:
+        torch.cuda.synchronize()
+    return loss.detach()
+
+
+WHOLE_STEP_VARIANTS = ("eager", "jit(forward)", "jit(step)", "torch.compile(step)")
+
+
+def _whole_step_run(name: str, model: nn.Module, opt):
+    """``run(batch)`` of a whole-step variant (``--whole-step``): AdamW, forward +
+    backward + step + zero_grad(set_to_none=True)."""
+    if name == "eager":
+        return lambda b: whole_step(model, opt, *b)
+    if name == "jit(forward)":            # thunderlite's forward, PyTorch's autograd and optimizer
+        jm = thunderlite.jit(model)
+        return lambda b: whole_step(jm, opt, *b)
+    if name == "jit(step)":               # backward and optimizer in the trace
+        js = thunderlite.jit(whole_step)
+        return lambda b: js(model, opt, *b)
+    if name == "torch.compile(step)":     # Dynamo's graph of the step, the backward by compiled autograd
+        cs = torch.compile(whole_step)
+
+        def run(b):
+            with torch._dynamo.config.patch(compiled_autograd=True):
+                return cs(model, opt, *b)
+        return run
+    raise ValueError(name)
 
 
 def warm_inductor(device: str) -> None:
@@ -214,22 +251,26 @@ def run_model(kind: str, names: list[str], opts, device: str, peak: bool) -> lis
     rows = []
     for name in names:
         model = copy.deepcopy(base)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        fn = _variant_fn(name, model)
+        if opts.whole_step:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            run = _whole_step_run(name, model, opt)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            run = functools.partial(_step, _variant_fn(name, model), opt)
         start = time.perf_counter()
-        _step(fn, opt, batch)                       # first call: tracing / compilation
+        run(batch)                                  # first call: tracing / compilation
         first = time.perf_counter() - start
-        _step(fn, opt, batch)
-        rows.append({"name": name, "model": model, "fn": fn, "opt": opt, "first_s": first, "ms": [], "cpu": []})
+        run(batch)
+        rows.append({"name": name, "model": model, "run": run, "first_s": first, "ms": [], "cpu": []})
     for i in range(opts.steps):
         k = i % len(rows)
         for r in rows[k:] + rows[:k]:
             start, cpu_start = time.perf_counter(), time.process_time()
-            _step(r["fn"], r["opt"], batch)
+            r["run"](batch)
             r["ms"].append((time.perf_counter() - start) * 1e3)
             r["cpu"].append((time.process_time() - cpu_start) * 1e3)
     for r in rows:
-        r["peak_mb"] = min(peak_step_bytes(r["fn"], r["opt"], batch) for _ in range(3)) / 2**20 if peak else None
+        r["peak_mb"] = min(peak_step_bytes(r["run"], batch) for _ in range(3)) / 2**20 if peak else None
     ref = dict(rows[0]["model"].named_parameters())
     for r in rows:
         r["param_diff"] = max((p.detach() - ref[n].detach()).abs().max().item()
@@ -255,6 +296,11 @@ def print_rows(kind: str, rows: list[dict], pinned: dict, opts, device: str) -> 
               f"{r['param_diff']:>12.1e}{'':>10}{p['ms'] / pe['ms']:>12.2f}{p['peak_mb']:>9.1f}"
               + (f"{p['peak_mb'] / pe['peak_mb']:>11.2f}" if pe["peak_mb"] > 0 else f"{'-':>11}"))
     by = {r["name"]: r for r in rows}
+    if "jit(step)" in by and "jit(forward)" in by:
+        st, fw = by["jit(step)"], by["jit(forward)"]
+        print(f"{'jit(step) / jit(forward)':<32} time {statistics.median(st['ms']) / statistics.median(fw['ms']):.2f}"
+              f"  paired {paired(st, fw):.2f}  cpu {statistics.median(st['cpu']) / statistics.median(fw['cpu']):.2f}"
+              f"  peak memory {pinned['jit(step)']['peak_mb'] / max(pinned['jit(forward)']['peak_mb'], 1e-9):.2f}")
     if "thunderlite+tc" in by and "torch.compile" in by:
         tc, tl = by["torch.compile"], by["thunderlite+tc"]
         print(f"{'thunderlite+tc / torch.compile':<32} "
@@ -351,6 +397,10 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile",
                     help="comma-separated; also thunderlite+tc1 (torchcompile with one region per layer)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--whole-step", action="store_true",
+                    help="the whole training step with AdamW: eager, jit(forward) with PyTorch's backward and "
+                         "optimizer, jit(step) (backward and optimizer in the trace), torch.compile(step) with "
+                         "compiled autograd")
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")
     ap.add_argument("--scaling-point", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pinned", action="store_true", help=argparse.SUPPRESS)
@@ -371,7 +421,7 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, *args, "--layers", n, "--scaling-point"], check=True)
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    names = opts.variants.split(",")
+    names = list(WHOLE_STEP_VARIANTS) if opts.whole_step else opts.variants.split(",")
     if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
                                    for p in os.environ.get("PATH", "").split(os.pathsep)):
         names = [n for n in names if n not in _INDUCTOR]
