@@ -1,4 +1,4 @@
-"""The whole training step in one trace (DESIGN.md §11): ``loss.backward()``,
+"""The whole training step in one trace (docs/architecture.md §9): ``loss.backward()``,
 ``torch.autograd.backward`` and ``torch.autograd.grad`` inside the jitted
 function, differentiated by thunderlite's autodiff, ``.grad`` of leaves with
 eager's semantics, against eager after several steps."""

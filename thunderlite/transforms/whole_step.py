@@ -1,5 +1,5 @@
 """Passes for a program that ran its own backward (a whole training step,
-DESIGN.md §11; frontend/training/): it runs without autograd, and each
+docs/architecture.md §9; frontend/training/): it runs without autograd, and each
 parameter's update can run as soon as its gradient is final.
 
 - ``drop_autograd_markers``: grad-mode switches, and ``requires_grad_(False)``

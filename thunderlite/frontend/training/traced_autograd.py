@@ -1,6 +1,6 @@
 """The program's own autograd: ``loss.backward()``, ``torch.autograd.backward``
-and ``torch.autograd.grad`` inside a jitted function (DESIGN.md §11, "A step is
-one program"; docs/architecture.md §3 and §9).
+and ``torch.autograd.grad`` inside a jitted function: a training step is one
+program (docs/architecture.md §3, and §9 "Backward inside the trace").
 
 A backward is autodiff applied to what the trace computed so far
 (``transforms/autodiff/inline.py``): the symbols recorded since the last

@@ -1,5 +1,5 @@
 """Backward inside a trace: differentiate symbols already recorded and inline
-their backward after them (DESIGN.md §11, "A step is one program").
+their backward after them (docs/architecture.md §9, "Backward inside the trace").
 
 ``inline_backward`` is the routine a trace uses when the program itself asks
 for gradients (``loss.backward()``, ``torch.autograd.grad`` inside a jitted
