@@ -421,7 +421,9 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, *args, "--layers", n, "--scaling-point"], check=True)
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    names = list(WHOLE_STEP_VARIANTS) if opts.whole_step else opts.variants.split(",")
+    names = opts.variants.split(",")
+    if opts.whole_step:           # its own variants; --variants picks among them
+        names = [n for n in names if n in WHOLE_STEP_VARIANTS] or list(WHOLE_STEP_VARIANTS)
     if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
                                    for p in os.environ.get("PATH", "").split(os.pathsep)):
         names = [n for n in names if n not in _INDUCTOR]

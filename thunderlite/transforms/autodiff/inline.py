@@ -100,17 +100,35 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
-    backward = [rename_bsym(b, bind) for b in split.backward.bound_symbols
-                if b.sym is not UNPACK_SAVED and Tag.RETURN not in b.sym.tags]
-    made = set()
+    taken = set(defined) | {a.name for a in args if isinstance(a, Proxy)}
+    taken.update(p.name for b in forward for p in b.proxy_outs())
+    backward = _distinct_names([rename_bsym(b, bind) for b in split.backward.bound_symbols
+                                if b.sym is not UNPACK_SAVED and Tag.RETURN not in b.sym.tags], taken, names, bind)
     for b in backward:
         for p in b.tensor_outs():
             p.requires_grad = False
-            made.add(p.name)
     swap = lambda x: bind.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
     result = list(pytree.tree_map(swap, split.backward.output))
     n = len(args)
     return InlinedBackward(forward, backward, result[:n], result[n:])
+
+
+def _distinct_names(bsyms: list[BoundSymbol], taken: set[str], names, swap: dict) -> list[BoundSymbol]:
+    """``bsyms`` with every output named like a value of the host (a forward
+    value the backward recomputes, ``rematerialize``'s ``gelu``) renamed, and
+    their readers with them: one trace, so the forward's value may die where
+    its last forward reader is, not where the backward recomputes it. ``swap``
+    gets the renamings."""
+    out = []
+    for b in bsyms:
+        b = rename_bsym(b, swap)
+        clash = {p.name: p.replace(name=names.fresh("t")) for p in b.proxy_outs() if p.name in taken}
+        if clash:
+            b = rename_bsym(b, clash)
+            swap.update(clash)
+        taken.update(p.name for p in b.proxy_outs())
+        out.append(b)
+    return out
 
 
 def _new_symbols(bsyms: list[BoundSymbol], defined, names) -> list[BoundSymbol]:
