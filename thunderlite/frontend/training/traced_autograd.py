@@ -126,6 +126,9 @@ class TracedAutograd:
         cots = self._cotangents(outs, _as_list(grad_tensors if grad_tensors is not None else grad_variables))
         self._refuse_create_graph(create_graph)
         only = None if inputs is None else {p.name for p in _as_list(inputs)}
+        if only and any(self.state.input_by_name(n) is None for n in only):
+            raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
+                                      f"function (not a leaf) is not supported{self._where()}")
         args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), ())
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
@@ -267,12 +270,12 @@ class TracedAutograd:
     def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:
         inp = self.state.input_by_name(leaf.name)
         hooks = getattr(inp.value, "_post_accumulate_grad_hooks", None)
-        if inp.prov is not None:
+        if inp.prov is not None:      # registering or removing a hook recompiles
             path = inp.prov.attr("_post_accumulate_grad_hooks")
-            if hooks:
-                self.state.add_guard(path, "keys", tuple(hooks))
+            if hooks is None:
+                self.state.add_guard(path, "eq", None)
             else:
-                self.state.add_guard(path, "eq", None) if hooks is None else self.state.add_guard(path, "keys", ())
+                self.state.add_guard(path, "keys", tuple(hooks))
         for hook in list((hooks or {}).values()):
             interpret(hook, self.hooks)(leaf)
 
