@@ -114,3 +114,13 @@ def test_lr_scheduler_in_the_step(name):
     jstep, _, opt, _ = run_both(step, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), steps=3,
                                 sched=_SCHED[name])
     assert thunderlite.cache_info(jstep)["misses"] >= 2
+
+
+def test_optimizer_state_is_written_in_place():
+    """From the second step on, the state tensors (moments, step counts) are the same
+    objects, updated in place, as eager keeps them."""
+    jstep, model, opt, _ = run_both(step_fn, lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False), steps=2)
+    ids = [id(t) for s in opt.state.values() for t in s.values()]
+    jstep(model, opt, torch.randn(6, 4), torch.randint(0, 3, (6,)))
+    assert [id(t) for s in opt.state.values() for t in s.values()] == ids
+    assert all(int(s["step"]) == 3 for s in opt.state.values())
