@@ -307,3 +307,12 @@ def test_updates_follow_their_gradients_and_the_report_shows_where_they_die(tmp_
     assert {d[0] for d in died} == {f"argument 0.{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
     html = open(trace_report(jstep, tmp_path / "r.html")).read()
     assert "grad_deaths" in html and "argument 0.2.weight" in html
+
+
+def test_leaf_made_inside_the_function_is_refused_clearly():
+    def step(x):
+        w = torch.ones(4, requires_grad=True)
+        (w * x).sum().backward()
+        return w.grad
+    with pytest.raises(NotImplementedError, match=r"leaf tensor made inside the function.*backward\(\)"):
+        thunderlite.jit(step)(torch.randn(4))

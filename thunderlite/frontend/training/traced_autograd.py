@@ -176,6 +176,7 @@ class TracedAutograd:
         bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
+        self._refuse_made_leaves(bsyms, graph)
         free = free_proxies(bsyms)
         free_names = {p.name for p in free}
         args = list(free) + [o for o in outs if o.name not in free_names and not self._defined_in(bsyms, o)]
@@ -208,6 +209,20 @@ class TracedAutograd:
         arg_names = {a.name for a in args}
         return args, inl.grads, [None if w.name in arg_names else next(value_grads) for w in wrt]
 
+    def _refuse_made_leaves(self, bsyms, graph: set[str]) -> None:
+        """A leaf the program itself made (``torch.zeros(3, requires_grad=True)``,
+        ``requires_grad_()``) would need a ``.grad`` of its own: refused, named."""
+        for b in bsyms:
+            outs = [o for o in b.tensor_outs() if o.name in graph]
+            if outs and not any(a.name in graph for a in b.tensor_args()):
+                raise NotImplementedError(
+                    f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
+                    f"made inside the function{self._where()}; pass it in as an argument instead")
+            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph:
+                raise NotImplementedError(
+                    f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
+                    f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+
     @staticmethod
     def _defined_in(bsyms, p) -> bool:
         return any(o.name == p.name for b in bsyms for o in b.proxy_outs())
@@ -229,6 +244,12 @@ class TracedAutograd:
         cots = []
         for i, o in enumerate(outs):
             if type(o) is not TensorProxy or not o.requires_grad:
+                if any(b.kwargs.get("requires_grad") for b in self.trace.bound_symbols):
+                    # a factory's proxy does not say that its tensor requires grad
+                    raise NotImplementedError(
+                        f"thunderlite: backward() inside the jitted function of a program that makes a leaf "
+                        f"tensor made inside the function (requires_grad=True){self._where()}; pass it in as an "
+                        "argument instead")
                 raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
             g = given[i] if given else None
             if g is None:
