@@ -394,8 +394,10 @@ def main() -> None:
     ap.add_argument("--models", default="gpt,llama")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the models' parameter dtype (bfloat16: half-precision training)")
-    ap.add_argument("--variants", default="eager,thunderlite,thunderlite+tc,torch.compile",
-                    help="comma-separated; also thunderlite+tc1 (torchcompile with one region per layer)")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated (default: eager,thunderlite,thunderlite+tc,torch.compile); also "
+                         "thunderlite+tc1 (torchcompile with one region per layer); with --whole-step, among "
+                         + ",".join(WHOLE_STEP_VARIANTS))
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--whole-step", action="store_true",
                     help="the whole training step with AdamW: eager, jit(forward) with PyTorch's backward and "
@@ -421,9 +423,10 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, *args, "--layers", n, "--scaling-point"], check=True)
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    names = opts.variants.split(",")
     if opts.whole_step:           # its own variants; --variants picks among them
-        names = [n for n in names if n in WHOLE_STEP_VARIANTS] or list(WHOLE_STEP_VARIANTS)
+        names = opts.variants.split(",") if opts.variants else list(WHOLE_STEP_VARIANTS)
+    else:
+        names = (opts.variants or "eager,thunderlite,thunderlite+tc,torch.compile").split(",")
     if device == "cpu" and not any(os.access(os.path.join(p, "g++"), os.X_OK)
                                    for p in os.environ.get("PATH", "").split(os.pathsep)):
         names = [n for n in names if n not in _INDUCTOR]

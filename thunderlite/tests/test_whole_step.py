@@ -316,3 +316,10 @@ def test_leaf_made_inside_the_function_is_refused_clearly():
         return w.grad
     with pytest.raises(NotImplementedError, match=r"leaf tensor made inside the function.*backward\(\)"):
         thunderlite.jit(step)(torch.randn(4))
+
+
+def test_batch_norm_running_statistics_in_the_step():
+    """The forward's own writes (running statistics, off the gradient path) stay in the step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    run_both(train_step, _sgd, model=model)

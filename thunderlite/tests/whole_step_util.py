@@ -25,12 +25,14 @@ def jit(fn, exs):
 
 
 def assert_same_state(model, ref, opt=None, ref_opt=None) -> None:
-    """Parameters, gradients (None where eager has None) and optimizer state equal eager's."""
+    """Parameters, gradients (None where eager has None), buffers and optimizer state equal eager's."""
     for (n, p), (_, r) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p.detach(), r.detach(), **TOL, msg=lambda m, n=n: f"{n}: {m}")
         assert (p.grad is None) == (r.grad is None), n
         if p.grad is not None:
             torch.testing.assert_close(p.grad, r.grad, **TOL, msg=lambda m, n=n: f"{n}.grad: {m}")
+    for (n, b), (_, r) in zip(model.named_buffers(), ref.named_buffers(), strict=True):
+        torch.testing.assert_close(b, r, **TOL, msg=lambda m, n=n: f"buffer {n}: {m}")
     if opt is not None:
         for p, r in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(opt.state[p], ref_opt.state[r], **TOL)
