@@ -48,6 +48,7 @@ from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
+from thunderlite.transforms.whole_step import drop_autograd_markers, schedule_updates
 
 INTERPRETATION_STAGE = "interpretation"
 
@@ -104,7 +105,9 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
         _check_hook_functions(trace, state)
-        writes = collect_writes(state) + _input_hooks(trace, state) + _rebound_inputs(trace, state)
+        result = hooks.autograd.returned(result)
+        writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
+                  + _rebound_inputs(trace, state))
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -120,7 +123,8 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
             tr.bind_inputs(values)
     traces = [trace]
     comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
-                                           refused_writes(state.inputs), _input_strides(state.inputs))
+                                           refused_writes(state.inputs), _input_strides(state.inputs),
+                                           own_backward=hooks.autograd.backward_names())
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
@@ -136,6 +140,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.alias_guard = alias_guard
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
+    compiled.gradients = hooks.autograd.gradient_of
     return compiled
 
 
@@ -424,7 +429,8 @@ def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
 
 
 def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
-                 refused: dict | None = None, input_strides: dict | None = None):
+                 refused: dict | None = None, input_strides: dict | None = None,
+                 own_backward: frozenset[str] | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation, the backward traces and the inputs whose
@@ -432,15 +438,22 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     naming inputs eager refuses to write (leaves requiring grad, inference
     tensors...), so the error is raised here, at trace time, before anything
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
-    checks and in autodiff's functionalization (see ``split_forward_backward``)."""
+    checks and in autodiff's functionalization (see ``split_forward_backward``).
+    ``own_backward``: the names its last backward made, when the program ran
+    its backward itself (a whole training step, frontend/training/): it needs
+    no autograd, runs under no_grad, and its updates are scheduled right after
+    their gradients (transforms/whole_step.py)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
     copies = lambda: eager_copies(t, input_strides or {}, groups)  # noqa: E731
     strided = inputs_behind(t, check_writes(t, **(refused or {}), copies=copies))
     t = _record(traces, _step(update_aliases, t, groups))
     t = _record(traces, _step(dce, t, groups))
+    if own_backward is not None:
+        t = _record(traces, _step(drop_autograd_markers, t))
+        t = _record(traces, _step(schedule_updates, t, own_backward, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
+    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
             final = finalize(tr, exs, groups, steps, transforms)
@@ -455,9 +468,21 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     final = finalize(t, exs, groups, steps, transforms)
     # as on the differentiable path (executors/autograd_function.py), an elementwise
     # step may write into a buffer dying there, unless autograd records it
-    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=torch.is_grad_enabled()), final)
+    recorded = torch.is_grad_enabled() and own_backward is None
+    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
     traces += steps
-    return final.python_callable(), [], tuple(strided)
+    run = final.python_callable()
+    return (_without_grad(run) if own_backward is not None else run), [], tuple(strided)
+
+
+def _without_grad(run: Callable) -> Callable:
+    """The computation of a program that ran its own backward: nothing in it is
+    recorded by PyTorch's autograd (its gradients are trace values)."""
+    def computation(*args):
+        with torch.no_grad():
+            return run(*args)
+    computation.__thunderlite_source__ = getattr(run, "__thunderlite_source__", None)
+    return computation
 
 
 def _makes_leaves(trace: Trace) -> bool:

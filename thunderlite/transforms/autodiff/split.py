@@ -547,13 +547,19 @@ def _output_grad(bsym: BoundSymbol, grads: dict, hooks: dict | None = None):
     return g if found else None
 
 
-def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]], *,
-           hooks: dict | None = None) -> None:
+def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]],
+           captured: dict | None = None, *, hooks: dict | None = None) -> None:
     """The reverse sweep of the program's backward and of a decomposition's
     alike: each symbol of ``flat`` on a gradient path, last first, takes its
     output gradients out of ``grads`` and adds in the input gradients ``vjp``
-    gives it (those of ``tracked`` values)."""
+    gives it (those of ``tracked`` values). ``captured`` (name -> None): the
+    values whose gradient is kept there, complete once their producer is
+    reached (every reader came later in the program)."""
     for bsym in reversed(flat):
+        if captured:
+            for o in bsym.tensor_outs():
+                if o.name in captured and o.name in grads:
+                    captured[o.name] = grads[o.name]
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
             continue
         g = _output_grad(bsym, grads, hooks)
@@ -596,7 +602,8 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -
     return pairs
 
 
-def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned) -> GradSplit:
+def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned,
+                    wrt_values=()) -> GradSplit:
     bwd = Trace("backward", names=trace.names)
     grads: dict[str, object] = {}
     user_backwards: list[tuple] = []      # (function bsym, first, end) of each user backward recorded
@@ -618,11 +625,15 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             if is_function_symbol(bsym.sym):
                 user_backwards.append((bsym, start, len(bwd.bound_symbols)))
             return pairs
-        _sweep(flat, tracked, grads, vjp, hooks=hooks_of(trace, groups, _where))
+        captured = dict.fromkeys(v.name for v in wrt_values)
+        _sweep(flat, tracked, grads, vjp, captured, hooks=hooks_of(trace, groups, _where))
         bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
                        for a, m in zip(trace.args, mask, strict=True))
+        if wrt_values:      # an output among them was never swept past: its gradient is what reached it
+            result += tuple(captured[v.name] if captured[v.name] is not None else grads.get(v.name)
+                            for v in wrt_values)
         bwd.set_return(result)
     return GradSplit("functional", backward=bwd, differentiable_outputs=diff_outputs, grad_args=grad_args,
                      grad_positions=grad_positions)
@@ -872,7 +883,7 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
-                           executors=None, input_strides: dict | None = None) -> GradSplit:
+                           executors=None, input_strides: dict | None = None, wrt_values=()) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
@@ -880,7 +891,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     storage offset) of the tensor compiled for) lets functionalization decide
     eager's view-or-copy of reshapes and place arguments sharing storage in it;
     ``GradSplit.stride_inputs`` / ``placed_inputs`` name the arguments whose
-    strides / strides and offsets it relied on."""
+    strides / strides and offsets it relied on. ``wrt_values``: values of the
+    trace (intermediates) whose gradients the backward also returns, after the
+    arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py)."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -920,7 +933,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     if trace is not functional:
         tail, epilogue = [], None
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
-    split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
+    split = _build_backward(trace, flat, tracked, mask, handles, groups, owned, wrt_values)
     # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
     # only they read must not be saved
     split.backward = dce(split.backward, keep_writes=True)
