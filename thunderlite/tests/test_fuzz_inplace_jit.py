@@ -498,7 +498,7 @@ def test_generated_programs_mutate_and_alias():
     for kind in ("global", "closure", "module", "routed"):
         assert {(kind, r) for r in ("separate", "a", "b", "view_a", "slice_b")} <= relations
     routes = {p.source.split("\n", 2)[1].strip().removeprefix("w = ") for p in progs if p.kind == "routed"}
-    assert len(routes) >= 10, routes
+    assert len(routes) >= 8, routes
     assert any(len({rel for _, rel in p.calls}) > 1 for p in progs)       # a relation change meets the cache
     shared = set()
     for s in range(30):
