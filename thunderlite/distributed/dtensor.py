@@ -306,6 +306,9 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     if name.endswith("_") and not name.endswith("__"):
         raise DTensorRefused(f"the in-place op {name} on a DTensor")
     flat, spec = pytree.tree_flatten((args, kwargs))
+    for a in flat:
+        if isinstance(a, (TensorProxy, DTensorProxy)):
+            _refuse_grad(a.local if isinstance(a, DTensorProxy) else a, f"{what} on a tensor that requires grad")
     dts = [a for a in flat if isinstance(a, DTensorProxy)]
     mesh_obj = dts[0].device_mesh
     if any(d.device_mesh is not mesh_obj for d in dts):

@@ -1,0 +1,43 @@
+"""DTensor proxies (issue 28): ``DTensor`` arguments and ``DTensor.from_local``
+inside jitted functions, traced on the local tensors with the collectives
+torch's sharding propagation asks for, against eager ``DTensor``
+(``dist_workers.dtensor_program_checks``): on a one-rank group in-process and
+on two gloo ranks (one spawn). Refusals name the construct and the line."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import thunderlite
+from thunderlite.distributed.dtensor import DTensorRefused
+from thunderlite.tests import dist_workers
+from thunderlite.tests.test_distributed import _spawn, one_rank_group  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available in this build")
+
+
+def test_dtensor_programs_one_rank(one_rank_group):  # noqa: F811
+    dist_workers.dtensor_program_checks(1)
+
+
+def test_dtensor_programs_two_ranks():
+    _spawn(dist_workers.dtensor_programs_match_eager)
+
+
+def test_refusals_name_the_construct_and_line(one_rank_group):  # noqa: F811
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    mesh = init_device_mesh("cpu", (1,))
+    x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+
+    def linear(t, w):
+        return torch.nn.functional.linear(t, w)      # DTensor runs it as t() + mm: two ATen ops
+    with pytest.raises(DTensorRefused, match=r"(?s)2 ATen ops.*functional.linear\(t, w\)"):
+        thunderlite.jit(linear)(x, distribute_tensor(torch.randn(5, 3), mesh, [Shard(0)]))
+
+    def inplace(t):
+        t.mul_(2)
+        return t
+    with pytest.raises(DTensorRefused, match=r"in-place op mul_"):
+        thunderlite.jit(inplace)(x)
