@@ -17,13 +17,14 @@ recorded as the torch language's collectives on the local proxies
 all-reduce; ``Partial``→``Shard(d)``: reduce-scatter; ``Replicate``→
 ``Shard(d)``: this rank's slice; ``Replicate``→``Partial(sum)``: zeros off
 rank 0), then the op itself on the local tensors; its result is checked
-against the local shape ``DTensor`` computed. ``to_local``, ``full_tensor``,
+against the local shape ``DTensor`` computed. A call ``DTensor`` runs as
+several ATen ops (``F.linear``) is replayed op by op (``_replay_aten``). ``to_local``, ``full_tensor``,
 ``redistribute`` and ``from_local`` work on the records; a ``DTensorProxy``
 returned by the program is rebuilt with ``DTensor.from_local`` on the real
 local result (``materialize``).
 
 Refused by name (``DTensorRefused``): multi-dimensional meshes, uneven
-shards, a torch call that ``DTensor`` runs as more than one ATen op or whose
+shards, a call with an ATen op that has no ``torch.<op>`` symbol, or whose
 non-tensor arguments propagation rewrites (``view`` sizes are per shard),
 in-place ops, ``Shard``→``Partial``, and programs that need gradients.
 """
@@ -280,11 +281,14 @@ class _Capture(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dt = dtensor_type()
-        if any(isinstance(a, dt) for a in pytree.tree_leaves((args, kwargs))):
-            info = dt._op_dispatcher.unwrap_to_op_info(func, args, kwargs)
-            sharding = dt._op_dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
-            self.ops.append((func, info, sharding))
-        return func(*args, **kwargs)
+        if not any(isinstance(a, dt) for a in pytree.tree_leaves((args, kwargs))):
+            self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
+            return func(*args, **kwargs)
+        info = dt._op_dispatcher.unwrap_to_op_info(func, args, kwargs)
+        sharding = dt._op_dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, info, sharding, out))
+        return out
 
 
 def _meta_value(a: Any, by_local: dict) -> Any:
@@ -318,11 +322,13 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     cap = _Capture()
     with cap:
         meta_out = torch_fn(*margs, **mkwargs)
-    if len(cap.ops) != 1:
-        ops = ", ".join(str(op) for op, _, _ in cap.ops) or "none"
-        raise DTensorRefused(f"{what} on a DTensor, which DTensor runs as {len(cap.ops)} ATen ops ({ops}); only "
-                             "calls that are one ATen op are traced")
-    op, info, sharding = cap.ops[0]
+    if not cap.ops:
+        raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
+    if len(cap.ops) > 1:
+        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
+    op, _, _, info, sharding, _ = cap.ops[0]
+    if info is None:
+        raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched {op} without a DTensor argument")
     targets = _targets(op, info, sharding, by_local)
     mesh = _Mesh(mesh_obj)
     local_flat = []
@@ -334,6 +340,57 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     largs, lkwargs = pytree.tree_unflatten(local_flat, spec)
     out = local_fn(*largs, **lkwargs)
     return _wrap_outputs(meta_out, out, mesh_obj, what)
+
+
+def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
+                 mkwargs: dict, what: str) -> Any:
+    """A torch call ``DTensor`` runs as several ATen ops (``F.linear``: ``t`` and
+    ``mm``): each op replayed in order as its ``torch.<op>`` namesake's symbol on
+    the local tensors, after the redistributions propagation asked for."""
+    from thunderlite.torch import symbol_for
+    plain = {id(m): a for m, a in zip(pytree.tree_leaves((margs, mkwargs)), flat, strict=True)
+             if isinstance(a, TensorProxy)}          # meta stand-ins of plain traced tensors
+    dt = dtensor_type()
+    known = dict(by_local)         # id(meta local tensor) -> DTensorProxy (inputs, then results)
+    made: dict[int, Any] = {}      # id(meta plain tensor result) -> its proxy
+    for func, args, kwargs, info, sharding, out in ops:
+        sym = symbol_for(getattr(torch, func.overloadpacket.__name__, None))
+        if info is None or sym is None:
+            raise DTensorRefused(f"{what} on a DTensor, which DTensor runs as {len(ops)} ATen ops (" +
+                                 ", ".join(str(o[0]) for o in ops) + f"): {func} cannot be replayed")
+        targets = _targets(func, info, sharding, known)
+
+        def local(a, targets=targets, func=func):
+            if isinstance(a, dt):
+                p = known.get(id(a._local_tensor))
+                if p is None:
+                    raise DTensorRefused(f"{what}: {func} reads a DTensor made outside the traced ops")
+                dst = targets.get(id(p))
+                return p.local if dst is None else redistribute_local(p.local, p.placements[0], dst[0], mesh,
+                                                                      p.shape)
+            if isinstance(a, torch.Tensor):
+                v = plain.get(id(a), made.get(id(a)))
+                if v is None:
+                    raise DTensorRefused(f"{what}: {func} reads a tensor made outside the traced ops")
+                return v
+            return a
+        largs, lkwargs = pytree.tree_map(local, (args, kwargs))
+        result = _wrap_outputs(out, sym(*largs, **lkwargs), mesh.mesh, f"{what} ({func})")
+        for m, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(result), strict=True):
+            if isinstance(m, dt):
+                known[id(m._local_tensor)] = r
+            elif isinstance(m, torch.Tensor):
+                made[id(m)] = r
+
+    def final(m):
+        if isinstance(m, dt) and id(m._local_tensor) in known:
+            return known[id(m._local_tensor)]
+        if isinstance(m, torch.Tensor):
+            if id(m) not in made:
+                raise DTensorRefused(f"{what}: its result is not one of the traced ops' results")
+            return made[id(m)]
+        return m
+    return pytree.tree_map(final, meta_out)
 
 
 def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> dict[int, tuple]:

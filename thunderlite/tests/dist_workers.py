@@ -432,6 +432,15 @@ def dtensor_program_checks(world: int) -> None:
         if world > 1:
             assert "dist.all_gather(" in traced(jm), traced(jm)
 
+    def linear(x, w, bias):                      # DTensor runs it as t + mm/addmm: replayed op by op
+        return torch.nn.functional.linear(x, w), torch.nn.functional.linear(x, w, bias)
+    x_rep = distribute_tensor(torch.randn(3, 6, generator=g), mesh, [Replicate()])
+    w_col = distribute_tensor(torch.randn(2 * world, 6, generator=g), mesh, [Shard(0)])
+    bias = distribute_tensor(torch.randn(2 * world, generator=g), mesh, [Shard(0)])
+    jli = thunderlite.jit(linear)
+    for got, want in zip(jli(x_rep, w_col, bias), linear(x_rep, w_col, bias), strict=True):
+        _same_dtensor(got, want)
+
     def total(x):                                # sum of shards: Partial, then all-reduced
         s = x.sum()
         return s, s.full_tensor()
@@ -481,7 +490,14 @@ def dtensor_program_checks(world: int) -> None:
     _same_dtensor(jn(a), a * 3)
     _same_dtensor(jn(r), r * 3)
 
-    # refused by name: gradients, per-shard view sizes
+    # refused by name: gradients, per-shard view sizes, uneven shards
+    if world > 1:
+        uneven = distribute_tensor(torch.randn(2 * world + 1, 2), mesh, [Shard(0)])
+        try:
+            thunderlite.jit(lambda x: x * 2)(uneven)
+            raise AssertionError("an unevenly sharded DTensor was traced")
+        except DTensorRefused as e:
+            assert "unevenly sharded" in str(e), e
     leaf = distribute_tensor(a_full.clone().requires_grad_(), mesh, [Shard(0)])
     try:
         thunderlite.jit(lambda x: x * 2)(leaf)
