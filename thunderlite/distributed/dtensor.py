@@ -143,8 +143,12 @@ class DTensorProxy:
         if name.startswith("__"):
             raise AttributeError(name)
         method = getattr(torch.Tensor, name, None)
-        if not callable(method):
-            raise DTensorRefused(f"DTensor attribute .{name}")
+        if method is None:
+            raise AttributeError(f"'DTensor' object has no attribute {name!r}")
+        if not callable(method):        # a property that computes (``.T``, ``.mT``)
+            def read(t):
+                return getattr(t, name)
+            return dispatch(read, read, (self,), {}, f"Tensor.{name}")
 
         def call(*args, **kwargs):
             return dispatch(method, lambda t, *a, **k: getattr(t, name)(*a, **k), (self, *args), kwargs,
@@ -168,6 +172,8 @@ def _install_operators() -> None:
         binop(f"__{name}__", fn, reflected=False)
         binop(f"__r{name}__", fn, reflected=True)
     DTensorProxy.__neg__ = lambda self: dispatch(torch.Tensor.__neg__, operator.neg, (self,), {}, "__neg__")
+    DTensorProxy.__getitem__ = lambda self, key: dispatch(torch.Tensor.__getitem__, operator.getitem, (self, key),
+                                                          {}, "__getitem__")
 
 
 _install_operators()
@@ -284,6 +290,10 @@ class _Capture(TorchDispatchMode):
         if not any(isinstance(a, dt) for a in pytree.tree_leaves((args, kwargs))):
             self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
             return func(*args, **kwargs)
+        dispatcher = dt._op_dispatcher
+        if func in dispatcher._random_ops or func in dispatcher._custom_op_handlers:
+            raise DTensorRefused(f"{func} on a DTensor (DTensor handles it outside sharding propagation: random "
+                                 "numbers per shard, or a custom handler)")
         info = dt._op_dispatcher.unwrap_to_op_info(func, args, kwargs)
         sharding = dt._op_dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
         out = func(*args, **kwargs)
@@ -320,8 +330,14 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     by_local: dict[int, DTensorProxy] = {}
     margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local) for a in flat], spec)
     cap = _Capture()
-    with cap:
-        meta_out = torch_fn(*margs, **mkwargs)
+    try:
+        with cap:
+            meta_out = torch_fn(*margs, **mkwargs)
+    except DTensorRefused:
+        raise
+    except (NotImplementedError, RuntimeError, TypeError, ValueError) as e:
+        raise DTensorRefused(f"{what} on a DTensor: DTensor (on meta tensors) raised {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
     if not cap.ops:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
     if len(cap.ops) > 1:

@@ -486,11 +486,24 @@ def dtensor_program_checks(world: int) -> None:
     torch.testing.assert_close(got[1], round_trip(local + 1, mesh)[1])
 
     # the prologue guards the placements: a Replicate argument is a new program
+    def index(x):                                # indexing and .T: propagation gathers the indexed dim
+        return x[1:3], x[:, 2], x.T
+    ji = thunderlite.jit(index)
+    for got, want in zip(ji(a), index(a), strict=True):
+        _same_dtensor(got, want)
+
     jn = thunderlite.jit(lambda x: x * 3)
     _same_dtensor(jn(a), a * 3)
     _same_dtensor(jn(r), r * 3)
 
-    # refused by name: gradients, per-shard view sizes, uneven shards
+    # refused by name: gradients, per-shard view sizes, uneven shards, random ops, mixing with plain tensors
+    for bad, match in ((lambda x: torch.nn.functional.dropout(x, 0.5), "random numbers per shard"),
+                       (lambda x: x + torch.ones(4 * world, 6), "mixed torch.Tensor and DTensor")):
+        try:
+            thunderlite.jit(bad)(a)
+            raise AssertionError(f"{match}: traced")
+        except DTensorRefused as e:
+            assert match in str(e), e
     if world > 1:
         uneven = distribute_tensor(torch.randn(2 * world + 1, 2), mesh, [Shard(0)])
         try:
