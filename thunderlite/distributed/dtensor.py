@@ -156,6 +156,12 @@ class DTensorProxy:
         return call
 
 
+def _refuse_inplace(name: str) -> Callable:
+    def refuse(self, *args):
+        raise DTensorRefused(f"the in-place op {name} on a DTensor")
+    return refuse
+
+
 def _install_operators() -> None:
     def binop(name: str, fn: Callable, reflected: bool):
         tensor_fn = getattr(torch.Tensor, name)
@@ -172,6 +178,8 @@ def _install_operators() -> None:
         binop(f"__{name}__", fn, reflected=False)
         binop(f"__r{name}__", fn, reflected=True)
     DTensorProxy.__neg__ = lambda self: dispatch(torch.Tensor.__neg__, operator.neg, (self,), {}, "__neg__")
+    for name in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "__imatmul__", "__setitem__"):
+        setattr(DTensorProxy, name, _refuse_inplace(name))
     DTensorProxy.__getitem__ = lambda self, key: dispatch(torch.Tensor.__getitem__, operator.getitem, (self, key),
                                                           {}, "__getitem__")
 
