@@ -46,6 +46,8 @@ def describe(args: tuple, kwargs: dict, symbolic_numbers: bool = False) -> tuple
 
 def _describe(x: Any, symbolic: bool) -> tuple:
     t = type(x)
+    if t is torch.Tensor or t is torch.nn.Parameter:
+        return ("T", t)
     if isinstance(x, torch.Tensor):
         return ("DT", t) if is_dtensor(x) else ("T", t)
     if t in VALUE_TYPES:
