@@ -226,9 +226,13 @@ def from_local(local: Any, device_mesh: Any = None, placements: Any = None, *, r
     return DTensorProxy(local, device_mesh, tuple(meta.placements), tuple(meta.shape), meta.stride())
 
 
-def of_input(dtensor: Any, local: TensorProxy) -> DTensorProxy:
-    """The proxy of a ``DTensor`` that entered the program, ``local`` its local tensor's."""
-    _refuse_grad(local, "a DTensor input that requires grad")
+def of_input(dtensor: Any, local: TensorProxy, where: str) -> DTensorProxy:
+    """The proxy of a ``DTensor`` that entered the program (as ``where``), ``local``
+    its local tensor's."""
+    if dtensor.requires_grad and torch.is_grad_enabled():
+        raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires grad: "
+                             f"{_GRAD_HINT}")
+    _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
     return DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
                         dtensor.stride())
 
@@ -239,10 +243,13 @@ def materialize(p: DTensorProxy, local: torch.Tensor):
                                      stride=p._stride)
 
 
+_GRAD_HINT = ("DTensor programs that need gradients are not traced yet (run them under torch.no_grad(), or on "
+              "tensors that do not require grad)")
+
+
 def _refuse_grad(local: TensorProxy, what: str) -> None:
     if local.requires_grad and torch.is_grad_enabled():
-        raise DTensorRefused(f"{what}: DTensor programs that need gradients are not traced yet (run them under "
-                             "torch.no_grad(), or on tensors that do not require grad)")
+        raise DTensorRefused(f"{what}: {_GRAD_HINT}")
 
 
 # --- redistribution as collectives on the local tensor ----------------------------------------

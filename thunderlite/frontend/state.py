@@ -168,7 +168,7 @@ class TraceState:
                                   name=f"{name}_local" if name else None)
         self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
         self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
-        p = dtensor.of_input(t, local)
+        p = dtensor.of_input(t, local, prov.describe())
         self.proxy_of[id(t)] = p
         self._alive.append(t)
         return p
