@@ -517,6 +517,8 @@ def dtensor_program_checks(world: int) -> None:
         raise AssertionError("a DTensor needing grad was traced")
     except DTensorRefused as e:
         assert "gradients" in str(e) and "argument 0" in str(e), e
+    with torch.no_grad():                        # inference on parameters that require grad
+        _same_dtensor(thunderlite.jit(lambda x: x * 2)(leaf), leaf * 2)
     try:
         thunderlite.jit(lambda x: x.view(-1))(a1 if a1 is not None else a)
         raise AssertionError("a view with global sizes was traced")
