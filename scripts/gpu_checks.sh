@@ -3,7 +3,7 @@
 # host with 16 cores: the most important numbers first, every step under its
 # own time limit (seconds in the *_S variables), each step's log in $OUT.
 # Usage: OUT=<dir> bash scripts/gpu_checks.sh      (EXTRA=1: also the older
-# bench_training / grouping / region runs at the end, about 4 more minutes)
+# bench_training / grouping / region runs and the per-family Triton kernel benchmark at the end)
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_checks}; mkdir -p "$OUT"
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
@@ -40,10 +40,11 @@ timeout ${TEST_S:-150} python3 -m pytest -q -rs $XDIST -p no:cacheprovider \
   thunderlite/tests/test_grad_kernels.py thunderlite/tests/test_fusion_executors.py \
   thunderlite/tests/test_symm_mem.py::test_on_gpu_one_shot_and_declared_args_real_backend \
   thunderlite/tests/test_prims.py thunderlite/tests/test_triton.py thunderlite/tests/test_dynamic_shapes.py \
+  thunderlite/tests/test_triton_kernels.py \
   --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/tests.log" | tail -n 60
 
 # ---- [dtensor] FSDP2 and tensor parallelism under jit on a one-rank NCCL group (the [cuda] cases) --
-timeout ${DIST_S:-120} python3 -m pytest -q -rs -p no:cacheprovider thunderlite/tests/test_distributed.py -k cuda \
+timeout ${DIST_S:-60} python3 -m pytest -q -rs -p no:cacheprovider thunderlite/tests/test_distributed.py -k cuda \
   2>&1 | tee "$OUT/distributed.log" | tail -n 20
 
 # ---- [gpu-path] 4. kernels, bf16, forward and forward+backward (~1.5 min) -------------------
@@ -62,5 +63,8 @@ if [ -n "$EXTRA" ]; then
     timeout ${REGIONS_S:-40} python3 scripts/tc_regions.py --model $model --dtype bfloat16 2>&1 | grep -v -i warn \
       | tee -a "$OUT/regions.log"
   done
+  # [triton-kernels] every generated-kernel family alone, forward and forward+backward, against eager and Inductor
+  timeout ${TRITON_BENCH_S:-240} python3 benchmarks/bench_triton_kernels.py ${TRITON_BENCH_ARGS:---quick} \
+    --json "$OUT/triton_kernels.json" 2>&1 | tee "$OUT/bench_triton_kernels.log"
 fi
 # ---- end of [gpu-path] blocks ------------------------------------------------------------------

@@ -23,6 +23,7 @@ _LAZY = {
     "last_traces": ("thunderlite.api", "last_traces"),
     "last_backward_traces": ("thunderlite.api", "last_backward_traces"),
     "last_prologue_traces": ("thunderlite.api", "last_prologue_traces"),
+    "last_gradients": ("thunderlite.api", "last_gradients"),
     "cache_info": ("thunderlite.api", "cache_info"),
     "compile_stats": ("thunderlite.api", "compile_stats"),
     "examine": ("thunderlite.api", "examine"),

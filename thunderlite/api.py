@@ -364,6 +364,13 @@ def last_backward_traces(jfn) -> list[Trace]:
     return list(_last(jfn).backward_traces)
 
 
+def last_gradients(jfn) -> dict[str, str]:
+    """The gradients the last call's own backward made (a whole training step
+    with ``loss.backward()`` inside): value name in the traces -> the leaf it
+    is the gradient of. Empty when the program ran no backward."""
+    return dict(getattr(_last(jfn), "gradients", None) or {})
+
+
 def last_prologue_traces(jfn) -> list[Trace]:
     """The prologue of the last call: the guards checked and inputs unpacked."""
     return list(_last(jfn).prologue_traces)

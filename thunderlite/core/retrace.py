@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from thunderlite.core import pytree
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import Proxy
+from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import tracectx
+from thunderlite.core.tracectx import active_traces, tracectx
 
 
 def retrace(bsym: BoundSymbol, fn: Callable, *, names, what: str,
@@ -59,3 +59,29 @@ def rename_bsym(b: BoundSymbol, rename: dict) -> BoundSymbol:
 
 def uses_symbol(b: BoundSymbol, sym: Symbol) -> bool:
     return b.sym is sym or any(uses_symbol(s, sym) for s in b.subsymbols)
+
+
+def rebind(p: TensorProxy, new: TensorProxy, step: tuple) -> None:
+    """The tensor *object* ``p`` stands for the value ``new`` from now on: a
+    shape-changing in-place op (``x.t_()``), ``set_``, ``x.data = v``. A trace
+    names values, not objects, so what was recorded so far keeps reading ``p``'s
+    old value under its old name (a fresh proxy object takes it), and the
+    object the program holds takes ``new``'s name and metadata. Every Python
+    reference (a module attribute, a list) sees the new value, as eager's
+    references see the changed tensor. ``trace.rebound[id(p)]`` keeps
+    ``(p, the value p had first, [step, ...])``: the jit replays the steps
+    (``(method, args, kwargs, grad_enabled, grew)``) on the caller's tensor when ``p``
+    is an input (docs/architecture.md §5). Every trace being recorded into is
+    renamed; the record goes to the outermost, the program's."""
+    entry = p.replace(name=p.name)
+    rename = {p.name: entry, new.name: p}
+    traces = active_traces()
+    for trc in traces:
+        for scope in trc._scopes:
+            scope[:] = [rename_bsym(b, rename) for b in scope]
+    trace = traces[0]
+    p.name, p.shape, p.dtype, p.device = new.name, new.shape, new.dtype, new.device
+    p.requires_grad, p.memory = new.requires_grad, new.memory
+    record = trace.rebound.setdefault(id(p), (p, entry, []))
+    record[2].append(step)
+    trace.writes += 1           # memos of what ``p`` held expire

@@ -80,6 +80,7 @@ class Trace:
         self.pass_time_ms: float | None = None
         self._scopes: list[list[BoundSymbol]] = [self.bound_symbols]
         self.writes = 0                        # in-place symbols recorded so far (memos of values expire)
+        self.rebound: dict[int, tuple] = {}    # id(proxy) -> tensor objects that changed value (retrace.rebind)
 
     # --- naming ------------------------------------------------------------------
     def fresh_name(self, prefix: str = "t") -> str:

@@ -12,6 +12,12 @@ def current_trace():
     return _stack[-1] if _stack else None
 
 
+def active_traces() -> tuple:
+    """Every trace being recorded into, outermost first (a user
+    ``autograd.Function``'s forward records into its own, inside the program's)."""
+    return tuple(_stack)
+
+
 @contextmanager
 def tracectx(trace):
     _stack.append(trace)

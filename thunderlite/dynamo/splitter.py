@@ -79,11 +79,23 @@ def partition(gm: torch.fx.GraphModule, example_inputs: Sequence | None = None
     Grad-mode and autocast switches join the piece they stand in. A graph with a
     node the backend does not model is one fallback piece (``Piece.whole``)."""
     whole = refusals(gm, example_inputs)
+    if whole and all(v.unsplit_ok for v in whole):
+        # tensor hooks: thunderlite applies them in its own backward, but a piece
+        # boundary would lose them; only a graph thunderlite takes whole keeps them
+        ids, pieces = _pieces(gm)
+        if len(pieces) == 1 and pieces[0].thunder:
+            return ids, pieces
+        whole += [Verdict(False, "the graph would be split (" + "; ".join(r for p in pieces for r, _ in p.reasons)
+                          + ")", whole=True)]
     if whole:
         piece = Piece(name="submod_0", thunder=False, whole=True,
                       ops=[op_name(n) for n in _call_nodes(gm)],
                       reasons=_first_per_reason(whole))
         return {n: 0 for n in _call_nodes(gm)}, [piece]
+    return _pieces(gm)
+
+
+def _pieces(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], list[Piece]]:
     ids: dict[torch.fx.Node, int] = {}
     pieces: list[Piece] = []
     depth = 0                           # inside vmap/grad/jvp levels dynamo captured

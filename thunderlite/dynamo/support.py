@@ -8,8 +8,10 @@ Two questions, in this order:
    operators, grad-mode/autocast switches, functorch level markers (the
    splitter's region rule), torch ops (ATen/custom ops, ``torch.*``,
    ``torch.nn.functional.*`` and the ATen-backed ``Tensor`` methods), and
-   anything with a thunderlite symbol. Anything else (a tensor hook, a
-   ``BackwardState`` input, a higher-order op with a subgraph body, compiled
+   anything with a thunderlite symbol. A tensor hook
+   (``higher_order.register_hook``) is modeled only where thunderlite takes
+   the whole graph as one piece (``Verdict.unsplit_ok``; the splitter
+   decides). Anything else (a ``BackwardState`` input, a higher-order op with a subgraph body, compiled
    autograd's ops, a Python function dynamo was told to keep opaque) may act
    on autograd or on state no piece boundary carries, so splitting around it
    could change the program: the whole graph goes to the fallback.
@@ -55,6 +57,7 @@ class Verdict:
     reason: str = ""          # why not (empty when supported)
     source: str = ""          # the user's line, "file:line: code"
     whole: bool = False       # not modeled: the whole graph goes to the fallback, unsplit
+    unsplit_ok: bool = False  # modeled when the whole graph is one thunderlite piece (a tensor hook)
 
 
 def user_frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
@@ -276,9 +279,10 @@ def _function_refusal(node: torch.fx.Node) -> Verdict | None:
     fn = node.target
     if isinstance(fn, torch._ops.HigherOrderOperator):
         if fn.name() == "register_hook":
-            return _whole(node, "torch.ops.higher_order.register_hook: a tensor hook (Tensor.register_hook on a "
-                                "tensor made in the graph) must see the gradient eager computes; thunderlite "
-                                "pieces run their own backward")
+            return Verdict(False, "torch.ops.higher_order.register_hook: a tensor hook (Tensor.register_hook on a "
+                                  "tensor made in the graph) must see the gradient eager computes; thunderlite "
+                                  "honours it only when it takes the whole graph as one piece", source_of(node),
+                           whole=True, unsplit_ok=True)
         return _whole(node, f"torch.ops.higher_order.{fn.name()}: a higher-order op (a subgraph with its own "
                             "semantics) thunderlite does not model")
     if _member(fn, _GLOBAL_STATE) or _member(fn, _BUILTINS) or _member(fn, _MODELED_C):

@@ -27,17 +27,19 @@ from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.caching.entries import CompiledEntry
-from thunderlite.frontend.caching.keys import storage_groups
+from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
 from thunderlite.frontend.hooks import TracingHooks
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
+from thunderlite.torch.ops.inplace import grown
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.aliasing.update_aliases import check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
@@ -46,6 +48,7 @@ from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook
+from thunderlite.transforms.whole_step import drop_autograd_markers, schedule_updates
 
 INTERPRETATION_STAGE = "interpretation"
 
@@ -101,7 +104,10 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
-        writes = collect_writes(state)
+        _check_hook_functions(trace, state)
+        result = hooks.autograd.returned(result)
+        writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
+                  + _rebound_inputs(trace, state))
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -110,13 +116,15 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         trace.set_return(ret)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
+    _check_growing_resizes(trace, groups)
     if transforms:
         values = {inp.proxy.name: inp.value for inp in state.inputs}
         for tr in transforms:
             tr.bind_inputs(values)
     traces = [trace]
     comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
-                                           refused_writes(state.inputs), _input_strides(state.inputs))
+                                           refused_writes(state.inputs), _input_strides(state.inputs),
+                                           own_backward=hooks.autograd.backward_names())
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
     alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
@@ -132,7 +140,157 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.alias_guard = alias_guard
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
+    compiled.gradients = hooks.autograd.gradient_of
     return compiled
+
+
+def _check_hook_functions(trace: Trace, state: TraceState) -> None:
+    """A tensor hook runs when the backward runs, after the call (or, reading
+    traced tensors, is traced into the backward). A function the program made
+    (a ``lambda`` in its body) was made once, while tracing, and serves every
+    call: what it holds must mean the same on every call. Refused, with the
+    line, where it holds a list or dict the program sees as a copy (an
+    argument's: eager's hook would fill the caller's, which may be another
+    object on the next call) or an object the call made (the caller gets a
+    copy of it)."""
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id != REGISTER_HOOK_ID:
+            continue
+        fn = bsym.args[1]
+        for what, value in _held_by(fn, state):
+            if _stable(value, state):
+                continue
+            where = f" (at {bsym.source[0]}:{bsym.source[1]}: {bsym.source[2].strip()})" if bsym.source else ""
+            kind = ("a list or dict argument, which the jit traces as a copy"
+                    if id(value) in state.mirrors_by_copy else f"a {type(value).__name__} made during the call")
+            raise NotImplementedError(
+                f"the tensor hook{where} holds {kind} ({what}): a hook made inside a jitted function is made once, "
+                "when it is traced, and runs after the call; keep what it fills outside the function (a global, a "
+                "closure of an enclosing function, an attribute of a module or object passed in)")
+
+
+def _held_by(fn: Any, state: TraceState):
+    """(what, value) the hook function holds that the call may have made: its
+    own closure cells' contents, defaults, a bound method's ``self``."""
+    if id(fn) in state.prov_of:
+        return
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        yield "the object its method is bound to", owner
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
+                          getattr(fn, "__closure__", None) or (), strict=False):
+        if id(cell) in state.external_cells:
+            continue            # a cell of a function outside the call: read when the hook runs
+        try:
+            yield f"the variable {name!r}", cell.cell_contents
+        except ValueError:
+            continue
+    for i, d in enumerate(getattr(fn, "__defaults__", None) or ()):
+        yield f"default {i}", d
+
+
+def _stable(value: Any, state: TraceState, nested: bool = True) -> bool:
+    """Means the same on every call of the compiled entry (``nested``: look
+    one level into a function the call made)."""
+    if type(value) in VALUE_TYPES or isinstance(value, (TensorProxy, NumberProxy)):
+        return True
+    if id(value) in state.prov_of:
+        return id(value) not in state.mirrors_by_copy
+    if isinstance(value, types.FunctionType):
+        return nested and all(_stable(v, state, nested=False) for _, v in _held_by(value, state))
+    if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return getattr(value, "__self__", None) is None or isinstance(value.__self__, types.ModuleType)
+    if type(value) is tuple:
+        return all(_stable(v, state, nested) for v in value)
+    return False
+
+
+def _input_hooks(trace: Trace, state: TraceState) -> list[Write]:
+    """``register_hook``/``retain_grad`` on a program input act on the caller's
+    tensor (the hook outlives the call, as in eager): their markers leave the
+    trace and become epilogue calls on that tensor, in program order."""
+    inputs = {inp.proxy.name: inp for inp in state.inputs if isinstance(inp.value, torch.Tensor)}
+    writes, kept = [], []
+    for bsym in trace.bound_symbols:
+        inp = inputs.get(bsym.args[0].name) if bsym.sym.id in _INPUT_MARKERS and bsym.args else None
+        if inp is None:
+            kept.append(bsym)
+            continue
+        target = inp.prov if inp.prov is not None else Prov.object(inp.value)
+        writes.append(Write("call", target, _INPUT_MARKERS[bsym.sym.id], tuple(bsym.args[1:2])))
+    trace.bound_symbols[:] = kept
+    return writes
+
+
+def _rebound_inputs(trace: Trace, state: TraceState) -> list[Write]:
+    """Inputs whose tensor object took another shape or other memory in place
+    (``x.t_()``, ``x.resize_(n)``, ``x.set_(y)``, ``x.data = v``;
+    ``core.retrace.rebind``): the trace reads the value the input had on entry,
+    and the epilogue replays the same steps on the caller's tensor (eager's
+    strides, the same object: a Parameter stays that Parameter); a ``resize_``
+    that grows it then copies the final elements in. Refused before anything
+    runs where the caller's tensor cannot follow: it requires grad (eager's leaf
+    error), or a ``resize_`` grows a tensor sharing storage with another input."""
+    writes: list[Write] = []
+    if not trace.rebound:
+        return writes
+    shared = {i for g in storage_groups([inp.value for inp in state.inputs
+                                         if isinstance(inp.value, torch.Tensor)]) for i in g}
+    tensors = [inp for inp in state.inputs if isinstance(inp.value, torch.Tensor)]
+    for p, entry, steps in trace.rebound.values():
+        k = next((k for k, inp in enumerate(tensors) if inp.proxy is p), None)
+        if k is None:
+            continue
+        inp = tensors[k]
+        what = ", ".join(f"{name}" for name, *_ in steps)
+        if inp.value.requires_grad and any(step[3] for step in steps):
+            raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place operation "
+                               f"({what} on the input {entry.name}; thunderlite also refuses this on an input "
+                               "that requires grad and is not a leaf)")
+        if inp.value.requires_grad and torch.is_grad_enabled() and _reads(trace, p.name):
+            raise NotImplementedError(f"{what} under no_grad on the input {entry.name}, which requires grad, and a "
+                                      "later read of it: eager differentiates that read with respect to the same "
+                                      "leaf in its new shape, which thunderlite cannot give; change its shape "
+                                      "outside the jitted function")
+        grew = any(step[4] for step in steps)
+        if grew and k in shared:
+            raise NotImplementedError(f"{what} on the input {entry.name}, which shares storage with another "
+                                      "input: thunderlite cannot grow the caller's tensor")
+        inp.proxy = entry
+        target = inp.prov if inp.prov is not None else Prov.object(inp.value)
+        for name, args, kwargs, *_ in steps:
+            if name == "data":
+                writes.append(Write("attr", target, "data", args[0]))
+            else:
+                writes.append(Write("call", target, name, tuple(args) + tuple(kwargs.values())))
+        if grew:        # the grown elements are fresh memory in the trace: copied into the caller's
+            writes.append(Write("call", target, "copy_", (p.replace(name=p.name),)))
+    return writes
+
+
+def _reads(trace: Trace, name: str) -> bool:
+    return any(p.name == name for b in trace.bound_symbols for p in b.proxy_args())
+
+
+def _check_growing_resizes(trace: Trace, groups) -> None:
+    """A growing ``resize_`` gives the resized tensor fresh memory in the trace
+    (``ltorch.inplace.grown``); eager reallocates the storage itself, which every
+    tensor sharing it sees. Refused where another tensor shares it."""
+    grows = [b for b in trace.bound_symbols if getattr(b.sym, "torch_fn", None) is grown]
+    if not grows:
+        return
+    aliases = AliasGroups.of_trace(trace, groups)
+    for b in grows:
+        a = b.args[0]
+        others = [m.name for m in aliases.members(a.name) if m.name != a.name]
+        if others:
+            where = f" (at {b.source[0]}:{b.source[1]}: {b.source[2].strip()})" if b.source else ""
+            raise NotImplementedError(f"Tensor.resize_ grows {a.name}, which shares storage with "
+                                      f"{', '.join(others)}{where}; eager reallocates the storage they share, "
+                                      "which thunderlite does not model: resize a tensor of its own (a clone)")
+
+
+_INPUT_MARKERS = {REGISTER_HOOK_ID: "register_hook", RETAIN_GRAD_ID: "retain_grad"}
 
 
 def _param_names(fn: Callable) -> list[str]:
@@ -273,7 +431,8 @@ def _input_strides(inputs: list[Input]) -> dict[str, tuple]:
 
 
 def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence | None, transforms: tuple = (),
-                 refused: dict | None = None, input_strides: dict | None = None):
+                 refused: dict | None = None, input_strides: dict | None = None,
+                 own_backward: frozenset[str] | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
     callable running the computation, the backward traces and the inputs whose
@@ -281,15 +440,22 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     naming inputs eager refuses to write (leaves requiring grad, inference
     tensors...), so the error is raised here, at trace time, before anything
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
-    checks and in autodiff's functionalization (see ``split_forward_backward``)."""
+    checks and in autodiff's functionalization (see ``split_forward_backward``).
+    ``own_backward``: the names its last backward made, when the program ran
+    its backward itself (a whole training step, frontend/training/): it needs
+    no autograd, runs under no_grad, and its updates are scheduled right after
+    their gradients (transforms/whole_step.py)."""
     t = apply_hook(transforms, "after_tracing", trace, traces)
     copies = lambda: eager_copies(t, input_strides or {}, groups)  # noqa: E731
     strided = inputs_behind(t, check_writes(t, **(refused or {}), copies=copies))
     t = _record(traces, _step(update_aliases, t, groups))
     t = _record(traces, _step(dce, t, groups))
+    if own_backward is not None:
+        t = _record(traces, _step(drop_autograd_markers, t))
+        t = _record(traces, _step(schedule_updates, t, own_backward, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)):
+    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:
         def stages(tr: Trace) -> list[Trace]:
             steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
             final = finalize(tr, exs, groups, steps, transforms)
@@ -304,9 +470,21 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     final = finalize(t, exs, groups, steps, transforms)
     # as on the differentiable path (executors/autograd_function.py), an elementwise
     # step may write into a buffer dying there, unless autograd records it
-    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=torch.is_grad_enabled()), final)
+    recorded = torch.is_grad_enabled() and own_backward is None
+    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
     traces += steps
-    return final.python_callable(), [], tuple(strided)
+    run = final.python_callable()
+    return (_without_grad(run) if own_backward is not None else run), [], tuple(strided)
+
+
+def _without_grad(run: Callable) -> Callable:
+    """The computation of a program that ran its own backward: nothing in it is
+    recorded by PyTorch's autograd (its gradients are trace values)."""
+    def computation(*args):
+        with torch.no_grad():
+            return run(*args)
+    computation.__thunderlite_source__ = getattr(run, "__thunderlite_source__", None)
+    return computation
 
 
 def _makes_leaves(trace: Trace) -> bool:

@@ -129,7 +129,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
                  _rebuild=rebuild, _alias_pattern=alias_pattern, _write_verdict=write_verdict,
-                 _inference_mode=torch.is_inference_mode_enabled,
+                 _inference_mode=torch.is_inference_mode_enabled, _no_grad=torch.no_grad,
                  __builtins__=__builtins__)
     globs.update({name: obj for name, obj in roots.values()})
     fn = codegen.compile_source(src, "entry", globs)

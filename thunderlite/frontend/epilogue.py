@@ -32,8 +32,9 @@ _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
 
 
 class Write:
-    """One write-back: ``kind`` is attr, item, global, cell (a closure cell), or replace
-    (a mirrored container)."""
+    """One write-back: ``kind`` is attr, item, global, cell (a closure cell), replace
+    (a mirrored container), or call (``target.key(*value)`` on an input tensor:
+    a hook registered on it, a shape it took in place, its ``.data`` replaced)."""
     __slots__ = ("kind", "target", "key", "value")
 
     def __init__(self, kind: str, target: Any, key: Any, value: Any):
@@ -192,6 +193,8 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
     target = w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
+    if w.kind == "call":
+        return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
         return [f"delattr({target}, {w.key!r})" if w.value is DELETED else f"setattr({target}, {w.key!r}, {v})"]
     if w.kind == "cell":

@@ -88,6 +88,9 @@ def _one(base: str, inplace: bool, a: list, kw: dict, lookaside) -> Any:
         return _call(torch.Tensor.copy_, lookaside, a, kw)
     if inplace:
         method = getattr(torch.Tensor, base + "_", None)
+        if method is None and getattr(torch, base, None) is not None:
+            # no in-place method (``_foreach_maximum_``, AdamW's amsgrad): the function's result copied in
+            return _call(torch.Tensor.copy_, lookaside, (a[0], _call(getattr(torch, base), lookaside, a, kw)), {})
         if method is None:
             raise NotImplementedError(f"torch._foreach_{base}_ has no per-tensor in-place method to trace")
         return _call(method, lookaside, a, kw)

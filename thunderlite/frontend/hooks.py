@@ -30,11 +30,13 @@ from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.source_map import source_line
 from thunderlite.frontend.state import DELETED, TraceState
+from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
 from thunderlite.torch.ops import grad_mode
+from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -83,6 +85,7 @@ class TracingHooks(InterpreterHooks):
         self.grad_enabled = torch.is_grad_enabled()
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
+        self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
 
     # --- source lines ----------------------------------------------------------------------
     _located_frames: tuple | None = None        # the interpreted frames last_location was made from
@@ -324,7 +327,8 @@ class TracingHooks(InterpreterHooks):
             # captured by reference, as a real tensor argument of an op does
             # (``_capture_constants``); run natively, its in-place methods would write
             # once at trace time and be recorded as a constant call DCE drops
-            return getattr(self.unannounced(obj, f"whose .{name} was read"), name)
+            proxy = self.unannounced(obj, f"whose .{name} was read")
+            return self.input_grad(proxy) if name == "grad" else getattr(proxy, name)
         parent = st.prov_of.get(id(obj))
         if parent is None:
             return self.unannounced(value, f"read as .{name} of a {type(obj).__name__}") \
@@ -344,19 +348,11 @@ class TracingHooks(InterpreterHooks):
                 if isinstance(value, torch.Tensor) else value
         return st.enter(parent.item(key), value)
 
-    def input_grad(self, proxy: TensorProxy, value: Any) -> Any:
-        """``p.grad`` of an input tensor (an optimizer reading its parameters'
-        gradients): the real ``.grad``, read through the input's path on every call."""
-        inp = self.state.input_by_name(proxy.name)
-        if inp is None:
-            return value
-        prov = inp.prov.attr("grad") if inp.prov is not None else None
-        grad = inp.value.grad
-        if grad is None:
-            if prov is not None:
-                self.state.add_guard(prov, "eq", None)
-            return None
-        return self.state.enter(prov, grad)
+    def input_grad(self, proxy: TensorProxy) -> Any:
+        """``p.grad``: for an input tensor the real ``.grad`` read through the
+        input's path on every call, or the value the program gave it (a backward
+        inside the program, ``p.grad = t``; training/traced_autograd.py)."""
+        return self.autograd.grad_of(proxy)
 
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
@@ -401,6 +397,13 @@ class TracingHooks(InterpreterHooks):
         return self.store_deref(cell, DELETED)
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
+        if name == "data" and isinstance(obj, TensorProxy):
+            assign_data(obj, value)
+            return True
+        if name == "grad" and (type(obj) is TensorProxy or isinstance(obj, torch.Tensor)):
+            self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
+                                   value)
+            return True
         if id(obj) not in self.state.prov_of:
             return False
         self.state.attr_writes[(id(obj), name)] = (obj, value)

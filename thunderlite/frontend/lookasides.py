@@ -21,7 +21,7 @@ from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
-from thunderlite.torch import opaque_symbol_for
+from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -93,12 +93,6 @@ class Lookasides:
     def set_grad_enabled(self, mode: bool) -> None:
         self.hooks.set_grad_enabled(bool(mode))
 
-    def vmap(self, func, *vmap_args, **vmap_kwargs):
-        # vmap's machinery is not traceable: the vmapped function is one opaque
-        # call whose output metadata comes from a meta-tensor run.
-        mapped = torch.vmap(func, *vmap_args, **vmap_kwargs)
-        return self.hooks.recording(opaque_symbol_for(mapped))
-
     def module_getattr(self, module, name: str):
         # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
         # load_attr hook gives the value its provenance (module_slot path).
@@ -128,21 +122,40 @@ class Lookasides:
         return True
 
     def proxy_getattr(self, proxy, name: str):
-        # ``p.grad`` of an input tensor is the real gradient, read through p's path
+        # ``p.grad``: the program's value (training/traced_autograd.py)
         if name == "grad":
-            return self.hooks.input_grad(proxy, None)
+            return self.hooks.input_grad(proxy)
         if name == "backward":
-            return self.backward
+            return functools.partial(self.tensor_backward, proxy)
+        if name == "grad_fn" and (not proxy.requires_grad or self.hooks.state.input_by_name(proxy.name)):
+            return None     # a leaf, or a value without history (``zero_grad`` asks of ``p.grad``)
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
+    def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """``loss.backward()``: autodiff of what the trace computed so far, inlined."""
+        self.hooks.autograd.backward(tensor, gradient, retain_graph, create_graph, inputs)
+
     def backward(self, *args, **kwargs):
-        # the compiled program has no autograd graph of its own to run backward through
-        loc = self.hooks.locate()
-        where = f" (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else ""
-        raise NotImplementedError(
-            f"thunderlite cannot compile a backward pass started inside the jitted function{where}: jit the "
-            "forward (or the model) and call loss.backward() outside it; an optimizer step can be jitted on "
-            "its own: thunderlite.jit(optimizer.step)")
+        self.hooks.autograd.backward(*args, **kwargs)
+
+    def autograd_grad(self, *args, **kwargs):
+        return self.hooks.autograd.grad(*args, **kwargs)
+
+    @staticmethod
+    def group_tensors(tensorlistlist, with_indices: bool = False) -> dict:
+        """``torch._C._group_tensors_by_device_and_dtype`` (``clip_grad_norm_``,
+        foreach helpers) on proxies: the same grouping done here, so each group
+        holds the program's own values (an opaque call would hand back new ones
+        and in-place ops on them would miss the tensors they stand for)."""
+        groups: dict = {}
+        for i, t in enumerate(tensorlistlist[0]):
+            key = (t.device, t.dtype)
+            if key not in groups:
+                groups[key] = ([[] for _ in tensorlistlist], [])
+            for lst, out in zip(tensorlistlist, groups[key][0], strict=True):
+                out.append(lst[i])
+            groups[key][1].append(i)
+        return groups
 
     def module_backward_hooks(self, hook_state, module, user_hooks, user_pre_hooks) -> None:
         # nn.Module._call_impl builds a BackwardHook when a module (or the global
@@ -195,17 +208,22 @@ def _table() -> dict:
         table[fn] = recorded(numbers.as_text)
     for fn, name in [(torch.autograd.profiler.record_function, "record_function"),
                      (TensorProxy.__getattr__, "proxy_getattr"), (torch.autograd.backward, "backward"),
+                     (torch.autograd.grad, "autograd_grad"), (torch.Tensor.backward, "tensor_backward"),
                      (torch.compiler.is_compiling, "is_compiling"),
                      (torch.overrides.has_torch_function, "has_torch_function"),
                      (torch.overrides.has_torch_function_unary, "has_torch_function"),
                      (torch.overrides.has_torch_function_variadic, "has_torch_function"),
                      (torch.nn.Module.__getattr__, "module_getattr"), (torch.nn.Module.__setattr__, "module_setattr"),
                      (torch.nn.Module.__delattr__, "module_delattr"), (object.__setattr__, "object_setattr"),
-                     (torch.vmap, "vmap"), (torch.func.vmap, "vmap"), (builtins.isinstance, "isinstance_"),
+                     (builtins.isinstance, "isinstance_"),
                      (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
                      (torch._C._set_grad_enabled, "set_grad_enabled"),
-                     (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks")]:
+                     (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks"),
+                     (torch._C._group_tensors_by_device_and_dtype, "group_tensors")]:
         table[fn] = _method(name)
+    # torch.func transforms as trace computations (functorch/apis.py)
+    table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
+                  for f, impl in functorch_replacements().items()})
     return table
 
 

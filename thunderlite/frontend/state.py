@@ -277,7 +277,8 @@ def _proxy_name(trace, prov: Prov | None) -> str:
     parts = []
     p = prov
     while p is not None and p.kind in ("attr", "item"):
-        parts.append(str(p.key))
+        # a tensor key (``optimizer.state[p]``) would print its values
+        parts.append(str(p.key) if not isinstance(p.key, torch.Tensor) else type(p.key).__name__.lower())
         p = p.parent
     if p is not None and p.kind == "global":
         parts.append(str(p.key))

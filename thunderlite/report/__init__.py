@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from thunderlite.api import compile_stats, last_backward_traces, last_prologue_traces, last_traces
+from thunderlite.api import compile_stats, last_backward_traces, last_gradients, last_prologue_traces, last_traces
 from thunderlite.report.page import build_page
 
 
@@ -35,7 +35,7 @@ def trace_report(jfn, path: str | os.PathLike = "thunderlite_report.html") -> st
         fn = getattr(jfn, "fn", None)
         title = getattr(fn, "__qualname__", None) or getattr(jfn, "__name__", "function")
     html = build_page(title, forward, last_backward_traces(jfn), last_prologue_traces(jfn),
-                      compile_stats(jfn)["stage_ms"])
+                      compile_stats(jfn)["stage_ms"], last_gradients(jfn))
     path = os.fspath(path)
     with open(path, "w", encoding="utf-8") as f:
         f.write(html)

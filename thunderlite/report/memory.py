@@ -136,9 +136,27 @@ def live_memory(trace: Trace) -> MemoryTimeline:
     return tl
 
 
-def _run(trace: Trace, tl: MemoryTimeline, stop: int | None = None) -> _Buffers:
-    """Walk the trace (up to and including symbol ``stop``), filling ``tl``."""
+def deaths(trace: Trace, names: dict[str, str]) -> list[tuple[str, str, int]]:
+    """Where the buffers of ``names`` (name -> what it is: a gradient's leaf)
+    are freed: ``(what, name, index of the del)``, in trace order; a buffer
+    never freed (returned, written back as ``.grad``) is not listed. Buffers
+    are followed through in-place writes and views, as ``live_memory`` does."""
     bufs = _Buffers()
+    watched: dict[int, tuple[str, str]] = {}
+    out = []
+
+    def on_free(b: int, i: int) -> None:
+        if b in watched:
+            out.append((*watched.pop(b), i))
+    _run(trace, MemoryTimeline(), bufs=bufs, watch=(names, watched), on_free=on_free)
+    return out
+
+
+def _run(trace: Trace, tl: MemoryTimeline, stop: int | None = None, bufs: _Buffers | None = None,
+         watch: tuple | None = None, on_free=None) -> _Buffers:
+    """Walk the trace (up to and including symbol ``stop``), filling ``tl``;
+    ``watch`` and ``on_free``: see ``deaths``."""
+    bufs = bufs if bufs is not None else _Buffers()
     for p in trace.args:
         if isinstance(p, TensorProxy):
             bufs.new(p.name, tensor_bytes(p), owned=False)
@@ -148,7 +166,10 @@ def _run(trace: Trace, tl: MemoryTimeline, stop: int | None = None) -> _Buffers:
             break
         if is_del(bsym):
             for p in bsym.args:
+                b = bufs.buffer_of.get(p.name)
                 bufs.drop(p.name)
+                if on_free is not None and b is not None and not bufs.names[b]:
+                    on_free(b, i)
             continue
         for p in bsym.tensor_args():       # read but never defined here: a caller's buffer
             if p.name not in bufs.buffer_of:
@@ -161,6 +182,8 @@ def _run(trace: Trace, tl: MemoryTimeline, stop: int | None = None) -> _Buffers:
                 bufs.alias(out.name, origin)
             else:
                 bufs.new(out.name, tensor_bytes(out), owned=True)
+            if watch is not None and out.name in watch[0]:
+                watch[1].setdefault(bufs.buffer_of[out.name], (watch[0][out.name], out.name))
         tl.points.append(MemoryPoint(i, bufs.live, _label(bsym)))
         if tl.peak_index is None or bufs.live > tl.peak_bytes:
             tl.peak_bytes, tl.peak_index = bufs.live, i

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from thunderlite.core.trace import Trace
 from thunderlite.report.chart import human_bytes, memory_svg
-from thunderlite.report.memory import live_memory
+from thunderlite.report.memory import deaths, live_memory
 from thunderlite.report.stages import DecompTable, SourceTable, stage_data
 
 _ASSETS = Path(__file__).with_name("assets")
@@ -50,8 +50,10 @@ def _memory_summary(group: str, stage_id: str, trace: Trace) -> tuple[dict, obje
 
 
 def build_page(title: str, forward: list[Trace], backward: list[Trace], prologue: list[Trace],
-               stage_ms: dict | None = None) -> str:
-    """The report's HTML for these trace lists (each: every stage, the last one ran)."""
+               stage_ms: dict | None = None, gradients: dict | None = None) -> str:
+    """The report's HTML for these trace lists (each: every stage, the last one ran).
+    ``gradients``: the gradient values a whole step's own backward made (name ->
+    its leaf), whose deaths the memory summary lists."""
     sources, decomps = SourceTable(), DecompTable()
     groups = []
     for name, label, traces in (("forward", "Forward", forward), ("backward", "Backward", backward),
@@ -65,6 +67,8 @@ def build_page(title: str, forward: list[Trace], backward: list[Trace], prologue
             stage_id = f"{g}-{len(traces) - 1}"
             memory[g], tl = _memory_summary(g, stage_id, traces[-1])
             series.append((g, stage_id, tl))
+            if gradients:
+                memory[g]["grad_deaths"] = [list(d) for d in deaths(traces[-1], gradients)]
     data = {"title": title, "groups": groups, "sources": sources.rows, "decomps": decomps.rows,
             "executors": _executor_colors(groups), "regions": _region_colors(groups), "memory": memory}
     # "<" escaped so no string in the data can close the script element

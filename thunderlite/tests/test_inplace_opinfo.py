@@ -16,12 +16,6 @@ import thunderlite
 from thunderlite.tests.opinfo_harness import _clone, _fill_linecache, compare, is_random, op_db, tensors_of, tolerance
 
 _KNOWN = {
-    "t": "shape-changing in-place op (t_): refused with a NotImplementedError naming the op and line",
-    "transpose": "shape-changing in-place op (transpose_), refused as t_",
-    "squeeze": "shape-changing in-place op (squeeze_), refused as t_",
-    "unsqueeze": "shape-changing in-place op (unsqueeze_), refused as t_",
-    "resize_": "resize_ to another size is refused as t_ (it changes a tensor's size and storage)",
-    "as_strided.partial_views": "as_strided_ changes a tensor's view metadata; refused as t_",
 }
 
 

@@ -28,7 +28,6 @@ _CUDA_ONLY = "CUDA-only (eager fails on CPU)"
 KNOWN_FAILING = {
     ("geqrf", ""): _DATA_DEPENDENT, ("histogramdd", ""): _DATA_DEPENDENT,
     ("sparse.sampled_addmm", ""): _SPARSE, ("sparse.mm", "reduce"): _SPARSE, ("to_sparse", ""): _SPARSE,
-    ("resize_", ""): "resize_ changes the shape of its argument in place",
     ("jiterator_unary", ""): _CUDA_ONLY, ("jiterator_binary", ""): _CUDA_ONLY,
     ("jiterator_4inputs_with_extra_args", ""): _CUDA_ONLY, ("jiterator_binary_return_by_ref", ""): _CUDA_ONLY,
     ("jiterator_2inputs_2outputs", ""): _CUDA_ONLY,

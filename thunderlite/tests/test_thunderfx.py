@@ -175,10 +175,33 @@ def test_split_inside_grad_path_gradients_match(_capture_data_dependent):
     assert cf.thunder_compiler.splits()
 
 
-def test_piece_thunderlite_cannot_trace_falls_back_with_reason():
+def _refuse_transpose_(monkeypatch):
+    """Every construct thunderlite still refuses makes dynamo break the graph
+    first: the test makes ``t_`` refused, as it once was."""
+    from thunderlite.torch.ops import inplace
+
+    def refuse(self, a, *args, **kwargs):
+        raise NotImplementedError(f"Tensor.{self.__name__} refused for this test")
+    monkeypatch.setattr(inplace.MetadataMutation, "__call__", refuse)
+
+
+def test_shape_changing_inplace_stays_with_thunderlite():
     def f(x):
         y = x + 1
-        y.t_()                          # shape-changing in-place: thunderlite refuses it
+        y.t_()
+        return y * 2
+    x = torch.randn(2, 3)
+    cf = thunderfx(f)
+    torch.testing.assert_close(cf(x), f(x.clone()))
+    assert all(p.thunder for g in cf.thunder_compiler.graphs for p in g.pieces), report(cf)
+
+
+def test_piece_thunderlite_cannot_trace_falls_back_with_reason(monkeypatch):
+    _refuse_transpose_(monkeypatch)
+
+    def f(x):
+        y = x + 1
+        y.t_()
         return y * 2
     x = torch.randn(2, 3)
     cf = thunderfx(f, fallback="eager")

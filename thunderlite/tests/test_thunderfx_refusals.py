@@ -1,6 +1,8 @@
-"""ThunderFX takes nothing it cannot honour: tensor hooks, BackwardState,
-higher-order ops and calls the backend does not model send the whole graph
-to the fallback (with the reason in the report), and a program eager refuses
+"""ThunderFX takes nothing it cannot honour: a tensor hook on a value the graph
+makes stays with thunderlite only in a graph it takes as one piece (its
+backward applies the hook; a piece boundary would lose it); otherwise tensor
+hooks, BackwardState, higher-order ops and calls the backend does not model
+send the whole graph to the fallback (with the reason in the report), and a program eager refuses
 raises as eager does, whichever fallback is configured. Every case is
 compared against eager PyTorch."""
 from __future__ import annotations
@@ -63,15 +65,46 @@ def test_hook_on_intermediate_returning_a_grad_matches_eager(fn, fallback):
     cf = thunderfx(fn, fallback=fallback)
     want, got = _grads(fn, cf, x)
     torch.testing.assert_close(got, want)
-    (piece,) = _whole(cf)
+    (piece,) = _thunderlite_whole(cf)           # one piece: thunderlite's backward applies the hook
     assert "torch.ops.higher_order.register_hook" in piece.ops
+    # later calls reuse it; the hook still applies
+    want, got = _grads(fn, cf, x + 1)
+    torch.testing.assert_close(got, want)
+
+
+def _thunderlite_whole(compiled) -> list:
+    """The pieces of every graph; asserts thunderlite took each graph as one piece."""
+    pieces = [p for g in compiled.thunder_compiler.graphs for p in g.pieces]
+    assert pieces and all(p.thunder and not p.whole for p in pieces), report(compiled)
+    assert len(pieces) == len(compiled.thunder_compiler.graphs), report(compiled)
+    return pieces
+
+
+@pytest.mark.parametrize("fallback", FALLBACKS)
+def test_hook_in_a_graph_that_would_be_split_goes_whole(fallback):
+    """A piece boundary would lose the hook: a graph thunderlite cannot take
+    whole (here: ``nonzero``'s data-dependent size) goes whole to the fallback."""
+    def f(x):
+        h = x.sin()
+        h.register_hook(lambda g: g * 3)
+        n = torch.nonzero(h > 0)
+        return (h * h).sum() + n.shape[0]
+    x = torch.randn(5, dtype=F64)
+    old = torch._dynamo.config.capture_dynamic_output_shape_ops
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    try:
+        cf = thunderfx(f, fallback=fallback)
+        want, got = _grads(f, cf, x)
+    finally:
+        torch._dynamo.config.capture_dynamic_output_shape_ops = old
+    torch.testing.assert_close(got, want)
+    pieces = [p for g in cf.thunder_compiler.graphs for p in g.pieces if "torch.ops.higher_order.register_hook"
+              in p.ops]
+    assert pieces and all(p.whole and not p.thunder for p in pieces), report(cf)
     text = report(cf)
     assert f"[{fallback}]" in text and "whole graph to the fallback" in text
     assert "tensor hook" in text and "test_thunderfx_refusals.py" in text and "h.register_hook(" in text
-    assert cf.thunder_compiler.splits()[0]["whole"]
-    # later calls run the fallback compiled once; the hook still applies
-    want, got = _grads(fn, cf, x + 1)
-    torch.testing.assert_close(got, want)
+    assert "the graph would be split" in text
 
 
 @pytest.mark.parametrize("fallback", FALLBACKS)
@@ -95,8 +128,7 @@ def test_hook_on_intermediate_returning_none_sees_eagers_gradient(fallback):
     torch.testing.assert_close(xc.grad, xe.grad)
     torch.testing.assert_close(seen, seen_eager)    # the hook ran, on the gradient eager computes
     assert seen_eager.abs().sum() > 0
-    _whole(cf)
-    assert "tensor hook" in report(cf)
+    _thunderlite_whole(cf)
 
 
 def test_retain_grad_on_intermediate_matches_eager():
@@ -267,9 +299,13 @@ def test_write_into_expanded_tensor_raises_like_eager(fn, fallback):
 
 
 @pytest.mark.parametrize("fallback", FALLBACKS)
-def test_piece_thunderlite_refuses_but_eager_runs_goes_to_the_fallback(fallback):
-    """Eager decides a refused piece: here it runs (shape-changing in-place,
-    which thunderlite does not trace), so the fallback takes the piece."""
+def test_piece_thunderlite_refuses_but_eager_runs_goes_to_the_fallback(fallback, monkeypatch):
+    """Eager decides a refused piece: here it runs (``t_``, made refused for the
+    test: dynamo breaks the graph before anything thunderlite still refuses),
+    so the fallback takes the piece."""
+    from thunderlite.tests.test_thunderfx import _refuse_transpose_
+    _refuse_transpose_(monkeypatch)
+
     def f(x):
         y = x + 1
         y.t_()

@@ -3,9 +3,10 @@
 The kernel body is written prim by prim from the region: every value becomes a
 tile variable (see triton/plan.py for the tile space), elementwise prims become
 expressions from ``EXPRESSIONS``, reductions ``tl.reduce`` calls on masked
-tiles. float16/bfloat16 operands are widened to float32 for each prim and its
-result rounded back to the prim's dtype, which is what eager PyTorch does per
-op. Only Triton builtins are called (see triton/runtime.py for why), so the same
+tiles (or, for rows longer than a block, accumulated over a loop of column
+blocks: ``_column_passes``). float16/bfloat16 values are held in float32 and
+rounded once, when stored (``_held``; the numerics policy of docs/architecture.md
+§6, as Inductor computes). Only Triton builtins are called (see triton/runtime.py for why), so the same
 source runs natively and under the interpreter, except for transcendental
 math: natively it is libdevice's (``_native_math``), as accurate as eager's
 CUDA kernels. Generated names are canonical (``v0``, ``in0``, ``out0``), so
@@ -25,16 +26,19 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import torch
 
-from thunderlite.executors.triton.plan import Op, Plan, Value, reduced_dims
+from thunderlite.executors.triton.plan import ROW_REDUCTIONS, Op, Plan, Value, reduced_dims
+from thunderlite.executors.triton.tiling import Config, heuristic_config
 
 TL_DTYPES = {torch.bool: "tl.int1", torch.uint8: "tl.uint8", torch.int8: "tl.int8", torch.int16: "tl.int16",
              torch.int32: "tl.int32", torch.int64: "tl.int64", torch.float16: "tl.float16",
              torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32", torch.float64: "tl.float64"}
 
 _NAN_MAX = ", propagate_nan=tl.PropagateNan.ALL"
+_NEG_INF = 'float("-inf")'
 # DIV( and SQRT( are IEEE-rounded division and square root: tl.div_rn/tl.sqrt_rn for float32
 # (Triton's "/" and tl.sqrt are approximate there), "/" and tl.sqrt for float64 (exact; the
 # _rn forms take float32 only). See _ieee.
@@ -66,7 +70,7 @@ from triton.language.standard import _elementwise_max, _elementwise_min, _sum_co
 
 class KernelSpec:
     """A generated kernel and how to launch it: argument layout, grid, block sizes."""
-    __slots__ = ("source", "fn_name", "scalar_args", "BM", "BN", "grid", "num_warps", "plan")
+    __slots__ = ("source", "fn_name", "scalar_args", "BM", "BN", "grid", "num_warps", "num_stages", "config", "plan")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -117,6 +121,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _held(v: Value) -> torch.dtype:
+    """The dtype a computed value is held in: float16/bfloat16 results stay float32 until
+    stored (the numerics policy: one rounding, at the outputs; docs/architecture.md §6)."""
+    return _compute_dtype(v.dtype) if v.kind == "temp" else v.dtype
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype.is_floating_point:
         return torch.float64 if dtype == torch.float64 else torch.float32
@@ -154,6 +164,7 @@ class _Writer:
         self.indent = 1
         self.var: dict[str, str] = {}            # value name -> tile variable
         self.tmp = 0
+        self.gather = False                     # inside a direct take: one column per row (_gather)
         for i, v in enumerate(plan.values.values()):
             self.var[v.name] = f"v{i}"
 
@@ -167,7 +178,8 @@ class _Writer:
     def tile(self, v: Value) -> str:
         if v.total:
             return "(1, 1)"
-        return f"({'BM' if self.plan.has_m(v) else '1'}, {'BN' if self.plan.has_n(v) else '1'})"
+        columns = "BN" if self.plan.has_n(v) and not self.gather else "1"
+        return f"({'BM' if self.plan.has_m(v) else '1'}, {columns})"
 
     def mask(self, v: Value) -> str | None:
         parts = (["rmask"] if self.plan.has_m(v) and not v.total else []) + (
@@ -184,14 +196,18 @@ class _Writer:
         return f"{name}.to(tl.float32)" if _compute_dtype(a.dtype) != a.dtype else name
 
 
-def generate(plan: Plan, interpret: bool) -> KernelSpec:
+def generate(plan: Plan, interpret: bool, config: Config | None = None) -> KernelSpec:
+    """The kernel of ``plan`` tiled as ``config`` (by default ``heuristic_config``)."""
+    config = config or heuristic_config(plan, interpret)
     w = _Writer(plan, interpret)
     n_in, n_out = len(plan.inputs), len(plan.outputs)
     sizes = [f"s{d}" for d in range(len(plan.domain))]
     strides = [f"in{i}_st{j}" for i, v in enumerate(plan.inputs) for j, d in enumerate(v.amap) if d is not None]
     strides += [f"out{k}_st{j}" for k, v in enumerate(plan.outputs) for j, d in enumerate(v.amap) if d is not None]
     big = max([math.prod(v.shape) for v in plan.values.values()] + [math.prod(plan.domain)]) >= 2 ** 31 - 1
-    _index_prologue(w, big)
+    w.emit("pid = tl.program_id(0)")
+    if not config.loop:
+        _column_indices(w, big, "0")
     totals = [op for op in plan.ops if op.outs[0].total and op.name in _COMBINE and not op.args[0].total]
     for k, op in enumerate(totals):
         acc = _acc_dtype(op.args[0].dtype)
@@ -204,14 +220,18 @@ def generate(plan: Plan, interpret: bool) -> KernelSpec:
     else:
         w.emit("m0 = pid * BM")
     _row_indices(w, big)
-    for i, v in enumerate(plan.inputs):
-        _load(w, v, f"in{i}")
-    for op in plan.ops:
-        if not op.outs[0].total:
-            _op(w, op)
-    for k, v in enumerate(plan.outputs):
-        if not v.total:
-            _store(w, v, f"out{k}", first="m0" if plan.looped else "pid")
+    first = "m0" if plan.looped else "pid"
+    if config.loop:
+        _column_passes(w, big, first)
+    else:
+        for i, v in enumerate(plan.inputs):
+            _load(w, v, f"in{i}")
+        for op in plan.ops:
+            if not op.outs[0].total:
+                _op(w, op)
+        for k, v in enumerate(plan.outputs):
+            if not v.total:
+                _store(w, v, f"out{k}", first=first)
     for k, op in enumerate(totals):
         _accumulate(w, op, k)
     if plan.looped:
@@ -231,17 +251,15 @@ def generate(plan: Plan, interpret: bool) -> KernelSpec:
     header = _HEADER if interpret else _HEADER + "from triton.language.extra import libdevice\n"
     source = (header + "\n\n" + f"def {fn_name}({', '.join(params)}, BM: tl.constexpr, BN: tl.constexpr):\n"
               + body + "\n")
-    BM, BN, grid, num_warps = _launch_config(plan, interpret)
-    return KernelSpec(source=source, fn_name=fn_name, scalar_args=["M", "N"] + sizes, BM=BM, BN=BN,
-                      grid=grid, num_warps=num_warps, plan=plan)
+    grid = (1,) if plan.looped else ((plan.M + config.BM - 1) // config.BM,)
+    return KernelSpec(source=source, fn_name=fn_name, scalar_args=["M", "N"] + sizes, BM=config.BM, BN=config.BN,
+                      grid=grid, num_warps=config.num_warps, num_stages=config.num_stages, config=config, plan=plan)
 
 
-def _index_prologue(w: _Writer, big: bool) -> None:
-    plan = w.plan
-    w.emit("pid = tl.program_id(0)")
-    w.emit(f"cols = tl.arange(0, BN)[None, :]{'.to(tl.int64)' if big else ''}")
+def _column_indices(w: _Writer, big: bool, start: str) -> None:
+    w.emit(f"cols = {start} + tl.arange(0, BN)[None, :]{'.to(tl.int64)' if big else ''}")
     w.emit("cmask = cols < N")
-    _decompose(w, "cols", plan.rdims)
+    _decompose(w, "cols", w.plan.rdims)
 
 
 def _row_indices(w: _Writer, big: bool) -> None:
@@ -298,7 +316,9 @@ def _op(w: _Writer, op: Op) -> None:
     elif op.name == "convert_element_type":
         a = op.args[0]
         src = w.var[a.name] if a.kind != "const" else _literal(a.const, a.dtype)
-        expr = f"{src} != 0" if out.dtype == torch.bool else f"{src}.to({TL_DTYPES[out.dtype]})"
+        if _held(a) != a.dtype and not out.dtype.is_floating_point:
+            src = f"{src}.to({TL_DTYPES[a.dtype]})"     # rounded where it leaves floating point
+        expr = f"{src} != 0" if out.dtype == torch.bool else f"{src}.to({TL_DTYPES[_held(out)]})"
         if a.kind == "const":
             expr = f"tl.full({w.tile(out)}, {_literal(a.const, out.dtype)}, {TL_DTYPES[out.dtype]})"
         w.emit(f"{target} = {expr}")
@@ -308,6 +328,8 @@ def _op(w: _Writer, op: Op) -> None:
         _variance(w, op)
     elif op.name == "take_along_axis":
         _take(w, op)
+    elif op.name == "iota":
+        _iota(w, op)
     else:
         _elementwise(w, op)
 
@@ -334,8 +356,6 @@ def _elementwise(w: _Writer, op: Op) -> None:
     else:
         template = EXPRESSIONS[op.name]
     expr = _ieee(template.format(*args), ctx)
-    if _compute_dtype(out.dtype) != out.dtype:
-        expr = f"({expr}).to({TL_DTYPES[out.dtype]})"
     w.emit(f"{w.var[out.name]} = {expr}")
 
 
@@ -379,7 +399,7 @@ def _masked(w: _Writer, v: Value, neutral: str, ctx: torch.dtype) -> str:
 
 
 def _finish(w: _Writer, out: Value, value: str) -> None:
-    w.emit(f"{w.var[out.name]} = ({value}).to({TL_DTYPES[out.dtype]})")
+    w.emit(f"{w.var[out.name]} = ({value}).to({TL_DTYPES[_held(out)]})")
 
 
 def _row_reduction(w: _Writer, op: Op) -> None:
@@ -430,6 +450,15 @@ def _take(w: _Writer, op: Op) -> None:
     _finish(w, out, f"tl.where({found} > 0, {val}, float(\"nan\"))")
 
 
+def _iota(w: _Writer, op: Op) -> None:
+    out = op.outs[0]
+    (d,) = out.amap
+    start, step = op.opts["start"], op.opts["step"]
+    expr = f"tl.full({w.tile(out)}, {_literal(start, out.dtype)}, {TL_DTYPES[out.dtype]})" if d is None else \
+        f"({_literal(start, out.dtype)} + {_literal(step, out.dtype)} * i{d}).to({TL_DTYPES[out.dtype]})"
+    w.emit(f"{w.var[out.name]} = {expr}")
+
+
 def _accumulate(w: _Writer, op: Op, k: int) -> None:
     a = op.args[0]
     ctx = _acc_dtype(a.dtype)
@@ -453,13 +482,282 @@ def _finish_total(w: _Writer, op: Op, k: int) -> None:
     _finish(w, op.outs[0], r)
 
 
-def _launch_config(plan: Plan, interpret: bool) -> tuple[int, int, tuple, int]:
-    """Block sizes from the shapes: a whole row per program, enough rows to fill a tile."""
-    M, N = plan.M, plan.N
-    BN = 1 << max(N - 1, 0).bit_length()
-    tile = 1 << 16 if interpret else (1024 if N == 1 else 4096)
-    BM = max(1, min(1 << max(M - 1, 0).bit_length(), tile // BN))
-    grid = (1,) if plan.looped else ((M + BM - 1) // BM,)
-    elements = BM * BN
-    num_warps = 4 if elements <= 2048 else 8 if elements <= 8192 else 16
-    return BM, BN, grid, num_warps
+# --- looped reductions: rows reduced in blocks of BN columns -------------------------------------------
+
+def _reducer(op: Op) -> bool:
+    return (op.name in ROW_REDUCTIONS or op.name == "take_along_axis") and bool(reduced_dims(op))
+
+
+def _tensor_args(op: Op) -> list[Value]:
+    return [a for a in op.args if isinstance(a, Value) and a.kind != "const"]
+
+
+def _through_views(plan: Plan, v: Value) -> Value:
+    """``v`` before the reshapes and broadcasts that made it."""
+    producer = {o.name: op for op in plan.ops for o in op.outs}
+    while v.name in producer and producer[v.name].name in ("reshape", "squeeze", "broadcast_in_dim"):
+        v = producer[v.name].args[0]
+    return v
+
+
+def online_sums(plan: Plan) -> dict[int, tuple[Op, Value]]:
+    """``sum(exp(a - b))`` reductions whose per-row shift ``b`` is ``amax(a)`` of the same rows
+    (or a ``where`` of it: logsumexp's guard against an infinite max), by ``id``, with the
+    ``amax`` and ``b``: an online softmax accumulates them in the max's pass over the row
+    (rescaling the running sum whenever the running max grows, then to ``b``), so softmax,
+    log_softmax, logsumexp and cross-entropy read a long row once for their statistics."""
+    producer = {o.name: op for op in plan.ops for o in op.outs}
+    out: dict[int, tuple[Op, Value]] = {}
+    for op in plan.ops:
+        if op.name != "sum" or not _reducer(op) or op.outs[0].total:
+            continue
+        e = producer.get(op.args[0].name)
+        d = producer.get(e.args[0].name) if e is not None and e.name == "exp" else None
+        if d is None or d.name != "sub" or not all(isinstance(a, Value) for a in d.args):
+            continue
+        shift = _through_views(plan, d.args[1])
+        guard = producer.get(shift.name)
+        sources = [guard] if guard is None or guard.name != "where" else [
+            producer.get(_through_views(plan, a).name) for a in guard.args if isinstance(a, Value)]
+        m = next((s for s in sources if s is not None and s.name == "amax"), None)
+        if (m is not None and _reducer(m) and m.args[0] is d.args[0] and reduced_dims(m) == reduced_dims(op)
+                and d.args[0].dtype.is_floating_point and not plan.has_n(shift)):
+            out[id(op)] = (m, shift)
+    return out
+
+
+def _direct_takes(plan: Plan, producer: dict, per_elem: set) -> dict[int, set[str]]:
+    """``take_along_axis`` ops of a looped reduction that evaluate their per-element operand at
+    each row's index alone (a gather: no pass over the row), by ``id``, with the per-row
+    values that evaluation reads. Needs one row dim and an operand built from values that
+    vary along the rows (a ``[BM, 1]`` tile at the index); else the op scans the row."""
+    out: dict[int, set[str]] = {}
+    if len(plan.rdims) != 1:
+        return out
+    for op in plan.ops:
+        if op.name != "take_along_axis" or not _reducer(op):
+            continue
+        sub = _needed([op.args[0]], producer, per_elem)
+        if not all(plan.has_m(plan.values[n]) for n in sub):
+            continue
+        reads = {a.name for n in sub if n in producer for a in _tensor_args(producer[n]) if a.name not in per_elem}
+        out[id(op)] = reads | {op.args[1].name}
+    return out
+
+
+def _passes(plan: Plan, direct: dict) -> tuple[dict[str, int], dict[int, int]]:
+    """Each value's level (how many passes over the row precede it) and each reducer's
+    pass: a per-element value is computed, again, in every pass that needs it."""
+    online = online_sums(plan)
+    level = {v.name: 0 for v in plan.values.values() if v.kind != "temp"}
+    passes: dict[int, int] = {}
+    for op in plan.ops:
+        if op.outs[0].total:
+            continue
+        base = max((level[a.name] for a in _tensor_args(op)), default=0)
+        if _reducer(op) and id(op) not in direct:
+            passes[id(op)] = passes[id(online[id(op)][0])] if id(op) in online else base
+            base = passes[id(op)] + 1
+        for o in op.outs:
+            level[o.name] = base
+    return level, passes
+
+
+def _column_passes(w: _Writer, big: bool, first: str) -> None:
+    """The row body of a looped reduction: per-row inputs and values, then one loop over
+    the row's column blocks per pass (accumulating that pass's reductions, storing the
+    per-element outputs it can), per-row values as soon as their reductions finish."""
+    plan = w.plan
+    producer = {o.name: op for op in plan.ops for o in op.outs}
+    per_elem = {v.name for v in plan.values.values() if plan.has_n(v) and not v.total}
+    direct = _direct_takes(plan, producer, per_elem)
+    level, passes = _passes(plan, direct)
+    online = online_sums(plan)
+    row_ops = [op for op in plan.ops if not op.outs[0].total and (id(op) in direct or not _reducer(op))
+               and op.outs[0].name not in per_elem]
+    done = {v.name for v in plan.values.values() if v.kind == "const"}
+    for i, v in enumerate(plan.inputs):
+        if v.name not in per_elem:
+            _load(w, v, f"in{i}")
+            done.add(v.name)
+    _row_ops(w, row_ops, done, direct, big)
+    outputs = {v.name: k for k, v in enumerate(plan.outputs)}
+    order = sorted(set(passes.values()) | {level[v.name] for v in plan.outputs if v.name in per_elem})
+    for p in order:
+        reducers = [op for op in plan.ops if passes.get(id(op)) == p]
+        stores = [v for v in plan.outputs if v.name in per_elem and level[v.name] == p]
+        roots = [a for op in reducers for a in (_tensor_args(online[id(op)][0]) if id(op) in online
+                                                  else _tensor_args(op))] + stores
+        needed = _needed(roots, producer, per_elem)
+        for op in reducers:
+            _loop_init(w, op, online)
+        w.emit("for n0 in range(0, N, BN):")
+        w.indent += 1
+        _column_indices(w, big, "n0")
+        _per_element(w, needed, per_elem)
+        for op in reducers:
+            _loop_step(w, op, online)
+        for v in stores:
+            _store(w, v, f"out{outputs[v.name]}", first=first)
+        w.indent -= 1
+        for late in (False, True):          # an online sum is rescaled to its shift, computed from the max
+            for op in reducers:
+                if (id(op) in online) == late:
+                    _loop_finish(w, op, online)
+                    done.update(o.name for o in op.outs)
+            _row_ops(w, row_ops, done, direct, big)
+    for k, v in enumerate(plan.outputs):
+        if v.name not in per_elem and not v.total:
+            _store(w, v, f"out{k}", first=first)
+
+
+def _per_element(w: _Writer, needed: set, per_elem: set) -> None:
+    """Load and compute the ``needed`` per-element values at the current column indices."""
+    for i, v in enumerate(w.plan.inputs):
+        if v.name in needed:
+            _load(w, v, f"in{i}")
+    for op in w.plan.ops:
+        if any(o.name in needed for o in op.outs) and op.outs[0].name in per_elem:
+            _op(w, op)
+
+
+def _gather(w: _Writer, op: Op, big: bool) -> None:
+    """A direct take: the operand evaluated at each row's index, as ``[BM, 1]`` tiles."""
+    plan = w.plan
+    a, idx, out = op.args[0], op.args[1], op.outs[0]
+    per_elem = {v.name for v in plan.values.values() if plan.has_n(v) and not v.total}
+    needed = _needed([a], {o.name: p for p in plan.ops for o in p.outs}, per_elem)
+    start = len(w.lines)
+    w.gather = True
+    w.emit(f"cols = {w.var[idx.name]}{'.to(tl.int64)' if big else ''}")
+    w.emit("cmask = (cols >= 0) & (cols < N)")
+    w.emit("cols = tl.where(cmask, cols, 0)")
+    _decompose(w, "cols", plan.rdims)
+    _per_element(w, needed, per_elem)
+    w.gather = False
+    # The block's names get a suffix: a later loop over the row assigns the same names with
+    # [BM, BN] tiles, which Triton would otherwise take for loop-carried values of another type.
+    suffix = f"_{w.fresh()}"
+    defined = {m.group(1) for line in w.lines[start:] if (m := re.match(r"\s*(\w+) = ", line))}
+    pattern = re.compile(r"\b(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")
+    w.lines[start:] = [pattern.sub(lambda m: m.group(1) + suffix, line) for line in w.lines[start:]]
+    acc = TL_DTYPES[_acc_dtype(a.dtype)]
+    # eager raises for an index out of range; a kernel cannot, so it yields NaN rather than a number
+    _finish(w, out, f"tl.where(cmask{suffix}, {w.var[a.name]}{suffix}.to({acc}), float(\"nan\"))")
+
+
+def _needed(roots: list[Value], producer: dict, per_elem: set) -> set[str]:
+    out: set[str] = set()
+    stack = [v for v in roots if v.name in per_elem]
+    while stack:
+        v = stack.pop()
+        if v.name in out:
+            continue
+        out.add(v.name)
+        op = producer.get(v.name)
+        if op is not None:
+            stack += [a for a in _tensor_args(op) if a.name in per_elem]
+    return out
+
+
+def _row_ops(w: _Writer, ops: list[Op], done: set, direct: dict, big: bool) -> None:
+    """Emit, in order, the per-row ops whose operands are all known (a direct take: the
+    per-row values its operand reads)."""
+    for op in ops:
+        if op.outs[0].name in done:
+            continue
+        if id(op) in direct and direct[id(op)] <= done:
+            _gather(w, op, big)
+        elif id(op) not in direct and all(a.name in done for a in _tensor_args(op)):
+            _op(w, op)
+        else:
+            continue
+        done.update(o.name for o in op.outs)
+
+
+def _lanes(w: _Writer, a: Value) -> str:
+    return f"({'BM' if w.plan.has_m(a) else '1'}, BN)"
+
+
+def _loop_init(w: _Writer, op: Op, online: dict) -> None:
+    a, k = op.args[0], w.var[op.outs[0].name]
+    acc = TL_DTYPES[_acc_dtype(a.dtype)]
+    lanes = _lanes(w, a)
+    if id(op) in online:
+        w.emit(f"{k}_m = tl.full({lanes}, float(\"-inf\"), {acc})")
+        w.emit(f"{k}_s = tl.full({lanes}, 0, {acc})")
+    elif op.name in ("var", "var_mean"):
+        for part in ("n", "mu", "m2"):
+            w.emit(f"{k}_{part} = tl.full({lanes}, 0, {acc})")
+    elif op.name == "take_along_axis":
+        w.emit(f"{k}_a = tl.full({lanes}, 0, {acc})")
+        w.emit(f"{k}_hits = tl.full({lanes}, 0, tl.int32)")
+    else:
+        w.emit(f"{k}_a = tl.full({lanes}, {_neutral(op.name, a.dtype)}, {acc})")
+        if op.name != "sum" and a.dtype.is_floating_point:
+            w.emit(f"{k}_nans = tl.full({lanes}, 0, tl.int32)")
+
+
+def _loop_step(w: _Writer, op: Op, online: dict) -> None:
+    a, k = op.args[0], w.var[op.outs[0].name]
+    ctx = _acc_dtype(a.dtype)
+    mask = w.mask(a)
+    if id(op) in online:
+        x, mx = w.fresh(), w.fresh()
+        src = online[id(op)][0].args[0]
+        w.emit(f"{x} = {_masked(w, src, _NEG_INF, ctx)}")
+        w.emit(f"{mx} = tl.maximum({k}_m, {x})")
+        # exp(-inf - -inf) is NaN: a lane that has seen only -inf keeps its sum, adds nothing
+        w.emit(f"{k}_s = {k}_s * tl.where({k}_m == {mx}, 1.0, tl.exp({k}_m - {mx})) + "
+               f"tl.where({x} == float(\"-inf\"), 0.0, tl.exp({x} - {mx}))")
+        w.emit(f"{k}_m = {mx}")
+    elif op.name in ("var", "var_mean"):      # Welford, per lane
+        x, n, d = w.fresh(), w.fresh(), w.fresh()
+        w.emit(f"{x} = {_masked(w, a, '0', ctx)}")
+        w.emit(f"{n} = {k}_n + tl.where({mask}, 1.0, 0.0)")
+        w.emit(f"{d} = {x} - {k}_mu")
+        w.emit(_ieee(f"{k}_mu = {k}_mu + tl.where({mask}, DIV({d}, tl.maximum({n}, 1.0)), 0.0)", ctx))
+        w.emit(f"{k}_m2 = {k}_m2 + tl.where({mask}, {d} * ({x} - {k}_mu), 0.0)")
+        w.emit(f"{k}_n = {n}")
+    elif op.name == "take_along_axis":
+        (dim,) = reduced_dims(op)
+        hit = w.fresh()
+        w.emit(f"{hit} = (i{dim} == {w.var[op.args[1].name]}) & {mask}")
+        w.emit(f"{k}_a = {k}_a + tl.where({hit}, {w.var[a.name]}.to({TL_DTYPES[ctx]}), 0)")
+        w.emit(f"{k}_hits = {k}_hits + tl.where({hit}, 1, 0)")
+    else:
+        part = _masked(w, a, _neutral(op.name, a.dtype), ctx)
+        combine = {"sum": "{k}_a + {p}", "amax": "tl.maximum({k}_a, {p})", "amin": "tl.minimum({k}_a, {p})"}
+        w.emit(f"{k}_a = " + combine[op.name].format(k=k, p=part))
+        if op.name != "sum" and a.dtype.is_floating_point:
+            w.emit(f"{k}_nans = {k}_nans + tl.where({mask} & ({w.var[a.name]} != {w.var[a.name]}), 1, 0)")
+
+
+def _loop_finish(w: _Writer, op: Op, online: dict) -> None:
+    a, out = op.args[0], op.outs[0]
+    k = w.var[out.name]
+    ctx = _acc_dtype(a.dtype)
+    tl_ctx = TL_DTYPES[ctx]
+    if id(op) in online:
+        # each lane's sum rescaled to the shift b: exp(m - b) * sum(exp(x - m)); a lane holding +inf
+        # adds exp(inf - b) as eager's sum would (inf, or NaN when b is inf too)
+        b = f"{w.var[online[id(op)][1].name]}.to({tl_ctx})"
+        _finish(w, out, _reduce(w, f"tl.where({k}_m == float(\"-inf\"), 0.0, tl.where({k}_m == float(\"inf\"), "
+                                   f"tl.exp({k}_m - {b}), {k}_s * tl.exp({k}_m - {b})))", "sum", 1))
+    elif op.name in ("var", "var_mean"):      # the lanes combined (Chan et al.)
+        mean, m2 = w.fresh(), w.fresh()
+        w.emit(_ieee(f"{mean} = DIV({_reduce(w, f'{k}_mu * {k}_n', 'sum', 1)}, N.to({tl_ctx}))", ctx))
+        w.emit(f"{m2} = {_reduce(w, f'{k}_m2 + {k}_n * ({k}_mu - {mean}) * ({k}_mu - {mean})', 'sum', 1)}")
+        correction = _literal(op.opts.get("correction", 1), ctx)
+        _finish(w, out, _ieee(f"DIV({m2}, tl.maximum(N.to({tl_ctx}) - {correction}, 0.0))", ctx))
+        if op.name == "var_mean":
+            _finish(w, op.outs[1], mean)
+    elif op.name == "take_along_axis":
+        # eager raises for an index out of range; a kernel cannot, so it yields NaN rather than a number
+        _finish(w, out, f"tl.where({_reduce(w, f'{k}_hits', 'sum', 1)} > 0, {_reduce(w, f'{k}_a', 'sum', 1)}, "
+                        f"float(\"nan\"))")
+    else:
+        r = _reduce(w, f"{k}_a", op.name, 1)
+        if op.name != "sum" and a.dtype.is_floating_point:
+            r = f"tl.where({_reduce(w, f'{k}_nans', 'sum', 1)} > 0, float(\"nan\"), {r})"
+        _finish(w, out, r)

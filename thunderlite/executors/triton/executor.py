@@ -27,6 +27,7 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.specialize import MissingSize, hint_values, size_inputs, sizes_of, specialize
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.symint import mentions_symbolic
+from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.torchex import torch_executor
@@ -38,24 +39,33 @@ from thunderlite.transforms.fusion import fusion_regions, reorder
 class TritonKernel:
     """The callable of one fusion symbol: allocates the outputs and launches the kernel.
 
+    Its tiling is chosen on the first call: by timing the candidate configurations on
+    the real inputs when autotuning is on (triton/autotune.py; the choice is cached on
+    disk), else the heuristic's, which ``spec`` holds until then.
+
     A kernel is not differentiable. When autograd is recording (grad mode on and an
     input requiring grad: an eager-mode program, see executors/autograd_function.py)
     the region runs as its torch calls (``torch_fallback``) so that autograd records
     it as eager would. A differentiable jit call runs its forward with grad mode off,
     so the kernel runs there."""
 
-    def __init__(self, spec, kernel: Callable, launch: Callable, torch_fallback: Callable):
+    def __init__(self, spec, kernel: Callable, runtime, torch_fallback: Callable, tune: bool = False,
+                 device: torch.device | None = None):
         self.spec = spec
+        self.device = device            # of the outputs, for a kernel without inputs (an iota)
         self.torch_fallback = torch_fallback
-        self.source: str = spec.source
         self._kernel = kernel
-        self._launch = launch
+        self._rt = runtime
+        self._tune = tune
         plan: Plan = spec.plan
         self._inputs = [(v.shape, [j for j, d in enumerate(v.amap) if d is not None]) for v in plan.inputs]
         self._outputs = [(v.shape, v.dtype, [j for j, d in enumerate(v.amap) if d is not None])
                          for v in plan.outputs]
         self._scalars = [plan.M, plan.N, *plan.domain]
-        self._constexprs = {"BM": spec.BM, "BN": spec.BN}
+
+    @property
+    def source(self) -> str:
+        return self.spec.source
 
     def __repr__(self):
         return f"<TritonKernel {self.spec.fn_name}>"
@@ -63,7 +73,7 @@ class TritonKernel:
     def __call__(self, *tensors: torch.Tensor):
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self.torch_fallback(*tensors)
-        device = tensors[0].device
+        device = tensors[0].device if tensors else self.device
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in self._outputs]
         strides = []
         for t, (shape, dims) in zip(tensors, self._inputs, strict=True):
@@ -72,9 +82,35 @@ class TritonKernel:
             strides += [t.stride(j) for j in dims]
         for t, (_, _, dims) in zip(outs, self._outputs, strict=True):
             strides += [t.stride(j) for j in dims]
-        self._launch(self._kernel, self.spec.grid, [*tensors, *outs, *self._scalars, *strides],
-                     self._constexprs, self.spec.num_warps)
+        args = [*tensors, *outs, *self._scalars, *strides]
+        if self._tune:
+            self._tune = False
+            self._autotune(args, device)
+        self._run(self._kernel, self.spec, args)
         return tuple(outs)
+
+    def _run(self, kernel: Callable, spec, args: list) -> None:
+        self._rt.launch(kernel, spec.grid, args, {"BM": spec.BM, "BN": spec.BN}, spec.num_warps, spec.num_stages)
+
+    def _autotune(self, args: list, device: torch.device) -> None:
+        """Replace the heuristic spec by the fastest candidate (or the cached choice)."""
+        from thunderlite.executors.triton import autotune, tiling
+        from thunderlite.executors.triton.codegen import generate
+        rt, plan = self._rt, self.spec.plan
+        key = autotune.cache_key(self.spec.source, plan, rt.device_name(device), rt.triton_version())
+        specs: dict = {}
+
+        def compiled(config):
+            if config not in specs:
+                spec = self.spec if config == self.spec.config else generate(plan, rt.INTERPRET, config)
+                specs[config] = (spec, rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args)))
+            return specs[config]
+
+        def run_for(config):
+            spec, kernel = compiled(config)
+            return lambda: self._run(kernel, spec, args)
+        best = autotune.choose(key, tiling.candidate_configs(plan, rt.INTERPRET), autotune.timer or rt.bench, run_for)
+        self.spec, self._kernel = compiled(best)
 
 
 class TritonExecutor(FusionExecutor):
@@ -88,6 +124,7 @@ class TritonExecutor(FusionExecutor):
         super().__init__(name)
         self.max_prims = max_prims
         self._counter = itertools.count()
+        self._internal: frozenset = frozenset()    # during a fusion pass: see _expand_composites
 
     def check_availability(self) -> tuple[bool, str]:
         from thunderlite.executors.triton import runtime
@@ -111,7 +148,8 @@ class TritonExecutor(FusionExecutor):
         if not proxies or not all(type(p) is TensorProxy and p.device.type == device_type for p in proxies):
             return False
         try:
-            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES)
+            plan_region([bsym], _unique(bsym.proxy_args()), bsym.proxy_outs(), self._runtime().DTYPES,
+                        self._internal)
         except Unsupported:
             return False
         return True
@@ -145,7 +183,8 @@ class TritonExecutor(FusionExecutor):
         defined = {p.name for b in bsyms for p in b.proxy_outs()}
         inputs = _unique([p for b in bsyms for p in b.proxy_args() if p.name not in defined])
         try:
-            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES)
+            plan = plan_region(bsyms, inputs, [p for b in bsyms for p in b.proxy_outs()], self._runtime().DTYPES,
+                               self._internal)
         except Unsupported:
             return False
         return len(plan.ops) <= self.max_prims
@@ -165,12 +204,13 @@ class TritonExecutor(FusionExecutor):
 
     def kernel(self, bsyms: list[BoundSymbol], inputs: list, outputs: list, fallback: Callable) -> TritonKernel:
         """The compiled kernel of a region whose sizes are all static."""
+        from thunderlite.executors.triton import autotune
         from thunderlite.executors.triton.codegen import generate
         rt = self._runtime()
-        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES)
+        plan = plan_region(bsyms, inputs, outputs, rt.DTYPES, self._internal)
         spec = generate(plan, rt.INTERPRET)
         kernel = rt.load_kernel(spec.source, spec.fn_name, tuple(spec.scalar_args))
-        return TritonKernel(spec, kernel, rt.launch, fallback)
+        return TritonKernel(spec, kernel, rt, fallback, tune=autotune.enabled(rt.INTERPRET), device=outputs[0].device)
 
 
 class SizedTritonKernel:
@@ -245,6 +285,14 @@ def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) ->
             hit = cache[id(b)] = ex.can_fuse(b)
         return hit
 
+    trace, ex._internal = _expand_composites(trace, ex, ex.can_fuse)     # uncached: the answers change
+    try:
+        return _fuse(trace, ex, can_fuse, input_alias_groups)
+    finally:
+        ex._internal = frozenset()
+
+
+def _fuse(trace: Trace, ex: TritonExecutor, can_fuse, input_alias_groups) -> Trace:
     ordered = reorder(trace, can_fuse, input_alias_groups)
     fused: dict[int, BoundSymbol] = {}          # id of a piece's first symbol -> its fusion symbol
     skip: set[int] = set()
@@ -258,6 +306,58 @@ def _triton_fusion(trace: Trace, ex: TritonExecutor, input_alias_groups=None) ->
         return trace
     out = [fused.get(id(b), b) for b in ordered.bound_symbols if id(b) not in skip or id(b) in fused]
     return ordered.with_bound_symbols("triton fusion", out)
+
+
+def _expand_composites(trace: Trace, ex: TritonExecutor, can_fuse: Callable[[BoundSymbol], bool]
+                       ) -> tuple[Trace, frozenset]:
+    """Composites that are not one kernel but whose decomposition is all kernels (a layer
+    norm's backward: row reductions for the input's gradient, column sums for the
+    weight's) replaced by that decomposition, so the cutter makes it a few kernels
+    instead of leaving it whole to the next executor. A composite holding anything the
+    executor cannot run (a matmul, attention) stays whole: its own kernel is better.
+    Also returns the names of the values internal to the decomposed composites: a view
+    among them (an ``unsqueeze`` inside a loss) may then be computed fresh by a kernel."""
+    out: list[BoundSymbol] = []
+    internal: set[str] = set()
+    for b in trace.bound_symbols:
+        if b.sym.executor is not None or can_fuse(b) or b.sym.decomposition is None or not b.subsymbols:
+            out.append(b)
+            continue
+        mine = frozenset(p.name for s in _leaves(b) for p in s.proxy_outs()) - {p.name for p in b.proxy_outs()}
+        ex._internal = frozenset(internal | mine)
+        leaves = _fusible_leaves(b, can_fuse)
+        ex._internal = frozenset(internal)
+        if leaves is None:
+            out.append(b)
+            continue
+        out += leaves
+        internal |= mine
+    if len(out) == len(trace.bound_symbols):
+        return trace, frozenset(internal)
+    return trace.with_bound_symbols("triton fusion", out), frozenset(internal)
+
+
+def _leaves(b: BoundSymbol) -> list[BoundSymbol]:
+    return [s for sub in b.subsymbols for s in ([sub] + _leaves(sub))]
+
+
+def _fusible_leaves(b: BoundSymbol, can_fuse: Callable[[BoundSymbol], bool]) -> list[BoundSymbol] | None:
+    """``[b]`` if it is one kernel, else its decomposition's kernels (recursively), else None."""
+    if can_fuse(b):
+        return [b]
+    if b.sym.executor is not None or b.sym.decomposition is None or not b.subsymbols or b.sym.tags & _KEEP_WHOLE:
+        return None
+    out: list[BoundSymbol] = []
+    for sub in b.subsymbols:
+        leaves = _fusible_leaves(sub if sub.source is not None else sub.replace(source=b.source), can_fuse)
+        if leaves is None:
+            return None
+        out += leaves
+    return out
+
+
+_KEEP_WHOLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN, Tag.ORDER_BARRIER,
+                         Tag.OPAQUE})
 
 
 triton_executor = TritonExecutor()

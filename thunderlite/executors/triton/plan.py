@@ -5,8 +5,8 @@ kernel over a 2-D tile space ``[M, N]`` of a *domain* shape ``S`` (the largest
 shape in the region):
 
 - ``R`` (the *row* dims) are the domain dims the region's row reductions reduce;
-  ``N`` is their element count and one program holds a whole row (``N`` at most
-  ``MAX_ROW``); the other dims ``K`` enumerate ``M`` rows. A pointwise region
+  ``N`` is their element count (any: a row longer than a block is reduced in a
+  loop over column blocks, triton/codegen.py); the other dims ``K`` enumerate ``M`` rows. A pointwise region
   has ``R = ()`` and ``N = 1``.
 - every tensor value is *aligned* to the domain: for each of its dims, the domain
   dim it runs along (None for a size-1 dim). A value varying along ``K`` dims is a
@@ -40,7 +40,15 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 
 MAX_ROW = 16384
-"""Largest row (elements reduced by one program) the executor claims."""
+"""Largest row one program holds whole (a *persistent* reduction); longer rows loop over column blocks."""
+
+FEW_ROWS, LONG_ROW = 16, 1 << 17
+"""Fewer than ``FEW_ROWS`` rows longer than ``LONG_ROW`` are refused: one program per row would
+leave most of a GPU idle, where torch splits such a reduction across many programs."""
+
+MAX_TOTAL_WORK = 1 << 20
+"""Most elements a region with totals may cover: its one program loops over every row, so a larger
+region is cut before the total, which then runs as a kernel of its own."""
 
 SUPPORTED_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                               torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -107,6 +115,7 @@ class Plan:
         self.domain: tuple = ()
         self.rdims: tuple = ()
         self.looped = False
+        self.loopable = True        # whether rows may be reduced in column blocks (triton.codegen)
         self.dtypes = SUPPORTED_DTYPES
 
     @property
@@ -128,14 +137,15 @@ class Plan:
         return bool(v.dims() & set(self.rdims))
 
 
-def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
-    """The region's prims, composites replaced by their subsymbols."""
+def flatten(bsyms: Sequence[BoundSymbol], internal: frozenset = frozenset()) -> list[BoundSymbol]:
+    """The region's prims, composites replaced by their subsymbols. ``internal``: names of
+    values no one outside a decomposed composite sees, which may be views made fresh."""
     out: list[BoundSymbol] = []
 
     def visit(b: BoundSymbol, top: bool = False) -> None:
         if b.sym.tags & _UNCLAIMABLE_TAGS or b.sym.executor is not None:
             raise Unsupported(f"{b.sym.id} is tagged {sorted(t.name for t in b.sym.tags)} or already claimed")
-        if top and output_aliases_input(b):
+        if top and output_aliases_input(b) and not all(p.name in internal for p in b.proxy_outs()):
             raise Unsupported(f"{b.sym.id} at top level may return a view")
         if Tag.PRIM in b.sym.tags:
             out.append(b)
@@ -150,7 +160,7 @@ def flatten(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
 
 
 def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequence,
-                dtypes: frozenset = SUPPORTED_DTYPES) -> Plan:
+                dtypes: frozenset = SUPPORTED_DTYPES, internal: frozenset = frozenset()) -> Plan:
     """Analyse ``bsyms`` (reading ``inputs``, producing ``outputs``) as one kernel, or raise
     Unsupported. ``dtypes``: the tensor dtypes allowed (the interpreter rounds bfloat16 wrongly)."""
     plan = Plan()
@@ -159,7 +169,7 @@ def plan_region(bsyms: Sequence[BoundSymbol], inputs: Sequence, outputs: Sequenc
         if not isinstance(p, TensorProxy):
             raise Unsupported(f"input {p} is not a tensor")
         plan.inputs.append(_new_value(plan, p, "input"))
-    prims = flatten(bsyms)
+    prims = flatten(bsyms, internal)
     plan.domain = _domain(prims, inputs)
     if 0 in plan.domain:
         raise Unsupported("zero-size tensors")
@@ -221,6 +231,8 @@ def _add_op(plan: Plan, b: BoundSymbol) -> None:
         raise Unsupported(f"prims.{name} has no Triton translation")
     args = [_operand(plan, a) for a in b.args]
     kwargs = {k: _operand(plan, a) for k, a in b.kwargs.items()}
+    if name == "gather":                 # gather(a, dim, index): take_along_axis(a, index, dim)
+        name, args = "take_along_axis", [args[0], args[2], args[1]]
     op = Op(name, args, [_new_value(plan, o, "temp") for o in outs], kwargs)
     _CHECKS.get(name, _check_elementwise)(op)
     plan.ops.append(op)
@@ -277,26 +289,26 @@ def _check_take(op: Op) -> None:
         raise Unsupported("take_along_axis other than picking one element per row")
 
 
-_CHECKS = {"broadcast_in_dim": _check_view, "reshape": _check_view, "squeeze": _check_view,
-           "take_along_axis": _check_take, **{r: _check_reduction for r in ROW_REDUCTIONS}}
+def _check_iota(op: Op) -> None:
+    if op.outs[0].dtype is torch.bool or any(type(op.opts.get(k)) not in (int, float) for k in ("start", "step")):
+        raise Unsupported("iota with a traced start or step, or of bool")
+
+
+_CHECKS = {"broadcast_in_dim": _check_view, "gather": _check_take, "iota": _check_iota, "reshape": _check_view,
+           "squeeze": _check_view, "take_along_axis": _check_take, **{r: _check_reduction for r in ROW_REDUCTIONS}}
 
 
 # --- alignment: which domain dim each dim of each value runs along ---------------------------
 
 def _default_amap(domain: tuple, shape: tuple) -> tuple:
-    """Right-aligned onto the domain (broadcasting's rule), or Unsupported."""
-    off = len(domain) - len(shape)
-    if off < 0:
+    """Right-aligned onto the domain (broadcasting's rule), else left-aligned (a per-row
+    value met before anything ties it to the rows: a cross-entropy's targets), or Unsupported."""
+    if len(shape) > len(domain):
         raise Unsupported(f"shape {shape} has more dims than the domain {domain}")
-    amap = []
-    for j, s in enumerate(shape):
-        if s == 1:
-            amap.append(None)
-        elif s == domain[off + j]:
-            amap.append(off + j)
-        else:
-            raise Unsupported(f"shape {shape} does not align with the domain {domain}")
-    return tuple(amap)
+    for off in dict.fromkeys((len(domain) - len(shape), 0)):
+        if all(s == 1 or s == domain[off + j] for j, s in enumerate(shape)):
+            return tuple(None if s == 1 else off + j for j, s in enumerate(shape))
+    raise Unsupported(f"shape {shape} does not align with the domain {domain}")
 
 
 def _set_amap(plan: Plan, v: Value, amap: tuple) -> None:
@@ -403,7 +415,7 @@ def _choose_rows(plan: Plan) -> None:
     for op in plan.ops:
         if op.name in ROW_REDUCTIONS or op.name == "take_along_axis":
             rd = reduced_dims(op)
-            if rd and math.prod(plan.domain[d] for d in rd) <= MAX_ROW:
+            if rd:
                 plan.rdims = tuple(sorted(rd))
             return
 
@@ -420,7 +432,10 @@ def _check_classes(plan: Plan) -> None:
             if not rd or rd == rset:
                 continue
             if op.name in TOTAL_REDUCTIONS and rd == a.dims() and plan.has_m(a):
+                if plan.M * plan.N > MAX_TOTAL_WORK:
+                    raise Unsupported(f"a total over {plan.M} rows of {plan.N}: one program would loop over them")
                 plan.looped = True
+                plan.loopable &= not plan.has_n(a)
                 for o in op.outs:
                     o.total = True
                 continue
@@ -433,3 +448,7 @@ def _check_classes(plan: Plan) -> None:
     for v in plan.outputs:
         if v.kind == "const":
             raise Unsupported("a literal tensor as an output")
+    if plan.M < FEW_ROWS and plan.N > LONG_ROW:
+        raise Unsupported(f"{plan.M} rows of {plan.N}: too few programs for a reduction that long")
+    if plan.N > MAX_ROW and not plan.loopable:
+        raise Unsupported(f"rows of {plan.N} beside a total over them: too long for one block, cannot loop")

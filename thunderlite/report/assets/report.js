@@ -84,6 +84,12 @@
         el("span", { "class": "dot", style: "background:" + colors[g] + ";margin-right:5px" }),
         g + " peak ", el("b", { text: m.peak_text }), " at ", link,
         " · alive after the return " + m.end_text + " · inputs " + m.inputs_text]));
+      (m.grad_deaths || []).forEach(function (d) {
+        box.appendChild(el("div", {}, [
+          "gradient of " + d[0] + " (" + d[1] + ") freed at ",
+          el("a", { href: "#", onclick: function (ev) { ev.preventDefault(); goToRow(m.stage, d[2]); } },
+             ["symbol " + d[2]])]));
+      });
     });
     document.querySelectorAll(".memchart .hit").forEach(function (r) {
       r.addEventListener("click", function () { goToRow(r.getAttribute("data-stage"), +r.getAttribute("data-row")); });

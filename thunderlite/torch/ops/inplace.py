@@ -13,10 +13,12 @@ import torch.nn.functional as F
 
 from thunderlite.core import prims
 from thunderlite.core.prims import check
-from thunderlite.core.proxies import register_method
+from thunderlite.core.proxies import method_table, register_method
+from thunderlite.core.retrace import rebind
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.interpreter import current_source_location
+from thunderlite.torch.opaque import opaque_symbol_for
 from thunderlite.torch.ops import creation, elementwise, indexing, linalg, nn, reductions, shapes  # noqa: F401
 from thunderlite.torch.registry import all_symbols, register_torch_callable, torchsymbol
 from thunderlite.torch.utils import convert, expand_to, is_tensor
@@ -161,27 +163,106 @@ for _op, _name in _AUGMENTED.items():
 
 
 class MetadataMutation:
-    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, a resizing
-    ``resize_``) change the tensor *object's* size and strides. A trace names
-    values, not objects, so the proxy the program keeps using cannot change shape;
-    these are refused with the op and the user's line instead of computing a wrong
-    answer. Stands in for a symbol in the table."""
+    """Shape-changing in-place ops (``x.t_()``, ``x.unsqueeze_(0)``, ``resize_``,
+    ``as_strided_``, ``set_``) change the tensor *object's* size and strides. A
+    trace names values, not objects: the op records its functional form (a view
+    of the old value, or for a growing ``resize_`` a new tensor holding the old
+    elements) and ``core.retrace.rebind`` makes the proxy the program holds
+    stand for that value from then on; on an input, the jit replays the op on
+    the caller's tensor after the call (docs/architecture.md §5). Stands in for
+    a symbol in the table."""
 
-    def __init__(self, name: str, functional: str | None):
+    def __init__(self, name: str):
         self.__name__ = name
-        self.functional = functional
 
     def __call__(self, a, *args, **kwargs):
-        if _is_noop(self.__name__, a, args, kwargs):
+        if self.__name__ != "set_" and _is_noop(self.__name__, a, args, kwargs):
             return a                        # x.squeeze_() with no size-1 dim, resize_ to the same size...
-        loc = current_source_location()
-        where = f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
-        fix = f"; use the out-of-place form, e.g. x = x.{self.functional}(...)" if self.functional else ""
-        raise NotImplementedError(f"Tensor.{self.__name__} changes the shape of a tensor object in place{where}, "
-                                  f"which thunderlite does not support{fix}")
+        new = _FUNCTIONAL[self.__name__](a, *args, **kwargs)
+        grew = new.numel() > a.numel() and self.__name__ in ("resize_", "resize_as_")
+        if self.__name__ == "set_":             # the caller's tensor is set to the value it viewed
+            args, kwargs = (new,), {}
+        # tensors among the arguments as they are now (the objects may change value later)
+        args, kwargs = _snapshot(args), {k: _snapshot(v) for k, v in kwargs.items()}
+        rebind(a, new, (self.__name__, args, kwargs, torch.is_grad_enabled(), grew))
+        return a
 
     def __repr__(self):
-        return f"<unsupported metadata mutation {self.__name__}>"
+        return f"<metadata mutation {self.__name__}>"
+
+
+def _snapshot(x):
+    if is_tensor(x):
+        return x.replace(name=x.name)
+    return tuple(_snapshot(y) for y in x) if type(x) is tuple else x
+
+
+def _where() -> str:
+    loc = current_source_location()
+    return f" (at {loc[0]}:{loc[1]}: {linecache.getline(loc[0], loc[1]).strip()})" if loc else ""
+
+
+def _view(name: str):
+    return lambda a, *args, **kwargs: getattr(a, name)(*args, **kwargs)   # a traced or an opaque view
+
+
+def _resized(a, *size, memory_format=None):
+    """``a.resize_(size)``'s value: eager's contiguous tensor over ``a``'s storage
+    from its offset on; a view of it when the storage holds enough elements,
+    else fresh memory holding them and a tail that is zero-filled (eager leaves
+    it uninitialized)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    check(not (a.requires_grad and torch.is_grad_enabled()), lambda: "cannot resize variables that require grad")
+    n = 1
+    for s in size:
+        n *= s
+    if n <= a.numel():
+        return a.as_strided(size, _contiguous_strides(size))
+    return opaque_symbol_for(grown)(a, tuple(size))
+
+
+def _contiguous_strides(size) -> tuple:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def grown(a: torch.Tensor, size: tuple) -> torch.Tensor:
+    """What a growing ``a.resize_(size)`` holds: ``a``'s storage from its offset
+    on, then zeros (run as an opaque op: it reads the storage, not the elements)."""
+    off = a.storage_offset()
+    stored = a.untyped_storage().nbytes() // a.element_size() - off
+    out = a.new_zeros(size)
+    k = min(out.numel(), stored)
+    out.view(-1)[:k] = a.as_strided((k,), (1,), off)
+    return out
+
+
+def _resized_as(a, other, memory_format=None):
+    return _resized(a, tuple(other.shape))
+
+
+def _set(a, source=None, storage_offset=None, size=None, stride=None):
+    """``a.set_(source)``: ``a`` views ``source``'s elements (``set_()``: empty);
+    with an offset, sizes and strides, a strided view of ``source``'s storage."""
+    if source is None:
+        return creation.empty(0, dtype=a.dtype, device=a.device)
+    if not is_tensor(source):
+        raise NotImplementedError(f"Tensor.set_ from a {type(source).__name__}{_where()} is not supported by "
+                                  "thunderlite; set_ from a tensor")
+    check(source.dtype == a.dtype, lambda: f"Could not set tensor of type {source.dtype} to a tensor of type "
+          f"{a.dtype}", TypeError)
+    if size is None:
+        return method_table["view_as"](source, source)
+    return source.as_strided(size, stride, storage_offset)
+
+
+_FUNCTIONAL = {name + "_": _view(name) for name in _SHAPE_INPLACE}
+_FUNCTIONAL.update({"as_strided_": _view("as_strided"), "resize_": _resized, "resize_as_": _resized_as,
+                    "set_": _set})
 
 
 def _is_noop(name: str, a, args, kwargs) -> bool:
@@ -190,13 +271,35 @@ def _is_noop(name: str, a, args, kwargs) -> bool:
     try:
         m = torch.empty(a.shape, dtype=a.dtype, device="meta")
         before = (m.shape, m.stride())
-        getattr(m, name)(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - arguments eager would refuse: report the op as unsupported
+        margs = [torch.empty(x.shape, dtype=x.dtype, device="meta") if is_tensor(x) else x for x in args]
+        getattr(m, name)(*margs, **kwargs)
+    except Exception:  # noqa: BLE001 - arguments eager would refuse: the functional form raises eager's error
         return False
     return (m.shape, m.stride()) == before
 
 
-for _name in sorted(_SHAPE_INPLACE) + ["as_strided", "resize"]:
-    _mm = MetadataMutation(_name + "_", _name if _name != "resize" else "reshape")
-    register_torch_callable(getattr(T, _name + "_"), _mm)
-    register_method(_name + "_", _mm)
+for _name in sorted(_FUNCTIONAL):
+    _mm = MetadataMutation(_name)
+    register_torch_callable(getattr(T, _name), _mm)
+    register_method(_name, _mm)
+    if hasattr(torch, _name):                   # torch.as_strided_, torch.resize_as_
+        register_torch_callable(getattr(torch, _name), _mm)
+
+
+def assign_data(a, value) -> None:
+    """``a.data = value``: ``a`` stands for ``value``'s elements from now on
+    (``rebind``; the caller's tensor is given them after the call). On a tensor
+    that requires grad, whose later uses eager still differentiates as ``a``,
+    ``value``'s elements are written through ``a.data`` instead (autograd does
+    not see the write; unlike eager, ``a`` keeps its own memory), and another
+    shape, dtype or device is refused."""
+    if not is_tensor(value):
+        raise TypeError(f"assigned data must be a Tensor, not {type(value).__name__}")
+    if not a.requires_grad:
+        new = method_table["view_as"](value.detach(), value)
+        rebind(a, new, ("data", (_snapshot(new),), {}, torch.is_grad_enabled(), False))
+        return
+    if (tuple(value.shape), value.dtype, value.device) != (tuple(a.shape), a.dtype, a.device):
+        raise NotImplementedError(f"assigning .data of another shape, dtype or device to a tensor that requires "
+                                  f"grad{_where()} is not supported by thunderlite")
+    a.data.copy_(value)

@@ -154,23 +154,30 @@ def cross_entropy_forward(input, target, reduction: int, ignore_index: int):
     return _down(ew.div(total, count) if reduction == 1 else total, dtype), log_probs, _down(count, dtype)
 
 
-def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore_index: int, total_weight):
+def _cross_entropy_backward_impl(grad, log_probs, target, reduction: int, ignore_index: int, total_weight,
+                                 *, out=None):
     """Eager's two kernels, except for float32/float64 on the CPU: there the
     gradient is built in one buffer, ``softmax * -v`` plus ``v`` at each row's
     target (``v``: nll's gradient there; the same arithmetic as
     ``_log_softmax_backward_data``, whose row sum of the one-hot nll gradient
     is ``v``), so the step's largest backward temporary is allocated once,
     not twice (fresh pages cost CPU time; CUDA's caching allocator makes the
-    second buffer free, and eager's kernels fewer launches)."""
+    second buffer free, and eager's kernels fewer launches). ``out``: that
+    buffer, given by reuse_buffers.py when ``log_probs`` dies here (the
+    ``exp`` reads each element before writing it): no allocation at all."""
     if log_probs.device.type != "cpu" or log_probs.dtype not in (torch.float32, torch.float64):
         g = aten.nll_loss_backward(grad, log_probs, target, None, reduction, ignore_index, total_weight)
-        return aten._log_softmax_backward_data(g, log_probs, 1, log_probs.dtype)
+        res = aten._log_softmax_backward_data(g, log_probs, 1, log_probs.dtype)
+        return res if out is None else out.copy_(res)
     valid = target != ignore_index
     v = -(grad / total_weight if reduction == 1 else grad)
     v = torch.where(valid, v, 0).to(log_probs.dtype).unsqueeze(1)
-    out = torch.exp(log_probs)
+    out = torch.exp(log_probs, out=out) if out is not None else torch.exp(log_probs)
     out.mul_(-v)
     return out.scatter_add_(1, torch.where(valid, target, 0).unsqueeze(1), v)
+
+
+_cross_entropy_backward_impl.takes_out = True
 
 
 @_kernel(_cross_entropy_backward_impl)

@@ -77,7 +77,8 @@ from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.core.tracectx import tracectx
+from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch.ops.grad_mode import requires_grad_marker
 from thunderlite.transforms.aliasing.eager_layout import eager_aliasing, eager_tensors, inputs_behind
 from thunderlite.transforms.aliasing.functionalize import (
     DETACH,
@@ -98,6 +99,8 @@ from thunderlite.transforms.autodiff.function import differentiable_outputs as f
 from thunderlite.transforms.autodiff.function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff.rematerialize import rematerialize
 from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.autodiff.tensor_hooks import HOOK_MARKERS, apply_hooks, hooks_of
+from thunderlite.transforms.autodiff.tensor_hooks import needs_eager as hooks_need_eager
 from thunderlite.transforms.dce import dce
 
 
@@ -153,7 +156,7 @@ def _track_outputs(bsym: BoundSymbol, tracked: set[str]) -> None:
             tracked.add(o.name)
 
 
-REQUIRES_GRAD_ID = "ltorch.requires_grad_"
+REQUIRES_GRAD_ID = requires_grad_marker.id
 """``x.requires_grad_(flag)`` inside the program: a symbol with this id and no
 output (the torch language sets the proxy's flag at trace time) makes ``x`` a
 new leaf of the differentiated program, or stops tracking it."""
@@ -281,7 +284,7 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
         if sym.id == REQUIRES_GRAD_ID:
             _mark_leaf(bsym, tracked)
             continue
-        if sym.id == GRAD_MODE_ID:      # the proxies carry the mode; only the eager replay runs it
+        if sym.id == GRAD_MODE_ID or sym.id in HOOK_MARKERS:     # only the eager replay runs them
             continue
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(sym):
             out.append(bsym)
@@ -468,7 +471,8 @@ def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasG
 def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask,
                   private: frozenset[str] = frozenset()) -> str | None:
     return (_needs_eager(trace, flat, tracked, groups, private) or _new_leaf_needs_eager(trace, mask)
-            or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked))
+            or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked)
+            or hooks_need_eager(trace, _where))
 
 
 # in-place ops whose kernel reads an operand other than ``self`` across elements
@@ -527,29 +531,38 @@ def _accumulate(grads: dict, p: TensorProxy, g) -> None:
     grads[p.name] = g if prev is None else prims.add(prev, g)
 
 
-def _output_grad(bsym: BoundSymbol, grads: dict):
-    """The gradient pytree of ``bsym``'s output (None where no gradient), or None."""
+def _output_grad(bsym: BoundSymbol, grads: dict, hooks: dict | None = None):
+    """The gradient pytree of ``bsym``'s output (None where no gradient), or None;
+    each output's total gradient passed through its tensor hooks (tensor_hooks.py)."""
     found = False
 
     def pick(x):
         nonlocal found
         if type(x) is TensorProxy and x.name in grads:
             found = True
-            return grads.pop(x.name)
+            g = grads.pop(x.name)
+            return apply_hooks(hooks[x.name], g, current_trace()) if hooks and x.name in hooks else g
         return None
     g = pytree.tree_map(pick, bsym.output)
     return g if found else None
 
 
-def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]]) -> None:
+def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbol, Any], list[tuple]],
+           captured: dict | None = None, *, hooks: dict | None = None) -> None:
     """The reverse sweep of the program's backward and of a decomposition's
     alike: each symbol of ``flat`` on a gradient path, last first, takes its
     output gradients out of ``grads`` and adds in the input gradients ``vjp``
-    gives it (those of ``tracked`` values)."""
+    gives it (those of ``tracked`` values). ``captured`` (name -> None): the
+    values whose gradient is kept there, complete once their producer is
+    reached (every reader came later in the program)."""
     for bsym in reversed(flat):
+        if captured:
+            for o in bsym.tensor_outs():
+                if o.name in captured and o.name in grads:
+                    captured[o.name] = grads[o.name]
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
             continue
-        g = _output_grad(bsym, grads)
+        g = _output_grad(bsym, grads, hooks)
         if g is None:
             continue
         for arg, ga in vjp(bsym, g):
@@ -589,7 +602,8 @@ def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -
     return pairs
 
 
-def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned) -> GradSplit:
+def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups, owned: _Owned,
+                    wrt_values=()) -> GradSplit:
     bwd = Trace("backward", names=trace.names)
     grads: dict[str, object] = {}
     user_backwards: list[tuple] = []      # (function bsym, first, end) of each user backward recorded
@@ -611,11 +625,15 @@ def _build_backward(trace: Trace, flat, tracked: set[str], mask, handles, groups
             if is_function_symbol(bsym.sym):
                 user_backwards.append((bsym, start, len(bwd.bound_symbols)))
             return pairs
-        _sweep(flat, tracked, grads, vjp)
+        captured = dict.fromkeys(v.name for v in wrt_values)
+        _sweep(flat, tracked, grads, vjp, captured, hooks=hooks_of(trace, groups, _where))
         bwd.source = None
         _check_user_backward_writes(bwd, user_backwards, groups)
         result = tuple(grads.get(a.name) if (m and type(a) is TensorProxy and a.name in tracked) else None
                        for a, m in zip(trace.args, mask, strict=True))
+        if wrt_values:      # an output among them was never swept past: its gradient is what reached it
+            result += tuple(captured[v.name] if captured[v.name] is not None else grads.get(v.name)
+                            for v in wrt_values)
         bwd.set_return(result)
     return GradSplit("functional", backward=bwd, differentiable_outputs=diff_outputs, grad_args=grad_args,
                      grad_positions=grad_positions)
@@ -865,7 +883,7 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
-                           executors=None, input_strides: dict | None = None) -> GradSplit:
+                           executors=None, input_strides: dict | None = None, wrt_values=()) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
@@ -873,7 +891,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     storage offset) of the tensor compiled for) lets functionalization decide
     eager's view-or-copy of reshapes and place arguments sharing storage in it;
     ``GradSplit.stride_inputs`` / ``placed_inputs`` name the arguments whose
-    strides / strides and offsets it relied on."""
+    strides / strides and offsets it relied on. ``wrt_values``: values of the
+    trace (intermediates) whose gradients the backward also returns, after the
+    arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py)."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -913,7 +933,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     if trace is not functional:
         tail, epilogue = [], None
     fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
-    split = _build_backward(trace, flat, tracked, mask, handles, groups, owned)
+    split = _build_backward(trace, flat, tracked, mask, handles, groups, owned, wrt_values)
     # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
     # only they read must not be saved
     split.backward = dce(split.backward, keep_writes=True)

@@ -1,0 +1,333 @@
+"""The program's own autograd: ``loss.backward()``, ``torch.autograd.backward``
+and ``torch.autograd.grad`` inside a jitted function: a training step is one
+program (docs/architecture.md §3, and §9 "Backward inside the trace").
+
+A backward is autodiff applied to what the trace computed so far
+(``transforms/autodiff/inline.py``): the symbols recorded since the last
+backward (and those of graphs kept with ``retain_graph=True``) are
+differentiated and replaced by their forward followed by the backward. The
+``.grad`` of each leaf is then a trace value with eager's semantics: created
+when None (fresh memory), accumulated in place into an existing one, set by
+``p.grad = t`` / ``p.grad = None``, read by the optimizer code that follows;
+the epilogue writes the final value back. Once a backward ran, the program
+needs no autograd: it runs under ``no_grad``, and a returned tensor that
+requires grad is eager's tensor whose graph was used (``autodiff.graph_used``).
+
+Eager's errors keep eager's words and name the user's line: a second backward
+through a graph freed by the first, ``element 0 of tensors does not require
+grad``, ``grad can be implicitly created only for scalar outputs``, an unused
+input of ``autograd.grad`` without ``allow_unused``. Refused with the line:
+``create_graph=True``, a backward reaching an input that is not a leaf (its
+graph lies outside the program), ``.grad`` of a tensor made inside the program
+assigned, writes on the gradient path before the backward that
+functionalization cannot express (autodiff/inline.py ``NotInlinable``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from thunderlite.core import dtypes
+from thunderlite.core.aliasing import may_view
+from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.symbol import BoundSymbol
+from thunderlite.frontend.epilogue import Write
+from thunderlite.interpreter import interpret
+from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, free_proxies, graph_of, inline_backward
+from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
+
+_SECOND_BACKWARD = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
+    "already been freed). Saved intermediate values of the graph are freed when you call .backward() or "
+    "autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or "
+    "if you need to access saved tensors after calling backward.")
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+class TracedAutograd:
+    """Backward calls and ``.grad`` of one traced call (see the module docstring)."""
+
+    def __init__(self, hooks):
+        self.hooks = hooks
+        self.state = hooks.state
+        self.trace = hooks.state.trace
+        self.start = 0                           # first symbol no backward differentiated yet
+        self.retained: list[BoundSymbol] = []    # recorded symbols of graphs still alive
+        self.freed: set[str] = set()             # values of graphs a backward used without retain_graph
+        self.grads: dict[str, Any] = {}          # leaf input name -> its .grad now (proxy or None)
+        self.entry_grads: dict[str, Any] = {}    # leaf input name -> its .grad when the call began
+        self.used = False                        # a backward ran: the program runs without autograd
+        self.retain_last = False
+        self.last_backward: list[BoundSymbol] = []
+        self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
+
+    # --- .grad ------------------------------------------------------------------------------
+    def grad_of(self, proxy: TensorProxy) -> Any:
+        """``proxy.grad``: the program's value for an input, None for a value the
+        program made (a non-leaf's ``.grad`` is None in eager)."""
+        if proxy.name in self.grads:
+            return self.grads[proxy.name]
+        inp = self.state.input_by_name(proxy.name)
+        if inp is None:
+            return None
+        return self._entry_grad(inp)
+
+    def _entry_grad(self, inp) -> Any:
+        name = inp.proxy.name
+        if name not in self.entry_grads:
+            prov = inp.prov.attr("grad") if inp.prov is not None else None
+            grad = inp.value.grad
+            if grad is None:
+                if prov is not None:
+                    self.state.add_guard(prov, "eq", None)
+                self.entry_grads[name] = None
+            else:
+                self.entry_grads[name] = self.state.enter(prov, grad)
+        return self.entry_grads[name]
+
+    def set_grad(self, proxy: TensorProxy, value: Any) -> None:
+        """``proxy.grad = value`` inside the program."""
+        inp = self.state.input_by_name(proxy.name)
+        if inp is None or inp.prov is None:
+            raise NotImplementedError(f"thunderlite: assigning .grad of {proxy.name}, a tensor made inside the "
+                                      f"jitted function, is not supported{self._where()}")
+        if value is not None:
+            if type(value) is not TensorProxy:
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type "
+                                f"{type(value).__name__}")
+            if tuple(value.shape) != tuple(proxy.shape):
+                raise RuntimeError("assigned grad has data of a different size")
+            if value.dtype != proxy.dtype:
+                raise RuntimeError("assigned grad has data of a different type")
+        self._entry_grad(inp)
+        self.grads[proxy.name] = value
+
+    def writes(self) -> list[Write]:
+        """The ``.grad`` write-backs: each leaf whose ``.grad`` is not the tensor it began with."""
+        out = []
+        for name, value in self.grads.items():
+            if name in self.entry_grads and value is self.entry_grads[name]:
+                continue
+            inp = self.state.input_by_name(name)
+            out.append(Write("attr", inp.prov, "grad", value))
+        return out
+
+    # --- backward ---------------------------------------------------------------------------
+    def backward(self, tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None,
+                 grad_variables=None) -> None:
+        """``torch.autograd.backward`` (and ``Tensor.backward``) inside the program."""
+        outs = _as_list(tensors)
+        cots = self._cotangents(outs, _as_list(grad_tensors if grad_tensors is not None else grad_variables))
+        self._refuse_create_graph(create_graph)
+        only = None if inputs is None else {p.name for p in _as_list(inputs)}
+        if only and any(self.state.input_by_name(n) is None for n in only):
+            raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
+                                      f"function (not a leaf) is not supported{self._where()}")
+        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), ())
+        reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
+                   and (only is None or a.name in only)]
+        fresh = self._fresh(grads)
+        for a, g in reached:
+            self._accumulate(a, g, fresh)
+        for a, _ in reversed(reached):
+            self._post_accumulate_hooks(a)
+
+    def grad(self, outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+             only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
+        """``torch.autograd.grad`` inside the program: gradients as trace values, no ``.grad`` touched."""
+        wanted = _as_list(inputs)
+        outs = _as_list(outputs)
+        cots = self._cotangents(outs, _as_list(grad_outputs))
+        self._refuse_create_graph(create_graph)
+        if is_grads_batched:
+            raise NotImplementedError(f"thunderlite: torch.autograd.grad(is_grads_batched=True) inside a jitted "
+                                      f"function is not supported{self._where()}")
+        for w in wanted:
+            if type(w) is not TensorProxy or not w.requires_grad:
+                raise RuntimeError("One of the differentiated Tensors does not require grad")
+        args, grads, value_grads = self._differentiate(outs, cots, bool(retain_graph), wanted)
+        by_arg = {a.name: g for a, g in zip(args, grads, strict=True)}
+        result = []
+        for w, vg in zip(wanted, value_grads, strict=True):
+            g = by_arg.get(w.name, vg)
+            if g is None:
+                if materialize_grads:
+                    g = self._call(torch.zeros_like, w)
+                elif not allow_unused:
+                    raise RuntimeError("One of the differentiated Tensors appears to not have been used in the "
+                                       "graph. Set allow_unused=True if this is the desired behavior.")
+            result.append(g)
+        fresh = self._fresh(result)
+        result = [g if g is None or g.name in fresh else self._call(torch.Tensor.clone, g) for g in result]
+        return tuple(result)
+
+    # --- the differentiation ------------------------------------------------------------------
+    def _differentiate(self, outs: list, cots: list, retain: bool, wrt) -> tuple[list, list, list]:
+        segment = self.trace.bound_symbols[self.start:]
+        graph = graph_of(self.retained + segment, outs)
+        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient: it stays as it is
+        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name not in graph]
+        bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
+        if graph & self.freed:
+            raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
+        self._refuse_made_leaves(bsyms, graph)
+        free = free_proxies(bsyms)
+        free_names = {p.name for p in free}
+        args = list(free) + [o for o in outs if o.name not in free_names and not self._defined_in(bsyms, o)]
+        mask = []
+        for a in args:
+            inp = self.state.input_by_name(a.name) if type(a) is TensorProxy else None
+            diff = inp is not None and a.requires_grad and dtypes.is_inexact(a.dtype) and a.name in graph
+            if diff:
+                self._check_leaf(inp)
+            mask.append(diff)
+        defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
+        try:
+            inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
+                                  wrt_values=[w for w in wrt if w.name not in {a.name for a in args}])
+        except NotInlinable as e:
+            raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
+                                      f"{e}{self._where()}") from None
+        self.trace.bound_symbols[self.start:] = flags + inl.forward + inl.backward
+        self.trace.writes += 1
+        self.start = len(self.trace.bound_symbols)
+        if not retain:      # the leaves stay: a later graph starts from them anew
+            inputs = {inp.proxy.name for inp in self.state.inputs}
+            self.freed |= graph - inputs
+        self.retained = [b for b in bsyms if any(o.requires_grad and o.name not in self.freed
+                                                 for o in b.tensor_outs())]
+        self.used = True
+        self.retain_last = retain
+        self.last_backward = inl.backward
+        value_grads = iter(inl.value_grads)
+        arg_names = {a.name for a in args}
+        return args, inl.grads, [None if w.name in arg_names else next(value_grads) for w in wrt]
+
+    def _refuse_made_leaves(self, bsyms, graph: set[str]) -> None:
+        """A leaf the program itself made (``torch.zeros(3, requires_grad=True)``,
+        ``requires_grad_()``) would need a ``.grad`` of its own: refused, named."""
+        for b in bsyms:
+            outs = [o for o in b.tensor_outs() if o.name in graph]
+            if outs and not any(a.name in graph for a in b.tensor_args()):
+                raise NotImplementedError(
+                    f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
+                    f"made inside the function{self._where()}; pass it in as an argument instead")
+            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph:
+                raise NotImplementedError(
+                    f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
+                    f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+
+    @staticmethod
+    def _defined_in(bsyms, p) -> bool:
+        return any(o.name == p.name for b in bsyms for o in b.proxy_outs())
+
+    def _check_leaf(self, inp) -> None:
+        if not inp.value.is_leaf:
+            what = inp.prov.describe() if inp.prov is not None else inp.proxy.name
+            raise NotImplementedError(
+                f"thunderlite: backward() inside the jitted function reaches {what}, a tensor that is not a leaf "
+                f"(its graph lies outside the program){self._where()}; pass it detached, or call backward "
+                "outside the jitted function")
+        if inp.prov is not None and not isinstance(inp.value, torch.nn.Parameter):
+            self.state.add_guard(inp.prov.attr("is_leaf"), "eq", True)
+
+    def _cotangents(self, outs: list, given: list) -> list:
+        if given and len(given) != len(outs):
+            raise RuntimeError(f"grad can be implicitly created only for scalar outputs: got {len(given)} "
+                               f"gradients for {len(outs)} tensors")
+        cots = []
+        for i, o in enumerate(outs):
+            if type(o) is not TensorProxy or not o.requires_grad:
+                if any(b.kwargs.get("requires_grad") for b in self.trace.bound_symbols):
+                    # a factory's proxy does not say that its tensor requires grad
+                    raise NotImplementedError(
+                        f"thunderlite: backward() inside the jitted function of a program that makes a leaf "
+                        f"tensor made inside the function (requires_grad=True){self._where()}; pass it in as an "
+                        "argument instead")
+                raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
+            g = given[i] if given else None
+            if g is None:
+                if o.numel() != 1:
+                    raise RuntimeError("grad can be implicitly created only for scalar outputs")
+                g = self._call(torch.ones_like, o)
+            cots.append(g)
+        return cots
+
+    def _refuse_create_graph(self, create_graph: bool) -> None:
+        if create_graph:
+            raise NotImplementedError(
+                f"thunderlite: create_graph=True (a differentiable backward, for double backward) inside a "
+                f"jitted function is not supported{self._where()}; compute the higher-order gradient outside "
+                "the jitted function")
+
+    # --- .grad of the leaves --------------------------------------------------------------------
+    def _fresh(self, grads) -> set[str]:
+        """Names of gradients made by the backward in memory of their own: one
+        that is a view, a value the forward made, or given to two leaves is
+        copied first (eager's AccumulateGrad never lets two ``.grad`` share memory)."""
+        made = {o.name: b for b in self.last_backward for o in b.tensor_outs()}
+        seen: dict[str, int] = {}
+        for g in grads:
+            if g is not None:
+                seen[g.name] = seen.get(g.name, 0) + 1
+        return {n for n, k in seen.items() if k == 1 and n in made and not may_view(made[n])}
+
+    def _accumulate(self, leaf: TensorProxy, g: TensorProxy, fresh: set[str]) -> None:
+        inp = self.state.input_by_name(leaf.name)
+        self.gradient_of[g.name] = inp.prov.describe() if inp.prov is not None else leaf.name
+        cur = self.grad_of(leaf)
+        if cur is None:
+            self.grads[leaf.name] = g if g.name in fresh else self._call(torch.Tensor.clone, g)
+            return
+        self._call(torch.Tensor.add_, cur, g)
+        self.grads[leaf.name] = cur
+
+    def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:
+        inp = self.state.input_by_name(leaf.name)
+        hooks = getattr(inp.value, "_post_accumulate_grad_hooks", None)
+        if inp.prov is not None:      # registering or removing a hook recompiles
+            path = inp.prov.attr("_post_accumulate_grad_hooks")
+            if hooks is None:
+                self.state.add_guard(path, "eq", None)
+            else:
+                self.state.add_guard(path, "keys", tuple(hooks))
+        for hook in list((hooks or {}).values()):
+            interpret(hook, self.hooks)(leaf)
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def _call(self, fn, *args):
+        return self.hooks.lookaside(fn)(*args)
+
+    def _where(self) -> str:
+        loc = self.hooks.locate()
+        return f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
+
+    def backward_names(self) -> frozenset[str] | None:
+        """The names the program's last backward made (None: it ran none)."""
+        if not self.used:
+            return None
+        return frozenset(p.name for b in self.last_backward for p in b.proxy_outs())
+
+    def returned(self, result: Any) -> Any:
+        """The program's result with each tensor that still requires grad made
+        eager's tensor whose graph the program's backward used (graph_used)."""
+        if not self.used:
+            return result
+
+        def wrap(x):
+            if type(x) is TensorProxy and x.requires_grad:
+                out = x.replace(name=self.trace.fresh_name("t"))
+                self.trace.add_top_level(GRAPH_USED.bind(x, self.retain_last, output=out))
+                return out
+            return x
+        if type(result) in (tuple, list):
+            return type(result)(self.returned(r) for r in result)
+        if type(result) is dict:
+            return {k: self.returned(v) for k, v in result.items()}
+        return wrap(result)
