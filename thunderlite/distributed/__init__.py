@@ -17,8 +17,10 @@ jitted function. Launch on CPU with gloo::
 Also ``from_torch_ddp``/``from_data_parallel`` (``ddp.py``),
 ``from_torch_fsdp2`` (``fsdp2.py``) and ``from_torch_tp`` (``tp.py``, over
 ``views.py``): what ``thunderlite.jit`` compiles for torch's own wrappers
-(DDP, FSDP2's ``fully_shard``, ``parallelize_module``). Its modules may import ``transforms``, the
-torch language and ``core`` (no executor, ``frontend`` or ``api``, which import it).
+(DDP, FSDP2's ``fully_shard``, ``parallelize_module``); ``dtensor.py``:
+``DTensor`` s inside traced programs (``DTensorProxy``, used by ``frontend``).
+Its modules may import ``transforms``, the torch language and ``core`` (no
+executor, ``frontend`` or ``api``, which import it).
 """
 from thunderlite.distributed.ddp import DDPModule, DDPTransform, ddp
 from thunderlite.distributed.fsdp import FSDPModule, FSDPTransform, fsdp, full_state_dict

@@ -332,6 +332,8 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
     kind = node[0]
     if kind == "T":
         return state.tensor_input(value, prov, guard_meta=False, name=name, symbolic_dims=leaf.next_dims())
+    if kind == "DT":
+        return state.tensor_input(value, prov, name=name)      # a DTensor: distributed/dtensor.py
     if kind == "V":
         return value
     if kind == "S":

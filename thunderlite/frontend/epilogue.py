@@ -23,6 +23,8 @@ import torch
 from thunderlite.core.proxies import Proxy
 from thunderlite.core.symexpr import evaluate
 from thunderlite.core.symint import SymInt
+from thunderlite.distributed import dtensor
+from thunderlite.distributed.dtensor import DTensorProxy
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import DELETED, TraceState
 
@@ -74,6 +76,9 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
         return
     if type(x) in _ATOMS or id(x) in seen:
         return
+    if type(x) is DTensorProxy:
+        proxies_in(x.local, out, seen)
+        return
     seen.add(id(x))
     if isinstance(x, (tuple, list)):
         for y in x:
@@ -123,6 +128,8 @@ class Template:
         t = type(x)
         if t in _ATOMS or id(x) in self.external:
             return x
+        if t is DTensorProxy:
+            return dtensor.materialize(x, env[x.local.name])
         if id(x) in memo:
             return memo[id(x)]
         if t is tuple:

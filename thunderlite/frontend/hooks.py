@@ -24,6 +24,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
+from thunderlite.distributed import dtensor
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
@@ -127,10 +128,12 @@ class TracingHooks(InterpreterHooks):
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
         if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
+            if fn is dtensor.dtensor_type().from_local:
+                return self.recording(self._dtensor_from_local)
             raise self.dtensor_refused(fn)
         sym = symbol_for(fn)
         if sym is not None:
-            return self.recording(sym)
+            return self.recording(sym, torch_fn=fn)
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and fn.__name__ == "apply":
             return self.recording(function_symbol(owner))   # traced forward; the user's backward is its VJP
@@ -146,8 +149,11 @@ class TracingHooks(InterpreterHooks):
             return self.lookaside(fn.__wrapped__)
         return None
 
-    def recording(self, fn: Callable) -> Callable:
-        """Call ``fn`` natively, stamping the user's line on the symbols it records."""
+    def recording(self, fn: Callable, torch_fn: Callable | None = None) -> Callable:
+        """Call ``fn`` natively, stamping the user's line on the symbols it records.
+        ``torch_fn``: the torch callable ``fn`` stands for, which a call on
+        ``DTensor`` proxies runs on meta ``DTensor`` s to ask torch's sharding
+        propagation (distributed/dtensor.py)."""
         def call(*args, **kwargs):
             if isinstance(fn, _BoundMethod) and getattr(fn.fn, "name", None) in _DATA_DEPENDENT_METHODS:
                 raise self.data_dependent(f".{fn.fn.name}()")
@@ -157,13 +163,19 @@ class TracingHooks(InterpreterHooks):
             if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
                 args, kwargs = self._capture_constants(args, kwargs)
             try:
-                if torch._C._is_any_autocast_enabled():
+                if torch_fn is not None and dtensor.has_dtensor(args, kwargs):
+                    out = dtensor.dispatch(torch_fn, fn, args, kwargs, getattr(torch_fn, "__qualname__", str(fn)))
+                elif torch._C._is_any_autocast_enabled():
                     f, args, kwargs = autocast.cast_inputs(fn, args, kwargs)
                     out = f(*args, **kwargs)
                 else:
                     out = fn(*args, **kwargs)
             except DataDependentError as e:
                 raise self.located(e) from None
+            except dtensor.DTensorRefused as e:
+                if str(e).startswith("thunderlite cannot trace"):
+                    raise
+                raise dtensor.DTensorRefused(f"thunderlite cannot trace {e} (at {self._where()})") from None
             if not self.grad_enabled:
                 self._drop_requires_grad(n)
             return out
@@ -248,6 +260,14 @@ class TracingHooks(InterpreterHooks):
             f"numpy arrays are not traced: {what} at {where}. Write it with torch operations "
             "(most numpy functions have a torch namesake), or do the numpy work outside the "
             "jitted function and pass tensors in.")
+
+    def _dtensor_from_local(self, local: Any, device_mesh: Any = None, *args, **kwargs):
+        """``DTensor.from_local`` while tracing: the mesh is guarded by identity
+        where the program read it from (an argument, a global)."""
+        prov = self.state.prov_of.get(id(device_mesh))
+        if prov is not None:
+            self.state.add_guard(prov, "is", device_mesh)
+        return dtensor.from_local(local, device_mesh, *args, **kwargs)
 
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
@@ -461,7 +481,7 @@ def _has_proxy(values) -> bool:
 
 
 _INTERNAL = ("thunderlite.core.", "thunderlite.torch.", "thunderlite.frontend.", "thunderlite.executors.",
-             "thunderlite.transforms.", "thunderlite.interpreter.")
+             "thunderlite.transforms.", "thunderlite.interpreter.", "thunderlite.distributed.dtensor.")
 
 
 def _is_thunderlite_internal(fn) -> bool:

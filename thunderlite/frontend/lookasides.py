@@ -5,7 +5,8 @@ must answer as they would for the real tensor; a traced number (``NumberProxy``,
 ``SymInt``) for the Python number it stands for: ``isinstance(n, float)``,
 ``int(n)``, ``round(n)``, ``math.sqrt(n)``, ``n == 3`` are recorded
 (torch/ops/numbers.py), and ``str(n)``/``f"{n}"``, which need the value, raise
-``DataDependentError`` with the user's line."""
+``DataDependentError`` with the user's line. A ``DTensorProxy`` answers as
+the ``DTensor`` it stands for."""
 from __future__ import annotations
 
 import builtins
@@ -18,6 +19,7 @@ import torch
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import SymInt
+from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
 from thunderlite.torch.ops import numbers
@@ -58,6 +60,8 @@ class Lookasides:
             return _matches(proxy_type(obj, self.params), cls) or _matches(TensorProxy, cls)
         if t is NumberProxy or t is SymInt:
             return _matches(numbers.python_type(obj), cls) or _matches(t, cls)
+        if t is DTensorProxy:
+            return _matches(dtensor_type(), cls) or _matches(t, cls)
         return isinstance(obj, cls)
 
     def type_(self, *args):
@@ -67,6 +71,8 @@ class Lookasides:
                 return proxy_type(args[0], self.params)
             if t is NumberProxy or t is SymInt:
                 return numbers.python_type(args[0])
+            if t is DTensorProxy:
+                return dtensor_type()
         return type(*args)
 
     def number_function(self, fn: Callable, traced: Callable, *args, **kwargs):
@@ -82,7 +88,7 @@ class Lookasides:
 
     @staticmethod
     def is_tensor(obj: Any) -> bool:
-        return type(obj) is TensorProxy or torch.is_tensor(obj)
+        return type(obj) in (TensorProxy, DTensorProxy) or torch.is_tensor(obj)
 
     def set_grad_enabled(self, mode: bool) -> None:
         self.hooks.set_grad_enabled(bool(mode))

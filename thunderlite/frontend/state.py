@@ -14,7 +14,6 @@ the prologue/epilogue builders read afterwards:
 """
 from __future__ import annotations
 
-import sys
 import types
 from collections import OrderedDict
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.distributed import dtensor
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
 
@@ -134,12 +134,15 @@ class TraceState:
         dims or ``ALL_DIMS``): those of size 2 or more become size symbols, trace
         inputs read from ``t.shape`` on every call."""
         proxy = self.proxy_of.get(id(t))
+        if proxy is not None and id(t) not in self.input_of:
+            return proxy            # a DTensor met again
         if proxy is not None:
             self._guard_same_tensor(self.input_of[id(t)], prov if prov is not None else self.prov_of.get(id(t)))
             return proxy
         if prov is None:
             prov = self.prov_of.get(id(t))     # reached by iteration: its registered module path
-        _refuse_dtensor(t, prov)
+        if dtensor.is_dtensor(t):
+            return self._dtensor_input(t, prov, name)
         name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
         proxy = proxy_of_tensor(t, name=name)
         if symbolic_dims and prov is not None and self.shape_env is not None:
@@ -152,6 +155,23 @@ class TraceState:
         if isinstance(t, torch.nn.Parameter):
             self.parameters.add(proxy.name)
         return proxy
+
+    def _dtensor_input(self, t: torch.Tensor, prov: Prov | None, name: str | None):
+        """A ``DTensor`` entering the program: its local tensor is the trace input
+        (unpacked and its metadata guarded on every call), its placements and mesh
+        are guarded (distributed/dtensor.py)."""
+        if prov is None:
+            raise dtensor.DTensorRefused(
+                f"thunderlite cannot trace a DTensor (placements {tuple(t.placements)}) the program reached "
+                "without a path the next call could take again: pass it as an argument or a module attribute")
+        local = self.tensor_input(t._local_tensor, prov.attr("_local_tensor"), guard_meta=True,
+                                  name=f"{name}_local" if name else None)
+        self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
+        self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
+        p = dtensor.of_input(t, local, prov.describe())
+        self.proxy_of[id(t)] = p
+        self._alive.append(t)
+        return p
 
     def _symbolic_shape(self, t: torch.Tensor, prov: Prov, name: str, dims) -> tuple:
         shape = list(t.shape)
@@ -242,20 +262,6 @@ class TraceState:
         self.mirrors_by_copy[id(copy)] = m
         self._alive += [container, copy]
         return copy
-
-
-def _refuse_dtensor(t: torch.Tensor, prov: Prov | None) -> None:
-    """A DTensor's ops run sharding propagation and collectives inside torch's
-    dispatcher, which a trace of its local tensor would not: refuse it by name."""
-    tensor_mod = sys.modules.get("torch.distributed.tensor")       # no DTensor exists before it is imported
-    if tensor_mod is None or not isinstance(t, tensor_mod.DTensor):
-        return
-    where = prov.describe() if prov is not None else "a tensor the program reached"
-    raise NotImplementedError(
-        f"thunderlite cannot trace the DTensor {where} (placements {tuple(t.placements)}): DTensor inputs and "
-        "parameters (tensor parallelism: parallelize_module, distribute_tensor) are not supported. Models "
-        "sharded by fully_shard (FSDP2) are compiled when fully_shard was applied to the module given to "
-        "thunderlite.jit; otherwise run the DTensor code eagerly and jit the functions on local tensors.")
 
 
 def _item_prov(prov: Prov | None, key) -> Prov | None:

@@ -390,3 +390,142 @@ def sharded_models_match_single_process(rank: int, world: int, store: str) -> No
     with _group(rank, world, store):
         fsdp_matches_single_process(rank, world, store)
         dtensor_models_under_jit_match_single_process(rank, world, store)
+
+
+def _same_dtensor(out, ref) -> None:
+    assert type(out) is type(ref), (type(out), type(ref))
+    assert tuple(out.placements) == tuple(ref.placements) and out.shape == ref.shape, (out, ref)
+    torch.testing.assert_close(out.to_local(), ref.to_local())
+
+
+def dtensor_program_checks(world: int) -> None:
+    """DTensor arguments and ``DTensor.from_local`` inside jitted functions (no
+    grad) against eager DTensor, and the collectives in ``last_traces``. Runs on
+    any world size (one rank in-process, two spawned)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+
+    from thunderlite.distributed.dtensor import DTensorRefused
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(7)
+    a_full, b_full = torch.randn(4 * world, 6, generator=g), torch.randn(6, 2 * world, generator=g)
+    r_full = torch.randn(4 * world, 6, generator=g)
+    a = distribute_tensor(a_full, mesh, [Shard(0)])
+    a1 = distribute_tensor(a_full, mesh, [Shard(1)]) if 6 % world == 0 else None
+    b = distribute_tensor(b_full, mesh, [Shard(0)]) if 6 % world == 0 else None
+    r = distribute_tensor(r_full, mesh, [Replicate()])
+
+    def traced(jf) -> str:
+        return str(thunderlite.last_traces(jf)[-1])
+
+    def elementwise(x, y):                       # Shard(0) with Shard(0) and Replicate (sliced locally)
+        return torch.relu(x * 2 + y).neg() + 1
+    je = thunderlite.jit(elementwise)
+    _same_dtensor(je(a, a), elementwise(a, a))
+    _same_dtensor(je(a, r), elementwise(a, r))
+    assert "dist." not in traced(je), traced(je)   # elementwise on shards: no communication
+
+    def matmul(x, w):                            # Shard(0) @ Shard(0): propagation gathers w
+        return x @ w
+    if b is not None:
+        jm = thunderlite.jit(matmul)
+        _same_dtensor(jm(a, b), matmul(a, b))
+        if world > 1:
+            assert "dist.all_gather(" in traced(jm), traced(jm)
+
+    def linear(x, w, bias):                      # DTensor runs it as t + mm/addmm: replayed op by op
+        return torch.nn.functional.linear(x, w), torch.nn.functional.linear(x, w, bias)
+    x_rep = distribute_tensor(torch.randn(3, 6, generator=g), mesh, [Replicate()])
+    w_col = distribute_tensor(torch.randn(2 * world, 6, generator=g), mesh, [Shard(0)])
+    bias = distribute_tensor(torch.randn(2 * world, generator=g), mesh, [Shard(0)])
+    jli = thunderlite.jit(linear)
+    for got, want in zip(jli(x_rep, w_col, bias), linear(x_rep, w_col, bias), strict=True):
+        _same_dtensor(got, want)
+
+    def total(x):                                # sum of shards: Partial, then all-reduced
+        s = x.sum()
+        return s, s.full_tensor()
+    jt = thunderlite.jit(total)
+    (s, full), (rs, rfull) = jt(a), total(a)
+    _same_dtensor(s, rs)
+    assert isinstance(s.placements[0], Partial)
+    torch.testing.assert_close(full, rfull)
+    if world > 1:
+        assert "dist.all_reduce(" in traced(jt), traced(jt)
+
+    def reshard(x, m):                           # explicit redistributions
+        assert isinstance(x, DTensor) and x.shape == (4 * world, 6)   # a DTensor, global metadata
+        rep = x.redistribute(m, [Replicate()])
+        back = rep.redistribute(m, [Shard(1)])
+        return rep, back, x.redistribute(m, [Shard(1)])
+    jr = thunderlite.jit(reshard)
+    for got, want in zip(jr(a, mesh), reshard(a, mesh), strict=True):
+        _same_dtensor(got, want)
+    if world > 1:
+        assert "dist.all_gather(" in traced(jr) and "narrow" in traced(jr), traced(jr)
+
+    def partial_to_shard(x, w, m):               # Shard(1) @ Shard(0) is a Partial sum: reduce-scattered
+        p = x @ w
+        return p.redistribute(m, [Shard(0)]), p.redistribute(m, [Shard(1)])
+    if a1 is not None:
+        jp = thunderlite.jit(partial_to_shard)
+        for got, want in zip(jp(a1, b, mesh), partial_to_shard(a1, b, mesh), strict=True):
+            _same_dtensor(got, want)
+        if world > 1:
+            assert "dist.reduce_scatter(" in traced(jp), traced(jp)
+
+    def round_trip(t, m):                        # from_local / to_local / full_tensor
+        d = DTensor.from_local(t * 2, m, [Shard(0)])
+        return (d + 1).to_local(), d.full_tensor(), d
+    local = a.to_local().clone()
+    jl = thunderlite.jit(round_trip)
+    got, want = jl(local, mesh), round_trip(local, mesh)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    _same_dtensor(got[2], want[2])
+    got = jl(local + 1, mesh)                    # a second call: the cached program
+    torch.testing.assert_close(got[1], round_trip(local + 1, mesh)[1])
+
+    # the prologue guards the placements: a Replicate argument is a new program
+    def index(x):                                # indexing and .T: propagation gathers the indexed dim
+        return x[1:3], x[:, 2], x.T
+    ji = thunderlite.jit(index)
+    for got, want in zip(ji(a), index(a), strict=True):
+        _same_dtensor(got, want)
+
+    jn = thunderlite.jit(lambda x: x * 3)
+    _same_dtensor(jn(a), a * 3)
+    _same_dtensor(jn(r), r * 3)
+
+    # refused by name: gradients, per-shard view sizes, uneven shards, random ops, mixing with plain tensors
+    for bad, match in ((lambda x: torch.nn.functional.dropout(x, 0.5), "random numbers per shard"),
+                       (lambda x: x + torch.ones(4 * world, 6), "mixed torch.Tensor and DTensor")):
+        try:
+            thunderlite.jit(bad)(a)
+            raise AssertionError(f"{match}: traced")
+        except DTensorRefused as e:
+            assert match in str(e), e
+    if world > 1:
+        uneven = distribute_tensor(torch.randn(2 * world + 1, 2), mesh, [Shard(0)])
+        try:
+            thunderlite.jit(lambda x: x * 2)(uneven)
+            raise AssertionError("an unevenly sharded DTensor was traced")
+        except DTensorRefused as e:
+            assert "unevenly sharded" in str(e), e
+    leaf = distribute_tensor(a_full.clone().requires_grad_(), mesh, [Shard(0)])
+    try:
+        thunderlite.jit(lambda x: x * 2)(leaf)
+        raise AssertionError("a DTensor needing grad was traced")
+    except DTensorRefused as e:
+        assert "gradients" in str(e) and "argument 0" in str(e), e
+    with torch.no_grad():                        # inference on parameters that require grad
+        _same_dtensor(thunderlite.jit(lambda x: x * 2)(leaf), leaf * 2)
+    try:
+        thunderlite.jit(lambda x: x.view(-1))(a1 if a1 is not None else a)
+        raise AssertionError("a view with global sizes was traced")
+    except DTensorRefused as e:
+        assert "view" in str(e) and "lambda" in str(e), e
+
+
+def dtensor_programs_match_eager(rank: int, world: int, store: str) -> None:
+    with _group(rank, world, store):
+        dtensor_program_checks(world)

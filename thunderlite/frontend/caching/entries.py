@@ -186,6 +186,8 @@ def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None
     if _TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
         return None
     g = walk_signature(sig, None, KeyGen(fail="_MISS"))
+    if any(kind == "DT" for _, kind in g.values):
+        return None             # a DTensor's key is its spec, not its identity
     tensors = [v for v, _ in g.tensors]
     made = []
     checks = []

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from thunderlite.core import codegen
+from thunderlite.distributed.dtensor import is_dtensor
 from thunderlite.frontend.autocast import autocast_state
 
 # hashable scalars keyed by value (slices are unhashable before Python 3.12)
@@ -45,8 +46,10 @@ def describe(args: tuple, kwargs: dict, symbolic_numbers: bool = False) -> tuple
 
 def _describe(x: Any, symbolic: bool) -> tuple:
     t = type(x)
-    if isinstance(x, torch.Tensor):
+    if t is torch.Tensor or t is torch.nn.Parameter:
         return ("T", t)
+    if isinstance(x, torch.Tensor):
+        return ("DT", t) if is_dtensor(x) else ("T", t)
     if t in VALUE_TYPES:
         return ("S", t) if symbolic and t in SYMBOLIC_TYPES else ("V", t)
     if t is tuple or t is list:
@@ -134,6 +137,11 @@ class KeyGen:
             for attr in ("dtype", "device", "requires_grad"):
                 self.part(f"{v}.{attr}", f"{path}.{attr}")
             self.tensors.append((v, path))
+        elif kind == "DT":       # a DTensor: its spec (the prologue guards its local tensor)
+            for attr in ("shape", "dtype", "requires_grad", "placements"):
+                self.part(f"{v}.{attr}", f"{path}.{attr}")
+            self.part(f"id({v}.device_mesh)", f"the device mesh of {path}")
+            self.values.append((v, kind))
         elif kind == "V":
             self.part(v, path)
             self.values.append((v, kind))
