@@ -1,0 +1,156 @@
+"""Bounded all-gather prefetch (issue 28, transforms/schedule_collectives.py):
+FSDP's gathers are issued one layer ahead of their use, not all at the top of
+the forward, so at most two layers' full parameters are alive at once, in the
+forward and in the backward's re-gathers; gradients' reduce-scatters are still
+issued as soon as ready, in trace order. Checked on the final traces of
+``thunderlite.distributed.fsdp`` and of torch's ``fully_shard`` (FSDP2) on a
+one-rank gloo group, against eager for values and gradients."""
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import thunderlite
+from thunderlite.core.trace import Trace
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available in this build")
+LAYERS, WIDTH = 5, 16
+
+
+@pytest.fixture
+def one_rank_mesh():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    from torch.distributed.device_mesh import init_device_mesh
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        try:
+            yield init_device_mesh("cpu", (1,))
+        finally:
+            dist.destroy_process_group()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = torch.nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[_Block() for _ in range(LAYERS)])
+
+
+def _gathers(trace: Trace) -> list[dict]:
+    """Each all-gather of ``trace`` (in order): its issue position, the position
+    of its wait, of its *use* (the first symbol reading the gathered value, or a
+    view or cast of it, together with anything else), the last position reading
+    any of those values (where it dies: its ``del`` or the return) and its size."""
+    bsyms = trace.bound_symbols
+    out = []
+    for i, b in enumerate(bsyms):
+        if b.sym.name != "all_gather":
+            continue
+        names = {p.name for p in b.proxy_outs()}
+        g = dict(issue=i, wait=None, use=None, last=i, numel=b.output.numel())
+        for j in range(i + 1, len(bsyms)):
+            args = {p.name for p in bsyms[j].proxy_args()}
+            if not args & names:
+                continue
+            g["last"] = j
+            if bsyms[j].sym.name == "wait":
+                g["wait"] = j
+            if g["use"] is None and bsyms[j].sym.name != "del":
+                if args <= names and bsyms[j].sym.name not in ("all_gather", "all_reduce", "reduce_scatter"):
+                    names.update(p.name for p in bsyms[j].proxy_outs())
+                else:
+                    g["use"] = j
+        out.append(g)
+    return out
+
+
+def _check_bounded(trace: Trace, layer_numel: int) -> None:
+    gathers = _gathers(trace)
+    assert len(gathers) >= 2 * LAYERS - 2, str(trace)
+    assert all(g["wait"] is not None and g["use"] is not None for g in gathers)
+    uses = sorted({g["use"] for g in gathers})
+    groups = [[g for g in gathers if g["use"] == u] for u in uses]
+    for prev, group in zip(groups, groups[1:], strict=False):
+        for g in group:        # issued after the previous group was waited for, before its own use
+            assert max(p["wait"] for p in prev) < g["issue"] < g["use"], str(trace)
+    for i in range(len(trace.bound_symbols)):
+        in_flight = {g["use"] for g in gathers if g["issue"] <= i < g["use"]}
+        assert len(in_flight) <= 2, f"{len(in_flight)} groups of gathers in flight at {i}:\n{trace}"
+        alive = sum(g["numel"] for g in gathers if g["issue"] <= i <= g["last"])
+        assert alive <= 2 * layer_numel, f"{alive} gathered elements alive at {i} (one layer: {layer_numel})"
+    assert sum(g["numel"] for g in gathers) > 2 * layer_numel      # the bound is one: all at once would break it
+
+
+def _issues(trace: Trace, name: str) -> list[str]:
+    return [b.proxy_args()[0].name for b in trace.bound_symbols if b.sym.name == name]
+
+
+def _check_issue_order(traces: list[Trace], forward: bool) -> None:
+    """Reduce-scatters keep their trace order and are not held back by the
+    prefetch; the forward's gathers keep the program's order."""
+    k = next(i for i, t in enumerate(traces) if t.stage == "schedule_collectives")
+    before, final = traces[k - 1], traces[-1]
+    kinds = ("all_gather", "reduce_scatter") if forward else ("reduce_scatter",)
+    for kind in kinds:
+        assert _issues(final, kind) == _issues(before, kind), kind
+    if not forward:
+        first_rs = next(i for i, b in enumerate(final.bound_symbols) if b.sym.name == "reduce_scatter")
+        gathers = [i for i, b in enumerate(final.bound_symbols) if b.sym.name == "all_gather"]
+        assert first_rs < gathers[1], "a gradient's reduce-scatter waited behind the gather prefetch"
+
+
+def _train_and_compare(jm, model, ref, x) -> None:
+    out = jm(x)
+    torch.testing.assert_close(out, ref(x))
+    out.square().mean().backward()
+    ref(x).square().mean().backward()
+    for (n, p), r in zip(model.named_parameters(), ref.parameters(), strict=True):
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        torch.testing.assert_close(g.reshape(r.shape) if g.numel() == r.numel() else g[:r.numel()].view(r.shape),
+                                   r.grad, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_fsdp_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
+    from thunderlite.distributed import fsdp
+    ref = _net()
+    model = fsdp(copy.deepcopy(ref))
+    jm = thunderlite.jit(model)
+    _train_and_compare(jm, model, ref, torch.randn(3, WIDTH))
+    linear = WIDTH * 2 * WIDTH + 2 * WIDTH       # the largest linear: each is a group of its own
+    _check_bounded(thunderlite.last_traces(jm)[-1], linear)
+    _check_bounded(thunderlite.last_backward_traces(jm)[-1], linear)
+    _check_issue_order(thunderlite.last_traces(jm), forward=True)
+    _check_issue_order(thunderlite.last_backward_traces(jm), forward=False)
+
+
+def test_fsdp2_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
+    from torch.distributed.fsdp import fully_shard
+    ref = _net()
+    model = copy.deepcopy(ref)
+    for block in model:
+        fully_shard(block, mesh=one_rank_mesh)
+    fully_shard(model, mesh=one_rank_mesh)
+    jm = thunderlite.jit(model)
+    _train_and_compare(jm, model, ref, torch.randn(3, WIDTH))
+    linear = WIDTH * 2 * WIDTH + 2 * WIDTH
+    _check_bounded(thunderlite.last_traces(jm)[-1], linear)
+    _check_bounded(thunderlite.last_backward_traces(jm)[-1], linear)
+    _check_issue_order(thunderlite.last_traces(jm), forward=True)
+    _check_issue_order(thunderlite.last_backward_traces(jm), forward=False)
