@@ -105,10 +105,17 @@ class FSDPTransform(Transform):
     def __init__(self, module: FSDPModule):
         self.module = module
         self._shards: set[str] = set()
+        self._units: dict[str, str] = {}
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
-        ids = {id(p) for n, p in self.module.module.named_parameters() if n.rsplit(".", 1)[-1].startswith(SHARD_PREFIX)}
-        self._shards = {name for name, v in values.items() if id(v) in ids}
+        unit = {id(p): mname for mname, m in self.module.module.named_modules()
+                for n, p in m._parameters.items() if n.startswith(SHARD_PREFIX)}
+        self._units = {name: unit[id(v)] for name, v in values.items() if id(v) in unit}
+        self._shards = set(self._units)
+
+    def prefetch_units(self) -> dict[str, str]:
+        """A module's parameters are gathered together (its shards' unit: the module)."""
+        return self._units
 
     def after_autodiff(self, forward: Trace, backward: Trace) -> tuple[Trace, Trace]:
         if not self.module.reshard_after_forward or not self._shards:

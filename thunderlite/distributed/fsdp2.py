@@ -147,8 +147,8 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
     root_state._lazy_init()                    # what FSDP2's first forward does: the root is known, shards final
     views: dict[int, torch.nn.Module] = {}
     reshard_leaves: list[torch.nn.Parameter] = []
-    sharded: dict[int, tuple[Any, Any]] = {}   # id(module) -> (state, {name: fsdp_param})
-    for m in model.modules():
+    sharded: dict[int, tuple[Any, Any]] = {}   # id(module) -> (state, {name: (fsdp_param, group, unit)})
+    for unit, m in model.named_modules():
         if not isinstance(m, FSDPModule):
             continue
         state = fully_shard.state(m)
@@ -168,17 +168,19 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
                             "only dim-0 sharding is translated")
                 if fp.offload_to_cpu:
                     _refuse("offload_policy=CPUOffloadPolicy()", "it keeps shards on the CPU and steps there")
-                sharded.setdefault(id(info.module), (state, {}))[1][info.param_name] = (fp, pg)
+                sharded.setdefault(id(info.module), (state, {}))[1][info.param_name] = (fp, pg, unit)
+    units: dict[int, str] = {}                 # id(leaf) -> the FSDP module gathering it (its prefetch unit)
     for m in model.modules():
-        views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves)
+        views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves, units)
     link_children(model, views)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             _mp_hooks(views[id(m)], fully_shard.state(m)._mp_policy)
-    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves),))
+    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves, units),))
 
 
-def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list) -> torch.nn.Module:
+def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list,
+          units: dict[int, str]) -> torch.nn.Module:
     """``m`` without FSDP: its class minus the mixin, no FSDP hooks, and each
     sharded parameter a leaf on the local shard read through a gathering property."""
     params = entry[1] if entry else {}
@@ -193,7 +195,7 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
     gathers = {n: property(lambda self, n=n: _gathered(self, n)) for n in params}
     v = view_of(m, view_class(orig, gathers), drop_hooks=isinstance(m, fsdp_module))
     specs = {}
-    for name, (fp, pg) in params.items():
+    for name, (fp, pg, unit) in params.items():
         if not len(fp._orig_size):
             _refuse(f"the 0-dim parameter {name!r}", "it cannot be sharded on dim 0")
         pd = fp.param_dtype or fp.orig_dtype
@@ -202,6 +204,7 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
             _refuse(f"reduce_dtype={rd} with param_dtype={pd} for {name!r}",
                     "the gradient would be reduced in a third dtype")
         leaf = local_leaf(m, name)
+        units[id(leaf)] = unit
         del v._parameters[name]
         v._parameters[SHARD_PREFIX + name] = leaf
         mi = pg.mesh_info
@@ -223,14 +226,21 @@ def fsdp_state_hooks(m: torch.nn.Module) -> list:
 
 
 class FSDP2Transform(Transform):
-    """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after forward."""
+    """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after
+    forward; gathers each FSDP module's parameters as one prefetch group."""
 
-    def __init__(self, leaves: list[torch.nn.Parameter]):
+    def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str]):
         self._ids = {id(p) for p in leaves}
+        self._unit_of = units
         self._shards: set[str] = set()
+        self._units: dict[str, str] = {}
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
         self._shards = {name for name, v in values.items() if id(v) in self._ids}
+        self._units = {name: self._unit_of[id(v)] for name, v in values.items() if id(v) in self._unit_of}
+
+    def prefetch_units(self) -> dict[str, str]:
+        return self._units
 
     def after_autodiff(self, forward, backward):
         if not self._shards:

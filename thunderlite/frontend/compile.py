@@ -47,7 +47,7 @@ from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
-from thunderlite.transforms.user import apply_after_autodiff, apply_hook
+from thunderlite.transforms.user import apply_after_autodiff, apply_hook, prefetch_units
 from thunderlite.transforms.whole_step import drop_autograd_markers, schedule_updates
 
 INTERPRETATION_STAGE = "interpretation"
@@ -499,7 +499,7 @@ def finalize(trace: Trace, executors: list, groups, steps: list | None = None, t
     t = _record(steps, _step(claim_executors, trace, executors, input_alias_groups=groups), trace)
     t = _record(steps, _step(update_aliases, t, groups), t)
     t = _record(steps, _step(dce, t, groups), t)
-    t = _record(steps, _step(schedule_collectives, t, groups), t)
+    t = _record(steps, _step(schedule_collectives, t, groups, prefetch_units(transforms)), t)
     t = apply_hook(transforms, "after_claiming", t, steps)
     t = _record(steps, _step(del_last_used, t), t)
     return _record(steps, _step(box_inputs, t), t)

@@ -53,18 +53,28 @@ def _net() -> torch.nn.Module:
     return torch.nn.Sequential(*[_Block() for _ in range(LAYERS)])
 
 
-def _gathers(trace: Trace) -> list[dict]:
-    """Each all-gather of ``trace`` (in order): its issue position, the position
-    of its wait, of its *use* (the first symbol reading the gathered value, or a
-    view or cast of it, together with anything else), the last position reading
-    any of those values (where it dies: its ``del`` or the return) and its size."""
+def _shard_read(bsyms: list, i: int) -> str:
+    """The name of the shard all-gather ``i`` gathers (walking back its views and casts)."""
+    producer = {p.name: b for b in bsyms for p in b.proxy_outs()}
+    name = bsyms[i].proxy_args()[0].name
+    while "_fsdp_shard_" not in name:
+        name = producer[name].proxy_args()[0].name
+    return name
+
+
+def _gathers(trace: Trace, unit) -> list[dict]:
+    """Each all-gather of ``trace`` (in order): its unit (``unit`` of the shard's
+    name), its issue position, the position of its wait, of its *use* (the first
+    symbol reading the gathered value, or a view or cast of it, together with
+    anything else), the last position reading any of those values (where it
+    dies: its ``del`` or the return) and its size."""
     bsyms = trace.bound_symbols
     out = []
     for i, b in enumerate(bsyms):
         if b.sym.name != "all_gather":
             continue
         names = {p.name for p in b.proxy_outs()}
-        g = dict(issue=i, wait=None, use=None, last=i, numel=b.output.numel())
+        g = dict(unit=unit(_shard_read(bsyms, i)), issue=i, wait=None, use=None, last=i, numel=b.output.numel())
         for j in range(i + 1, len(bsyms)):
             args = {p.name for p in bsyms[j].proxy_args()}
             if not args & names:
@@ -81,21 +91,26 @@ def _gathers(trace: Trace) -> list[dict]:
     return out
 
 
-def _check_bounded(trace: Trace, layer_numel: int) -> None:
-    gathers = _gathers(trace)
+def _check_bounded(trace: Trace, unit, unit_numel: int) -> None:
+    """Gathers go by unit (a module), one unit ahead: each unit's gathers are
+    issued after the previous unit was waited for and before their use; at most
+    two units are in flight (issued, not yet all used), and at most two units'
+    gathered elements are alive at any point of the trace."""
+    gathers = _gathers(trace, unit)
     assert len(gathers) >= 2 * LAYERS - 2, str(trace)
     assert all(g["wait"] is not None and g["use"] is not None for g in gathers)
-    uses = sorted({g["use"] for g in gathers})
-    groups = [[g for g in gathers if g["use"] == u] for u in uses]
+    units = sorted({g["unit"] for g in gathers}, key=lambda u: min(g["use"] for g in gathers if g["unit"] == u))
+    groups = [[g for g in gathers if g["unit"] == u] for u in units]
     for prev, group in zip(groups, groups[1:], strict=False):
-        for g in group:        # issued after the previous group was waited for, before its own use
-            assert max(p["wait"] for p in prev) < g["issue"] < g["use"], str(trace)
+        first_wait = min(p["wait"] for p in prev)
+        for g in group:
+            assert first_wait < g["issue"] < g["use"], str(trace)
     for i in range(len(trace.bound_symbols)):
-        in_flight = {g["use"] for g in gathers if g["issue"] <= i < g["use"]}
-        assert len(in_flight) <= 2, f"{len(in_flight)} groups of gathers in flight at {i}:\n{trace}"
+        in_flight = {g["unit"] for g in gathers if g["issue"] <= i < g["use"]}
+        assert len(in_flight) <= 2, f"{len(in_flight)} units of gathers in flight at {i}:\n{trace}"
         alive = sum(g["numel"] for g in gathers if g["issue"] <= i <= g["last"])
-        assert alive <= 2 * layer_numel, f"{alive} gathered elements alive at {i} (one layer: {layer_numel})"
-    assert sum(g["numel"] for g in gathers) > 2 * layer_numel      # the bound is one: all at once would break it
+        assert alive <= 2 * unit_numel, f"{alive} gathered elements alive at {i} (one unit: {unit_numel})"
+    assert sum(g["numel"] for g in gathers) > 2 * unit_numel      # the bound is one: all at once would break it
 
 
 def _issues(trace: Trace, name: str) -> list[str]:
@@ -110,10 +125,17 @@ def _check_issue_order(traces: list[Trace], forward: bool) -> None:
     kinds = ("all_gather", "reduce_scatter") if forward else ("reduce_scatter",)
     for kind in kinds:
         assert _issues(final, kind) == _issues(before, kind), kind
-    if not forward:
-        first_rs = next(i for i, b in enumerate(final.bound_symbols) if b.sym.name == "reduce_scatter")
-        gathers = [i for i, b in enumerate(final.bound_symbols) if b.sym.name == "all_gather"]
-        assert first_rs < gathers[1], "a gradient's reduce-scatter waited behind the gather prefetch"
+    bsyms = final.bound_symbols
+    producer = {p.name: i for i, b in enumerate(bsyms) for p in b.proxy_outs()}
+    ready = -1
+    for i, b in enumerate(bsyms):         # issued as soon as its input and the previous one are
+        if b.sym.name != "reduce_scatter":
+            continue
+        ready = max(ready, producer[b.proxy_args()[0].name])
+        between = {x.sym.name for x in bsyms[ready + 1:i]}
+        assert between <= {"all_gather", "reduce_scatter", "all_reduce", "del"}, \
+            f"reduce-scatter at {i} held back behind {between}"
+        ready = i
 
 
 def _train_and_compare(jm, model, ref, x) -> None:
@@ -133,9 +155,11 @@ def test_fsdp_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
     model = fsdp(copy.deepcopy(ref))
     jm = thunderlite.jit(model)
     _train_and_compare(jm, model, ref, torch.randn(3, WIDTH))
-    linear = WIDTH * 2 * WIDTH + 2 * WIDTH       # the largest linear: each is a group of its own
-    _check_bounded(thunderlite.last_traces(jm)[-1], linear)
-    _check_bounded(thunderlite.last_backward_traces(jm)[-1], linear)
+    def linear(shard: str) -> str:       # fsdp's unit: the module holding the parameter
+        return shard.split("__fsdp_shard_")[0]
+    largest = WIDTH * 2 * WIDTH + 2 * WIDTH
+    _check_bounded(thunderlite.last_traces(jm)[-1], linear, largest)
+    _check_bounded(thunderlite.last_backward_traces(jm)[-1], linear, largest)
     _check_issue_order(thunderlite.last_traces(jm), forward=True)
     _check_issue_order(thunderlite.last_backward_traces(jm), forward=False)
 
@@ -149,8 +173,37 @@ def test_fsdp2_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
     fully_shard(model, mesh=one_rank_mesh)
     jm = thunderlite.jit(model)
     _train_and_compare(jm, model, ref, torch.randn(3, WIDTH))
-    linear = WIDTH * 2 * WIDTH + 2 * WIDTH
-    _check_bounded(thunderlite.last_traces(jm)[-1], linear)
-    _check_bounded(thunderlite.last_backward_traces(jm)[-1], linear)
+    def block(shard: str) -> str:        # FSDP2's unit: the fully_shard module, a block here
+        return "_".join(shard.split("_")[:2])
+    block_numel = 2 * WIDTH * 2 * WIDTH + 3 * WIDTH
+    _check_bounded(thunderlite.last_traces(jm)[-1], block, block_numel)
+    _check_bounded(thunderlite.last_backward_traces(jm)[-1], block, block_numel)
     _check_issue_order(thunderlite.last_traces(jm), forward=True)
     _check_issue_order(thunderlite.last_backward_traces(jm), forward=False)
+
+
+def test_gathers_without_units_are_grouped_by_use(one_rank_mesh):
+    """A program's own gathers (no FSDP transform naming units): each group is
+    the gathers its first reader needs, prefetched one group ahead."""
+    import torch.distributed._functional_collectives as funcol
+
+    def f(x, *ws):
+        for w in ws:
+            full = funcol.all_gather_tensor(w, 0, dist.group.WORLD)
+            x = torch.tanh(x @ full.view(WIDTH, WIDTH))
+        return x
+    ws = [torch.randn(WIDTH * WIDTH) for _ in range(LAYERS)]
+    x = torch.randn(3, WIDTH)
+    jf = thunderlite.jit(f)
+    torch.testing.assert_close(jf(x, *ws), f(x, *ws))
+    trace = thunderlite.last_traces(jf)[-1]
+    bsyms = trace.bound_symbols
+    args = [a.name for a in trace.args[1:]]
+
+    gathers = [i for i, b in enumerate(bsyms) if b.sym.name == "all_gather"]
+    assert [bsyms[i].proxy_args()[0].name for i in gathers] == args       # program order
+    waits = [i for i, b in enumerate(bsyms) if b.sym.name == "wait"]
+    for k in range(1, LAYERS):      # gather k after wait k-1, and before its matmul
+        assert waits[k - 1] < gathers[k] < waits[k]
+    assert gathers[2] > waits[0] and gathers[2] > next(
+        i for i, b in enumerate(bsyms) if b.sym.name == "matmul"), "more than one gather ahead"

@@ -6,14 +6,17 @@ alive at once.
 A list schedule over the trace's dependencies (``fusion.dependencies``: data
 dependencies, write-after-read edges, grad-mode barriers) in which:
 
-- all-gathers are grouped by their *use*: the first symbol that reads the
-  gathered value (or a view or cast of it) together with anything else. The
-  gathers of a linear layer's weight and bias, read by its ``linear``, form
-  one group. Groups are numbered in trace order of their use, and group
-  ``k`` is issued only once group ``k - 1`` has been waited for: while a
-  group is computed with, only the next one is in flight, as FSDP2
-  prefetches one layer ahead. This bounds the forward's memory and the
-  backward's re-gathers (``fsdp.regather_in_backward``) alike;
+- all-gathers are grouped by *unit* where the caller names one for every
+  trace input a gather reads (``units``: FSDP's sharded modules, from
+  ``Transform.prefetch_units``), otherwise by *use*: the first symbol that
+  reads the gathered value (or a view or cast of it) together with anything
+  else, so the gathers of a linear layer's weight and bias, read by its
+  ``linear``, form one group. Groups are numbered in trace order of their
+  first use, and group ``k`` is issued only once the gathers group ``k - 1``
+  needs first have been waited for: while a group is computed with, only the
+  next one is in flight, as FSDP2 prefetches one layer ahead. This bounds
+  the forward's memory and the backward's re-gathers
+  (``fsdp.regather_in_backward``) alike;
 - all-gathers are issued in group order (ties: trace order), the other issues
   (all-reduces and reduce-scatters of gradients...) in trace order, each as
   soon as it is ready: the order of issues is a function of the trace alone,
@@ -92,13 +95,40 @@ def gather_uses(body: list[BoundSymbol], succs: list[list[int]]) -> dict[int, in
     return uses
 
 
-def prefetch_groups(body: list[BoundSymbol], succs: list[list[int]]) -> list[list[int]]:
-    """The all-gathers (indices) grouped by use, in the order of their uses."""
+def _unit(body: list[BoundSymbol], g: int, producer: dict[str, int], units: dict[str, str]) -> str | None:
+    """The unit of the trace inputs gather ``g`` is computed from, when they
+    all belong to one (and no other collective lies on the way)."""
+    found: set[str] = set()
+    stack, seen = [p.name for p in body[g].proxy_args()], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        k = producer.get(name)
+        if name in units:                 # an input, or unpacked from the saved values in a backward
+            found.add(units[name])
+        elif k is None:
+            return None
+        elif body[k].sym.id in _ISSUES or body[k].sym.id == _WAIT:
+            return None
+        else:
+            stack.extend(p.name for p in body[k].proxy_args())
+    return found.pop() if len(found) == 1 else None
+
+
+def prefetch_groups(body: list[BoundSymbol], succs: list[list[int]],
+                    units: dict[str, str] | None = None) -> list[list[int]]:
+    """The all-gathers (indices) grouped by use, or by unit where ``units``
+    names the unit of every input a gather reads, in the order of their
+    groups' first uses (ties: trace order)."""
     uses = gather_uses(body, succs)
-    by_use: dict[int, list[int]] = {}
+    producer = {p.name: k for k, b in enumerate(body) for p in b.proxy_outs()} if units else {}
+    by_key: dict[tuple, list[int]] = {}
     for g in sorted(uses):
-        by_use.setdefault(uses[g], []).append(g)
-    return [by_use[u] for u in sorted(by_use)]
+        unit = _unit(body, g, producer, units) if units else None
+        by_key.setdefault(("unit", unit) if unit is not None else ("use", uses[g]), []).append(g)
+    return sorted(by_key.values(), key=lambda group: (min(uses[g] for g in group), group[0]))
 
 
 def _list_schedule(body: list[BoundSymbol], preds: list[set[int]]) -> list[int]:
@@ -127,17 +157,21 @@ def _with_edges(preds: list[set[int]], edges: list[tuple[int, int]]) -> list[set
     return out
 
 
-def _prefetch_edges(body: list[BoundSymbol], preds: list[set[int]]) -> list[tuple[int, int]]:
-    """Gathers in group order, and group ``k`` after the waits of group ``k - 1``."""
+def _prefetch_edges(body: list[BoundSymbol], preds: list[set[int]],
+                    units: dict[str, str] | None) -> list[tuple[int, int]]:
+    """Gathers in group order, and group ``k`` after the waits of the gathers
+    group ``k - 1`` needs first."""
     succs: list[list[int]] = [[] for _ in body]
     for i, ps in enumerate(preds):
         for j in ps:
             succs[j].append(i)
-    groups = prefetch_groups(body, succs)
+    uses = gather_uses(body, succs)
+    groups = prefetch_groups(body, succs, units)
     flat = [g for group in groups for g in group]
     edges = list(pairwise(flat))
     for prev, group in pairwise(groups):
-        outs = {p.name for g in prev for p in body[g].proxy_outs()}
+        first = min(uses[g] for g in prev)
+        outs = {p.name for g in prev if uses[g] == first for p in body[g].proxy_outs()}
         waits = [j for g in prev for j in succs[g]
                  if body[j].sym.id == _WAIT and {p.name for p in body[j].proxy_args()} & outs]
         edges.extend((w, g) for w in waits for g in group)
@@ -145,14 +179,16 @@ def _prefetch_edges(body: list[BoundSymbol], preds: list[set[int]]) -> list[tupl
 
 
 @trace_pass("schedule_collectives")
-def schedule_collectives(trace: Trace, input_alias_groups=None) -> Trace:
+def schedule_collectives(trace: Trace, input_alias_groups=None, units: dict[str, str] | None = None) -> Trace:
+    """``units``: trace inputs (by name) whose gathers form one prefetch group,
+    name -> unit (``Transform.prefetch_units``: FSDP's sharded modules)."""
     if not has_collectives(trace):
         return trace
     bsyms = trace.bound_symbols
     ret = trace.return_bsym
     body = bsyms[:-1] if ret is not None else list(bsyms)
     preds = dependencies(trace.with_bound_symbols(trace.stage, body), input_alias_groups, chain=_chain)
-    order = _list_schedule(body, _with_edges(preds, _prefetch_edges(body, preds)))
+    order = _list_schedule(body, _with_edges(preds, _prefetch_edges(body, preds, units)))
     if len(order) < len(body):            # a prefetch edge against the data: every issue in trace order
         issues = [i for i, b in enumerate(body) if b.sym.id in _ISSUES]
         order = _list_schedule(body, _with_edges(preds, list(pairwise(issues))))

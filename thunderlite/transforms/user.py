@@ -43,6 +43,12 @@ class Transform:
         for transforms that pick inputs by identity (``ddp``: the module's
         parameters). Keep no reference past the compile."""
 
+    def prefetch_units(self) -> dict[str, str]:
+        """After ``bind_inputs``: trace inputs (by proxy name) whose all-gathers
+        are prefetched as one group, name -> unit (``fsdp``, FSDP2: the sharded
+        module; transforms/schedule_collectives.py). Empty: group by use."""
+        return {}
+
     def after_tracing(self, trace: Trace) -> Trace:
         return trace
 
@@ -66,6 +72,14 @@ def check_transforms(transforms: Sequence | None) -> tuple[Transform, ...]:
         check(isinstance(t, Transform), lambda: f"transforms=[...] takes Transform instances "
                                                 f"(thunderlite.extend.Transform), got {t!r}", TypeError)
     return tuple(transforms)
+
+
+def prefetch_units(transforms: Sequence[Transform]) -> dict[str, str]:
+    """Every transform's ``prefetch_units``, merged."""
+    units: dict[str, str] = {}
+    for tr in transforms:
+        units.update(tr.prefetch_units())
+    return units
 
 
 def _stamp(t: Trace, original: Trace, stage: str) -> Trace:
