@@ -138,15 +138,16 @@ def _check_issue_order(traces: list[Trace], forward: bool) -> None:
         ready = i
 
 
-def _train_and_compare(jm, model, ref, x) -> None:
+def _train_and_compare(jm, model, ref, x, tol: dict | None = None) -> None:
+    tol = tol or {}
     out = jm(x)
-    torch.testing.assert_close(out, ref(x))
-    out.square().mean().backward()
+    torch.testing.assert_close(out.float(), ref(x), **tol)
+    out.float().square().mean().backward()
     ref(x).square().mean().backward()
     for (n, p), r in zip(model.named_parameters(), ref.parameters(), strict=True):
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         torch.testing.assert_close(g.reshape(r.shape) if g.numel() == r.numel() else g[:r.numel()].view(r.shape),
-                                   r.grad, msg=lambda m, n=n: f"{n}: {m}")
+                                   r.grad, msg=lambda m, n=n: f"{n}: {m}", **tol)
 
 
 def test_fsdp_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
@@ -164,15 +165,18 @@ def test_fsdp_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
     _check_issue_order(thunderlite.last_backward_traces(jm), forward=False)
 
 
-def test_fsdp2_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh):
-    from torch.distributed.fsdp import fully_shard
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16_params_fp32_reduce"])
+def test_fsdp2_gathers_one_layer_ahead_forward_and_backward(one_rank_mesh, mixed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     ref = _net()
     model = copy.deepcopy(ref)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
+        MixedPrecisionPolicy()
     for block in model:
-        fully_shard(block, mesh=one_rank_mesh)
-    fully_shard(model, mesh=one_rank_mesh)
+        fully_shard(block, mesh=one_rank_mesh, mp_policy=mp)
+    fully_shard(model, mesh=one_rank_mesh, mp_policy=mp)
     jm = thunderlite.jit(model)
-    _train_and_compare(jm, model, ref, torch.randn(3, WIDTH))
+    _train_and_compare(jm, model, ref, torch.randn(3, WIDTH), dict(atol=5e-2, rtol=5e-2) if mixed else None)
     def block(shard: str) -> str:        # FSDP2's unit: the fully_shard module, a block here
         return "_".join(shard.split("_")[:2])
     block_numel = 2 * WIDTH * 2 * WIDTH + 3 * WIDTH

@@ -117,12 +117,11 @@ def _unit(body: list[BoundSymbol], g: int, producer: dict[str, int], units: dict
     return found.pop() if len(found) == 1 else None
 
 
-def prefetch_groups(body: list[BoundSymbol], succs: list[list[int]],
+def prefetch_groups(body: list[BoundSymbol], uses: dict[int, int],
                     units: dict[str, str] | None = None) -> list[list[int]]:
-    """The all-gathers (indices) grouped by use, or by unit where ``units``
-    names the unit of every input a gather reads, in the order of their
-    groups' first uses (ties: trace order)."""
-    uses = gather_uses(body, succs)
+    """The all-gathers (indices; ``uses``: from ``gather_uses``) grouped by use,
+    or by unit where ``units`` names the unit of every input a gather reads, in
+    the order of their groups' first uses (ties: trace order)."""
     producer = {p.name: k for k, b in enumerate(body) for p in b.proxy_outs()} if units else {}
     by_key: dict[tuple, list[int]] = {}
     for g in sorted(uses):
@@ -166,7 +165,7 @@ def _prefetch_edges(body: list[BoundSymbol], preds: list[set[int]],
         for j in ps:
             succs[j].append(i)
     uses = gather_uses(body, succs)
-    groups = prefetch_groups(body, succs, units)
+    groups = prefetch_groups(body, uses, units)
     flat = [g for group in groups for g in group]
     edges = list(pairwise(flat))
     for prev, group in pairwise(groups):
