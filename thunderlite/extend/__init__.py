@@ -17,7 +17,8 @@ named points of the pipeline. Both plug in without touching thunderlite::
 - ``FusionExecutor``: replaces regions (``transforms/fusion.py``'s shared
   region former) by symbols it compiles.
 - ``Transform``: hooks ``after_tracing``, ``after_autodiff``,
-  ``after_claiming``; ``jit(fn, transforms=[...])``. ``CUDAGraphs`` is one
+  ``after_claiming`` (queries ``bind_inputs``, ``prefetch_units``);
+  ``jit(fn, transforms=[...])``. ``CUDAGraphs`` is one
   (``jit(fn, cudagraphs=True)``).
 - The registry: ``register_executor``, ``get_executor``, ``get_all_executors``,
   ``get_default_executors``, ``add_default_executor``, ``remove_default_executor``.

@@ -14,6 +14,11 @@ itself when nothing changed, as every pass does). The points, in order:
   ``computation``, ``forward`` or ``backward``), before del_last_used; symbols
   added here must already carry an executor (``sym.executor``) or an ``impl``.
 
+Besides the hooks, two queries: ``bind_inputs(values)`` (the trace's input
+values by proxy name, before the hooks of one compile) and
+``prefetch_units()`` (inputs whose all-gathers the collective scheduler
+prefetches as one group: ``fsdp`` and FSDP2 name each shard's module).
+
 Transforms run in list order at each point; every trace a transform changed is
 recorded in ``last_traces`` / ``last_backward_traces`` under the stage name
 ``<TransformClass>.<hook>``. Example, a transform that counts symbols::
