@@ -46,8 +46,19 @@ class TorchExecutor(OperatorExecutor):
             return None
         exsym = self._generic.get(sym)
         if exsym is None:
-            exsym = self._generic[sym] = self.executor_symbol(sym, sym.torch_fn)
+            exsym = self._generic[sym] = self.executor_symbol(sym, aten_callable(sym.torch_fn))
         return bsym.replace(sym=exsym)
+
+
+def aten_callable(fn):
+    """``fn``, or for an ATen op (``torch.ops.aten.x``, ``.default``) the C
+    function its Python ``__call__`` forwards to: the same call without that
+    frame (ops with TorchBind overloads keep their Python dispatch)."""
+    if isinstance(fn, torch._ops.OpOverloadPacket) and not fn._has_torchbind_op_overload:
+        return fn._op
+    if isinstance(fn, torch._ops.OpOverload) and type(fn) is torch._ops.OpOverload:
+        return fn._op
+    return fn
 
 
 torch_executor = TorchExecutor()
@@ -182,6 +193,62 @@ def sort(a, dim, descending, *, stable=False):
 def copy_(src, dst):
     return dst.copy_(src)
 
+
+# --- the same prims printed as the torch calls they make (core/codegen.py: direct_source) --------
+# A call of one of the functions above costs a Python frame per symbol; printed as its torch
+# calls it costs none (broadcasts, slices, pads and sums are a fifth of a Llama step's symbols).
+
+def _broadcast_source(args, kwargs, r) -> str | None:
+    a, shape, dims = args
+    if kwargs or not isinstance(a, TensorProxy):
+        return None
+    n = len(shape)
+    if tuple(dims) == tuple(range(n - a.ndim, n)):      # trailing-aligned (or same rank): a plain expand
+        return f"torch.Tensor.expand({r(a)}, {r(tuple(shape))})"
+    view = [1] * n
+    for d, size in zip(dims, a.shape, strict=True):
+        view[d] = size
+    return f"torch.Tensor.expand(torch.reshape({r(a)}, {r(tuple(view))}), {r(tuple(shape))})"
+
+
+def _is(x, value: int) -> bool:
+    return type(x) is int and x == value
+
+
+def _slice_source(args, kwargs, r) -> str | None:
+    a, start, end = args[:3]
+    strides = args[3] if len(args) > 3 else kwargs.get("strides")
+    if set(kwargs) - {"strides"} or not isinstance(a, TensorProxy):
+        return None
+    parts = []
+    for size, lo, hi, step in zip(a.shape, start, end, strides or [1] * len(start), strict=True):
+        tail = "" if _is(step, 1) else f":{r(step)}"
+        if not tail and _is(lo, 0) and type(size) is int and _is(hi, size):
+            parts.append(":")
+        else:
+            parts.append(f"{r(lo)}:{r(hi)}{tail}")
+    return f"{r(a)}[{', '.join(parts) if parts else '()'}]"
+
+
+def _pad_source(args, kwargs, r) -> str | None:
+    a, value, config = args
+    if kwargs or not all(_is(interior, 0) for _, _, interior in config):
+        return None
+    flat = [p for lo, hi, _ in reversed(config) for p in (lo, hi)]
+    return f"torch.constant_pad_nd({r(a)}, {r(flat)}, {r(value)})"
+
+
+def _sum_source(args, kwargs, r) -> str | None:
+    a, dims = args
+    if not dims or set(kwargs) - {"output_dtype"} or not isinstance(a, TensorProxy):
+        return None
+    return f"torch.sum({r(a)}, {r(tuple(dims))}, dtype={r(kwargs.get('output_dtype') or a.dtype)})"
+
+
+broadcast_in_dim.direct_source = _broadcast_source
+slice_prim.direct_source = _slice_source
+pad.direct_source = _pad_source
+sum.direct_source = _sum_source
 
 for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
             iota, uniform, normal, randint, bernoulli, sort, copy_):
