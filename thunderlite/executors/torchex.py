@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from operator import itemgetter
 
 import torch
@@ -55,7 +56,7 @@ def _generic_impl(fn):
     """What a torch-language symbol mirroring ``fn`` runs as: ``fn``; an ATen
     op's C function; or, for a Python wrapper of torch's whose calls have a
     direct form (``_WRAPPER_SOURCE``), ``fn`` carrying that form."""
-    source = _WRAPPER_SOURCE.get(fn)
+    source = _WRAPPER_SOURCE.get(fn) if type(fn) is types.FunctionType else None     # torch_fn may be unhashable
     if source is None:
         return aten_callable(fn)
 
