@@ -23,7 +23,7 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.aliasing import aten_name, torch_overloads
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
-from thunderlite.executors.base import OperatorExecutor
+from thunderlite.executors.base import OperatorExecutor, torch_path
 
 
 class TorchExecutor(OperatorExecutor):
@@ -60,11 +60,19 @@ def _generic_impl(fn):
     if source is None:
         return aten_callable(fn)
 
+    path = torch_path(fn)
+
     def call(*args, **kwargs):
         return fn(*args, **kwargs)
+
+    def direct_source(bsym, r):         # without a direct form: the wrapper's own call, as before
+        text = source(bsym, r)
+        if text is not None or path is None:
+            return text
+        return f"{path}({', '.join([*map(r, bsym.args), *(f'{k}={r(v)}' for k, v in bsym.kwargs.items())])})"
     call.__name__ = call.__qualname__ = fn.__name__
     call.__wrapped__ = fn
-    call.direct_source = source
+    call.direct_source = direct_source
     return call
 
 
