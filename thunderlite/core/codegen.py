@@ -4,7 +4,13 @@ Printing is how users debug (docs/architecture.md §4): one line per bound symbo
 output's metadata in a comment, decompositions as indented comments, the user's
 source line above each group of symbols it produced. Values Python cannot spell
 (tensors captured as constants, arbitrary objects) are printed as names bound
-in the compiled function's globals."""
+in the compiled function's globals.
+
+An implementation function may carry ``direct_source(bsym, repr) -> str |
+None``: the same computation spelled as the torch calls it makes
+(``torch.Tensor.expand(t0, (2, 3))``, ``t0[:, 0:4]``), printed in place of a
+call of the function itself, so the generated code runs it without a Python
+frame; None keeps the plain call. It may name only ``torch`` (always bound)."""
 from __future__ import annotations
 
 import keyword
@@ -87,6 +93,11 @@ def _meta_text(out: Any) -> str:
 
 def call_source(bsym, consts: dict) -> str:
     sym = bsym.sym
+    direct = getattr(sym.impl, "direct_source", None) if type(sym.impl) is types.FunctionType else None
+    if direct is not None:        # the implementation spelled as the torch calls it makes: no frame of its own
+        text = direct(bsym, lambda x: value_repr(x, consts))
+        if text is not None:
+            return text
     args = [value_repr(a, consts) for a in bsym.args]
     args += [f"{k}={value_repr(v, consts)}" for k, v in bsym.kwargs.items()]
     name = f"{sym.module}.{sym.name}" if sym.module else sym.name

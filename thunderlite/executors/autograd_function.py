@@ -88,11 +88,11 @@ class _Function(torch.autograd.Function):
         ctx.save_for_backward(*saved_tensors)
         ctx.saved_other = list(saved_other)
         del saved_other
-        tensors = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+        # the common output, one tensor (a loss), without a pytree walk
+        tensors = [out] if type(out) is torch.Tensor else [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
         unique, ctx.grad_slots, diff = program.plan_outputs(tensors)
-        nondiff = [t for t, d in zip(unique, diff, strict=True) if not d]
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
+        if not all(diff):
+            ctx.mark_non_differentiable(*(t for t, d in zip(unique, diff, strict=True) if not d))
         box.append((out, unique))
         return tuple(unique)
 
@@ -108,10 +108,14 @@ class _Function(torch.autograd.Function):
                 "Trying to backward through the graph a second time: thunderlite frees the values saved for "
                 "the backward while it runs, so retain_graph=True is not supported for a jitted function")
         program = ctx.program
-        per_arg = [grads[i] if i >= 0 else None for i in ctx.grad_slots]
-        reached = frozenset().union(*(r for g, r in zip(per_arg, program.split.grad_reach, strict=True)
-                                      if g is not None))
-        per_arg = [g if g is not None else _zeros(p) for g, p in zip(per_arg, program.split.grad_args, strict=True)]
+        per_arg, reached = [], set()
+        for i, reach, p in zip(ctx.grad_slots, program.split.grad_reach, program.split.grad_args, strict=True):
+            g = grads[i] if i >= 0 else None       # one plain loop: no comprehension frames per step
+            if g is None:
+                g = _zeros(p)
+            else:
+                reached |= reach
+            per_arg.append(g)
         for i in program.graph_slots:
             if program.split.saved_other[i].name not in reached:
                 skip_graph(saved_other[i])
@@ -169,6 +173,7 @@ class DifferentiableProgram:
         self.graph_slots = [i for i, p in enumerate(split.saved_other) if getattr(p, "name", None) in split.graphs]
         self.backward_fn = bwd_stages[-1].python_callable()
         self._eager_fn = None
+        self._single_plan: tuple | None = None
         self._epilogue_fn = None
         if split.epilogue is not None:       # views: the torch executor makes them as eager does
             epilogue = claim_executors(split.epilogue[0], [torch_executor])
@@ -184,7 +189,7 @@ class DifferentiableProgram:
         """Arguments whose strides and storage offsets it relies on (guarded too)."""
         return self.split.placed_inputs
 
-    def as_eager_grads(self, result, reached: frozenset) -> list:
+    def as_eager_grads(self, result, reached: set) -> list:
         """None for arguments eager's graph does not connect to the outputs that
         got a gradient; zeros for connected ones the functional trace found no
         gradient for (eager fills ``.grad`` with zeros there)."""
@@ -201,6 +206,12 @@ class DifferentiableProgram:
         takes its gradient from (-1: a second proxy naming the same tensor gets
         zeros, the first already carries the whole gradient), and which of
         them are differentiable."""
+        if len(tensors) == 1:       # a loss: the plan is the same every call
+            if self._single_plan is None:
+                n = len(self.split.grad_positions)
+                slots = [0] + [-1] * (n - 1) if n else []
+                self._single_plan = (slots, [bool(slots)])
+            return tensors, *self._single_plan
         index: dict[int, int] = {}
         unique = []
         for t in tensors:
@@ -223,9 +234,12 @@ class DifferentiableProgram:
         box: list = []
         results = _Function.apply(self, box, *flat_args)
         out, unique = box[0]
-        wrapped = {id(t): r for t, r in zip(unique, results, strict=True)}
-        out = pytree.tree_map(lambda o: wrapped.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
-        return self._write_back(flat_args, out)
+        if out is unique[0] and len(unique) == 1:
+            out = results[0]
+        else:
+            wrapped = {id(t): r for t, r in zip(unique, results, strict=True)}
+            out = pytree.tree_map(lambda o: wrapped.get(id(o), o) if isinstance(o, torch.Tensor) else o, out)
+        return self._write_back(flat_args, out) if self.split.write_backs else out
 
     def _write_back(self, flat_args, out):
         """Copy the final values of the inputs the program writes into them, as

@@ -13,6 +13,8 @@ last in the executor list.
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 from operator import itemgetter
 
 import torch
@@ -21,7 +23,7 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.aliasing import aten_name, torch_overloads
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
-from thunderlite.executors.base import OperatorExecutor
+from thunderlite.executors.base import OperatorExecutor, torch_path
 
 
 class TorchExecutor(OperatorExecutor):
@@ -46,8 +48,43 @@ class TorchExecutor(OperatorExecutor):
             return None
         exsym = self._generic.get(sym)
         if exsym is None:
-            exsym = self._generic[sym] = self.executor_symbol(sym, sym.torch_fn)
+            exsym = self._generic[sym] = self.executor_symbol(sym, _generic_impl(sym.torch_fn))
         return bsym.replace(sym=exsym)
+
+
+def _generic_impl(fn):
+    """What a torch-language symbol mirroring ``fn`` runs as: ``fn``; an ATen
+    op's C function; or, for a Python wrapper of torch's whose calls have a
+    direct form (``_WRAPPER_SOURCE``), ``fn`` carrying that form."""
+    source = _WRAPPER_SOURCE.get(fn) if type(fn) is types.FunctionType else None     # torch_fn may be unhashable
+    if source is None:
+        return aten_callable(fn)
+
+    path = torch_path(fn)
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    def direct_source(bsym, r):         # without a direct form: the wrapper's own call, as before
+        text = source(bsym, r)
+        if text is not None or path is None:
+            return text
+        return f"{path}({', '.join([*map(r, bsym.args), *(f'{k}={r(v)}' for k, v in bsym.kwargs.items())])})"
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__wrapped__ = fn
+    call.direct_source = direct_source
+    return call
+
+
+def aten_callable(fn):
+    """``fn``, or for an ATen op (``torch.ops.aten.x``, ``.default``) the C
+    function its Python ``__call__`` forwards to: the same call without that
+    frame (ops with TorchBind overloads keep their Python dispatch)."""
+    if isinstance(fn, torch._ops.OpOverloadPacket) and not fn._has_torchbind_op_overload:
+        return fn._op
+    if isinstance(fn, torch._ops.OpOverload) and type(fn) is torch._ops.OpOverload:
+        return fn._op
+    return fn
 
 
 torch_executor = TorchExecutor()
@@ -182,6 +219,114 @@ def sort(a, dim, descending, *, stable=False):
 def copy_(src, dst):
     return dst.copy_(src)
 
+
+# --- the same prims printed as the torch calls they make (core/codegen.py: direct_source) --------
+# A call of one of the functions above costs a Python frame per symbol; printed as its torch
+# calls it costs none (broadcasts, slices, pads and sums are a fifth of a Llama step's symbols).
+
+def _broadcast_source(bsym, r) -> str | None:
+    args, kwargs = bsym.args, bsym.kwargs
+    a, shape, dims = args
+    if kwargs or not isinstance(a, TensorProxy):
+        return None
+    n = len(shape)
+    if tuple(dims) == tuple(range(n - a.ndim, n)):      # trailing-aligned (or same rank): a plain expand
+        return f"torch.Tensor.expand({r(a)}, {r(tuple(shape))})"
+    view = [1] * n
+    for d, size in zip(dims, a.shape, strict=True):
+        view[d] = size
+    return f"torch.Tensor.expand(torch.reshape({r(a)}, {r(tuple(view))}), {r(tuple(shape))})"
+
+
+def _is(x, value: int) -> bool:
+    return type(x) is int and x == value
+
+
+def _slice_source(bsym, r) -> str | None:
+    args, kwargs = bsym.args, bsym.kwargs
+    a, start, end = args[:3]
+    strides = args[3] if len(args) > 3 else kwargs.get("strides")
+    if set(kwargs) - {"strides"} or not isinstance(a, TensorProxy):
+        return None
+    parts = []
+    for size, lo, hi, step in zip(a.shape, start, end, strides or [1] * len(start), strict=True):
+        tail = "" if _is(step, 1) else f":{r(step)}"
+        if not tail and _is(lo, 0) and type(size) is int and _is(hi, size):
+            parts.append(":")
+        else:
+            parts.append(f"{r(lo)}:{r(hi)}{tail}")
+    return f"{r(a)}[{', '.join(parts) if parts else '()'}]"
+
+
+def _pad_source(bsym, r) -> str | None:
+    args, kwargs = bsym.args, bsym.kwargs
+    a, value, config = args
+    if kwargs or not all(_is(interior, 0) for _, _, interior in config):
+        return None
+    flat = [p for lo, hi, _ in reversed(config) for p in (lo, hi)]
+    return f"torch.constant_pad_nd({r(a)}, {r(flat)}, {r(value)})"
+
+
+def _sum_source(bsym, r) -> str | None:
+    args, kwargs = bsym.args, bsym.kwargs
+    a, dims = args
+    if not dims or set(kwargs) - {"output_dtype"} or not isinstance(a, TensorProxy):
+        return None
+    return f"torch.sum({r(a)}, {r(tuple(dims))}, dtype={r(kwargs.get('output_dtype') or a.dtype)})"
+
+
+def _bound(bsym) -> dict:
+    """The call's arguments by the mirrored torch function's parameter names."""
+    bound = inspect.signature(bsym.sym.impl).bind(*bsym.args, **bsym.kwargs)     # follows __wrapped__
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _silu_source(bsym, r) -> str | None:
+    a = _bound(bsym)
+    return None if a["inplace"] else f"torch._C._nn.silu({r(a['input'])})"
+
+
+def _embedding_source(bsym, r) -> str | None:
+    a = _bound(bsym)
+    weight, padding_idx = a["weight"], a["padding_idx"]
+    if a["max_norm"] is not None or not isinstance(weight, TensorProxy) or type(weight.shape[0]) is not int:
+        return None
+    if padding_idx is None:
+        padding_idx = -1
+    elif type(padding_idx) is not int or not -weight.shape[0] <= padding_idx < weight.shape[0]:
+        return None                 # F.embedding's own check raises
+    elif padding_idx < 0:
+        padding_idx += weight.shape[0]
+    return (f"torch.embedding({r(weight)}, {r(a['input'])}, {padding_idx}, {r(a['scale_grad_by_freq'])}, "
+            f"{r(a['sparse'])})")
+
+
+def _pad_call_source(bsym, r) -> str | None:
+    a = _bound(bsym)
+    if a["mode"] != "constant":       # other modes may take F.pad's Python paths
+        return None
+    return f"torch._C._nn.pad({r(a['input'])}, {r(a['pad'])}, 'constant', {r(a['value'])})"
+
+
+def _split_source(bsym, r) -> str | None:
+    a = _bound(bsym)
+    t, dim, outs = a["tensor"], a["dim"], bsym.output
+    if not isinstance(t, TensorProxy) or type(dim) is not int or not isinstance(outs, (tuple, list)):
+        return None
+    sizes = [o.shape[dim] if isinstance(o, TensorProxy) else None for o in outs]
+    if not all(type(n) is int for n in sizes):
+        return None
+    return f"torch.split_with_sizes({r(t)}, {r(sizes)}, {dim})"
+
+
+_WRAPPER_SOURCE = {torch.nn.functional.silu: _silu_source, torch.nn.functional.embedding: _embedding_source,
+                   torch.nn.functional.pad: _pad_call_source, torch.split: _split_source}
+
+broadcast_in_dim.direct_source = _broadcast_source
+slice_prim.direct_source = _slice_source
+pad.direct_source = _pad_source
+sum.direct_source = _sum_source
 
 for _fn in (convert_element_type, device_put, broadcast_in_dim, slice_prim, pad, sum, prod, amax, amin,
             iota, uniform, normal, randint, bernoulli, sort, copy_):

@@ -52,7 +52,7 @@ def _out_form(op, overload: str = "grad_input", out_name: str = "grad_input") ->
     elementwise kernel may write into an input of its own shape, so
     reuse_buffers.py gives these a dying input (the incoming gradient) and the
     backward allocates no fresh buffer for them (``takes_out``, torchex.writes_out)."""
-    default, with_out = op.default, getattr(op, overload)
+    default, with_out = op.default._op, getattr(op, overload)._op     # the C functions: no Python frame
 
     def call(*args, out=None, **kwargs):
         if out is None:
@@ -133,7 +133,7 @@ def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
 
 def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int):
     log_probs = torch.log_softmax(input, 1)
-    loss, total_weight = aten.nll_loss_forward(log_probs, target, None, reduction, ignore_index)
+    loss, total_weight = aten.nll_loss_forward.default._op(log_probs, target, None, reduction, ignore_index)
     return loss, log_probs, total_weight
 
 
@@ -377,6 +377,8 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
     numbers for others, the CUDA kernels raise. Eager's dispatcher never hands
     them such tensors (it takes the math path then); a trace does not see
     strides, so the call makes them dense, a copy only where one is needed."""
+    run = op._op        # the C function the op's Python __call__ forwards to
+
     def call(*args, **kwargs):
         dense = args
         for i in positions:         # a plain loop: no Python frame per call beyond this one
@@ -385,7 +387,7 @@ def _dense_last_dims(op, positions: tuple[int, ...]) -> Callable:
                 if dense is args:
                     dense = list(args)
                 dense[i] = a.contiguous()
-        return op(*dense, **kwargs)
+        return run(*dense, **kwargs)
     call.__name__ = call.__qualname__ = f"{op.__name__}_dense"
     return call
 
