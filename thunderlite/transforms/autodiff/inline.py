@@ -54,6 +54,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace, tracectx
 from thunderlite.torch import opaque_symbol_for
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.autodiff import rules, symbols
 from thunderlite.transforms.autodiff.function import is_function_symbol
@@ -68,6 +69,7 @@ from thunderlite.transforms.autodiff.split import (
     split_forward_backward,
 )
 from thunderlite.transforms.autodiff.symbols import UNPACK_SAVED
+from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks, hooks_of
 
 
 def _sub_trace(bsyms, args, names, output, name: str) -> Trace:
@@ -95,6 +97,7 @@ class Linearized:
     outputs: list
     handles: dict
     groups: AliasGroups
+    hooks: dict                                # tensor hooks of the values the sub-trace makes (tensor_hooks.py)
 
     def backward(self, cotangents: list) -> list:
         """The gradients of ``wrt`` (None where no path reaches one) given one
@@ -116,7 +119,10 @@ class Linearized:
             p.requires_grad = f or p.name in self.tracked
         source, start = trc.source, len(trc._scopes[-1])
         try:
-            _sweep(self.flat, set(self.tracked), grads, vjp)
+            _sweep(self.flat, set(self.tracked), grads, vjp, hooks=self.hooks)
+            for w in self.wrt:      # an input's hooks see its total gradient, as autograd.grad's captured one
+                if w.name in self.hooks and w.name in grads:
+                    grads[w.name] = apply_hooks(self.hooks[w.name], grads[w.name], trc)
         finally:
             trc.source = source
             for p, f in flags:
@@ -194,7 +200,18 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
         raise NotImplementedError(f"{what}: thunderlite cannot differentiate {reason} inside the transformed "
                                   "function; compute it out of place")
     forward, handles = _opaque_forward(scratch, flat, tracked)
-    return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups)
+    forward += _outer_hooks(scratch.bound_symbols, wrt)
+    return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups,
+                      hooks_of(scratch, groups, _where, of_args=True))
+
+
+def _outer_hooks(bsyms, wrt) -> list[BoundSymbol]:
+    """The ``register_hook`` markers of tensors the function closed over (it
+    neither made nor received them): no gradient of this level reaches them;
+    eager's hook fires in the enclosing level's backward, so the marker stays
+    for that level's sweep (or the caller's tensor, for a program input)."""
+    own = {w.name for w in wrt} | {p.name for b in bsyms for p in b.proxy_outs()}
+    return [b for b in bsyms if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
 
 
 def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:

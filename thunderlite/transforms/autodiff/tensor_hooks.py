@@ -59,12 +59,15 @@ CALL_TENSOR_HOOK = Symbol("call_tensor_hook", meta=_call_tensor_hook_meta, impl=
 eager calls it; ``reads``: the values of the traced tensors it closes over."""
 
 
-def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str]) -> dict[str, list[tuple]]:
+def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str], *,
+             of_args: bool = False) -> dict[str, list[tuple]]:
     """name -> the hooks (in order) of the values ``trace`` makes, each
-    ``(function, traced tensors it reads)``. A traced hook reads the tensors
-    it closes over as they are when the forward ends (eager's backward sees
-    the objects then): one written after the hook was registered is refused."""
-    args = {a.name for a in trace.args if isinstance(a, Proxy)}
+    ``(function, traced tensors it reads)``; ``of_args``: of its arguments too
+    (a torch.func level's own inputs, not the caller's tensors). A traced hook
+    reads the tensors it closes over as they are when the forward ends
+    (eager's backward sees the objects then): one written after the hook was
+    registered is refused."""
+    args = set() if of_args else {a.name for a in trace.args if isinstance(a, Proxy)}
     hooks: dict[str, list[tuple]] = {}
     for i, bsym in enumerate(trace.bound_symbols):
         if bsym.sym.id == REGISTER_HOOK_ID and bsym.args[0].name not in args:
