@@ -265,18 +265,6 @@ class InlinedBackward:
     value_grads: list               # per ``wrt_values`` entry: its gradient, or None
 
 
-def free_proxies(bsyms) -> list[Proxy]:
-    """Proxies (tensors and numbers) ``bsyms`` read without defining them, in first-use order."""
-    defined: set[str] = set()
-    free: dict[str, Proxy] = {}
-    for bsym in bsyms:
-        for p in bsym.proxy_args():
-            if p.name not in defined:
-                free.setdefault(p.name, p)
-        defined.update(p.name for p in bsym.proxy_outs())
-    return list(free.values())
-
-
 def graph_of(bsyms, outputs) -> set[str]:
     """The names of the values requiring grad that ``outputs`` were computed from
     through ``bsyms`` (their autograd graph, the outputs included)."""
