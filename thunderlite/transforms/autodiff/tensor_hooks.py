@@ -6,8 +6,9 @@
 sweep (split.py ``_sweep``) calls ``apply_hooks`` on the *total* gradient of
 such a value, when the symbol producing it takes its output gradient, so each
 hook fires once, in order of registration, with what eager's would get, and
-what it returns replaces the gradient (None keeps it). A backward traced
-inside the program can reuse the same two calls.
+what it returns replaces the gradient (None keeps it). Differentiation
+inside a trace (inline.py: a backward called inside the program, a torch.func
+transform) uses the same two calls.
 
 A hook that is tensor math (``is_tensor_math``: ``lambda g: g * 3``,
 ``lambda g: g * h.detach()``) is traced into the backward, where it fuses
