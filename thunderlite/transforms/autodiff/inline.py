@@ -290,11 +290,18 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     docstring). The backward's values do not require grad (it is not itself
     differentiated: ``create_graph=False``)."""
     program = _sub_trace(bsyms, args, names, tuple(outputs), "computation")
+    if any(Tag.INPLACE in b.sym.tags for bsym in bsyms for b in walk(bsym)):
+        program = update_aliases(program)
     split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
     if split.write_backs or split.epilogue is not None:
         raise NotInlinable("a write into a tensor that requires grad on the gradient path")
+    if split.functionalized is not None:     # the host's later reads see the memory, which the rewrite leaves as it was
+        at = next((f" at {_where(b)}" for b in bsyms if _writes(b) and b.source is not None
+                   and any(a.requires_grad for a in b.tensor_args())), "")
+        raise NotInlinable(f"a write on the gradient path into a tensor sharing storage with another (a view, "
+                           f"its base){at}")
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
