@@ -74,13 +74,17 @@ from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks, hooks_of
 
 def _sub_trace(bsyms, args, names, output, name: str) -> Trace:
     """``bsyms`` (reading ``args`` and values of the host freely) as a program
-    of their own returning ``output``, sharing the host's name pool."""
+    of their own returning ``output``, sharing the host's name pool, with its
+    own alias barriers where it writes in place (reads after a write name the
+    new value, as differentiation needs; the host's own come later)."""
     trc = Trace(name, names=names)
     trc.args = list(args)
     trc.bound_symbols = list(bsyms)
     trc._scopes = [trc.bound_symbols]
     with tracectx(trc):
         trc.set_return(output)
+    if any(Tag.INPLACE in b.sym.tags for bsym in bsyms for b in walk(bsym)):
+        trc = update_aliases(trc)
     return trc
 
 
@@ -170,10 +174,7 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
     ``higher_order``: the gradient may be differentiated again (the values
     given for ``wrt`` require grad in the enclosing level)."""
     scratch = _sub_trace(bsyms, wrt, names, output, "sub-trace")
-    if any(Tag.INPLACE in b.sym.tags for bsym in bsyms for b in walk(bsym)):
-        # the sub-trace's own alias barriers: reads after a write name the new value
-        scratch = update_aliases(scratch)
-        output = scratch.output
+    output = scratch.output                 # renamed after the sub-trace's writes
     scratch = scratch.with_bound_symbols("", scratch.bound_symbols[:-1])
     captured = _captured_write(scratch.bound_symbols, wrt)
     if captured is not None:
@@ -290,8 +291,6 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     docstring). The backward's values do not require grad (it is not itself
     differentiated: ``create_graph=False``)."""
     program = _sub_trace(bsyms, args, names, tuple(outputs), "computation")
-    if any(Tag.INPLACE in b.sym.tags for bsym in bsyms for b in walk(bsym)):
-        program = update_aliases(program)
     split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
