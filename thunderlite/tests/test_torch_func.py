@@ -374,6 +374,24 @@ def test_write_into_differentiated_input_is_refused():
         thunderlite.jit(lambda x: grad(f)(x))(torch.randn(3))
 
 
+def test_value_a_later_write_overwrites_is_kept_for_the_backward():
+    """Eager raises "modified by an inplace operation"; the gradient is the
+    mathematically correct one, as in the program's own backward (split.py)."""
+    def f(x):
+        y = x * 2
+        z = y.sin()
+        y.mul_(3)
+        return (z + y).sum()
+
+    def reference(x):
+        y = x * 2
+        return (y.sin() + y * 3).sum()
+    x = torch.randn(4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        grad(f)(x)
+    torch.testing.assert_close(thunderlite.jit(lambda x: grad(f)(x))(x), grad(reference)(x))
+
+
 _GLOBAL_GRAD = grad(_loss)
 _GLOBAL_VMAP = vmap(torch.dot)
 

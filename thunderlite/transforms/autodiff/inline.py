@@ -63,6 +63,7 @@ from thunderlite.transforms.autodiff.split import (
     _flatten,
     _needs_eager,
     _opaque_forward,
+    _protect_overwritten,
     _sweep,
     _vjp_pairs,
     _where,
@@ -102,6 +103,7 @@ class Linearized:
     handles: dict
     groups: AliasGroups
     hooks: dict                                # tensor hooks of the values the sub-trace makes (tensor_hooks.py)
+    kept: dict                                 # name -> the clone of a value a later write of the forward overwrites
 
     def backward(self, cotangents: list) -> list:
         """The gradients of ``wrt`` (None where no path reaches one) given one
@@ -131,7 +133,10 @@ class Linearized:
             trc.source = source
             for p, f in flags:
                 p.requires_grad = f
-        _exact_requires_grad(trc._scopes[-1][start:])
+        scope = trc._scopes[-1]
+        if self.kept:       # a value the forward overwrote: its clone holds what the rules read
+            scope[start:] = [rename_bsym(b, self.kept) for b in scope[start:]]
+        _exact_requires_grad(scope[start:])
         return [grads.get(w.name) for w in self.wrt]
 
     def _proxies(self) -> list[TensorProxy]:
@@ -201,9 +206,22 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
         raise NotImplementedError(f"{what}: thunderlite cannot differentiate {reason} inside the transformed "
                                   "function; compute it out of place")
     forward, handles = _opaque_forward(scratch, flat, tracked)
+    forward, kept = _keep_overwritten(forward, groups, scratch)
     forward += _outer_hooks(scratch.bound_symbols, wrt)
     return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups,
-                      hooks_of(scratch, groups, _where, of_args=True))
+                      hooks_of(scratch, groups, _where, of_args=True), kept)
+
+
+def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace) -> tuple[list, dict]:
+    """``forward`` with a clone, taken right before the write, of each value a
+    later write overwrites (split.py's ``_protect_overwritten``: where eager
+    raises "modified by an inplace operation" the gradient is the correct
+    one), and name -> clone for the backward's reads. A clone the backward
+    does not read is dead code."""
+    outs = [p for b in forward for p in b.tensor_outs()]
+    values = [p for p in (*free_tensors(forward), *outs) if type(p) is TensorProxy]
+    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch)
+    return forward, {p.name: k for p, k in zip(values, kept, strict=True) if k is not p}
 
 
 def _outer_hooks(bsyms, wrt) -> list[BoundSymbol]:
