@@ -73,20 +73,18 @@ from thunderlite.transforms.autodiff.symbols import UNPACK_SAVED
 from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks, hooks_of
 
 
-def _sub_trace(bsyms, args, names, output, name: str) -> Trace:
+def _sub_trace(bsyms, args, output, names, name: str) -> Trace:
     """``bsyms`` (reading ``args`` and values of the host freely) as a program
     of their own returning ``output``, sharing the host's name pool, with its
-    own alias barriers where it writes in place (reads after a write name the
-    new value, as differentiation needs; the host's own come later)."""
+    own alias barriers where it writes (reads after a write name the new
+    value, as differentiation needs; the host's own come later)."""
     trc = Trace(name, names=names)
     trc.args = list(args)
     trc.bound_symbols = list(bsyms)
     trc._scopes = [trc.bound_symbols]
     with tracectx(trc):
         trc.set_return(output)
-    if any(Tag.INPLACE in b.sym.tags for bsym in bsyms for b in walk(bsym)):
-        trc = update_aliases(trc)
-    return trc
+    return update_aliases(trc)
 
 
 # --- torch.func: a sub-trace with respect to fresh names -------------------------------------
@@ -178,7 +176,7 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
     ``wrt``; ``what`` names the transform and the user's line for errors.
     ``higher_order``: the gradient may be differentiated again (the values
     given for ``wrt`` require grad in the enclosing level)."""
-    scratch = _sub_trace(bsyms, wrt, names, output, "sub-trace")
+    scratch = _sub_trace(bsyms, wrt, output, names, "sub-trace")
     output = scratch.output                 # renamed after the sub-trace's writes
     scratch = scratch.with_bound_symbols("", scratch.bound_symbols[:-1])
     captured = _captured_write(scratch.bound_symbols, wrt)
@@ -308,7 +306,7 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     pool; ``defined``: names the host defines before ``bsyms`` (see the module
     docstring). The backward's values do not require grad (it is not itself
     differentiated: ``create_graph=False``)."""
-    program = _sub_trace(bsyms, args, names, tuple(outputs), "computation")
+    program = _sub_trace(bsyms, args, tuple(outputs), names, "computation")
     split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
