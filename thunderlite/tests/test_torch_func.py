@@ -462,6 +462,15 @@ def test_hooks_on_inputs_outputs_and_captured_tensors_inside_grad():
     _check(captured, x, torch.randn(4, dtype=torch.float64, requires_grad=True), backward=True)
 
 
+def test_hook_inside_forward_mode_raises_as_eager():
+    x = torch.randn(4, dtype=torch.float64)
+    for prog in (lambda x: jvp(_hooked, (x,), (torch.ones_like(x),)), lambda x: jacfwd(_hooked)(x)):
+        with pytest.raises(RuntimeError, match="doesn't require gradient"):
+            prog(x)
+        with pytest.raises(RuntimeError, match="doesn't require gradient.*test_torch_func.py"):
+            thunderlite.jit(prog)(x)
+
+
 def test_second_order_through_backward_kernels():
     # conv, batch_norm and cross_entropy backward kernels differentiated again (PyTorch autograd's
     # double backward) and the statistics a fused forward saves kept differentiable

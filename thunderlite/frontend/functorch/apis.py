@@ -110,6 +110,13 @@ class _Diff:
         names = current_trace().names
         self.lin: Linearized = linearize(bsyms, self.wrt, out, names, f"{what} at {_line(hooks)}",
                                          higher_order=any(g.requires_grad for g in self.given))
+        if self.lin.hooks and what in ("jvp", "jacfwd"):      # eager's forward mode: its tensors carry no grad
+            if not any(g.requires_grad for g in self.given):
+                raise RuntimeError(f"cannot register a hook on a tensor that doesn't require gradient (in {what} "
+                                   f"at {_line(hooks)})")
+            raise NotImplementedError(f"{what} at {_line(hooks)}: thunderlite computes forward mode by reverse "
+                                      "mode, so a tensor hook registered inside the function would run where "
+                                      "eager's runs in the caller's backward; register it outside the transform")
         out = self.lin.output
         if has_aux:
             out, self.aux = out

@@ -100,7 +100,9 @@ class Linearized:
     outputs: list
     handles: dict
     groups: AliasGroups
-    hooks: dict                                # tensor hooks of the values the sub-trace makes (tensor_hooks.py)
+    hooks: dict                                # tensor hooks of the values the sub-trace makes or receives
+    #                                            (tensor_hooks.py); a marker of a tensor it closed over stays
+    #                                            in ``forward``: the enclosing level's backward runs that hook
     kept: dict                                 # name -> the clone of a value a later write of the forward overwrites
 
     def backward(self, cotangents: list) -> list:
@@ -205,9 +207,11 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
                                   "function; compute it out of place")
     forward, handles = _opaque_forward(scratch, flat, tracked)
     forward, kept = _keep_overwritten(forward, groups, scratch)
-    forward += _outer_hooks(scratch.bound_symbols, wrt)
+    own = {w.name for w in wrt} | {p.name for b in scratch.bound_symbols for p in b.proxy_outs()}
+    hooks = hooks_of(scratch, groups, _where, of_args=True)
+    forward += [b for b in scratch.bound_symbols if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
     return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups,
-                      hooks_of(scratch, groups, _where, of_args=True), kept)
+                      {n: h for n, h in hooks.items() if n in own}, kept)
 
 
 def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace) -> tuple[list, dict]:
@@ -220,15 +224,6 @@ def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: 
     values = [p for p in (*free_tensors(forward), *outs) if type(p) is TensorProxy]
     forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch)
     return forward, {p.name: k for p, k in zip(values, kept, strict=True) if k is not p}
-
-
-def _outer_hooks(bsyms, wrt) -> list[BoundSymbol]:
-    """The ``register_hook`` markers of tensors the function closed over (it
-    neither made nor received them): no gradient of this level reaches them;
-    eager's hook fires in the enclosing level's backward, so the marker stays
-    for that level's sweep (or the caller's tensor, for a program input)."""
-    own = {w.name for w in wrt} | {p.name for b in bsyms for p in b.proxy_outs()}
-    return [b for b in bsyms if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
 
 
 def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
