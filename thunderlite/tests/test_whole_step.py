@@ -342,6 +342,20 @@ def test_in_place_write_on_the_gradient_path_before_backward():
     torch.testing.assert_close(jw.grad, ew.grad)
 
 
+def test_retained_graph_with_an_in_place_write_and_grad_of_the_written_tensor():
+    def step(w, x):
+        y = x @ w
+        y.mul_(2)
+        loss = y.pow(2).sum()
+        g, = torch.autograd.grad(loss, y, retain_graph=True)     # the written tensor's gradient
+        loss.backward()
+        return w.grad.clone(), g, y.detach() + 0
+    w, x = torch.randn(3, 2), torch.randn(4, 3)
+    ew, jw = w.clone().requires_grad_(), w.clone().requires_grad_()
+    for e, g in zip(step(ew, x), thunderlite.jit(step)(jw, x), strict=True):
+        torch.testing.assert_close(g, e)
+
+
 def test_write_into_a_view_on_the_gradient_path_before_backward_is_refused_with_its_line():
     def step(w, x):
         y = x @ w

@@ -301,7 +301,11 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     pool; ``defined``: names the host defines before ``bsyms`` (see the module
     docstring). The backward's values do not require grad (it is not itself
     differentiated: ``create_graph=False``)."""
-    program = _sub_trace(bsyms, args, tuple(outputs), names, "computation")
+    program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
+    outs, wrt_values = program.output       # the values' newest names after the program's writes
+    program = program.with_bound_symbols("", program.bound_symbols[:-1])
+    with tracectx(program):
+        program.set_return(outs)
     split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
