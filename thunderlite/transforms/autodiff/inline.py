@@ -2,9 +2,11 @@
 differentiated and their forward and backward inlined into the trace that
 recorded them, so the gradient is an ordinary part of the program
 (docs/architecture.md §9, "torch.func inside a trace" and "Backward inside
-the trace"). Nothing of PyTorch's autograd runs; both callers reuse the
-flattening, the VJP rules and the reverse sweep of split.py, tensor hooks
-(tensor_hooks.py) included.
+the trace"). Nothing of PyTorch's autograd runs; both callers start from
+one sub-trace builder (``_sub_trace``: its own alias barriers, so reads after
+a write name the new value) and reuse the flattening, the VJP rules, the
+reverse sweep and the protection of overwritten values of split.py, tensor
+hooks (tensor_hooks.py) included.
 
 Two front doors, one per caller:
 
@@ -23,10 +25,12 @@ Two front doors, one per caller:
   (``loss.backward()`` / ``torch.autograd.grad`` inside a jitted step,
   frontend/training/traced_autograd.py): the symbols recorded so far,
   differentiated with respect to the *leaves* ``mask`` selects (and captured
-  intermediates, ``wrt_values``) by ``split_forward_backward`` (so writes on
-  the gradient path are functionalized, saved values a later write
-  overwrites are protected, cheap values recomputed), its backward bound to
-  the host's cotangents::
+  intermediates, ``wrt_values``) by ``split_forward_backward`` (its checks,
+  saved values a later write overwrites protected, cheap values recomputed;
+  a write on the gradient path that needs a functional rewrite, into a view
+  or under no_grad, is refused: the rewrite would leave the memory the host
+  reads afterwards unwritten), its
+  backward bound to the host's cotangents::
 
     inl = inline_backward(segment, free, mask, [loss], [ones], names=trace.names)
     trace.bound_symbols[start:] = inl.forward + inl.backward
@@ -137,7 +141,8 @@ class Linearized:
         if self.kept:       # a value the forward overwrote: its clone holds what the rules read
             scope[start:] = [rename_bsym(b, self.kept) for b in scope[start:]]
         _exact_requires_grad(scope[start:])
-        return [grads.get(w.name) for w in self.wrt]
+        out = [grads.get(w.name) for w in self.wrt]
+        return [self.kept.get(g.name, g) if g is not None else None for g in out]
 
     def _proxies(self) -> list[TensorProxy]:
         seen: dict[int, TensorProxy] = {}
@@ -314,8 +319,8 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     if split.functionalized is not None:     # the host's later reads see the memory, which the rewrite leaves as it was
         at = next((f" at {_where(b)}" for b in bsyms if _writes(b) and b.source is not None
                    and any(a.requires_grad for a in b.tensor_args())), "")
-        raise NotInlinable(f"a write on the gradient path into a tensor sharing storage with another (a view, "
-                           f"its base){at}")
+        raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
+                           f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
