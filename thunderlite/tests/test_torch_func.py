@@ -429,6 +429,7 @@ def test_grad_of_a_function_registering_hooks_on_intermediates():
     _check(lambda x: vjp(_hooked, x)[1](torch.tensor(2.0, dtype=torch.float64)), x)
     _check(lambda x: jacrev(lambda x: x.sin() * _hooked(x))(x), x)
     _check(lambda x: grad(lambda x: grad(_hooked)(x).pow(2).sum())(x), x)      # through the hooks' math
+    _check(lambda x: hessian(_hooked)(x), x)           # jacfwd over the jacrev level the hooks belong to
 
 
 def test_hooks_on_inputs_outputs_and_captured_tensors_inside_grad():
