@@ -172,16 +172,21 @@ class BoundSymbol:
         return bsym_line(self, {})
 
 
-def free_tensors(bsyms) -> list:
-    """Tensor proxies ``bsyms`` read without defining them (a decomposition's
-    inputs, and tensors it reads from outside), in first-use order."""
+def free_proxies(bsyms) -> list[Proxy]:
+    """Proxies (tensors and numbers) ``bsyms`` read without defining them (a
+    decomposition's inputs, and values it reads from outside), in first-use order."""
     defined, free = set(), {}
     for bsym in bsyms:
-        for p in bsym.tensor_args():
+        for p in bsym.proxy_args():
             if p.name not in defined:
                 free.setdefault(p.name, p)
         defined.update(p.name for p in bsym.proxy_outs())
     return list(free.values())
+
+
+def free_tensors(bsyms) -> list[TensorProxy]:
+    """The tensors among ``free_proxies(bsyms)``."""
+    return [p for p in free_proxies(bsyms) if type(p) is TensorProxy]
 
 
 def walk(bsym: BoundSymbol):

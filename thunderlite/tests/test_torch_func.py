@@ -374,6 +374,24 @@ def test_write_into_differentiated_input_is_refused():
         thunderlite.jit(lambda x: grad(f)(x))(torch.randn(3))
 
 
+def test_value_a_later_write_overwrites_is_kept_for_the_backward():
+    """Eager raises "modified by an inplace operation"; the gradient is the
+    mathematically correct one, as in the program's own backward (split.py)."""
+    def f(x):
+        y = x * 2
+        z = y.sin()
+        y.mul_(3)
+        return (z + y).sum()
+
+    def reference(x):
+        y = x * 2
+        return (y.sin() + y * 3).sum()
+    x = torch.randn(4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        grad(f)(x)
+    torch.testing.assert_close(thunderlite.jit(lambda x: grad(f)(x))(x), grad(reference)(x))
+
+
 _GLOBAL_GRAD = grad(_loss)
 _GLOBAL_VMAP = vmap(torch.dot)
 
@@ -392,6 +410,66 @@ def test_every_prim_has_a_batching_rule():
     missing = [s.id for name, s in prims.all_prims().items()
                if s.id not in RULES and name not in exempt and Tag.RANDOM not in s.tags]
     assert missing == []
+
+
+# --- tensor hooks inside a transform (the same sweep as the program's backward) -------------
+
+def _hooked(x):
+    y = x.sin()
+    y.register_hook(lambda g: g * 3)
+    y.register_hook(lambda g: g - 1)
+    z = y * x
+    z.register_hook(lambda g: g * 0.5)
+    return z.sum()
+
+
+def test_grad_of_a_function_registering_hooks_on_intermediates():
+    x = torch.randn(4, dtype=torch.float64)
+    _check(lambda x: grad(_hooked)(x), x)
+    _check(lambda x: vjp(_hooked, x)[1](torch.tensor(2.0, dtype=torch.float64)), x)
+    _check(lambda x: jacrev(lambda x: x.sin() * _hooked(x))(x), x)
+    _check(lambda x: grad(lambda x: grad(_hooked)(x).pow(2).sum())(x), x)      # through the hooks' math
+    _check(lambda x: hessian(_hooked)(x), x)           # jacfwd over the jacrev level the hooks belong to
+
+
+def test_hooks_on_inputs_outputs_and_captured_tensors_inside_grad():
+    calls = []
+
+    def on_input(x):
+        x.register_hook(lambda g: g * 7)
+        return x.cos().sum()
+
+    def on_output(x):
+        out = (x * x).sum()
+        out.register_hook(lambda g: g * 5)
+        return out
+
+    def python_hook(x):                      # not tensor math: called when the backward runs, as in eager
+        y = x.exp()
+        y.register_hook(lambda g: calls.append(1) or g + 1)
+        return (y * x).sum()
+    x = torch.randn(4, dtype=torch.float64)
+    for f in (on_input, on_output, python_hook):
+        _check(lambda x, f=f: grad(f)(x), x)
+    assert len(calls) == 2                   # eager's call and the jitted one
+
+    def captured(x, w):                      # no gradient of grad's level reaches v: the caller's backward runs it
+        v = w * 2
+
+        def f(x):
+            v.register_hook(lambda g: g * 10)
+            return (x * v).sum()
+        return grad(f)(x).sum() + v.sum()
+    _check(captured, x, torch.randn(4, dtype=torch.float64, requires_grad=True), backward=True)
+
+
+def test_hook_inside_forward_mode_raises_as_eager():
+    x = torch.randn(4, dtype=torch.float64)
+    for prog in (lambda x: jvp(_hooked, (x,), (torch.ones_like(x),)), lambda x: jacfwd(_hooked)(x)):
+        with pytest.raises(RuntimeError, match="doesn't require gradient"):
+            prog(x)
+        with pytest.raises(RuntimeError, match="doesn't require gradient.*test_torch_func.py"):
+            thunderlite.jit(prog)(x)
 
 
 def test_second_order_through_backward_kernels():

@@ -323,3 +323,53 @@ def test_batch_norm_running_statistics_in_the_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     run_both(train_step, _sgd, model=model)
+
+
+def test_in_place_write_on_the_gradient_path_before_backward():
+    """The recorded symbols get their own alias barriers before they are
+    differentiated (as a torch.func sub-trace does): the backward reads the
+    written value, and so does the program afterwards."""
+    def step(w, x):
+        y = x @ w
+        y.mul_(2)
+        y.add_(x.sum(1, keepdim=True))
+        y.pow(2).sum().backward()
+        return w.grad.clone(), y.detach() * 3
+    w, x = torch.randn(3, 2), torch.randn(4, 3)
+    ew, jw = w.clone().requires_grad_(), w.clone().requires_grad_()
+    for e, g in zip(step(ew, x), thunderlite.jit(step)(jw, x), strict=True):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(jw.grad, ew.grad)
+
+
+def test_retained_graph_with_an_in_place_write_and_grad_of_the_written_tensor():
+    def step(w, x):
+        y = x @ w
+        y.mul_(2)
+        loss = y.pow(2).sum()
+        g, = torch.autograd.grad(loss, y, retain_graph=True)     # the written tensor's gradient
+        loss.backward()
+        return w.grad.clone(), g, y.detach() + 0
+    w, x = torch.randn(3, 2), torch.randn(4, 3)
+    ew, jw = w.clone().requires_grad_(), w.clone().requires_grad_()
+    for e, g in zip(step(ew, x), thunderlite.jit(step)(jw, x), strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_write_into_a_view_on_the_gradient_path_before_backward_is_refused_with_its_line():
+    def step(w, x):
+        y = x @ w
+        y[:, 0].mul_(2)
+        y.pow(2).sum().backward()
+        return w.grad, y.detach()
+    with pytest.raises(NotImplementedError, match=r"rewrites functionally.*y\[:, 0\]\.mul_\(2\).*backward\(\)"):
+        thunderlite.jit(step)(torch.randn(3, 2, requires_grad=True), torch.randn(4, 3))
+
+    def no_grad_write(w, x):
+        y = x @ w
+        with torch.no_grad():
+            y.mul_(2)
+        y.pow(2).sum().backward()
+        return w.grad
+    with pytest.raises(NotImplementedError, match=r"rewrites functionally.*y\.mul_\(2\)"):
+        thunderlite.jit(no_grad_write)(torch.randn(3, 2, requires_grad=True), torch.randn(4, 3))

@@ -32,7 +32,7 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import current_trace
 from thunderlite.torch import opaque_symbol_for
-from thunderlite.transforms.autodiff.inline_vjp import cross_entropy_backward_reference
+from thunderlite.transforms.autodiff.inline import cross_entropy_backward_reference
 
 RULES: dict[str, Callable] = {}
 

@@ -8,7 +8,7 @@ emits, into the enclosing trace, what the transform computes from it:
 - reverse mode (``grad``, ``grad_and_value``, ``vjp``): every differentiated
   tensor enters as a fresh name (an identity reshape of the value given), the
   function's symbols are differentiated from those names only
-  (``autodiff/inline_vjp.py``), and forward and backward are inlined, so
+  (``autodiff/inline.py``), and forward and backward are inlined, so
   ``last_traces`` shows the gradient computation, and a transform nested in
   another, or the caller's ``backward()``, differentiates it again;
 - forward mode (``jvp``) by the double-VJP identity: the VJP is linear in its
@@ -41,7 +41,7 @@ from thunderlite.core.tracectx import current_trace
 from thunderlite.frontend.functorch.subtrace import inline, record, recorded
 from thunderlite.interpreter import interpret
 from thunderlite.torch import symbol_for
-from thunderlite.transforms.autodiff.inline_vjp import Linearized, linearize, settle_requires_grad
+from thunderlite.transforms.autodiff.inline import Linearized, linearize, settle_requires_grad
 from thunderlite.transforms.batching import batch
 
 _MISSING = object()
@@ -110,6 +110,13 @@ class _Diff:
         names = current_trace().names
         self.lin: Linearized = linearize(bsyms, self.wrt, out, names, f"{what} at {_line(hooks)}",
                                          higher_order=any(g.requires_grad for g in self.given))
+        if self.lin.hooks and what in ("jvp", "jacfwd"):      # eager's forward mode: its tensors carry no grad
+            if not any(g.requires_grad for g in self.given):
+                raise RuntimeError(f"cannot register a hook on a tensor that doesn't require gradient (in {what} "
+                                   f"at {_line(hooks)})")
+            raise NotImplementedError(f"{what} at {_line(hooks)}: thunderlite computes forward mode by reverse "
+                                      "mode, so a tensor hook registered inside the function would run where "
+                                      "eager's runs in the caller's backward; register it outside the transform")
         out = self.lin.output
         if has_aux:
             out, self.aux = out

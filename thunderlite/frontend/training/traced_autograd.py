@@ -31,10 +31,10 @@ import torch
 from thunderlite.core import dtypes
 from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, free_proxies
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
-from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, free_proxies, graph_of, inline_backward
+from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 
 _SECOND_BACKWARD = (

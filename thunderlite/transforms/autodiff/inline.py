@@ -1,40 +1,272 @@
-"""Backward inside a trace: differentiate symbols already recorded and inline
-their backward after them (docs/architecture.md §9, "Backward inside the trace").
+"""Differentiation inside a trace: the symbols a program recorded are
+differentiated and their forward and backward inlined into the trace that
+recorded them, so the gradient is an ordinary part of the program
+(docs/architecture.md §9, "torch.func inside a trace" and "Backward inside
+the trace"). Nothing of PyTorch's autograd runs; both callers start from
+one sub-trace builder (``_sub_trace``: its own alias barriers, so reads after
+a write name the new value) and reuse the flattening, the VJP rules, the
+reverse sweep and the protection of overwritten values of split.py, tensor
+hooks (tensor_hooks.py) included.
 
-``inline_backward`` is the routine a trace uses when the program itself asks
-for gradients (``loss.backward()``, ``torch.autograd.grad`` inside a jitted
-step; docs/architecture.md §9): the symbols recorded so far become a small
-program of their own, ``split_forward_backward`` differentiates it, and the
-host trace gets the forward (flattened where differentiation needed it, with
-the forwards that return what the rules read) followed by the backward, its
-incoming gradients bound to the host's values. Nothing of PyTorch's autograd
-runs: the gradients are trace values like any other. Example::
+Two front doors, one per caller:
+
+- ``linearize(bsyms, wrt, output, names, what)`` (torch.func, frontend/functorch/):
+  a sub-trace differentiated with respect to *fresh names* (each level of a
+  nested transform tracks only its own). It returns a ``Linearized`` whose
+  ``forward`` is inlined, and whose ``backward(cotangents)`` records the
+  sweep into the current trace (and may be called again: ``vjp_fn``, ``jvp``,
+  ``jacrev`` record it into scratch traces). Where an enclosing level may
+  differentiate the gradient again, composites on the gradient path are
+  differentiated through their decompositions (the prims' rules give
+  gradients made of prims); the backward kernels that have no decomposition
+  get VJP rules below that run PyTorch's autograd on them. Eager's error for
+  a write into a captured tensor.
+- ``inline_backward(bsyms, args, mask, outputs, cotangents, names=...)``
+  (``loss.backward()`` / ``torch.autograd.grad`` inside a jitted step,
+  frontend/training/traced_autograd.py): the symbols recorded so far,
+  differentiated with respect to the *leaves* ``mask`` selects (and captured
+  intermediates, ``wrt_values``) by ``split_forward_backward`` (its checks,
+  saved values a later write overwrites protected, cheap values recomputed;
+  a write on the gradient path that needs a functional rewrite, into a view
+  or under no_grad, is refused: the rewrite would leave the memory the host
+  reads afterwards unwritten), its
+  backward bound to the host's cotangents::
 
     inl = inline_backward(segment, free, mask, [loss], [ones], names=trace.names)
     trace.bound_symbols[start:] = inl.forward + inl.backward
     grads = inl.grads            # one per free value: a proxy or None
 
-Symbols whose every output the host already defines (a retained graph
-differentiated again) are not repeated; a forward whose rule needs more than
-the host kept (``native_layer_norm``'s statistics) is recomputed under fresh
-names for the outputs the host has.
+  Symbols whose every output the host already defines (a retained graph
+  differentiated again) are not repeated; a forward whose rule needs more
+  than the host kept (``native_layer_norm``'s statistics) is recomputed under
+  fresh names for the outputs the host has.
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from thunderlite.core import pytree
+from thunderlite.core import dtypes, pytree
+from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.retrace import rename_bsym
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import tracectx
-from thunderlite.transforms.autodiff.split import split_forward_backward
+from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch import opaque_symbol_for
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
+from thunderlite.transforms.autodiff import rules, symbols
+from thunderlite.transforms.autodiff.function import is_function_symbol
+from thunderlite.transforms.autodiff.split import (
+    _accumulate,
+    _flatten,
+    _needs_eager,
+    _opaque_forward,
+    _protect_overwritten,
+    _sweep,
+    _vjp_pairs,
+    _where,
+    split_forward_backward,
+)
 from thunderlite.transforms.autodiff.symbols import UNPACK_SAVED
+from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks, hooks_of
 
+
+def _sub_trace(bsyms, args, output, names, name: str) -> Trace:
+    """``bsyms`` (reading ``args`` and values of the host freely) as a program
+    of their own returning ``output``, sharing the host's name pool, with its
+    own alias barriers where it writes (reads after a write name the new
+    value, as differentiation needs; the host's own come later)."""
+    trc = Trace(name, names=names)
+    trc.args = list(args)
+    trc.bound_symbols = list(bsyms)
+    trc._scopes = [trc.bound_symbols]
+    with tracectx(trc):
+        trc.set_return(output)
+    return update_aliases(trc)
+
+
+# --- torch.func: a sub-trace with respect to fresh names -------------------------------------
+
+@dataclass
+class Linearized:
+    """A differentiated sub-trace: ``forward`` to inline, ``backward`` to call."""
+    forward: list[BoundSymbol]
+    flat: list[BoundSymbol]
+    tracked: set[str]
+    wrt: list[TensorProxy]
+    output: object                             # the output, renamed after the sub-trace's writes
+    outputs: list
+    handles: dict
+    groups: AliasGroups
+    hooks: dict                                # tensor hooks of the values the sub-trace makes or receives
+    #                                            (tensor_hooks.py); a marker of a tensor it closed over stays
+    #                                            in ``forward``: the enclosing level's backward runs that hook
+    kept: dict                                 # name -> the clone of a value a later write of the forward overwrites
+
+    def backward(self, cotangents: list) -> list:
+        """The gradients of ``wrt`` (None where no path reaches one) given one
+        cotangent (or None) per tensor leaf of the output, recorded into the
+        current trace."""
+        trc = current_trace()
+        grads: dict[str, object] = {}
+        for o, g in zip(self.outputs, cotangents, strict=True):
+            if g is not None and type(o) is TensorProxy and o.name in self.tracked:
+                _accumulate(grads, o, g)
+
+        def vjp(bsym: BoundSymbol, g) -> list[tuple]:
+            trc.source = bsym.source
+            return _vjp_pairs(bsym, g, trc, self.handles, self.groups, None, self.tracked)
+        # the rules ask the proxies which inputs want a gradient: this level's
+        # values do, and those an enclosing level differentiates keep wanting one
+        flags = [(p, p.requires_grad) for p in self._proxies()]
+        for p, f in flags:
+            p.requires_grad = f or p.name in self.tracked
+        source, start = trc.source, len(trc._scopes[-1])
+        try:
+            _sweep(self.flat, set(self.tracked), grads, vjp, hooks=self.hooks)
+            for w in self.wrt:      # an input's hooks see its total gradient, as autograd.grad's captured one
+                if w.name in self.hooks and w.name in grads:
+                    grads[w.name] = apply_hooks(self.hooks[w.name], grads[w.name], trc)
+        finally:
+            trc.source = source
+            for p, f in flags:
+                p.requires_grad = f
+        scope = trc._scopes[-1]
+        if self.kept:       # a value the forward overwrote: its clone holds what the rules read
+            scope[start:] = [rename_bsym(b, self.kept) for b in scope[start:]]
+        _exact_requires_grad(scope[start:])
+        out = [grads.get(w.name) for w in self.wrt]
+        return [self.kept.get(g.name, g) if g is not None else None for g in out]
+
+    def _proxies(self) -> list[TensorProxy]:
+        seen: dict[int, TensorProxy] = {}
+        for bsym in self.flat:
+            for b in walk(bsym):
+                for p in (*b.tensor_args(), *b.tensor_outs()):
+                    seen[id(p)] = p
+        return list(seen.values())
+
+
+def settle_requires_grad(bsyms) -> None:
+    """``requires_grad`` as the enclosing level sees it, after recording with
+    this level's inputs requiring grad: a value requires grad only where one of
+    its inputs does."""
+    for bsym in bsyms:
+        for b in walk(bsym):
+            if not any(a.requires_grad for a in b.tensor_args()):
+                for o in b.tensor_outs():
+                    o.requires_grad = False
+
+
+def _exact_requires_grad(bsyms) -> None:
+    """The gradient's symbols require grad where an input does (a backward
+    kernel's meta says it never does: in the program's own backward nothing
+    differentiates it; here an enclosing level may)."""
+    for bsym in bsyms:
+        for b in walk(bsym):
+            if rules.is_non_differentiable(b.sym):
+                continue
+            need = any(a.requires_grad for a in b.tensor_args())
+            for o in b.tensor_outs():
+                o.requires_grad = need and dtypes.is_inexact(o.dtype)
+
+
+def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, what: str,
+              higher_order: bool = False) -> Linearized:
+    """``bsyms`` (computing ``output``) ready to differentiate with respect to
+    ``wrt``; ``what`` names the transform and the user's line for errors.
+    ``higher_order``: the gradient may be differentiated again (the values
+    given for ``wrt`` require grad in the enclosing level)."""
+    scratch = _sub_trace(bsyms, wrt, output, names, "sub-trace")
+    output = scratch.output                 # renamed after the sub-trace's writes
+    scratch = scratch.with_bound_symbols("", scratch.bound_symbols[:-1])
+    captured = _captured_write(scratch.bound_symbols, wrt)
+    if captured is not None:
+        top, leaf = captured
+        line = f" at {_where(top)}" if top.source is not None else ""
+        raise RuntimeError(f"During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call "
+                           f"in-place operation ({leaf.sym.id}{line}) that would mutate a captured Tensor. This "
+                           "is not supported; please rewrite the function being transformed to explicitly accept "
+                           f"the mutated Tensor(s) as inputs. ({what})")
+    tracked = {w.name for w in wrt}
+    flat: list[BoundSymbol] = []
+    nested = higher_order or any(p.requires_grad and p.name not in tracked
+                                 for p in free_tensors(scratch.bound_symbols))
+    if nested:
+        # an enclosing level may differentiate (or batch) this gradient again: the prims' rules,
+        # whose gradients are prims, rather than torch-level rules emitting fused kernels and
+        # registered forwards returning statistics no rule differentiates
+        _flatten(_decomposed_on_path(scratch.bound_symbols, set(tracked)), tracked, flat, None, None)
+    else:
+        _flatten(scratch.bound_symbols, tracked, flat, None, names)
+    groups = AliasGroups.of_trace(scratch)
+    reason = _needs_eager(scratch, flat, tracked, groups)
+    if reason is not None:
+        raise NotImplementedError(f"{what}: thunderlite cannot differentiate {reason} inside the transformed "
+                                  "function; compute it out of place")
+    forward, handles = _opaque_forward(scratch, flat, tracked)
+    forward, kept = _keep_overwritten(forward, groups, scratch)
+    own = {w.name for w in wrt} | {p.name for b in scratch.bound_symbols for p in b.proxy_outs()}
+    hooks = hooks_of(scratch, groups, _where, of_args=True)
+    forward += [b for b in scratch.bound_symbols if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
+    return Linearized(forward, flat, tracked, list(wrt), output, list(pytree.leaves(output)), handles, groups,
+                      {n: h for n, h in hooks.items() if n in own}, kept)
+
+
+def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace) -> tuple[list, dict]:
+    """``forward`` with a clone, taken right before the write, of each value a
+    later write overwrites (split.py's ``_protect_overwritten``: where eager
+    raises "modified by an inplace operation" the gradient is the correct
+    one), and name -> clone for the backward's reads. A clone the backward
+    does not read is dead code."""
+    outs = [p for b in forward for p in b.tensor_outs()]
+    values = [p for p in (*free_tensors(forward), *outs) if type(p) is TensorProxy]
+    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch)
+    return forward, {p.name: k for p, k in zip(values, kept, strict=True) if k is not p}
+
+
+def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
+    """``bsyms`` with every composite reading a ``tracked`` value replaced by its
+    decomposition (recursively); user Functions and opaque ops stay whole."""
+    out = []
+    for bsym in bsyms:
+        on_path = any(p.name in tracked for p in bsym.tensor_args())
+        if on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags:
+            subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
+            out.extend(_decomposed_on_path(subs, tracked))
+            continue
+        if on_path:
+            tracked.update(o.name for o in bsym.tensor_outs())
+        out.append(bsym)
+    return out
+
+
+def _captured_write(bsyms, wrt) -> tuple[BoundSymbol, BoundSymbol] | None:
+    """The first leaf writing memory the function did not make (a tensor it
+    closed over, a view of one), with its top-level symbol: eager's transforms
+    refuse those writes."""
+    made = {w.name for w in wrt}
+    outside: set[str] = set()
+    for bsym in bsyms:
+        for b in walk(bsym):
+            if b.subsymbols:
+                continue
+            for out, base in views(b):
+                if base.name in outside or base.name not in made:
+                    outside.add(out.name)
+            if any(dst.name in outside or dst.name not in made for dst, _ in writes(b)):
+                return bsym, b
+            made.update(p.name for p in b.proxy_outs() if p.name not in outside)
+    return None
+
+
+# --- a backward inside the program: recorded symbols with respect to leaves --------------------
 
 class NotInlinable(NotImplementedError):
     """The recorded symbols cannot be differentiated functionally here (the
@@ -48,18 +280,6 @@ class InlinedBackward:
     backward: list[BoundSymbol]     # appended after them
     grads: list                     # per argument: its gradient proxy, or None where none reaches it
     value_grads: list               # per ``wrt_values`` entry: its gradient, or None
-
-
-def free_proxies(bsyms) -> list[Proxy]:
-    """Proxies (tensors and numbers) ``bsyms`` read without defining them, in first-use order."""
-    defined: set[str] = set()
-    free: dict[str, Proxy] = {}
-    for bsym in bsyms:
-        for p in bsym.proxy_args():
-            if p.name not in defined:
-                free.setdefault(p.name, p)
-        defined.update(p.name for p in bsym.proxy_outs())
-    return list(free.values())
 
 
 def graph_of(bsyms, outputs) -> set[str]:
@@ -86,17 +306,21 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     pool; ``defined``: names the host defines before ``bsyms`` (see the module
     docstring). The backward's values do not require grad (it is not itself
     differentiated: ``create_graph=False``)."""
-    program = Trace("computation", names=names)
-    program.args = list(args)
-    program.bound_symbols = list(bsyms)
-    program._scopes = [program.bound_symbols]
+    program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
+    outs, wrt_values = program.output       # the values' newest names after the program's writes
+    program = program.with_bound_symbols("", program.bound_symbols[:-1])
     with tracectx(program):
-        program.set_return(tuple(outputs))
+        program.set_return(outs)
     split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
     if split.write_backs or split.epilogue is not None:
         raise NotInlinable("a write into a tensor that requires grad on the gradient path")
+    if split.functionalized is not None:     # the host's later reads see the memory, which the rewrite leaves as it was
+        at = next((f" at {_where(b)}" for b in bsyms if _writes(b) and b.source is not None
+                   and any(a.requires_grad for a in b.tensor_args())), "")
+        raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
+                           f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
@@ -186,3 +410,62 @@ def _no_meta(*args, **kwargs):
 GRAPH_USED = Symbol("graph_used", meta=_no_meta, impl=_graph_used_impl, module="autodiff")
 """A returned tensor whose graph the program's own backward used: it requires
 grad (as in eager) and a backward through it raises eager's error."""
+
+
+# --- the VJPs of backward kernels without a decomposition ------------------------------------
+# Differentiated only when a gradient is differentiated again (grad of grad, a loss on a
+# gradient): PyTorch's autograd differentiates the kernel (its double-backward formulas),
+# recomputing it at run time, as one opaque call.
+
+def _autograd_vjp(impl: Callable, diff: tuple[int, ...]) -> Callable:
+    """``run(grads, *args)``: the gradients of ``impl(*args)``'s outputs,
+    weighted by ``grads``, with respect to the arguments at positions ``diff``."""
+    def run(grads, *args):
+        with torch.enable_grad():
+            ins = list(args)
+            for i in diff:
+                ins[i] = args[i].detach().requires_grad_()
+            outs = impl(*ins)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+                     if g is not None and o is not None and o.requires_grad]
+            if not pairs:
+                return tuple(torch.zeros_like(args[i]) for i in diff)
+            res = torch.autograd.grad([o for o, _ in pairs], [ins[i] for i in diff], [g for _, g in pairs],
+                                      allow_unused=True)
+        return tuple(torch.zeros_like(args[i]) if r is None else r for i, r in zip(diff, res, strict=True))
+    run.__name__ = f"{getattr(impl, '__name__', 'kernel').lstrip('_')}_vjp"
+    return run
+
+
+def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
+    """``symbols.cross_entropy_backward`` out of place, so autograd can differentiate it."""
+    c_dim = 1 if a.ndim > 1 else 0
+    valid = (target != ignore_index).unsqueeze(c_dim)
+    safe = target.unsqueeze(c_dim).masked_fill(~valid, 0)
+    onehot = torch.zeros_like(a).scatter_add(c_dim, safe, valid.to(a.dtype))
+    grad = (torch.softmax(a, c_dim) - onehot) * valid
+    if reduction == "mean":
+        return grad * (g / valid.sum())
+    return grad * (g if reduction == "sum" else g.unsqueeze(c_dim))
+
+
+def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = None) -> None:
+    run = _autograd_vjp(impl or sym.impl, diff)
+
+    def rule(g, out, *args):
+        grads = tuple(g) if isinstance(out, tuple) else (g,)
+        res = opaque_symbol_for(run)(grads, *args)
+        by_pos = dict(zip(diff, res, strict=True))
+        return tuple(by_pos.get(i) if isinstance(a, TensorProxy) else None for i, a in enumerate(args))
+    # the rule table pairs results with the kernel's parameters by name
+    params = list(inspect.signature(sym.meta).parameters.values())
+    rule.__signature__ = inspect.Signature([inspect.Parameter("grad_", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                            inspect.Parameter("out_", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                            *params])
+    rules.register_vjp(sym)(rule)
+
+
+_register_autograd_vjp(symbols.convolution_backward, (0, 1, 2))      # g, input, weight
+_register_autograd_vjp(symbols.batch_norm_backward, (0, 1, 2))       # g, input, weight
+_register_autograd_vjp(symbols.cross_entropy_backward, (0, 1), cross_entropy_backward_reference)     # g, logits

@@ -74,7 +74,7 @@ import torch
 from thunderlite.core import dtypes, prims, pytree
 from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol, walk
+from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import current_trace, tracectx
@@ -727,16 +727,8 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
 
 def _free_names(bwd: Trace) -> list[Proxy]:
     """Proxies the backward reads but does not define: forward values to save."""
-    defined = {p.name for p in bwd.args if isinstance(p, Proxy)}
-    free, seen = [], set()
-    for bsym in bwd.bound_symbols:
-        for p in bsym.proxy_args():
-            if p.name not in defined and p.name not in seen:
-                seen.add(p.name)
-                free.append(p)
-        for p in bsym.proxy_outs():
-            defined.add(p.name)
-    return free
+    args = {p.name for p in bwd.args if isinstance(p, Proxy)}
+    return [p for p in free_proxies(bwd.bound_symbols) if p.name not in args]
 
 
 def _first_write_after(fwd_bsyms, groups: AliasGroups, args=()) -> dict[str, int]:

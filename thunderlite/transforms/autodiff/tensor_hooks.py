@@ -6,8 +6,9 @@
 sweep (split.py ``_sweep``) calls ``apply_hooks`` on the *total* gradient of
 such a value, when the symbol producing it takes its output gradient, so each
 hook fires once, in order of registration, with what eager's would get, and
-what it returns replaces the gradient (None keeps it). A backward traced
-inside the program can reuse the same two calls.
+what it returns replaces the gradient (None keeps it). Differentiation
+inside a trace (inline.py: a backward called inside the program, a torch.func
+transform) uses the same two calls.
 
 A hook that is tensor math (``is_tensor_math``: ``lambda g: g * 3``,
 ``lambda g: g * h.detach()``) is traced into the backward, where it fuses
@@ -59,12 +60,15 @@ CALL_TENSOR_HOOK = Symbol("call_tensor_hook", meta=_call_tensor_hook_meta, impl=
 eager calls it; ``reads``: the values of the traced tensors it closes over."""
 
 
-def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str]) -> dict[str, list[tuple]]:
+def hooks_of(trace: Trace, groups: AliasGroups, where: Callable[[BoundSymbol], str], *,
+             of_args: bool = False) -> dict[str, list[tuple]]:
     """name -> the hooks (in order) of the values ``trace`` makes, each
-    ``(function, traced tensors it reads)``. A traced hook reads the tensors
-    it closes over as they are when the forward ends (eager's backward sees
-    the objects then): one written after the hook was registered is refused."""
-    args = {a.name for a in trace.args if isinstance(a, Proxy)}
+    ``(function, traced tensors it reads)``; ``of_args``: of its arguments too
+    (a torch.func level's own inputs, not the caller's tensors). A traced hook
+    reads the tensors it closes over as they are when the forward ends
+    (eager's backward sees the objects then): one written after the hook was
+    registered is refused."""
+    args = set() if of_args else {a.name for a in trace.args if isinstance(a, Proxy)}
     hooks: dict[str, list[tuple]] = {}
     for i, bsym in enumerate(trace.bound_symbols):
         if bsym.sym.id == REGISTER_HOOK_ID and bsym.args[0].name not in args:
