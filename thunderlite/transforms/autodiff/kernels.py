@@ -131,10 +131,24 @@ def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
 
 # --- cross entropy: log_softmax + nll_loss, as eager runs it --------------------------------------
 
-def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int):
-    log_probs = torch.log_softmax(input, 1)
+def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int, *, out=None):
+    """``out``: where the log-probabilities go, given by reuse_buffers.py when
+    the logits die here (the one buffer of the step's largest activation holds
+    both, one after the other). The CPU kernel reads each row whole (its max
+    and sum) before it writes that row's outputs, each from its own input
+    element, so it runs in place; elsewhere the result is copied in."""
+    if out is None:
+        log_probs = torch.log_softmax(input, 1)
+    elif input.device.type == "cpu":
+        log_probs = torch.log_softmax(input, 1, out=out)
+    else:
+        log_probs = out.copy_(torch.log_softmax(input, 1))
     loss, total_weight = aten.nll_loss_forward(log_probs, target, None, reduction, ignore_index)
     return loss, log_probs, total_weight
+
+
+_cross_entropy_forward_impl.takes_out = True
+_cross_entropy_forward_impl.out_output = 1          # out= holds the log-probabilities
 
 
 @_kernel(_cross_entropy_forward_impl)
