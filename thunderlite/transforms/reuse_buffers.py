@@ -81,6 +81,14 @@ class _Storage:
         return [n for n in self.groups.get(self._find(name), ()) if n != name]
 
 
+def out_result(bsym: BoundSymbol) -> TensorProxy | None:
+    """The output an ``out=`` argument of ``bsym`` holds: its one tensor output,
+    or the one a kernel with several names (``out_output``), else None."""
+    outs = bsym.tensor_outs()
+    k = 0 if len(outs) == 1 else getattr(bsym.sym.torch_fn, "out_output", None)
+    return None if k is None else outs[k]
+
+
 def _last_uses(bsyms: list[BoundSymbol]) -> dict[str, int]:
     """Index of the symbol each deleted name dies at (the one its ``del`` follows)."""
     last: dict[str, int] = {}
@@ -111,11 +119,9 @@ class _Plan:
                                   if base.name in self.owned and out.numel() == base.numel())
 
     def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
-        outs = bsym.tensor_outs()
-        k = 0 if len(outs) == 1 else getattr(bsym.sym.torch_fn, "out_output", None)
-        if k is None:
+        out = out_result(bsym)
+        if out is None:
             return None
-        out = outs[k]
         if self.recorded and (out.requires_grad or any(a.requires_grad for a in bsym.tensor_args())):
             return None            # autograd refuses out= where it records (a leaf the program made)
         for a in bsym.tensor_args():
