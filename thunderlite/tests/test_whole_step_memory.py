@@ -57,9 +57,12 @@ def test_layer_norm_output_is_recomputed_in_the_backward():
     assert dels and dels[0] < loss[0]          # the forward's output dies at the head's matmul
 
 
-def test_rms_norm_in_the_step_matches_eager():
+def test_rms_norm_output_is_recomputed_too():
     torch.manual_seed(0)
-    run_both(step, _adamw, model=NormNet(nn.RMSNorm), args=_args())
+    jstep, _, _, _ = run_both(step, _adamw, model=NormNet(nn.RMSNorm), args=_args())
+    final = thunderlite.last_traces(jstep)[-1]
+    norms, loss = _calls(final, "fused_rms_norm"), _calls(final, "cross_entropy_forward")
+    assert len(norms) == 2 and norms[0] < loss[0] < norms[1]
 
 
 def test_the_model_alone_still_saves_the_norm_output():
