@@ -208,8 +208,11 @@ def writes_out(bsym: BoundSymbol) -> bool:
     (``torch.add(t, 1)``, ``torch.sin(t)``, ``torch.div(t, s)`` of a 0-d ``s``)."""
     if bsym.sym is _WHERE:
         return all(type(a) is TensorProxy for a in bsym.args)
-    if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
-        return bsym.sym.executor is ex
+    fn = bsym.sym.torch_fn
+    if getattr(fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
+        devices = getattr(fn, "out_devices", None)     # where the kernel is known to run in place
+        return bsym.sym.executor is ex and (devices is None or
+                                            all(t.device.type in devices for t in bsym.tensor_args()))
     if not bsym.args or type(bsym.args[0]) is not TensorProxy:
         return False
     return bsym.sym in _WRITES_OUT or (bsym.sym.executor is ex and _elementwise_torch_call(bsym))
