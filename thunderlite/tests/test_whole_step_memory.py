@@ -1,7 +1,9 @@
 """What a whole training step keeps alive: norm outputs recomputed in the
 backward (autodiff/rematerialize.py, ``norms``), cross entropy's
 log-probabilities written into the dying logits and broadcasting elementwise
-calls into a dying operand (transforms/reuse_buffers.py). Results equal eager's."""
+calls into a dying operand (transforms/reuse_buffers.py), an optimizer's
+per-parameter 0-d arithmetic batched (whole_step.batch_scalar_chains).
+Results equal eager's."""
 from __future__ import annotations
 
 import torch
@@ -112,3 +114,22 @@ def test_broadcasting_division_writes_into_its_dying_operand():
     b = final.bound_symbols[div]
     assert b.kwargs.get("out") is not None and b.kwargs["out"].name == b.args[0].name
     assert live_memory(final).peak_bytes == 8 * 16 * 4     # one buffer for sqrt, div and add
+
+
+def test_adamw_bias_corrections_are_computed_once_for_all_parameters():
+    """``batch_scalar_chains``: the per-parameter 0-d arithmetic of AdamW's
+    compiling path runs once on the stacked step counts; the chain that reads
+    the learning rate, once per parameter group. Optimizer state equals eager's."""
+    def adamw_groups(ps):
+        ps = list(ps)
+        return torch.optim.AdamW([{"params": ps[:3]}, {"params": ps[3:], "lr": 5e-3}], lr=1e-2)
+    torch.manual_seed(0)
+    jstep, _, _, _ = run_both(step, adamw_groups, model=NormNet(), args=_args())
+    final = thunderlite.last_traces(jstep)[-1]
+    assert "batch_scalar_chains" in [t.stage for t in thunderlite.last_traces(jstep)]
+    pows = [final.bound_symbols[i] for i in _calls(final, "pow")]
+    assert pows and all(b.output.shape != () for b in pows)        # none per parameter
+    stacks, unbinds = _calls(final, "stack"), _calls(final, "unbind")
+    assert len(stacks) == len(unbinds) == 3
+    # v's correction (no lr in it) once for all 6 parameters; the step size (times lr) once per group
+    assert sorted(final.bound_symbols[i].output.shape[0] for i in stacks) == [3, 3, 6]
