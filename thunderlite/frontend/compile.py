@@ -453,7 +453,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     if own_backward is not None:
         t = _record(traces, _step(drop_autograd_markers, t))
         t = _record(traces, _step(schedule_updates, t, own_backward, groups))
-        t = _record(traces, _step(batch_scalar_chains, t))
+        t = _record(traces, _step(batch_scalar_chains, t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
     if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:

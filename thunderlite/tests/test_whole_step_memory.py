@@ -133,3 +133,17 @@ def test_adamw_bias_corrections_are_computed_once_for_all_parameters():
     assert len(stacks) == len(unbinds) == 3
     # v's correction (no lr in it) once for all 6 parameters; the step size (times lr) once per group
     assert sorted(final.bound_symbols[i].output.shape[0] for i in stacks) == [3, 3, 6]
+
+
+def test_two_optimizer_steps_in_one_program_match_eager():
+    """The step counts are written twice: what the first step's corrections
+    read must be computed before the second increment."""
+    def two_steps(model, opt, x, y):
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    torch.manual_seed(0)
+    run_both(two_steps, _adamw, model=NormNet(), args=_args())

@@ -28,6 +28,7 @@ from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.torch.ops import shapes as ltorch
 from thunderlite.torch.ops.grad_mode import SET_GRAD_ENABLED_ID, requires_grad_marker
+from thunderlite.transforms.aliasing.update_aliases import ordering_edges
 from thunderlite.transforms.autodiff.rematerialize import is_cheap
 from thunderlite.transforms.fusion import dependencies
 
@@ -121,24 +122,26 @@ def _signature(bsyms, idx: list[int]):
             if x.name not in local:
                 local[x.name] = ("in", len(inputs))
                 inputs.append(x)
-            return local[x.name]
+            return (*local[x.name], str(x.dtype))
         return ("const", type(x).__name__, repr(x))
     for n, i in enumerate(idx):
         b = bsyms[i]
-        sig.append((b.sym.id, tuple(key(a) for a in b.args),
+        sig.append((b.sym.id, str(b.output.dtype), tuple(key(a) for a in b.args),
                     tuple(sorted((k, key(v)) for k, v in b.kwargs.items()))))
         local[b.output.name] = ("out", n)
     return tuple(sig), inputs, local
 
 
 @trace_pass("batch_scalar_chains")
-def batch_scalar_chains(trace: Trace) -> Trace:
+def batch_scalar_chains(trace: Trace, input_alias_groups=None) -> Trace:
     """Chains of 0-d CPU arithmetic that repeat per parameter (an optimizer's
     bias corrections from each step count, on its compiling path) computed
     once on the stacked inputs, each chain's results read back as views of
     the batch (``unbind``): one kernel per step of the chain instead of one
-    per parameter, the same arithmetic on the same values. A group is
-    batched where all its inputs exist before any of its results is read."""
+    per parameter, the same arithmetic on the same values (of the same
+    dtypes). A group is batched where all its inputs exist before any of its
+    results is read and no write into what it reads runs before it
+    (``ordering_edges``: two ``opt.step()`` in one program)."""
     bsyms = trace.bound_symbols
     scalar = [i for i, b in enumerate(bsyms) if Tag.RETURN not in b.sym.tags and _scalar(b)]
     groups: dict[tuple, list] = {}
@@ -150,13 +153,19 @@ def batch_scalar_chains(trace: Trace) -> Trace:
         for a in b.proxy_args():
             read_by.setdefault(a.name, []).append(i)
     producer = {p.name: i for i, b in enumerate(bsyms) for p in b.proxy_outs()}
+    # a chain may not move past a write into what it reads (its inputs' storage)
+    later_writes: dict[int, list[int]] = {}
+    for reader, writer in ordering_edges(trace, input_alias_groups):
+        later_writes.setdefault(reader, []).append(writer)
     insert: dict[int, list] = {}
     drop: set[int] = set()
     for sig, chains in groups.items():
-        if len(chains) < 2 or not chains[0][1]:        # constants: nothing to stack
+        if len(chains) < 2 or not chains[0][1]:        # alone, or constants only
             continue
         mine = {i for idx, _, _ in chains for i in idx}
         at = max((producer.get(a.name, -1) for _, ins, _ in chains for a in ins), default=-1)
+        if any(w <= at for i in mine for w in later_writes.get(i, ())):
+            continue
         outside = {bsyms[i].output.name: [r for r in read_by.get(bsyms[i].output.name, ()) if r not in mine]
                    for i in mine}
         if any(r <= at for rs in outside.values() for r in rs):
