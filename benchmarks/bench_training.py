@@ -121,23 +121,20 @@ Since then (2026-11-27) the whole step's backward recomputes each norm's output
 from its saved input instead of keeping it (autodiff/rematerialize.py,
 ``norms``), cross entropy writes its log-probabilities into the dying logits
 and AdamW's ``sqrt(v) / bias_correction`` into the dying ``sqrt``
-(reuse_buffers.py): at the loss the step now holds the activations the
-backward cannot do without (per layer the residual inputs of the two norms,
-qkv, attention's output, fc's output; about 21 MB) and one logits-sized
-buffer; its peak (about 25 MB, the head's gradient matmul) was 31 MB.
-``python benchmarks/bench_training.py --whole-step --models gpt --threads 1
---steps 16`` (load average 4-7, wall time 2.6x CPU time; time / CPU time /
-peak memory vs eager): jit(forward) 0.94 / 0.95 / 0.73, jit(step) 1.01 /
-1.01 / 0.57, torch.compile(step) 0.98 / 0.95 / 0.84; jit(step) / jit(forward)
-time 1.08, paired 1.09, CPU 1.06, memory 0.78. The same command without
-``--threads 1 --steps 16`` (2 threads on the loaded 2 cores): jit(forward)
-1.21 / 1.24 / 0.72, jit(step) 1.10 / 1.16 / 0.58, torch.compile(step) 0.88 /
-0.87 / 0.84; jit(step) / jit(forward) time 0.91, paired 0.98, CPU 0.94. In
-direct A/B runs of the two (30 interleaved steps, 1 thread) jit(step) took
-1.01-1.02x jit(forward)'s CPU time: the recomputed norms (about 0.1 ms each,
-five) and AdamW's nine 0-d kernels per parameter on its compiling path (about
-43 us a parameter, 1.2 ms a step) against eager's Python arithmetic on
-``step.item()``.
+(reuse_buffers.py), and AdamW's nine 0-d kernels per parameter (its compiling
+path keeps the step count a tensor) run once on the stacked step counts
+(whole_step.batch_scalar_chains). At the loss the step now holds the
+activations the backward cannot do without (per layer the residual inputs of
+the two norms, qkv, attention's output, fc's output; about 21 MB) and one
+logits-sized buffer; its peak (about 25 MB, at the head's gradient matmul)
+was 31 MB. ``python benchmarks/bench_training.py --whole-step --models gpt
+--threads 1 --steps 16`` (load average 2.5-3; time / CPU time / peak memory
+vs eager): jit(forward) 0.90 / 0.92 / 0.69, jit(step) 0.91 / 0.91 / 0.58,
+torch.compile(step) 0.90 / 0.92 / 0.80; jit(step) / jit(forward) time 1.01,
+paired 1.00, CPU 0.99, memory 0.84. Direct A/B runs of the two (30-40
+interleaved steps, 1 thread, CPU time): jit(step) 0.99-1.03 of jit(forward).
+Before the scalar batching (same command, load 4-7): jit(step) / jit(forward)
+time 1.08, CPU 1.06, memory 0.78 (jit(step) 0.57 of eager).
 
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
