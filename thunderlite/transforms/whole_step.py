@@ -108,7 +108,6 @@ def _components(bsyms, scalar: list[int]) -> list[list[int]]:
     return [sorted(m) for m in members.values()]
 
 
-
 def _signature(bsyms, idx: list[int]):
     """What a chain computes, its inputs by position: equal for the same
     arithmetic on other tensors (one optimizer's bias corrections, per
