@@ -117,6 +117,25 @@ peak memory 0.21 of eager's and 0.22 of jit(forward)'s (the gradients die as
 they are made), time 1.00 / CPU 0.97. Parameters equal eager's within 2e-5
 (jit(forward) likewise) after AdamW steps.
 
+Since then (2026-11-27) the whole step's backward recomputes each norm's output
+from its saved input instead of keeping it (autodiff/rematerialize.py,
+``norms``), cross entropy writes its log-probabilities into the dying logits
+and AdamW's ``sqrt(v) / bias_correction`` into the dying ``sqrt``
+(reuse_buffers.py), and AdamW's nine 0-d kernels per parameter (its compiling
+path keeps the step count a tensor) run once on the stacked step counts
+(whole_step.batch_scalar_chains). At the loss the step now holds the
+activations the backward cannot do without (per layer the residual inputs of
+the two norms, qkv, attention's output, fc's output; about 21 MB) and one
+logits-sized buffer; its peak (about 25 MB, at the head's gradient matmul)
+was 31 MB. ``python benchmarks/bench_training.py --whole-step --models gpt
+--threads 1 --steps 16`` (load average 2.5-3; time / CPU time / peak memory
+vs eager): jit(forward) 0.90 / 0.92 / 0.69, jit(step) 0.91 / 0.91 / 0.58,
+torch.compile(step) 0.90 / 0.92 / 0.80; jit(step) / jit(forward) time 1.01,
+paired 1.00, CPU 0.99, memory 0.84. Direct A/B runs of the two (30-40
+interleaved steps, 1 thread, CPU time): jit(step) 0.99-1.03 of jit(forward).
+Before the scalar batching (same command, load 4-7): jit(step) / jit(forward)
+time 1.08, CPU 1.06, memory 0.78 (jit(step) 0.57 of eager).
+
 Parameters after all steps equal eager's within 3e-8. First call vs layers
 (dim 64, CPU time, one process after a 1-layer warm-up): 0.20, 0.47, 1.07,
 1.96 s for 2, 4, 8, 16 layers (about 0.12 s a layer; wall time under this load

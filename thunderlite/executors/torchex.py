@@ -349,11 +349,15 @@ def writes_out(bsym: BoundSymbol) -> bool:
     (``torch.remainder(2, t, out=o)`` has none) and ``where`` three tensors.
     A torch-language symbol this executor runs as its ``torch.<fn>`` counts
     when that function has an ATen ``out`` overload and the symbol decomposes
-    into elementwise prims only (``torch.add(t, 1)``, ``torch.sin(t)``)."""
+    into elementwise prims only, and broadcasts of its operands
+    (``torch.add(t, 1)``, ``torch.sin(t)``, ``torch.div(t, s)`` of a 0-d ``s``)."""
     if bsym.sym is _WHERE:
         return all(type(a) is TensorProxy for a in bsym.args)
-    if getattr(bsym.sym.torch_fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
-        return bsym.sym.executor is ex
+    fn = bsym.sym.torch_fn
+    if getattr(fn, "takes_out", False):     # an elementwise ATen kernel (autodiff/kernels.py)
+        devices = getattr(fn, "out_devices", None)     # where the kernel is known to run in place
+        return bsym.sym.executor is ex and (devices is None or
+                                            all(t.device.type in devices for t in bsym.tensor_args()))
     if not bsym.args or type(bsym.args[0]) is not TensorProxy:
         return False
     return bsym.sym in _WRITES_OUT or (bsym.sym.executor is ex and _elementwise_torch_call(bsym))
@@ -367,7 +371,9 @@ def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
     fn = bsym.sym.torch_fn
     if not bsym.subsymbols or not getattr(fn, "__qualname__", "").startswith("_VariableFunctionsClass."):
         return False
-    return all(b.sym in _OUT_PRIMS for b in bsym.subsymbols) and _has_out_overload(fn)
+    # a broadcast spreads an operand (AdamW's ``sqrt(v) / bias_correction``); ``out`` has the result's shape
+    return (all(b.sym in _OUT_PRIMS or b.sym is prims.broadcast_in_dim for b in bsym.subsymbols)
+            and any(b.sym in _OUT_PRIMS for b in bsym.subsymbols) and _has_out_overload(fn))
 
 
 @functools.cache

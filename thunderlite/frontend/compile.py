@@ -48,7 +48,7 @@ from thunderlite.transforms.del_last_used import del_last_used
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook, prefetch_units
-from thunderlite.transforms.whole_step import drop_autograd_markers, schedule_updates
+from thunderlite.transforms.whole_step import batch_scalar_chains, drop_autograd_markers, schedule_updates
 
 INTERPRETATION_STAGE = "interpretation"
 
@@ -453,6 +453,7 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
     if own_backward is not None:
         t = _record(traces, _step(drop_autograd_markers, t))
         t = _record(traces, _step(schedule_updates, t, own_backward, groups))
+        t = _record(traces, _step(batch_scalar_chains, t, groups))
     exs = resolve_executors(executors)
     mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
     if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:

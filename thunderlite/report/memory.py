@@ -5,7 +5,8 @@ and what is alive then" without running anything. The model:
 
 - every tensor a symbol outputs is a new buffer of ``numel * itemsize`` bytes,
   except outputs that name memory that already exists: in-place results
-  (``core.aliasing.writes``: the new name of the written tensor), the renamed
+  (``core.aliasing.writes``: the new name of the written tensor), results
+  written ``out=`` a dying input (transforms/reuse_buffers.py), the renamed
   members of an alias barrier, and views: outputs the alias facts
   (``core.aliasing.views``) pair with exactly one input of the same item size.
   Those facts are conservative ("may alias"); for an estimate, an output that
@@ -34,6 +35,7 @@ from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.transforms.del_last_used import is_del
+from thunderlite.transforms.reuse_buffers import out_result
 
 
 def tensor_bytes(p: TensorProxy) -> int:
@@ -111,6 +113,9 @@ def _origin(bsym: BoundSymbol, out: TensorProxy, known: dict) -> str | None:
     for dst, new in writes(bsym):
         if new is out:
             return dst.name
+    dst = bsym.kwargs.get("out")
+    if isinstance(dst, TensorProxy) and dst.name in known and out_result(bsym) is out:
+        return dst.name       # reuse_buffers.py's out=: the result is written into a dying input
     bases = {base.name: base for o, base in views(bsym) if o is out and base.name in known}
     if len(bases) != 1:
         return None         # fresh, or an op that may alias any of several inputs: counted as new

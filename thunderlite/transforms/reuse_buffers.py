@@ -13,11 +13,13 @@ so the step allocates nothing and the buffer's pages stay warm.
 An input ``a`` of a symbol ``s`` is reused only when all of these hold:
 - ``write_out(s)``: the executor says ``s`` runs as an elementwise function
   that accepts ``out=`` (so writing over ``a`` while reading it is the
-  in-place form of the same op);
+  in-place form of the same op); a kernel with several outputs names the
+  one ``out=`` holds (``out_output``: cross entropy's log-probabilities);
 - ``a`` has ``s``'s output shape, dtype and device (never broadcast into it);
 - ``a`` dies at ``s`` (a ``del`` of it follows ``s``);
 - ``a`` was computed in this trace by an executor's symbol into fresh memory
-  (``core.aliasing``): not a trace input, nor a value unpacked from one (a
+  (``core.aliasing``), or is a reshape of such a value with all its elements
+  (``_RESHAPES``): not a trace input, nor a value unpacked from one (a
   saved-for-backward list), whose storage the caller may still hold, nor an
   output of an opaque call or a compiled region;
 - every other name that may share ``a``'s storage (its views, found through
@@ -47,6 +49,12 @@ call's, and a compiled region's (a compiler may return one buffer for two
 equal outputs)."""
 
 
+_RESHAPES = frozenset({"reshape", "view"})
+"""A reshape of a buffer the trace made holds all of it, in order: once every
+other name of the buffer has died, writing into it is writing into the buffer
+(the logits, reshaped to rows for cross entropy)."""
+
+
 class _Storage:
     """Names that may share storage (union-find over every ``(view, base)``
     pair), and the names that are some pair's view, so own no storage."""
@@ -71,6 +79,14 @@ class _Storage:
 
     def sharing(self, name: str) -> list[str]:
         return [n for n in self.groups.get(self._find(name), ()) if n != name]
+
+
+def out_result(bsym: BoundSymbol) -> TensorProxy | None:
+    """The output an ``out=`` argument of ``bsym`` holds: its one tensor output,
+    or the one a kernel with several names (``out_output``), else None."""
+    outs = bsym.tensor_outs()
+    k = 0 if len(outs) == 1 else getattr(bsym.sym.torch_fn, "out_output", None)
+    return None if k is None else outs[k]
 
 
 def _last_uses(bsyms: list[BoundSymbol]) -> dict[str, int]:
@@ -98,12 +114,14 @@ class _Plan:
             self.made.update(outs)
             if b.sym.executor is not None and not b.sym.tags & _NOT_OWNED:
                 self.owned.update(n for n in outs if n not in self.storage.is_view)
+            if b.sym.name in _RESHAPES and not is_del(b):
+                self.owned.update(out.name for out, base in views(b)
+                                  if base.name in self.owned and out.numel() == base.numel())
 
     def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
-        outs = bsym.tensor_outs()
-        if len(outs) != 1:
+        out = out_result(bsym)
+        if out is None:
             return None
-        out = outs[0]
         if self.recorded and (out.requires_grad or any(a.requires_grad for a in bsym.tensor_args())):
             return None            # autograd refuses out= where it records (a leaf the program made)
         for a in bsym.tensor_args():

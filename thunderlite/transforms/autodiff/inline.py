@@ -311,7 +311,7 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     program = program.with_bound_symbols("", program.bound_symbols[:-1])
     with tracectx(program):
         program.set_return(outs)
-    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values))
+    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values), recompute_norms=True)
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
     if split.write_backs or split.epilogue is not None:

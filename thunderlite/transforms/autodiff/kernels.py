@@ -131,10 +131,20 @@ def log_softmax_backward_data(grad_output, output, dim: int, input_dtype):
 
 # --- cross entropy: log_softmax + nll_loss, as eager runs it --------------------------------------
 
-def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int):
-    log_probs = torch.log_softmax(input, 1)
+def _cross_entropy_forward_impl(input, target, reduction: int, ignore_index: int, *, out=None):
+    """``out``: where the log-probabilities go, given by reuse_buffers.py when
+    the logits die here (the one buffer of the step's largest activation holds
+    both, one after the other). The CPU kernel reads each row whole (its max
+    and sum) before it writes that row's outputs, each from its own input
+    element, so it runs in place; only there is ``out`` given (``out_devices``)."""
+    log_probs = torch.log_softmax(input, 1) if out is None else torch.log_softmax(input, 1, out=out)
     loss, total_weight = aten.nll_loss_forward.default._op(log_probs, target, None, reduction, ignore_index)
     return loss, log_probs, total_weight
+
+
+_cross_entropy_forward_impl.takes_out = True
+_cross_entropy_forward_impl.out_output = 1          # out= holds the log-probabilities
+_cross_entropy_forward_impl.out_devices = ("cpu",)
 
 
 @_kernel(_cross_entropy_forward_impl)

@@ -28,6 +28,17 @@ float32 widening of a bfloat16 intermediate); the recomputation is one more
 step inside a fused backward kernel, where the torch executor would run it as
 a kernel of its own.
 
+Where forward and backward are one program (a whole training step,
+autodiff/inline.py: ``norms=True``), a saved norm output (``native_layer_norm``,
+``_fused_rms_norm``) is recomputed by the same kernel from its inputs when
+they are saved anyway (the backward of the norm keeps its input) or visible:
+its statistics come again with it, bit for bit what the forward computed, and
+the output's buffer (the size of the activation) is not kept from the forward
+to the weight gradient of the matmul that read it (``_norm_recompute``). One
+pass over the input costs less than the step's gradient matmuls, and the
+value is not alive between the loss and its first use in the backward, which
+is where a training step's memory peaks.
+
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
 only ``x`` is saved. For ``gelu(x @ w1) @ w2`` gelu's backward keeps the matmul
@@ -41,6 +52,7 @@ from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
+from thunderlite.transforms.autodiff import kernels
 
 _CHEAP = frozenset(prims.all_prims()[n] for n in (
     *prims.UNARY, *prims.BINARY, *prims.TERNARY, "where", "convert_element_type",
@@ -55,6 +67,9 @@ def is_cheap(bsym: BoundSymbol) -> bool:
     if sym in _CHEAP:
         return True
     return bool(bsym.subsymbols) and all(is_cheap(s) for s in bsym.subsymbols)
+
+
+_NORMS = frozenset({kernels.native_layer_norm, kernels.fused_rms_norm})
 
 
 _MAX_CHAIN = 32
@@ -95,13 +110,14 @@ time at 0.91-1.11x its memory; four buys Llama 3% less memory for 4% more time."
 
 
 def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], saved: list[Proxy],
-                  visible: set[str], overwritten: frozenset | set = frozenset(), fusing: bool = False
-                  ) -> tuple[list[BoundSymbol], list[Proxy]]:
+                  visible: set[str], overwritten: frozenset | set = frozenset(), fusing: bool = False,
+                  norms: bool = False) -> tuple[list[BoundSymbol], list[Proxy]]:
     """Return the backward's symbols with recomputations inserted, and the new
     list of values to save. ``visible`` names the program's arguments and
     outputs (always alive, so free to save); ``overwritten`` names the values
     whose memory a later forward symbol writes (never recomputed from).
     ``fusing``: a fusion executor runs the program (``_smaller_inputs``).
+    ``norms``: norm outputs are recomputed from their inputs (``_norm_recompute``).
 
     A saved intermediate made by a short cheap chain (``_MAX_RECOMPUTE``
     symbols) is recomputed in the backward when the chain's inputs (its
@@ -141,12 +157,28 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
                 recompute[p.name] = b
                 inputs.update((a.name, a) for a in b.proxy_args())
                 keep |= new
+    if norms:
+        recompute.update(_norm_recompute(saved, producer, keep, overwritten))
     if not recompute:
         return bwd_bsyms, saved
     kept = [p for p in saved if p.name not in recompute]
     names = {p.name for p in kept}
     added = [q for n, q in inputs.items() if n not in names and n not in recompute]   # visible, or spread
     return _place(bwd_bsyms, recompute), kept + added
+
+
+def _norm_recompute(saved: list[Proxy], producer: dict, keep: set[str], overwritten) -> dict[str, BoundSymbol]:
+    """Every output of each norm symbol (``_NORMS``) a saved value comes out of,
+    by name, where all its tensor inputs are kept anyway (saved or visible)
+    and none is overwritten later: recomputed whole, so nothing it made is saved."""
+    out: dict[str, BoundSymbol] = {}
+    for p in saved:
+        b = producer.get(p.name)
+        if b is None or b.sym not in _NORMS or p.name in out:
+            continue
+        if all(a.name in keep and a.name not in overwritten for a in b.proxy_args()):
+            out.update((o.name, b) for o in b.proxy_outs())
+    return out
 
 
 def _spread_from(bsym: BoundSymbol, overwritten) -> TensorProxy | None:
@@ -201,7 +233,7 @@ def _place(bwd_bsyms: list[BoundSymbol], recompute: dict[str, BoundSymbol]) -> l
         for a in bsym.proxy_args():
             src = recompute.get(a.name)
             if src is not None and a.name not in emitted:
-                emitted.add(a.name)
+                emitted.update(o.name for o in src.proxy_outs())     # a norm's statistics come with it
                 need(src)
                 out.append(src.replace(source=None))
     for bsym in bwd_bsyms:

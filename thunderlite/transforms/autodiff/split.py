@@ -875,7 +875,8 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
-                           executors=None, input_strides: dict | None = None, wrt_values=()) -> GradSplit:
+                           executors=None, input_strides: dict | None = None, wrt_values=(),
+                           recompute_norms: bool = False) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
@@ -885,7 +886,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     ``GradSplit.stride_inputs`` / ``placed_inputs`` name the arguments whose
     strides / strides and offsets it relied on. ``wrt_values``: values of the
     trace (intermediates) whose gradients the backward also returns, after the
-    arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py)."""
+    arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py).
+    ``recompute_norms``: the backward recomputes the norms' outputs it reads
+    (autodiff/rematerialize.py; for forward and backward in one program)."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -937,7 +940,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     overwritten = set(_first_write_after(fwd_bsyms + tail, groups, trace.args))
     fusing = any(getattr(ex, "fuses_elementwise", False) for ex in executors or ())
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
-                                     overwritten, fusing)
+                                     overwritten, fusing, recompute_norms)
     fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace)
     fwd_bsyms = [b for b in fwd_bsyms if not any(b is t for t in tail)]
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
