@@ -38,6 +38,7 @@ from collections.abc import Callable
 from thunderlite.core.aliasing import call_views, views
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symint import statically_known
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.transforms.del_last_used import is_del
@@ -116,7 +117,7 @@ class _Plan:
                 self.owned.update(n for n in outs if n not in self.storage.is_view)
             if b.sym.name in _RESHAPES and not is_del(b):
                 self.owned.update(out.name for out, base in views(b)
-                                  if base.name in self.owned and out.numel() == base.numel())
+                                  if base.name in self.owned and statically_known(out.numel(), "==", base.numel()))
 
     def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
         out = out_result(bsym)
@@ -125,7 +126,7 @@ class _Plan:
         if self.recorded and (out.requires_grad or any(a.requires_grad for a in bsym.tensor_args())):
             return None            # autograd refuses out= where it records (a leaf the program made)
         for a in bsym.tensor_args():
-            if (a.shape == out.shape and a.dtype == out.dtype and a.device == out.device
+            if (_same_shape(a.shape, out.shape) and a.dtype == out.dtype and a.device == out.device
                     and a.name in self.owned and self.last.get(a.name) == i and self._alone(a.name, i)):
                 return a
         return None
@@ -158,3 +159,10 @@ def reuse_buffers(trace: Trace, write_out: Callable[[BoundSymbol], bool], *, rec
             out[i] = bsyms[i].replace(kwargs={**bsyms[i].kwargs, "out": a})
             changed = True
     return trace.with_bound_symbols("reuse_buffers", out) if changed else trace
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """Shapes known equal from the sizes alone: a question that only picks a
+    shortcut, so asking it must not guard a symbolic size (a broadcast operand's
+    ``32`` against the batch's ``s0``)."""
+    return len(a) == len(b) and all(x is y or statically_known(x, "==", y) is True for x, y in zip(a, b, strict=True))
