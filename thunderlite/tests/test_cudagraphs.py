@@ -10,7 +10,6 @@ import thunderlite
 from thunderlite.executors.cudagraphs import plan as cg_plan
 from thunderlite.executors.cudagraphs.runtime import GraphRunner
 from thunderlite.extend import CUDAGraphs
-from thunderlite.tests.test_distributed import one_rank_group  # noqa: F401  (a fixture)
 
 CPU = dict(devices=("cpu",))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

@@ -9,7 +9,6 @@ one-rank group, on CUDA/NCCL too when a GPU is present."""
 from __future__ import annotations
 
 import copy
-import datetime
 import os
 import tempfile
 import time
@@ -21,6 +20,7 @@ import torch.multiprocessing as mp
 
 import thunderlite
 from thunderlite.tests import dist_workers
+from thunderlite.tests.conftest import one_rank
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available in this build")
@@ -47,19 +47,6 @@ def _spawn(worker) -> None:
                          ids=lambda w: w.__name__)
 def test_two_ranks(worker):
     _spawn(worker)
-
-
-@pytest.fixture
-def one_rank_group():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def test_issue_early_wait_late_and_issue_order_kept(one_rank_group):
@@ -153,19 +140,12 @@ def test_data_parallel_without_devices_compiles_its_module():
 def one_rank_mesh(request):
     """A one-rank process group and device mesh: gloo on CPU, NCCL on CUDA
     (skipped without a GPU); one rank still traces every collective."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
     device = request.param
     if device == "cuda" and not (torch.cuda.is_available() and dist.is_nccl_available()):
         pytest.skip("needs CUDA and NCCL (runs in scripts/gpu_checks.sh)")
     from torch.distributed.device_mesh import init_device_mesh
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{os.path.join(d, 'store')}",
-                                rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
-        try:
-            yield init_device_mesh(device, (1,))
-        finally:
-            dist.destroy_process_group()
+    with one_rank("gloo" if device == "cpu" else "nccl"):
+        yield init_device_mesh(device, (1,))
 
 
 def _grads_equal(sharded: torch.nn.Module, ref: torch.nn.Module) -> None:

@@ -12,13 +12,13 @@ import torch.distributed as dist
 import thunderlite
 from thunderlite.distributed.dtensor import DTensorRefused
 from thunderlite.tests import dist_workers
-from thunderlite.tests.test_distributed import _spawn, one_rank_group  # noqa: F401 (a fixture)
+from thunderlite.tests.test_distributed import _spawn
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available in this build")
 
 
-def test_dtensor_programs_one_rank(one_rank_group):  # noqa: F811
+def test_dtensor_programs_one_rank(one_rank_group):
     dist_workers.dtensor_program_checks(1)
 
 
@@ -26,7 +26,7 @@ def test_dtensor_programs_two_ranks():
     _spawn(dist_workers.dtensor_programs_match_eager)
 
 
-def test_refusals_name_the_construct_and_line(one_rank_group):  # noqa: F811
+def test_refusals_name_the_construct_and_line(one_rank_group):
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
     mesh = init_device_mesh("cpu", (1,))
     x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
@@ -52,7 +52,7 @@ class _Holder(torch.nn.Module):
         self.w = torch.nn.Parameter(w, requires_grad=False)
 
 
-def test_dtensor_module_attribute_is_guarded_and_unpacked(one_rank_group):  # noqa: F811
+def test_dtensor_module_attribute_is_guarded_and_unpacked(one_rank_group):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
     mesh = init_device_mesh("cpu", (1,))
     m = _Holder(distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]))

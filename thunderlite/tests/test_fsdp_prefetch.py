@@ -8,9 +8,6 @@ one-rank gloo group, against eager for values and gradients."""
 from __future__ import annotations
 
 import copy
-import datetime
-import os
-import tempfile
 
 import pytest
 import torch
@@ -25,17 +22,9 @@ LAYERS, WIDTH = 5, 16
 
 
 @pytest.fixture
-def one_rank_mesh():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
+def one_rank_mesh(one_rank_group):
     from torch.distributed.device_mesh import init_device_mesh
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
-        try:
-            yield init_device_mesh("cpu", (1,))
-        finally:
-            dist.destroy_process_group()
+    return init_device_mesh("cpu", (1,))
 
 
 class _Block(torch.nn.Module):

@@ -21,7 +21,6 @@ import torch.distributed as dist
 import thunderlite
 from thunderlite.executors.registry import executor_status, get_executor
 from thunderlite.extend import SymmMemBackend, SymmMemExecutor, declare_symm_mem_args, symm_mem_args
-from thunderlite.tests.test_distributed import one_rank_group  # noqa: F401  (a fixture)
 from thunderlite.tests.test_fuzz_inplace_jit import ShuffleFusion
 
 GROUP = "tl_symm_test_group"

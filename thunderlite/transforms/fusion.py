@@ -162,20 +162,26 @@ def _reads_after(bsyms: list[BoundSymbol]) -> list[set[str]]:
     return out
 
 
-def _region(bsyms, run: list[int], reads_after) -> Region:
+def region_of(bsyms: list[BoundSymbol], later: set[str] | None = None) -> Region:
+    """The region running ``bsyms`` in order: its inputs are the names read
+    before any of them defines them, its outputs the names it defines that
+    ``later`` (the code after it) reads; every one with ``later`` None."""
     defined: set[str] = set()
     inputs: dict[str, Proxy] = {}
     outputs: list[Proxy] = []
-    later = reads_after[run[-1]]
-    for i in run:
-        for p in bsyms[i].proxy_args():
+    for b in bsyms:
+        for p in b.proxy_args():
             if p.name not in defined and p.name not in inputs:
                 inputs[p.name] = p
-        for p in bsyms[i].proxy_outs():
+        for p in b.proxy_outs():
             defined.add(p.name)
-            if p.name in later:
+            if later is None or p.name in later:
                 outputs.append(p)
-    return Region([bsyms[i] for i in run], list(inputs.values()), outputs)
+    return Region(list(bsyms), list(inputs.values()), outputs)
+
+
+def _region(bsyms, run: list[int], reads_after) -> Region:
+    return region_of([bsyms[i] for i in run], reads_after[run[-1]])
 
 
 def split_region(region: Region, bounds: list[int]) -> list[Region]:
@@ -186,20 +192,9 @@ def split_region(region: Region, bounds: list[int]) -> list[Region]:
     later = {p.name for p in region.outputs}
     pieces: list[Region] = []
     for lo, hi in reversed(list(pairwise(bounds))):
-        bsyms = region.bsyms[lo:hi]
-        defined: set[str] = set()
-        inputs: dict[str, Proxy] = {}
-        outputs: list[Proxy] = []
-        for b in bsyms:
-            for p in b.proxy_args():
-                if p.name not in defined and p.name not in inputs:
-                    inputs[p.name] = p
-            for p in b.proxy_outs():
-                defined.add(p.name)
-                if p.name in later:
-                    outputs.append(p)
-        pieces.append(Region(bsyms, list(inputs.values()), outputs))
-        later.update(inputs)
+        piece = region_of(region.bsyms[lo:hi], later)
+        pieces.append(piece)
+        later.update(p.name for p in piece.inputs)
     return pieces[::-1]
 
 

@@ -37,7 +37,7 @@ from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.torchcompile import _input_aliases, _views_outside
-from thunderlite.transforms.fusion import Region, fusion_regions
+from thunderlite.transforms.fusion import Region, fusion_regions, region_of
 
 SYNC = "syncs the CPU: reads a value known only at run time (.item(), nonzero, data-dependent sizes)"
 HOST_VALUE = "handles Python objects, not tensors (saved values, boxes, numbers it returns)"
@@ -100,7 +100,7 @@ def _cut_external_writes(region: Region, plan: GraphPlan) -> list[list[BoundSymb
     memory made outside its run (an input, or a view of one)."""
     runs, todo = [], list(region.bsyms)
     while todo:
-        rooted = _input_aliases(_as_region(todo), every=True)
+        rooted = _input_aliases(region_of(todo), every=True)
         cut = next((i for i, b in enumerate(todo)
                     if any(dst.name in rooted for leaf in walk(b) for dst, _ in writes(leaf))), None)
         if cut is None:
@@ -111,21 +111,6 @@ def _cut_external_writes(region: Region, plan: GraphPlan) -> list[list[BoundSymb
             runs.append(todo[:cut])
         todo = todo[cut + 1:]
     return runs
-
-
-def _as_region(bsyms: list[BoundSymbol], later: set[str] | None = None) -> Region:
-    defined: set[str] = set()
-    inputs: dict[str, Proxy] = {}
-    outputs: list[Proxy] = []
-    for b in bsyms:
-        for p in b.proxy_args():
-            if p.name not in defined and p.name not in inputs:
-                inputs[p.name] = p
-        for p in b.proxy_outs():
-            defined.add(p.name)
-            if later is None or p.name in later:
-                outputs.append(p)
-    return Region(bsyms, list(inputs.values()), outputs)
 
 
 def _escaping(outputs: list[Proxy], after: list[BoundSymbol]) -> tuple[bool, ...]:
@@ -152,7 +137,7 @@ def plan_graphs(trace: Trace, *, devices: tuple[str, ...] = ("cuda",), min_kerne
         for piece in _cut_external_writes(run, plan):
             end = position[id(piece[-1])] + 1
             later = {p.name for b in bsyms[end:] for p in b.proxy_args()}
-            region, tail = _views_outside(_as_region(piece, later))
+            region, tail = _views_outside(region_of(piece, later))
             if _input_aliases(region) or sum(map(_kernels, region.bsyms)) < min_kernels:
                 continue        # returns a view of its inputs and writes; or too small to pay
             plan.regions.append(region)

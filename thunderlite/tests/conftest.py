@@ -1,0 +1,31 @@
+"""Fixtures shared by the test files: a one-rank process group (gloo over a
+file store, no port) for tests that trace collectives in-process."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import tempfile
+
+import pytest
+import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def one_rank(backend: str = "gloo"):
+    """A one-rank process group, destroyed after (skips when one is up already)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group(backend, init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_rank_group():
+    with one_rank():
+        yield
