@@ -158,6 +158,11 @@ class BoundSymbol:
     def has_tag(self, tag: Tag) -> bool:
         return tag in self.sym.tags
 
+    def parts(self) -> list[BoundSymbol]:
+        """The subsymbols, each with this call's user line where it has none:
+        a pass that inlines a decomposition keeps where its parts came from."""
+        return with_source(self.subsymbols, self.source)
+
     def deep_tags(self) -> frozenset:
         """The tags of this symbol and of every symbol in its decomposition:
         passes ask "is there a write / a random draw anywhere in it" of every
@@ -170,6 +175,11 @@ class BoundSymbol:
 
     def __repr__(self):
         return bsym_line(self, {})
+
+
+def with_source(bsyms, source) -> list[BoundSymbol]:
+    """``bsyms`` with ``source`` where they have no user line of their own."""
+    return [b if b.source is not None else b.replace(source=source) for b in bsyms]
 
 
 def free_proxies(bsyms) -> list[Proxy]:

@@ -37,7 +37,7 @@ import torch
 
 from thunderlite.core import prims
 from thunderlite.core.retrace import retrace
-from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.symbol import BoundSymbol, Symbol, with_source
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
@@ -287,7 +287,7 @@ def traced_in_place(bsym: BoundSymbol, fn: Callable, what: str) -> list[BoundSym
     trc = current_trace()     # claim_executors makes one sharing the claimed trace's names
     prims.check(trc is not None, lambda: f"{what} can only be traced while claiming a trace", RuntimeError)
     recorded = retrace(bsym, fn, names=trc.names, what=what, allow_self=False)[0]
-    return [b if b.source is not None else b.replace(source=bsym.source) for b in recorded]
+    return with_source(recorded, bsym.source)
 
 
 def check_print_path(path: str, impl: Callable) -> None:

@@ -11,20 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import thunderlite
-from thunderlite.tests.whole_step_util import TOL, assert_same_state, jit, run_both, small_model
+from thunderlite.tests.whole_step_util import TOL, assert_same_state, jit, run_both, small_model, train_step
 
 
 def _sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
-def train_step(model, opt, x, y):
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.detach()
 
 
 @pytest.mark.parametrize("exs", [None, "shuffle", ["torchcompile", "torch"]],

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderlite
-from thunderlite.tests.whole_step_util import run_both
+from thunderlite.tests.whole_step_util import run_both, train_step
 
 
 def step_fn(model, opt, x, y):
@@ -56,14 +56,7 @@ def test_adam(name):
 
 
 def test_adamw_whole_step_with_torchcompile():
-    def step(model, opt, x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-    run_both(step, lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), ["torchcompile", "torch"])
+    run_both(train_step, lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), ["torchcompile", "torch"])
 
 
 def test_fused_adam_is_refused_clearly_or_matches():

@@ -18,6 +18,16 @@ def small_model(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
+def train_step(model, opt, x, y):
+    """The issue's step: cross entropy, backward, clipping, optimizer step, zero_grad."""
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def jit(fn, exs):
     if exs == "shuffle":
         return thunderlite.jit(fn, executors=[ShuffleFusion(3), "torch"])

@@ -117,7 +117,7 @@ def batch(bsyms, env: dict, size, randomness: str, what: str) -> None:
                     env[lo.name] = po
             continue
         if bsym.subsymbols:
-            subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
+            subs = bsym.parts()
             batch(subs, env, size, randomness, what)
             continue
         raise NotImplementedError(

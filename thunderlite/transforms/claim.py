@@ -76,8 +76,8 @@ def _offer(bsym: BoundSymbol, ex, out: list[BoundSymbol]) -> bool:
         out.append(claimed)
         return True
     if sym.decomposition is not None and bsym.subsymbols and _claims_inside(ex, bsym):
-        for sub in bsym.subsymbols:
-            _offer(sub if sub.source is not None else sub.replace(source=bsym.source), ex, out)
+        for sub in bsym.parts():
+            _offer(sub, ex, out)
         return True
     out.append(bsym)
     return False
@@ -106,8 +106,8 @@ def _claim(bsym: BoundSymbol, executors: Sequence, out: list[BoundSymbol]) -> No
     if sym.impl is not None:
         out.append(bsym)
     elif sym.decomposition is not None and bsym.subsymbols:
-        for sub in bsym.subsymbols:
-            _claim(sub if sub.source is not None else sub.replace(source=bsym.source), executors, out)
+        for sub in bsym.parts():
+            _claim(sub, executors, out)
     else:
         raise ClaimError(_unclaimed_message(bsym, executors))
 

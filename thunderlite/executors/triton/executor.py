@@ -348,8 +348,8 @@ def _fusible_leaves(b: BoundSymbol, can_fuse: Callable[[BoundSymbol], bool]) -> 
     if b.sym.executor is not None or b.sym.decomposition is None or not b.subsymbols or b.sym.tags & _KEEP_WHOLE:
         return None
     out: list[BoundSymbol] = []
-    for sub in b.subsymbols:
-        leaves = _fusible_leaves(sub if sub.source is not None else sub.replace(source=b.source), can_fuse)
+    for sub in b.parts():
+        leaves = _fusible_leaves(sub, can_fuse)
         if leaves is None:
             return None
         out += leaves

@@ -295,8 +295,8 @@ class _Rewriter:
             self.function_call(bsym)
         elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
             self.check_reads(bsym)
-            for s in bsym.subsymbols:
-                self.top(s if s.source is not None else s.replace(source=bsym.source), bsym.sym.name)
+            for s in bsym.parts():
+                self.top(s, bsym.sym.name)
         elif bsym.subsymbols:
             self.emit(bsym)
         else:

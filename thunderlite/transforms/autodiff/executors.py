@@ -33,7 +33,7 @@ from thunderlite.core import pytree
 from thunderlite.core.prims import check
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.retrace import rename_bsym, retrace
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, with_source
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace
@@ -108,7 +108,7 @@ def split_grad_transform(bsym: BoundSymbol, grad_transform, trace: Trace) -> Gra
     outs = {p.name for p in bsym.proxy_outs()}
     stray = [n for n in grads_in if n not in outs]
     check(not stray, lambda: f"{what}: get_grad of {stray}, which are not outputs of the symbol", ValueError)
-    recorded = [b if b.source is not None else b.replace(source=bsym.source) for b in recorded]
+    recorded = with_source(recorded, bsym.source)
     backward_names = {g.name for g in grads_in.values()}
     forward, backward = [], []
     for b in recorded:

@@ -238,7 +238,7 @@ def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
     for bsym in bsyms:
         on_path = any(p.name in tracked for p in bsym.tensor_args())
         if on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags:
-            subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
+            subs = bsym.parts()
             out.extend(_decomposed_on_path(subs, tracked))
             continue
         if on_path:

@@ -312,8 +312,7 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
             _track_outputs(bsym, tracked)
             continue
         if bsym.subsymbols:
-            # the parts keep the user's line of the call they come from (as claim.py does)
-            subs = [s if s.source is not None else s.replace(source=bsym.source) for s in bsym.subsymbols]
+            subs = bsym.parts()
             _flatten(subs, tracked, out, owned, names)
             continue
         raise MissingGradRuleError(
