@@ -95,6 +95,21 @@ def _closure(fn: Any, name: str) -> Any:
     return fn.__closure__[names.index(name)].cell_contents if name in names else None
 
 
+def _hook_style(hooks: list) -> str | None:
+    """The class name of the ``ParallelStyle`` that registered ``hooks``, for the
+    refusal: ``PrepareModuleInput``/``PrepareModuleOutput`` register lambdas
+    closing over the style, ``distribute_module`` closures over its bound methods."""
+    for h in hooks:
+        owner = _closure(h, "self")
+        if owner is not None:
+            return type(owner).__name__
+        for key in ("input_fn", "output_fn"):
+            fn = getattr(_closure(h, key), "func", _closure(h, key))
+            if fn is not None:
+                return getattr(fn, "__qualname__", repr(fn)).split(".")[0]
+    return None
+
+
 def _style(m: torch.nn.Module, name: str, hooks: list) -> tuple[str, Any]:
     """``("colwise" | "rowwise", mesh)`` for a layer ``parallelize_module`` sharded."""
     from torch.distributed.tensor import Replicate, Shard
@@ -104,7 +119,8 @@ def _style(m: torch.nn.Module, name: str, hooks: list) -> tuple[str, Any]:
     inp, out = fns.get("input_fn"), fns.get("output_fn")
     where = f"module {name!r} ({type(m).__name__})"
     if len(hooks) != 2 or inp is None or out is None or len(meshes) != 1:
-        _refuse(f"the tensor-parallel hooks on {where} (a style other than ColwiseParallel/RowwiseParallel)")
+        _refuse(f"{_hook_style(hooks) or 'the tensor-parallel hooks'} on {where} "
+                "(a style other than ColwiseParallel/RowwiseParallel)")
     mesh = next(iter(meshes.values()))
     styles = {
         "colwise": (ColwiseParallel, ((Replicate(),), (Replicate(),)), ((Shard(-1),), True)),
