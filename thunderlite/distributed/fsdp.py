@@ -158,8 +158,11 @@ def regather_in_backward(forward: Trace, backward: Trace, shards: set[str]) -> t
     taken = {p.name for p in pytree.leaves((saved, other)) if isinstance(p, Proxy)}
     recompute: set[int] = set()
 
-    def swap(values: tuple) -> list:
-        new = list(values)
+    def swap(values: tuple) -> tuple[list, list]:
+        """(what the forward returns, what the backward receives), slot for slot: a
+        shard saved in several slots (a module called several times) is returned
+        in each; the backward names the repeats apart, as unused arguments."""
+        fwd, bwd = list(values), list(values)
         for k, v in enumerate(values):
             chain = _chain(body, v.name, set(shard_of), producer) if type(v) is TensorProxy else None
             if chain is None:
@@ -167,27 +170,27 @@ def regather_in_backward(forward: Trace, backward: Trace, shards: set[str]) -> t
             root = next(n for i in chain for n in (p.name for p in body[i].proxy_args()) if n in shard_of)
             shard = shard_of[root]
             recompute.update(chain)
-            slot = shard if shard.name not in taken else TensorProxy(
+            fwd[k] = shard
+            bwd[k] = shard if shard.name not in taken else TensorProxy(
                 shape=shard.shape, dtype=shard.dtype, device=shard.device, name=backward.fresh_name("unused"))
-            taken.add(slot.name)
-            new[k] = slot
-        return new
-    new_saved, new_other = swap(saved), swap(other)
+            taken.add(bwd[k].name)
+        return fwd, bwd
+    (fwd_saved, bwd_saved), (fwd_other, bwd_other) = swap(saved), swap(other)
     if not recompute:
         return forward, backward
     defined = {p.name for i in recompute for p in body[i].proxy_outs()}
-    if defined & {p.name for p in pytree.leaves((new_saved, new_other)) if isinstance(p, Proxy)}:
+    if defined & {p.name for p in pytree.leaves((fwd_saved, fwd_other)) if isinstance(p, Proxy)}:
         return forward, backward                  # a chain value is also saved directly: keep as is
     fwd = forward.with_bound_symbols("FSDP reshard after forward", body)
-    fwd.set_return((out, tuple(new_saved), tuple(new_other)))
+    fwd.set_return((out, tuple(fwd_saved), tuple(fwd_other)))
     bsyms = list(backward.bound_symbols)
     lead = 0
     if bsyms and bsyms[0].sym is UNPACK_SAVED:
-        bsyms[0] = bsyms[0].replace(output=tuple(new_other))
+        bsyms[0] = bsyms[0].replace(output=tuple(bwd_other))
         lead = 1
     chain_bsyms = [body[i] for i in sorted(recompute)]
     bwd = backward.with_bound_symbols("FSDP re-gather in backward", bsyms[:lead] + chain_bsyms + bsyms[lead:])
-    bwd.args = [*new_saved, *backward.args[len(saved):]]
+    bwd.args = [*bwd_saved, *backward.args[len(saved):]]
     return fwd, bwd
 
 
