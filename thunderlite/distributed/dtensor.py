@@ -38,7 +38,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import _OPERATORS, NumberProxy, TensorProxy
 from thunderlite.torch.ops import creation, shapes
 from thunderlite.torch.ops import distributed as tdist
 
@@ -163,25 +163,54 @@ def _refuse_inplace(name: str) -> Callable:
 
 
 def _install_operators() -> None:
-    def binop(name: str, fn: Callable, reflected: bool):
-        tensor_fn = getattr(torch.Tensor, name)
+    """Every operator ``TensorProxy`` has (``core.proxies._OPERATORS``), dispatched
+    as the ``torch.Tensor`` dunder: reflected ones (``2 - x``) compute
+    ``other op self`` on the local tensors too; in-place ones are refused."""
+    for name in _OPERATORS:
+        base = f"__{name[3:]}"          # the operator an ``__r*__`` reflects, an ``__i*__`` writes
+        if name == "__setitem__" or (name.startswith("__i") and base in _OPERATORS):
+            setattr(DTensorProxy, name, _refuse_inplace(name))
+        elif name == "__getitem__":
+            setattr(DTensorProxy, name, lambda self, key: dispatch(torch.Tensor.__getitem__, operator.getitem,
+                                                                   (self, key), {}, "__getitem__"))
+        elif name == "__pos__":           # no ATen op: ``+x`` is ``x``
+            DTensorProxy.__pos__ = lambda self: self
+        elif name in ("__neg__", "__abs__", "__invert__"):
+            setattr(DTensorProxy, name, _unary(name))
+        elif name.startswith("__r") and base in _OPERATORS:
+            setattr(DTensorProxy, name, _binary(name, _operator_fn(base), reflected=True))
+        else:
+            setattr(DTensorProxy, name, _binary(name, _operator_fn(name), reflected=False))
+    # a truth value or number needs the data: the local proxy's data-dependence error
+    DTensorProxy.__bool__ = lambda self: bool(self.local)
+    DTensorProxy.__int__ = lambda self: int(self.local)
+    DTensorProxy.__float__ = lambda self: float(self.local)
+    DTensorProxy.__index__ = lambda self: self.local.__index__()
+    DTensorProxy.__hash__ = object.__hash__
 
-        def op(self, other):
-            args = (self, other)
-            if reflected:
-                return dispatch(lambda a, b: tensor_fn(b, a), lambda a, b: fn(b, a), (other, self), {}, name)
-            return dispatch(tensor_fn, fn, args, {}, name)
-        setattr(DTensorProxy, name, op)
 
-    for name, fn in (("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
-                     ("truediv", operator.truediv), ("matmul", operator.matmul), ("pow", operator.pow)):
-        binop(f"__{name}__", fn, reflected=False)
-        binop(f"__r{name}__", fn, reflected=True)
-    DTensorProxy.__neg__ = lambda self: dispatch(torch.Tensor.__neg__, operator.neg, (self,), {}, "__neg__")
-    for name in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "__imatmul__", "__setitem__"):
-        setattr(DTensorProxy, name, _refuse_inplace(name))
-    DTensorProxy.__getitem__ = lambda self, key: dispatch(torch.Tensor.__getitem__, operator.getitem, (self, key),
-                                                          {}, "__getitem__")
+def _operator_fn(dunder: str) -> Callable:
+    """``operator``'s function for a dunder (``__and__`` is ``operator.and_``)."""
+    bare = dunder.strip("_")
+    return getattr(operator, bare, None) or getattr(operator, bare + "_")
+
+
+def _unary(name: str) -> Callable:
+    tensor_fn, fn = getattr(torch.Tensor, name), _operator_fn(name)
+
+    def op(self):
+        return dispatch(tensor_fn, fn, (self,), {}, name)
+    return op
+
+
+def _binary(name: str, fn: Callable, reflected: bool) -> Callable:
+    tensor_fn = getattr(torch.Tensor, name)
+
+    def op(self, other):
+        if reflected:       # ``other op self``: the arguments in the order the local op takes them
+            return dispatch(lambda a, b: tensor_fn(b, a), fn, (other, self), {}, name)
+        return dispatch(tensor_fn, fn, (self, other), {}, name)
+    return op
 
 
 _install_operators()
