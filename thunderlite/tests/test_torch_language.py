@@ -432,3 +432,11 @@ def test_zero_dim_mT_and_movedim_are_the_identity_as_in_eager(call):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # eager deprecates mT on 0-d tensors
         assert torch.equal(thunderlite.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("call", [lambda x: x.sub(1, alpha=2), lambda x: x.add(3, alpha=0.5),
+                                  lambda x: torch.add(x, 2, alpha=3), lambda x: torch.rsub(x, 1, alpha=2)],
+                         ids=["sub", "add", "torch.add", "rsub"])
+def test_alpha_scales_a_python_number_other(call):
+    x = torch.randn(3)
+    torch.testing.assert_close(thunderlite.jit(call)(x), call(x))

@@ -263,7 +263,7 @@ for _n, _kind, _aliases, _ops, _special in [
 def _scaled(b, alpha):
     if alpha is None or (is_number(alpha) and known_equal(alpha, 1)):
         return b
-    return mul(b, alpha)
+    return b * alpha if is_number(b) else mul(b, alpha)       # x.sub(1, alpha=2): a number times a number
 
 
 @torchsymbol(torch.add, T.add, method_name="add", operators=("__add__",))
