@@ -89,6 +89,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
     state.shape_env = env
+    state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
     state.note_closure(fn)
     owner = getattr(fn, "__self__", None)

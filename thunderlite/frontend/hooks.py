@@ -25,6 +25,7 @@ import torch
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.distributed import dtensor
+from thunderlite.distributed.ddp import DDPModule
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
@@ -131,6 +132,10 @@ class TracingHooks(InterpreterHooks):
             if fn is dtensor.dtensor_type().from_local:
                 return self.recording(self._dtensor_from_local)
             raise self.dtensor_refused(fn)
+        if isinstance(fn, (torch.nn.parallel.DistributedDataParallel, DDPModule)) and self.grad_enabled \
+                and fn.require_backward_grad_sync \
+                and not any(t in self.state.transforms for t in getattr(fn, "_thunderlite_transforms", ())):
+            raise self.ddp_refused(fn)
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym, torch_fn=fn)
@@ -279,6 +284,26 @@ class TracingHooks(InterpreterHooks):
             "whose layers fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
             "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
             "local tensors.")
+
+    def ddp_refused(self, module: torch.nn.Module) -> NotImplementedError:
+        """A data-parallel module called inside a jitted function (not given to
+        ``jit`` whole) while gradients are to be averaged: nothing in the
+        compiled program would average them. torch's DDP prepares its reducer
+        in forward with calls a compiled program does not replay and reduces
+        in C++ autograd hooks; ``thunderlite.distributed.ddp``'s all-reduce is
+        inserted by the jit compiling it whole."""
+        if isinstance(module, DDPModule):
+            what, why = ("thunderlite.distributed.ddp module", "its gradient all-reduce is inserted by "
+                         "thunderlite.jit(ddp(m)) compiling it whole")
+        else:
+            what, why = ("torch's DistributedDataParallel", "its reducer is prepared in forward by calls the "
+                         "compiled program does not replay and averages in autograd hooks (C++) a backward "
+                         "inside the program does not run")
+        return NotImplementedError(
+            f"{what} called inside a jitted function at {self._where()}: {why}, so the gradients would not be "
+            "averaged across ranks. Compile the model itself and call it from eager code: "
+            "thunderlite.jit(DistributedDataParallel(m)), DistributedDataParallel(thunderlite.jit(m)) or "
+            "thunderlite.jit(ddp(m)); inside a jitted function it runs under torch.no_grad() or no_sync().")
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:

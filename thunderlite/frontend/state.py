@@ -91,6 +91,7 @@ class TraceState:
         self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing
         self.shape_env = None                      # core.symint.ShapeEnv when sizes are symbolic
+        self.transforms: tuple = ()                # the jit's transforms (a module's own among them)
 
     # --- registering where things come from ---------------------------------------------
     def note_closure(self, fn: Any) -> None:

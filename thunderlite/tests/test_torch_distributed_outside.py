@@ -250,6 +250,41 @@ def _ddp_refusals(rank, world) -> None:
             thunderlite.jit, hooked)
 
 
+def _ddp_inside_jitted_functions(rank, world) -> None:
+    """The model called from a jitted function rather than given to ``jit``.
+    Regressions (each silently left gradients unaveraged): torch's DDP
+    prepares its reducer in forward by calls the compiled program did not
+    replay (from the first cache hit on, no all-reduce) and reduces in C++
+    hooks a backward inside the program does not run; a
+    ``thunderlite.distributed.ddp`` module reduces only under the jit
+    compiling it whole. Both refused while gradients are to be averaged,
+    naming the ways out; under ``no_grad`` they are compiled."""
+    from thunderlite.distributed import ddp
+    DDP = torch.nn.parallel.DistributedDataParallel
+
+    def loss_of(model, x, y):
+        return _mse(model(x), y)
+
+    def step(model, x, y):
+        loss = _mse(model(x), y)
+        loss.backward()
+        return loss
+
+    x, y = torch.randn(4, 12), torch.randn(4, 3)
+    for fn in (loss_of, step):
+        for wrap, what in ((lambda m: DDP(m, broadcast_buffers=False), "torch's DistributedDataParallel"),
+                           (ddp, "thunderlite.distributed.ddp module")):
+            _raises(NotImplementedError, f"{what} called inside a jitted function at .*model\\(x\\).*"
+                    r"thunderlite.jit\(DistributedDataParallel\(m\)\)", thunderlite.jit(fn), wrap(_seeded(LNGeluMLP)),
+                    x, y)
+    for wrap in (lambda m: DDP(m, broadcast_buffers=False), ddp):
+        model, ref = wrap(_seeded(LNGeluMLP)), _seeded(LNGeluMLP)
+        with torch.no_grad():                 # no gradient to average: compiled
+            jf = thunderlite.jit(loss_of)
+            for _ in range(2):
+                _close(jf(model, x, y), loss_of(ref, x, y), "DDP inference in a jitted function")
+
+
 def data_parallel_programs(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         mlp_batches = _batches(1, [(8, 12), (8, 12), (6, 12)], (3,))      # the last batch smaller: recompiles
@@ -271,6 +306,7 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
         _ddp_both_ways(lambda: _seeded(TinyLM), _lm_loss, lm_batches, rank, world)
         _ddp_accumulation(rank, world)
         _ddp_refusals(rank, world)
+        _ddp_inside_jitted_functions(rank, world)
 
 
 def test_data_parallel_programs():
