@@ -115,6 +115,11 @@ class DTensorProxy:
     def numel(self) -> int:
         return self.shape.numel()
 
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
     def __repr__(self) -> str:
         return f"DTensorProxy({self.local.name}, {tuple(self.shape)}, {self.placements})"
 
