@@ -158,8 +158,6 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
             _check_group(pg)
             for fp in pg.fsdp_params:
                 info = fp._module_info
-                if info.shared_modules:
-                    _refuse(f"the shared parameter {info.param_name!r}", "a parameter shared between modules")
                 if fp.is_dtensor:
                     _refuse(f"the DTensor parameter {info.param_name!r} (FSDP with tensor parallelism)",
                             "it is sharded on a 2-D mesh")
@@ -168,10 +166,14 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
                             "only dim-0 sharding is translated")
                 if fp.offload_to_cpu:
                     _refuse("offload_policy=CPUOffloadPolicy()", "it keeps shards on the CPU and steps there")
-                sharded.setdefault(id(info.module), (state, {}))[1][info.param_name] = (fp, pg, unit)
+                # a shared parameter (a tied embedding) is gathered where each of its modules reads it
+                for owner, name in ((info.module, info.param_name),
+                                    *zip(info.shared_modules, info.shared_param_names, strict=True)):
+                    sharded.setdefault(id(owner), (state, {}))[1][name] = (fp, pg, unit)
     units: dict[int, str] = {}                 # id(leaf) -> the FSDP module gathering it (its prefetch unit)
+    leaves: dict[int, torch.nn.Parameter] = {}  # id(DTensor parameter) -> its leaf, one for shared modules
     for m in model.modules():
-        views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves, units)
+        views[id(m)] = _view(m, sharded.get(id(m)), FSDPModule, reshard_leaves, units, leaves)
     link_children(model, views)
     for m in model.modules():
         if isinstance(m, FSDPModule):
@@ -180,7 +182,7 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
 
 
 def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list,
-          units: dict[int, str]) -> torch.nn.Module:
+          units: dict[int, str], leaves: dict[int, torch.nn.Parameter]) -> torch.nn.Module:
     """``m`` without FSDP: its class minus the mixin, no FSDP hooks, and each
     sharded parameter a leaf on the local shard read through a gathering property."""
     params = entry[1] if entry else {}
@@ -203,16 +205,18 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
         if rd not in (pd, fp.orig_dtype):
             _refuse(f"reduce_dtype={rd} with param_dtype={pd} for {name!r}",
                     "the gradient would be reduced in a third dtype")
-        leaf = local_leaf(m, name)
-        units[id(leaf)] = unit
+        leaf = leaves.get(id(m._parameters[name]))
+        if leaf is None:
+            leaf = leaves[id(m._parameters[name])] = local_leaf(m, name)
+            units[id(leaf)] = unit
+            if pg._reshard_after_forward:
+                reshard_leaves.append(leaf)
         del v._parameters[name]
         v._parameters[SHARD_PREFIX + name] = leaf
         mi = pg.mesh_info
         specs[name] = RowShard(rows=fp._orig_size[0], per=fp.padded_sharded_param_size[0],
                                world=mi.shard_mesh_size, group=mi.shard_process_group,
                                gather_dtype=rd, param_dtype=pd)
-        if pg._reshard_after_forward:
-            reshard_leaves.append(leaf)
     v.__dict__["_fsdp2_specs"] = specs
     return v
 
