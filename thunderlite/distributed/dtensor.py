@@ -267,8 +267,11 @@ def of_input(dtensor: Any, local: TensorProxy, where: str) -> DTensorProxy:
         raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires grad: "
                              f"{_GRAD_HINT}")
     _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
-    return DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
-                        dtensor.stride())
+    try:
+        return DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
+                            dtensor.stride())
+    except DTensorRefused as e:          # named: which of the program's DTensors it is
+        raise DTensorRefused(f"the DTensor {where}: {e}") from None
 
 
 def materialize(p: DTensorProxy, local: torch.Tensor):

@@ -366,6 +366,11 @@ def _fsdp2_against_one_process(rank, world, reshard: bool, opt, clip) -> None:
     assert list(sd) == list(rsd), (what, list(sd), list(rsd))
     for (k, v), rv in zip(sd.items(), rsd.values(), strict=True):
         _close(_full(v), rv, f"{what} state_dict {k}", atol=1e-5)
+    # the optimizer step jitted on its own meets the DTensors themselves, unevenly sharded: refused
+    # naming which one (the message named no value before)
+    from thunderlite.distributed.dtensor import DTensorRefused
+    _raises(DTensorRefused, r"param_groups\[0\]\['params'\]\[0\]: an unevenly sharded DTensor",
+            thunderlite.jit(_sgd(model.parameters()).step))
 
 
 def _fsdp2_mixed_precision(rank, world) -> None:
