@@ -285,6 +285,26 @@ def _ddp_inside_jitted_functions(rank, world) -> None:
                 _close(jf(model, x, y), loss_of(ref, x, y), "DDP inference in a jitted function")
 
 
+def _uneven_local_batches(rank, world, wrap, make, what: str) -> None:
+    """Batches of 8, 7, 5, 8 rows split over the ranks: the ranks' local batch
+    sizes differ, so one rank recompiles (its batch dim turning symbolic) where
+    the other hits its cache, and the collectives must still pair up. Against
+    the same wrapper run by torch eagerly (a mean over unequal shares is not
+    the whole batch's)."""
+    net, eager_net = make(), make()
+    model, eager = wrap(net, True), wrap(eager_net, False)
+    opt, eopt = _adamw(model.parameters()), _adamw(eager.parameters())
+    g = torch.Generator().manual_seed(12)
+    for n in (8, 7, 5, 8):
+        x, y = torch.randn(n, 12, generator=g), torch.randn(n, 3, generator=g)
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        for o, m in ((opt, model), (eopt, eager)):
+            o.zero_grad(set_to_none=True)
+            _mse(m(x), y).backward()
+            o.step()
+    _compare_params(net, eager_net, f"{what} uneven local batches", atol=1e-5)
+
+
 def data_parallel_programs(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         mlp_batches = _batches(1, [(8, 12), (8, 12), (6, 12)], (3,))      # the last batch smaller: recompiles
@@ -307,6 +327,9 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
         _ddp_accumulation(rank, world)
         _ddp_refusals(rank, world)
         _ddp_inside_jitted_functions(rank, world)
+        DDP = torch.nn.parallel.DistributedDataParallel
+        _uneven_local_batches(rank, world, lambda m, jit: thunderlite.jit(DDP(m, broadcast_buffers=False)) if jit
+                              else DDP(m, broadcast_buffers=False), lambda: _seeded(LNGeluMLP), "jit(DDP(m))")
 
 
 def test_data_parallel_programs():
@@ -463,6 +486,13 @@ def sharded_data_parallel_programs(rank: int, world: int, store: str) -> None:
         _fsdp2_against_one_process(rank, world, False, _sgd, 0.5)
         _fsdp2_mixed_precision(rank, world)
         _fsdp2_tied_embedding(rank, world)
+        from torch.distributed.fsdp import fully_shard
+
+        def fsdp2(m, jit):
+            fully_shard(m.fc1)
+            fully_shard(m)
+            return thunderlite.jit(m) if jit else m
+        _uneven_local_batches(rank, world, fsdp2, lambda: _seeded(LNGeluMLP), "FSDP2")
 
 
 def test_sharded_data_parallel_programs():
