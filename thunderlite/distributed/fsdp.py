@@ -80,19 +80,25 @@ def _full_param(module: torch.nn.Module, name: str) -> torch.Tensor:
     return unshard(getattr(module, SHARD_PREFIX + name), spec)
 
 
-def _shard_module(m: torch.nn.Module, group: Any, rank: int, world: int) -> list[str]:
+def _shard_module(m: torch.nn.Module, group: Any, rank: int, world: int, done: dict[int, tuple]) -> list[str]:
+    """Replace ``m``'s parameters by shards; ``done``: id(parameter) -> (shard,
+    spec) of those already sharded, so a parameter shared by several modules
+    (a tied embedding) stays one shard."""
     names = [n for n, p in m._parameters.items() if p is not None]
     if not names:
         return []
     specs = {}
     for n in names:
         p = m._parameters.pop(n)
-        per = -(-p.numel() // world)
-        flat = torch.zeros(per * world, dtype=p.dtype, device=p.device)
-        flat[:p.numel()] = p.detach().reshape(-1)
-        shard = torch.nn.Parameter(flat[rank * per:(rank + 1) * per].clone(), requires_grad=p.requires_grad)
+        if id(p) not in done:
+            per = -(-p.numel() // world)
+            flat = torch.zeros(per * world, dtype=p.dtype, device=p.device)
+            flat[:p.numel()] = p.detach().reshape(-1)
+            shard = torch.nn.Parameter(flat[rank * per:(rank + 1) * per].clone(), requires_grad=p.requires_grad)
+            done[id(p)] = (p, shard, ShardSpec(n, tuple(p.shape), p.numel(), world, group))
+        _, shard, spec = done[id(p)]
         m.register_parameter(SHARD_PREFIX + n, shard)
-        specs[n] = ShardSpec(n, tuple(p.shape), p.numel(), world, group)
+        specs[n] = spec
     m._fsdp_specs = specs
     props = {n: property(lambda self, n=n: _full_param(self, n)) for n in names}
     m.__class__ = type(f"FSDP{type(m).__name__}", (type(m),), props)
@@ -213,8 +219,9 @@ class FSDPModule(torch.nn.Module):
         self.module = module
         self.reshard_after_forward = reshard_after_forward
         self._sharded: list[tuple[str, torch.nn.Module, str]] = []
+        done: dict[int, tuple] = {}
         for mname, m in list(module.named_modules()):
-            for n in _shard_module(m, self.group, rank, world):
+            for n in _shard_module(m, self.group, rank, world, done):
                 self._sharded.append((f"{mname}.{n}" if mname else n, m, n))
         self._thunderlite_transforms = (FSDPTransform(self),)
 

@@ -422,9 +422,10 @@ def _fsdp2_mixed_precision(rank, world) -> None:
 
 def _fsdp2_tied_embedding(rank, world) -> None:
     """A tied embedding (one parameter in two modules) under FSDP2, with a nested
-    unit: three AdamW steps with clipping equal one process. Regression: it was
-    refused ("the shared parameter 'weight'"); the view gathers the one leaf
-    where each module reads it, and the two reduce-scattered gradients add up."""
+    unit, and under thunderlite's fsdp: three AdamW steps (with clipping) equal
+    one process. Regression: FSDP2 refused it ("the shared parameter 'weight'");
+    the view gathers the one leaf where each module reads it, and the two
+    reduce-scattered gradients add up."""
     from torch.distributed.fsdp import fully_shard
     for reshard in (True, False):
         net, ref = _seeded(TinyLM), _seeded(TinyLM)
@@ -439,6 +440,15 @@ def _fsdp2_tied_embedding(rank, world) -> None:
         _compare_grads(net, ref, what, atol=1e-5)
         _compare_params(net, ref, what, atol=1e-5)
         assert net.head.weight is net.emb.weight
+    # thunderlite's fsdp: regression, the tied weight became two shards stepped apart (silently untied)
+    from thunderlite.distributed import fsdp, full_state_dict
+    net, ref = _seeded(TinyLM), _seeded(TinyLM)
+    model = thunderlite.jit(fsdp(net))
+    _train_dp(model, list(model.parameters()), ref, _batches(4, [(4, 5)] * 3, (), ints=11), rank, world, _lm_loss,
+              _adamw)
+    full = full_state_dict(model)
+    for k, v in ref.state_dict().items():
+        _close(full[k], v, f"thunderlite fsdp tied embedding {k}", atol=1e-5)
 
 
 class Recurrent(nn.Module):
