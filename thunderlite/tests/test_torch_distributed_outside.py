@@ -597,6 +597,16 @@ def _tp_refusals(rank, world) -> None:
     parallelize_module(prep, mesh, {"norm2": PrepareModuleInput(input_layouts=Shard(1),
                                                                  desired_input_layouts=Shard(1))})
     _raises(NotImplementedError, r"PrepareModuleInput on module 'norm2'", thunderlite.jit, prep)
+    # 2-D meshes: FSDP over tensor parallelism, and HSDP (replicate x shard)
+    from torch.distributed.fsdp import fully_shard
+    mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    two_d = _seeded(AttnBlock)
+    parallelize_module(two_d, mesh2["tp"], _tp_plan())
+    fully_shard(two_d, mesh=mesh2["dp"])
+    _raises(NotImplementedError, r"DTensor parameter 'weight' \(FSDP with tensor parallelism\)", thunderlite.jit, two_d)
+    hsdp = _seeded(LNGeluMLP)
+    fully_shard(hsdp, mesh=init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")))
+    _raises(NotImplementedError, r"HSDPMeshInfo mesh \(HSDP or replicate\)", thunderlite.jit, hsdp)
     emb = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4))
     parallelize_module(emb, mesh, {"0": RowwiseParallel(), "1": ColwiseParallel()})
     _raises(NotImplementedError, r"RowwiseParallel on module '0' \(Embedding\)", thunderlite.jit, emb)
