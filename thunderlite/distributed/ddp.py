@@ -14,7 +14,8 @@ rest of the backward.
 
 ``with model.no_sync():`` skips the all-reduce (gradient accumulation): the
 flag is read by the traced ``forward``, so the jit guards it and compiles the
-two cases separately; leaving the block averages what was accumulated in it. Example::
+two cases separately; what was accumulated without it is averaged at the end
+of the next backward after the block. Example::
 
     model = thunderlite.jit(ddp(Net()))
     loss_fn(model(x), y).backward()      # grads are averaged across ranks
@@ -119,6 +120,8 @@ class DDPModule(torch.nn.Module):
         self.module = module
         self.group = group
         self.require_backward_grad_sync = True
+        self._pending_hooks: list = []         # see no_sync: averaging after the next backward
+        self._average_queued = False
         if broadcast_from is not None:
             with torch.no_grad():
                 for t in [*module.parameters(), *module.buffers()]:
@@ -132,13 +135,16 @@ class DDPModule(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Skip the gradient all-reduce inside the block (gradient accumulation).
+        """Skip the gradient all-reduce for forwards run inside the block
+        (gradient accumulation).
 
-        On leaving the block the gradients accumulated in it are averaged across
-        ranks (one all-reduce per dtype), so after the next synced backward each
-        ``.grad`` is the average of every rank's accumulated gradient, as with
-        ``torch.nn.parallel.DistributedDataParallel``; that one all-reduce runs
-        eagerly, not overlapped with a backward."""
+        The gradients accumulated without it are averaged across ranks (one
+        eager all-reduce per dtype) at the end of the next backward after the
+        block, whether that backward is a synced one or that of a forward run
+        in the block, so each ``.grad`` is then the average of every rank's
+        accumulated gradient, as with ``torch.nn.parallel.DistributedDataParallel``
+        (averaging a sum of averages and local parts gives the same as averaging
+        the sum, since the averaged parts are equal on every rank)."""
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -146,7 +152,24 @@ class DDPModule(torch.nn.Module):
         finally:
             self.require_backward_grad_sync = old
             if old:
-                self._average_accumulated_grads()
+                self._average_after_next_backward()
+
+    def _average_after_next_backward(self) -> None:
+        if self._pending_hooks:
+            return
+
+        def hook(_: torch.Tensor) -> None:
+            if not self._average_queued:       # once, when the whole backward has accumulated
+                self._average_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._average_pending)
+        self._pending_hooks = [p.register_post_accumulate_grad_hook(hook)
+                               for p in self.module.parameters() if p.requires_grad]
+
+    def _average_pending(self) -> None:
+        for h in self._pending_hooks:
+            h.remove()
+        self._pending_hooks, self._average_queued = [], False
+        self._average_accumulated_grads()
 
     @torch.no_grad()
     def _average_accumulated_grads(self) -> None:

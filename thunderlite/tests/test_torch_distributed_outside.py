@@ -233,6 +233,32 @@ def _ddp_accumulation(rank, world) -> None:
         _compare_params(net, ref, what, atol=1e-6)
 
 
+def _ddp_no_sync_backward_after_block(rank, world) -> None:
+    """``with model.no_sync(): loss = model(x)`` then ``loss.backward()`` after the
+    block (the flag is read at forward, as torch's DDP does), then a synced
+    micro-batch, three steps; against torch's eager DDP. Regression: thunderlite
+    averaged at the block's exit, before that backward, so its local gradient
+    was never averaged (ranks diverged silently)."""
+    DDP = torch.nn.parallel.DistributedDataParallel
+    net, eager_net = _seeded(LNGeluMLP), _seeded(LNGeluMLP)
+    model, eager = thunderlite.jit(DDP(net, broadcast_buffers=False)), DDP(eager_net, broadcast_buffers=False)
+    opt, eopt = _sgd(model.parameters()), _sgd(eager.parameters())
+    batches = _batches(13, [(8, 12)] * 6, (3,))
+    for step in range(3):
+        (x1, y1), (x2, y2) = batches[2 * step: 2 * step + 2]
+        for o, m in ((opt, model), (eopt, eager)):
+            o.zero_grad(set_to_none=True)
+            with m.no_sync():
+                loss = _mse(m(x1.chunk(world)[rank]), y1.chunk(world)[rank])
+            loss.backward()
+            _mse(m(x2.chunk(world)[rank]), y2.chunk(world)[rank]).backward()
+        _compare_grads(net, eager_net, f"no_sync with backward after the block, step {step}", atol=1e-6)
+        opt.step()
+        eopt.step()
+    _compare_params(net, eager_net, "no_sync with backward after the block", atol=1e-6)
+    assert thunderlite.cache_info(model)["misses"] == 2, thunderlite.cache_info(model)   # synced, no_sync
+
+
 def _ddp_refusals(rank, world) -> None:
     DDP = torch.nn.parallel.DistributedDataParallel
     # torch's DDP broadcasts buffers from rank 0 before each forward; the trace does not:
@@ -325,6 +351,7 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
         lm_batches = _batches(3, [(4, 5)] * 3, (), ints=11)
         _ddp_both_ways(lambda: _seeded(TinyLM), _lm_loss, lm_batches, rank, world)
         _ddp_accumulation(rank, world)
+        _ddp_no_sync_backward_after_block(rank, world)
         _ddp_refusals(rank, world)
         _ddp_inside_jitted_functions(rank, world)
         DDP = torch.nn.parallel.DistributedDataParallel
