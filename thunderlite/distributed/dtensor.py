@@ -115,6 +115,9 @@ class DTensorProxy:
     def numel(self) -> int:
         return self.shape.numel()
 
+    def is_contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> bool:
+        return _meta(self).is_contiguous(memory_format=memory_format)       # metadata: no ATen op
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")

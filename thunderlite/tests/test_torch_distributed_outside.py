@@ -643,13 +643,15 @@ def _dtensor_operators(world) -> None:
     """Python operators on DTensor arguments of a jitted function, against eager
     DTensor. Regression: ``2 - x`` and ``2 ** x`` computed ``x - 2`` and ``x ** 2``
     on the shards (the reflected operand order was lost); comparisons, ``//``,
-    ``%``, ``abs``, ``&``, ``len`` raised TypeError; ``x == y`` was a Python bool."""
+    ``%``, ``abs``, ``&``, ``len`` raised TypeError, ``is_contiguous`` was refused;
+    ``x == y`` was a Python bool."""
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(11)
     programs = [lambda x: 1 - x, lambda x: 2 ** x, lambda x: 3 / x, lambda x: (x >= 0) & (0.5 > x),
                 lambda x: x // 0.5 + x % 0.5, lambda x: -abs(x), lambda x: (x == x.abs()).float(),
-                lambda x: torch.where(x > 0, x, 0.1 * x), lambda x: x.sub(0.5, alpha=2), lambda x: x * len(x)]
+                lambda x: torch.where(x > 0, x, 0.1 * x), lambda x: x.sub(0.5, alpha=2), lambda x: x * len(x),
+                lambda x: x * 2 if x.is_contiguous() and not x.t().is_contiguous() else x]
     for placement in (Shard(0), Replicate()):
         x = distribute_tensor(torch.randn(4, 6, generator=g), mesh, [placement])
         for k, f in enumerate(programs):
