@@ -311,15 +311,27 @@ def _ddp_inside_jitted_functions(rank, world) -> None:
                 _close(jf(model, x, y), loss_of(ref, x, y), "DDP inference in a jitted function")
 
 
-def _uneven_local_batches(rank, world, wrap, make, what: str) -> None:
+class BNMLP(nn.Module):
+    """BatchNorm in training mode: running statistics written by every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(12, 10), nn.BatchNorm1d(10), nn.Linear(10, 3)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+def _uneven_local_batches(rank, world, wrap, make, what: str, opt=_adamw) -> None:
     """Batches of 8, 7, 5, 8 rows split over the ranks: the ranks' local batch
     sizes differ, so one rank recompiles (its batch dim turning symbolic) where
     the other hits its cache, and the collectives must still pair up. Against
-    the same wrapper run by torch eagerly (a mean over unequal shares is not
-    the whole batch's)."""
+    the same wrapper run by torch eagerly (a mean over unequal shares, or
+    per-rank batch statistics, are not the whole batch's): parameters and
+    buffers."""
     net, eager_net = make(), make()
     model, eager = wrap(net, True), wrap(eager_net, False)
-    opt, eopt = _adamw(model.parameters()), _adamw(eager.parameters())
+    opt, eopt = opt(model.parameters()), opt(eager.parameters())
     g = torch.Generator().manual_seed(12)
     for n in (8, 7, 5, 8):
         x, y = torch.randn(n, 12, generator=g), torch.randn(n, 3, generator=g)
@@ -329,6 +341,8 @@ def _uneven_local_batches(rank, world, wrap, make, what: str) -> None:
             _mse(m(x), y).backward()
             o.step()
     _compare_params(net, eager_net, f"{what} uneven local batches", atol=1e-5)
+    for (k, b), eb in zip(net.named_buffers(), eager_net.buffers(), strict=True):
+        _close(b, eb, f"{what} uneven local batches, buffer {k}", atol=1e-5)
 
 
 def data_parallel_programs(rank: int, world: int, store: str) -> None:
@@ -357,6 +371,12 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
         DDP = torch.nn.parallel.DistributedDataParallel
         _uneven_local_batches(rank, world, lambda m, jit: thunderlite.jit(DDP(m, broadcast_buffers=False)) if jit
                               else DDP(m, broadcast_buffers=False), lambda: _seeded(LNGeluMLP), "jit(DDP(m))")
+        # BatchNorm training: SGD (the bias before BatchNorm has no gradient, AdamW would step its noise)
+        _uneven_local_batches(rank, world, lambda m, jit: thunderlite.jit(DDP(m, broadcast_buffers=False)) if jit
+                              else DDP(m, broadcast_buffers=False), lambda: _seeded(BNMLP), "jit(DDP(m)) BatchNorm",
+                              opt=_sgd)
+        _uneven_local_batches(rank, world, lambda m, jit: DDP(thunderlite.jit(m) if jit else m), lambda: _seeded(BNMLP),
+                              "DDP(jit(m)) BatchNorm, buffers broadcast", opt=_sgd)
 
 
 def test_data_parallel_programs():
@@ -530,6 +550,12 @@ def sharded_data_parallel_programs(rank: int, world: int, store: str) -> None:
             fully_shard(m)
             return thunderlite.jit(m) if jit else m
         _uneven_local_batches(rank, world, fsdp2, lambda: _seeded(LNGeluMLP), "FSDP2")
+
+        def fsdp2_bn(m, jit):
+            fully_shard(m.fc2)
+            fully_shard(m)
+            return thunderlite.jit(m) if jit else m
+        _uneven_local_batches(rank, world, fsdp2_bn, lambda: _seeded(BNMLP), "FSDP2 BatchNorm", opt=_sgd)
 
 
 def test_sharded_data_parallel_programs():
