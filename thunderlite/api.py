@@ -273,6 +273,11 @@ class ThunderliteModule(torch.nn.Module):
     def named_buffers(self, *args, **kwargs):
         return self._model.named_buffers(*args, **kwargs)
 
+    def named_modules(self, *args, **kwargs):
+        # the model's names, as named_parameters gives them: torch code joining the two
+        # (DistributedDataParallel's ignored parameters) must not see this wrapper's "_model."
+        return self._model.named_modules(*args, **kwargs)
+
     def __repr__(self):
         return f"ThunderliteModule({self._model!r})"
 

@@ -48,7 +48,7 @@ class DDPTransform(Transform):
         self._param_names: set[str] = set()
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
-        ids = {id(p) for p in self.module.module.parameters()}
+        ids = {id(p) for p in self.module.synced_parameters()}
         self._param_names = {name for name, v in values.items() if id(v) in ids}
 
     def after_autodiff(self, forward: Trace, backward: Trace) -> tuple[Trace, Trace]:
@@ -112,13 +112,14 @@ class DDPModule(torch.nn.Module):
     eagerly, does no communication). ``module`` is the wrapped module."""
 
     def __init__(self, module: torch.nn.Module, *, group: Any = None, bucket_size_mb: float = 25.0,
-                 broadcast_from: int | None = 0):
+                 broadcast_from: int | None = 0, ignore: frozenset[str] = frozenset()):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("thunderlite.distributed.ddp needs an initialized process group "
                                "(torch.distributed.init_process_group)")
         self.module = module
         self.group = group
+        self.ignore = ignore                   # names of parameters (in ``module``) left unreduced
         self.require_backward_grad_sync = True
         self._pending_hooks: list = []         # see no_sync: averaging after the next backward
         self._average_queued = False
@@ -127,6 +128,10 @@ class DDPModule(torch.nn.Module):
                 for t in [*module.parameters(), *module.buffers()]:
                     dist.broadcast(t, broadcast_from, group=group)
         self._thunderlite_transforms = (DDPTransform(self, group, bucket_size_mb),)
+
+    def synced_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters whose gradients are averaged (all but ``ignore``)."""
+        return [p for n, p in self.module.named_parameters() if n not in self.ignore]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # read while tracing, so the jit guards the flag: synced and no_sync calls compile apart
@@ -163,7 +168,7 @@ class DDPModule(torch.nn.Module):
                 self._average_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._average_pending)
         self._pending_hooks = [p.register_post_accumulate_grad_hook(hook)
-                               for p in self.module.parameters() if p.requires_grad]
+                               for p in self.synced_parameters() if p.requires_grad]
 
     def _average_pending(self) -> None:
         for h in self._pending_hooks:
@@ -175,7 +180,7 @@ class DDPModule(torch.nn.Module):
     def _average_accumulated_grads(self) -> None:
         world = dist.get_world_size(self.group)
         by_dtype: dict = {}
-        for p in self.module.parameters():
+        for p in self.synced_parameters():
             if p.grad is not None:
                 by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():
@@ -210,7 +215,9 @@ def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModul
     that change results and are not honoured raise here, naming the option:
     ``broadcast_buffers=True`` with buffers to broadcast, a communication hook.
     ``find_unused_parameters``, ``gradient_as_bucket_view`` and ``static_graph``
-    change no result (an unused parameter's gradient stays None)."""
+    change no result (an unused parameter's gradient stays None); parameters
+    DDP was told to ignore (``_set_params_and_buffers_to_ignore_for_model``)
+    keep their local gradients."""
     def refuse(option: str, why: str) -> None:
         raise NotImplementedError(
             f"thunderlite.jit(DistributedDataParallel(m)) does not support {option}: torch's DDP {why}, "
@@ -225,7 +232,8 @@ def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModul
     if getattr(model, "mixed_precision", None) is not None:
         refuse("mixed_precision", "casts parameters and gradients for communication")
     bucket_mb = getattr(model, "bucket_bytes_cap", 25 * 2**20) / 2**20
-    out = DDPModule(model.module, group=model.process_group, bucket_size_mb=bucket_mb, broadcast_from=None)
+    out = DDPModule(model.module, group=model.process_group, bucket_size_mb=bucket_mb, broadcast_from=None,
+                    ignore=frozenset(getattr(model, "parameters_to_ignore", ())))
     out.require_backward_grad_sync = model.require_backward_grad_sync
     return out
 

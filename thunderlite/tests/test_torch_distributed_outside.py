@@ -259,6 +259,25 @@ def _ddp_no_sync_backward_after_block(rank, world) -> None:
     assert thunderlite.cache_info(model)["misses"] == 2, thunderlite.cache_info(model)   # synced, no_sync
 
 
+def _ddp_ignored_parameters(rank, world) -> None:
+    """Parameters DDP is told to ignore keep their local gradients (both ways
+    round, against eager DDP). Regressions: jit(DDP(m)) all-reduced them;
+    DDP(jit(m)) reduced them too, since the jitted module's named_modules
+    prefixed "_model." to the names its named_parameters gives."""
+    DDP = torch.nn.parallel.DistributedDataParallel
+    x, y = _batches(14, [(8, 12)], (3,))[0]
+    x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+    for outer in (True, False):
+        net, eager_net = _seeded(LNGeluMLP), _seeded(LNGeluMLP)
+        for m in (net, eager_net):
+            DDP._set_params_and_buffers_to_ignore_for_model(m, ["fc2.bias", "norm.weight"])
+        wrapper = DDP(net if outer else thunderlite.jit(net), broadcast_buffers=False)
+        model = thunderlite.jit(wrapper) if outer else wrapper
+        for m in (model, DDP(eager_net, broadcast_buffers=False)):
+            _mse(m(x), y).backward()
+        _compare_grads(net, eager_net, f"ignored parameters {'jit(DDP(m))' if outer else 'DDP(jit(m))'}", atol=1e-6)
+
+
 def _ddp_refusals(rank, world) -> None:
     DDP = torch.nn.parallel.DistributedDataParallel
     # torch's DDP broadcasts buffers from rank 0 before each forward; the trace does not:
@@ -366,6 +385,7 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
         _ddp_both_ways(lambda: _seeded(TinyLM), _lm_loss, lm_batches, rank, world)
         _ddp_accumulation(rank, world)
         _ddp_no_sync_backward_after_block(rank, world)
+        _ddp_ignored_parameters(rank, world)
         _ddp_refusals(rank, world)
         _ddp_inside_jitted_functions(rank, world)
         DDP = torch.nn.parallel.DistributedDataParallel
