@@ -46,15 +46,39 @@ class DDPTransform(Transform):
         self.group = group
         self.bucket_bytes = int(bucket_size_mb * 2**20)
         self._param_names: set[str] = set()
+        self._input_ids: dict[str, int] = {}
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
         ids = {id(p) for p in self.module.synced_parameters()}
-        self._param_names = {name for name, v in values.items() if id(v) in ids}
+        self._input_ids = {name: id(v) for name, v in values.items() if id(v) in ids}
+        self._param_names = set(self._input_ids)
 
     def after_autodiff(self, forward: Trace, backward: Trace) -> tuple[Trace, Trace]:
-        if not self.module.require_backward_grad_sync or not self._param_names:
+        if not self.module.require_backward_grad_sync:
+            return forward, backward
+        self._refuse_unused(forward.args, backward.return_bsym.args[0])
+        if not self._param_names:
             return forward, backward
         return forward, _allreduce_grads(backward, forward.args, self._param_names, self.group, self.bucket_bytes)
+
+    def _refuse_unused(self, args: list, grads: Any) -> None:
+        """A trained parameter this backward gives no gradient: another rank may
+        use it (torch's ``find_unused_parameters=True`` case), and buckets made
+        from this rank's gradients would not match that rank's (mixed gradients
+        or a hang). torch's reducer learns which are unused at run time; the
+        compiled all-reduce cannot."""
+        reached = {self._input_ids[a.name] for a, g in zip(args, grads, strict=True)
+                   if getattr(a, "name", None) in self._input_ids and type(g) is TensorProxy}
+        unused = [n for n, p in self.module.module.named_parameters()
+                  if p.requires_grad and n not in self.module.ignore and id(p) not in reached]
+        if unused:
+            raise NotImplementedError(
+                f"thunderlite.jit of a data-parallel module: the parameters {unused[:4]}"
+                f"{' ...' if len(unused) > 4 else ''} get no gradient in this backward (unused, torch's "
+                "find_unused_parameters=True case). Which parameters are used may differ between ranks, and the "
+                "compiled bucketed all-reduce cannot follow that (the ranks' buckets would not match). Use "
+                "DistributedDataParallel(thunderlite.jit(m), find_unused_parameters=True), whose reducer finds "
+                "unused parameters at run time, or set requires_grad=False on parameters that are not trained.")
 
 
 def _allreduce_grads(backward: Trace, arg_proxies: list, params: set[str], group: Any, bucket_bytes: int) -> Trace:
@@ -214,8 +238,10 @@ def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModul
     ``no_sync()`` of the jitted module accumulates as torch's does. Options
     that change results and are not honoured raise here, naming the option:
     ``broadcast_buffers=True`` with buffers to broadcast, a communication hook.
-    ``find_unused_parameters``, ``gradient_as_bucket_view`` and ``static_graph``
-    change no result (an unused parameter's gradient stays None); parameters
+    ``gradient_as_bucket_view`` and ``static_graph`` change no result; a
+    backward leaving a trained parameter without gradient (what
+    ``find_unused_parameters=True`` is for) is refused at its first call
+    (``DDPTransform._refuse_unused``); parameters
     DDP was told to ignore (``_set_params_and_buffers_to_ignore_for_model``)
     keep their local gradients."""
     def refuse(option: str, why: str) -> None:

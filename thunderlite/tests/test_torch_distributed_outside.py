@@ -177,11 +177,11 @@ def _sgd(ps):
     return torch.optim.SGD(ps, lr=0.05, momentum=0.9)
 
 
-def _ddp_both_ways(make, loss_fn, batches, rank, world, *, opt=_adamw, state_keys=True, **ddp_kw):
-    """jit(DDP(m)) and DDP(jit(m)) against one process (parameters, final
-    gradients, loss each step, optimizer state, state_dict)."""
+def _ddp_both_ways(make, loss_fn, batches, rank, world, *, opt=_adamw, outers=(True, False), **ddp_kw):
+    """jit(DDP(m)) and DDP(jit(m)) (``outers``: which) against one process
+    (parameters, final gradients, loss each step, optimizer state, state_dict)."""
     DDP = torch.nn.parallel.DistributedDataParallel
-    for outer in (True, False):
+    for outer in outers:
         what = f"{'jit(DDP(m))' if outer else 'DDP(jit(m))'} {type(make()).__name__} {ddp_kw}"
         net, ref = make(), make()
         wrapper = DDP(net if outer else thunderlite.jit(net), **ddp_kw)
@@ -257,6 +257,43 @@ def _ddp_no_sync_backward_after_block(rank, world) -> None:
         eopt.step()
     _compare_params(net, eager_net, "no_sync with backward after the block", atol=1e-6)
     assert thunderlite.cache_info(model)["misses"] == 2, thunderlite.cache_info(model)   # synced, no_sync
+
+
+class MultiTask(nn.Module):
+    """A shared trunk and one head per task: which head a rank trains depends on its task."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.head_a, self.head_b = nn.Linear(6, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+    def forward(self, x, task: str):
+        h = torch.tanh(self.trunk(x))
+        return self.head_a(h) if task == "a" else self.head_b(h)
+
+
+def _ddp_unused_parameters(make_unused, rank, world) -> None:
+    """Parameters without gradient (``find_unused_parameters=True``). DDP(jit(m)):
+    torch's reducer finds them at run time: a head no rank uses keeps None
+    against one process, and heads used by one rank each (rank-dependent use)
+    equal eager DDP. jit(DDP(m)) and thunderlite's ddp refuse at the first call
+    a backward leaving a trained parameter without gradient, naming them.
+    Regression: with rank-dependent use, each rank bucketed its own heads' gradients
+    and the all-reduce averaged head_a's with head_b's (silently wrong; a hang
+    where the shapes differ)."""
+    from thunderlite.distributed import ddp
+    DDP = torch.nn.parallel.DistributedDataParallel
+    _ddp_both_ways(make_unused, _mse, _batches(2, [(8, 6)] * 3, (2,)), rank, world, opt=_sgd, outers=(False,),
+                   broadcast_buffers=False, find_unused_parameters=True)
+    task = "a" if rank == 0 else "b"
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    net, eager_net = _seeded(MultiTask), _seeded(MultiTask)
+    for m in (DDP(thunderlite.jit(net), find_unused_parameters=True), DDP(eager_net, find_unused_parameters=True)):
+        _mse(m(x, task), y).backward()
+    _compare_grads(net, eager_net, "DDP(jit(m)) rank-dependent unused heads", atol=1e-6)
+    unused_head = r"parameters \['head_b.weight', 'head_b.bias'\] get no gradient.*find_unused_parameters=True"
+    for model in (thunderlite.jit(DDP(_seeded(MultiTask), find_unused_parameters=True)),
+                  thunderlite.jit(ddp(_seeded(MultiTask)))):
+        _raises(NotImplementedError, unused_head, lambda m=model: _mse(m(x, "a"), y).backward())
 
 
 def _ddp_ignored_parameters(rank, world) -> None:
@@ -379,8 +416,7 @@ def data_parallel_programs(rank: int, world: int, store: str) -> None:
                 m.bn.running_mean.uniform_(-0.5, 0.5)
                 m.bn.running_var.uniform_(0.5, 2.0)
             return m
-        _ddp_both_ways(unused, _mse, _batches(2, [(8, 6)] * 3, (2,)), rank, world, opt=_sgd,
-                       broadcast_buffers=False, find_unused_parameters=True)
+        _ddp_unused_parameters(unused, rank, world)
         lm_batches = _batches(3, [(4, 5)] * 3, (), ints=11)
         _ddp_both_ways(lambda: _seeded(TinyLM), _lm_loss, lm_batches, rank, world)
         _ddp_accumulation(rank, world)
