@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives as funcol
 
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward
 from thunderlite.distributed.views import ViewModule, link_children, local_leaf, view_class, view_of
 from thunderlite.transforms.user import Transform
@@ -178,7 +179,8 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
     for m in model.modules():
         if isinstance(m, FSDPModule):
             _mp_hooks(views[id(m)], fully_shard.state(m)._mp_policy)
-    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves, units),))
+    trained = {id(leaves[id(p)]): n for n, p in model.named_parameters() if id(p) in leaves and p.requires_grad}
+    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves, units, trained),))
 
 
 def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list,
@@ -233,20 +235,39 @@ class FSDP2Transform(Transform):
     """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after
     forward; gathers each FSDP module's parameters as one prefetch group."""
 
-    def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str]):
+    def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str], trained: dict[int, str]):
         self._ids = {id(p) for p in leaves}
         self._unit_of = units
+        self._trained = trained               # id(leaf) -> parameter name, for those requiring grad
         self._shards: set[str] = set()
         self._units: dict[str, str] = {}
+        self._leaf_ids: dict[str, int] = {}
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
         self._shards = {name for name, v in values.items() if id(v) in self._ids}
         self._units = {name: self._unit_of[id(v)] for name, v in values.items() if id(v) in self._unit_of}
+        self._leaf_ids = {name: id(v) for name, v in values.items() if id(v) in self._trained}
 
     def prefetch_units(self) -> dict[str, str]:
         return self._units
 
     def after_autodiff(self, forward, backward):
+        self._refuse_unused(forward.args, backward.return_bsym.args[0])
         if not self._shards:
             return forward, backward
         return regather_in_backward(forward, backward, self._shards)
+
+    def _refuse_unused(self, args: list, grads: Any) -> None:
+        """FSDP2 gathers and reduce-scatters whole groups, so a parameter some
+        ranks leave unused still pairs up; the compiled program gathers each
+        parameter where it is read and reduce-scatters the gradients it has: a
+        parameter used on one rank and not another would pair different
+        parameters' collectives. Refused at the first call of such a backward."""
+        reached = {self._leaf_ids[a.name] for a, g in zip(args, grads, strict=True)
+                   if getattr(a, "name", None) in self._leaf_ids and type(g) is TensorProxy}
+        unused = [n for i, n in self._trained.items() if i not in reached]
+        if unused:
+            _refuse(f"parameters without gradient in this backward ({unused[:4]}{' ...' if len(unused) > 4 else ''})",
+                    "which parameters are used may differ between ranks, and the compiled program gathers and "
+                    "reduce-scatters each parameter where it is used, so the ranks' collectives would not pair up "
+                    "(FSDP2 moves whole groups); set requires_grad=False on parameters that are not trained")

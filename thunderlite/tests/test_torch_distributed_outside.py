@@ -592,8 +592,26 @@ def _reused_block(rank, world) -> None:
             _close(got[k], v, f"{kind} reused block {k}", atol=1e-5)
 
 
+def _fsdp2_unused_parameters(rank, world) -> None:
+    """A head the backward leaves without gradient: refused at the first call,
+    naming it. Regression: with rank-dependent use (rank 0 trains head_a, rank 1
+    head_b) each rank gathered and reduce-scattered its own head, the collectives
+    paired head_a with head_b and the trunk's gradient was wrong (eager FSDP2
+    moves whole groups, so it pairs up)."""
+    from torch.distributed.fsdp import fully_shard
+    net = _seeded(MultiTask)
+    fully_shard(net)
+    model = thunderlite.jit(net)
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    _raises(NotImplementedError, r"parameters without gradient in this backward \(\['head_b.weight', 'head_b.bias'\]",
+            lambda: _mse(model(x, "a"), y).backward())
+    with torch.no_grad():                       # inference reads what it uses
+        _close(model(x, "a"), _seeded(MultiTask)(x, "a"), "FSDP2 multi-task inference")
+
+
 def sharded_data_parallel_programs(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
+        _fsdp2_unused_parameters(rank, world)
         _reused_block(rank, world)
         _fsdp2_against_one_process(rank, world, True, _adamw, 1.0)
         _fsdp2_against_one_process(rank, world, False, _sgd, 0.5)
