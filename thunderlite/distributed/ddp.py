@@ -33,6 +33,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
+from thunderlite.distributed.fsdp import without_gradient
 from thunderlite.torch import symbol_for
 from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.user import Transform
@@ -67,10 +68,9 @@ class DDPTransform(Transform):
         from this rank's gradients would not match that rank's (mixed gradients
         or a hang). torch's reducer learns which are unused at run time; the
         compiled all-reduce cannot."""
-        reached = {self._input_ids[a.name] for a, g in zip(args, grads, strict=True)
-                   if getattr(a, "name", None) in self._input_ids and type(g) is TensorProxy}
-        unused = [n for n, p in self.module.module.named_parameters()
-                  if p.requires_grad and n not in self.module.ignore and id(p) not in reached]
+        trained = {id(p): n for n, p in self.module.module.named_parameters()
+                   if p.requires_grad and n not in self.module.ignore}
+        unused = without_gradient(args, grads, self._input_ids, trained)
         if unused:
             raise NotImplementedError(
                 f"thunderlite.jit of a data-parallel module: the parameters {unused[:4]}"

@@ -105,6 +105,17 @@ def _shard_module(m: torch.nn.Module, group: Any, rank: int, world: int, done: d
     return names
 
 
+def without_gradient(args: list, grads: Any, ids: dict[str, int], trained: dict[int, str]) -> list[str]:
+    """Names of the ``trained`` parameters (id -> name) a backward leaves without
+    gradient: ``args`` the forward's inputs, ``grads`` the backward's results slot
+    for slot, ``ids`` the inputs standing for trained parameters (name -> id).
+    Data-parallel transforms refuse them: another rank may use them, and the
+    collectives made from this rank's gradients would not pair up."""
+    reached = {ids[a.name] for a, g in zip(args, grads, strict=True)
+               if getattr(a, "name", None) in ids and type(g) is TensorProxy}
+    return [n for i, n in trained.items() if i not in reached]
+
+
 class FSDPTransform(Transform):
     """Re-gathers, in the backward, the saved values that come from shards alone."""
 
@@ -112,18 +123,30 @@ class FSDPTransform(Transform):
         self.module = module
         self._shards: set[str] = set()
         self._units: dict[str, str] = {}
+        self._trained: dict[int, str] = {}
+        self._ids: dict[str, int] = {}
 
     def bind_inputs(self, values: dict[str, Any]) -> None:
         unit = {id(p): mname for mname, m in self.module.module.named_modules()
                 for n, p in m._parameters.items() if n.startswith(SHARD_PREFIX)}
         self._units = {name: unit[id(v)] for name, v in values.items() if id(v) in unit}
         self._shards = set(self._units)
+        self._trained = {id(getattr(m, SHARD_PREFIX + n)): full for full, m, n in self.module._sharded
+                         if getattr(m, SHARD_PREFIX + n).requires_grad}
+        self._ids = {name: id(v) for name, v in values.items() if id(v) in self._trained}
 
     def prefetch_units(self) -> dict[str, str]:
         """A module's parameters are gathered together (its shards' unit: the module)."""
         return self._units
 
     def after_autodiff(self, forward: Trace, backward: Trace) -> tuple[Trace, Trace]:
+        unused = without_gradient(forward.args, backward.return_bsym.args[0], self._ids, self._trained)
+        if unused:
+            raise NotImplementedError(
+                f"thunderlite.distributed.fsdp: the parameters {unused[:4]}{' ...' if len(unused) > 4 else ''} get "
+                "no gradient in this backward. Which parameters are used may differ between ranks, and each "
+                "parameter is gathered and reduce-scattered where it is used, so the ranks' collectives would not "
+                "pair up. Set requires_grad=False on parameters that are not trained.")
         if not self.module.reshard_after_forward or not self._shards:
             return forward, backward
         return regather_in_backward(forward, backward, self._shards)

@@ -39,8 +39,7 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives as funcol
 
-from thunderlite.core.proxies import TensorProxy
-from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward
+from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward, without_gradient
 from thunderlite.distributed.views import ViewModule, link_children, local_leaf, view_class, view_of
 from thunderlite.transforms.user import Transform
 
@@ -263,9 +262,7 @@ class FSDP2Transform(Transform):
         parameter where it is read and reduce-scatters the gradients it has: a
         parameter used on one rank and not another would pair different
         parameters' collectives. Refused at the first call of such a backward."""
-        reached = {self._leaf_ids[a.name] for a, g in zip(args, grads, strict=True)
-                   if getattr(a, "name", None) in self._leaf_ids and type(g) is TensorProxy}
-        unused = [n for i, n in self._trained.items() if i not in reached]
+        unused = without_gradient(args, grads, self._leaf_ids, self._trained)
         if unused:
             _refuse(f"parameters without gradient in this backward ({unused[:4]}{' ...' if len(unused) > 4 else ''})",
                     "which parameters are used may differ between ranks, and the compiled program gathers and "

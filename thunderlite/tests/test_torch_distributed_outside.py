@@ -607,6 +607,10 @@ def _fsdp2_unused_parameters(rank, world) -> None:
             lambda: _mse(model(x, "a"), y).backward())
     with torch.no_grad():                       # inference reads what it uses
         _close(model(x, "a"), _seeded(MultiTask)(x, "a"), "FSDP2 multi-task inference")
+    from thunderlite.distributed import fsdp
+    model = thunderlite.jit(fsdp(_seeded(MultiTask)))       # thunderlite's fsdp gathers per parameter too
+    _raises(NotImplementedError, r"fsdp: the parameters \['head_b.weight', 'head_b.bias'\] get no gradient",
+            lambda: _mse(model(x, "a"), y).backward())
 
 
 def sharded_data_parallel_programs(rank: int, world: int, store: str) -> None:
