@@ -122,7 +122,8 @@ def _lm_loss(logits, y):
 
 def _train_dp(model, params, ref, batches, rank, world, loss_fn, make_opt, clip: float | None = None):
     """The usual loop: this rank's share of each batch through ``model``, the whole
-    batch through ``ref`` in one process; the optimizers see the same hyperparameters."""
+    batch through ``ref`` in one process; the optimizers see the same hyperparameters.
+    ``params``: a list (clipped after each backward when ``clip``)."""
     opt, ropt = make_opt(params), make_opt(ref.parameters())
     losses = []
     for x, y in batches:
@@ -133,7 +134,7 @@ def _train_dp(model, params, ref, batches, rank, world, loss_fn, make_opt, clip:
         rloss = loss_fn(ref(x), y)
         rloss.backward()
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(params if not callable(params) else params(), clip)
+            torch.nn.utils.clip_grad_norm_(params, clip)     # DTensor gradients under FSDP2
             torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
         opt.step()
         ropt.step()
