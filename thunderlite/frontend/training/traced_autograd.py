@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 
-from thunderlite.core import dtypes
+from thunderlite.core import dtypes, pytree
 from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, free_proxies
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
+from thunderlite.torch.ops.grad_mode import RETAIN_GRAD_ID
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 
@@ -66,6 +67,8 @@ class TracedAutograd:
         self.retain_last = False
         self.last_backward: list[BoundSymbol] = []
         self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
+        self.retains: dict[str, TensorProxy] = {}  # values the program made that called retain_grad()
+        self.value_grads: dict[str, TensorProxy] = {}  # their .grad now (absent: None)
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
@@ -75,7 +78,7 @@ class TracedAutograd:
             return self.grads[proxy.name]
         inp = self.state.input_by_name(proxy.name)
         if inp is None:
-            return None
+            return self.value_grads.get(proxy.name)
         return self._entry_grad(inp)
 
     def _entry_grad(self, inp) -> Any:
@@ -171,8 +174,12 @@ class TracedAutograd:
     def _differentiate(self, outs: list, cots: list, retain: bool, wrt) -> tuple[list, list, list]:
         segment = self.trace.bound_symbols[self.start:]
         graph = graph_of(self.retained + segment, outs)
-        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient: it stays as it is
-        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name not in graph]
+        segment = self._take_retain_grads(segment)
+        kept = [self.retains[n] for n in self.retains if n in graph and n not in {w.name for w in wrt}]
+        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient, and on a
+        # program input read by nothing before it makes that input a leaf like any other: it stays as it is
+        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
+                 and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
         bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
@@ -190,7 +197,7 @@ class TracedAutograd:
         defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
-                                  wrt_values=[w for w in wrt if w.name not in {a.name for a in args}])
+                                  wrt_values=[w for w in list(wrt) + kept if w.name not in {a.name for a in args}])
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
@@ -207,7 +214,31 @@ class TracedAutograd:
         self.last_backward = inl.backward
         value_grads = iter(inl.value_grads)
         arg_names = {a.name for a in args}
-        return args, inl.grads, [None if w.name in arg_names else next(value_grads) for w in wrt]
+        result = [None if w.name in arg_names else next(value_grads) for w in wrt]
+        for v in kept:
+            self._retain(v, next(value_grads))
+        return args, inl.grads, result
+
+    def _take_retain_grads(self, segment: list[BoundSymbol]) -> list[BoundSymbol]:
+        """``segment`` less the ``retain_grad()`` markers of values the program
+        makes, which it notes: each backward reaching such a value accumulates
+        its gradient into the value's ``.grad``, a trace value (the markers are
+        the eager-mode replay's; the program runs without autograd)."""
+        out = []
+        for b in segment:
+            if b.sym.id == RETAIN_GRAD_ID and self.state.input_by_name(b.args[0].name) is None:
+                self.retains[b.args[0].name] = b.args[0]
+            else:
+                out.append(b)
+        return out
+
+    def _retain(self, value: TensorProxy, g: TensorProxy | None) -> None:
+        """Eager's retain_grad hook: the first gradient is copied, a later one added out of place."""
+        if g is None:
+            return
+        cur = self.value_grads.get(value.name)
+        self.value_grads[value.name] = (self._call(torch.Tensor.clone, g) if cur is None
+                                        else self._call(torch.add, cur, g))
 
     def _refuse_made_leaves(self, bsyms, graph: set[str]) -> None:
         """A leaf the program itself made (``torch.zeros(3, requires_grad=True)``,
@@ -219,9 +250,29 @@ class TracedAutograd:
                     f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
                     f"made inside the function{self._where()}; pass it in as an argument instead")
             if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph:
+                if self.state.input_by_name(b.args[0].name) is not None:
+                    raise NotImplementedError(
+                        f"thunderlite: backward() inside the jitted function reaches the input {b.args[0].name}, "
+                        f"made a leaf by requires_grad_() after the function read it{self._where()}; call "
+                        "requires_grad_() before its first use, or before calling the function")
                 raise NotImplementedError(
                     f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
                     f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+
+    def _input_made_leaf(self, marker: BoundSymbol, bsyms) -> bool:
+        """``x.requires_grad_()`` on a program input before anything reads it
+        (``x.requires_grad_(); loss(x).backward()``): ``x`` is then a leaf of the
+        caller's that requires grad from the start, its ``.grad`` a program
+        value. One read before the marker would be a value without history."""
+        name = marker.args[0].name
+        if self.state.input_by_name(name) is None or not marker.args[0].requires_grad:
+            return False
+        for b in bsyms:
+            if b is marker:
+                return True
+            if any(a.name == name for a in b.tensor_args()):
+                return False
+        return False
 
     @staticmethod
     def _defined_in(bsyms, p) -> bool:
@@ -300,6 +351,20 @@ class TracedAutograd:
         for hook in list((hooks or {}).values()):
             interpret(hook, self.hooks)(leaf)
 
+    def _refuse_escaping_retained(self, result: Any) -> None:
+        """A value with a retained ``.grad`` that the caller sees (returned or
+        stored) would need that ``.grad`` on the tensor the caller gets."""
+        if not self.value_grads:
+            return
+        seen = [result] + [v for _, v in self.state.attr_writes.values()] + \
+               [v for _, v in self.state.global_writes.values()] + [v for _, v in self.state.cell_writes.values()]
+        for leaf in pytree.leaves(seen):
+            if type(leaf) is TensorProxy and leaf.name in self.value_grads:
+                raise NotImplementedError(
+                    f"thunderlite: {leaf.name}, a tensor the jitted function makes and called retain_grad() on, "
+                    "is returned or stored after a backward inside the function: its .grad would not reach the "
+                    "caller's tensor; return its .grad instead")
+
     # --- helpers ----------------------------------------------------------------------------------
     def _call(self, fn, *args):
         return self.hooks.lookaside(fn)(*args)
@@ -319,6 +384,7 @@ class TracedAutograd:
         eager's tensor whose graph the program's backward used (graph_used)."""
         if not self.used:
             return result
+        self._refuse_escaping_retained(result)
 
         def wrap(x):
             if type(x) is TensorProxy and x.requires_grad:
