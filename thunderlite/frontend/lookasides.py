@@ -168,6 +168,18 @@ class Lookasides:
             f"register_full_backward_hook/register_full_backward_pre_hook hooks{where}; call that module "
             "outside thunderlite.jit (jit its children instead), or remove the hooks")
 
+    def make_subclass(self, cls, data, *args, **kwargs):
+        """``nn.Parameter(t)`` (and other ``_make_subclass`` tensors) of a traced
+        tensor: a new leaf object the program would hand the caller; refused."""
+        if type(data) is TensorProxy:
+            loc = self.hooks.locate()
+            where = f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
+            raise NotImplementedError(
+                f"thunderlite: making a {cls.__name__} of a traced tensor inside the jitted function is not "
+                f"supported{where}; create it outside the function (between calls), or update the existing "
+                "one in place under torch.no_grad()")
+        return torch.Tensor._make_subclass(cls, data, *args, **kwargs)
+
     @staticmethod
     def record_function(*args, **kwargs):
         # a profiler range (``optimizer.step`` opens one) is a run-time annotation
@@ -219,7 +231,8 @@ def _table() -> dict:
                      (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
                      (torch._C._set_grad_enabled, "set_grad_enabled"),
                      (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks"),
-                     (torch._C._group_tensors_by_device_and_dtype, "group_tensors")]:
+                     (torch._C._group_tensors_by_device_and_dtype, "group_tensors"),
+                     (torch.Tensor._make_subclass, "make_subclass")]:
         table[fn] = _method(name)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)

@@ -805,6 +805,218 @@ def test_matches_eager(name, executors):
     _check(name, executors)
 
 
+# --- more steps ------------------------------------------------------------------------------
+
+@case
+def multistep_lr_sgd_foreach_false_returns_lr():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5, foreach=False)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1, 2], gamma=0.1)
+
+    def step(model, opt, sched, x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+        return sched.get_last_lr()
+    return step, (model, opt, sched), _data()
+
+
+@case
+def rmsprop_centered():
+    model = _mlp()
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-2, momentum=0.5, centered=True)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        return [p.detach().abs().sum() for p in model.parameters()]
+    return step, (model, opt), _data()
+
+
+@case
+def gru_cell_unrolled_adam():
+    cell, head = nn.GRUCell(3, 5), nn.Linear(5, 2)
+    opt = torch.optim.Adam(list(cell.parameters()) + list(head.parameters()), lr=1e-2)
+
+    def step(cell, head, opt, seq, y):
+        h = torch.zeros(seq.shape[1], 5)
+        for t in range(seq.shape[0]):
+            h = cell(seq[t], h)
+        loss = F.cross_entropy(head(h), y)
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(list(cell.parameters()) + list(head.parameters()), 1.0)
+        opt.step()
+        return loss.detach()
+    g = torch.Generator().manual_seed(6)
+    calls = [(torch.randn(4, 2, 3, generator=g), torch.randint(0, 2, (2,), generator=g)) for _ in range(3)]
+    return step, (cell, head, opt), calls
+
+
+@case
+def lstm_module_sgd():
+    lstm, head = nn.LSTM(3, 4, batch_first=True), nn.Linear(4, 2)
+    params = list(lstm.parameters()) + list(head.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+
+    def step(lstm, head, opt, seq, y):
+        out, (h, c) = lstm(seq)
+        loss = F.mse_loss(head(out[:, -1]), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach(), c.detach()
+    g = torch.Generator().manual_seed(6)
+    calls = [(torch.randn(2, 4, 3, generator=g), torch.randn(2, 2, generator=g)) for _ in range(3)]
+    return step, (lstm, head, opt), calls
+
+
+@case
+def model_zero_grad_and_unused_param():
+    model = nn.ModuleDict({"a": nn.Linear(4, 3), "unused": nn.Linear(4, 3)})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y):
+        model.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model["a"](x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step, (model, opt), _data()
+
+
+@case
+def grad_of_input_for_penalty_without_create_graph():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        x = x.clone().requires_grad_()
+        out = model(x)
+        (gx,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
+        loss = F.cross_entropy(out, y) + 0.1 * gx.detach().pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return gx
+    return step, (model, opt), _data()
+
+
+@case
+def input_grad_assigned_and_accumulated():
+    def step(w, x):
+        w.grad = torch.full_like(w, 0.5)
+        (w * x).sum().backward()
+        g = w.grad.clone()
+        w.grad.zero_()
+        (w * x * 2).sum().backward()
+        return g
+    return step, (torch.randn(3, requires_grad=True),), [(torch.randn(3),), (torch.randn(3),)]
+
+
+@case
+def jacrev_of_model_wrt_params_and_hessian_of_loss():
+    model = nn.Linear(3, 2)
+
+    def step(model, x):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        jac = jacrev(lambda p: functional_call(model, p, (x,)).sum(0))(params)
+        h = hessian(lambda w: (functional_call(model, {"weight": w, "bias": params["bias"]}, (x,)) ** 2).sum())(
+            params["weight"])
+        return jac, h
+    return step, (model,), [(torch.randn(4, 3),)]
+
+
+@case
+def vmap_out_dims_and_jvp_module():
+    model = nn.Linear(3, 3)
+
+    def step(model, x, t):
+        f = lambda x: torch.tanh(model(x))  # noqa: E731
+        out, tangent = jvp(f, (x,), (t,))
+        batched = vmap(lambda r: r.sum() * r, in_dims=1, out_dims=1)(x)
+        return out.detach(), tangent.detach(), batched.detach()
+    return step, (model,), [(torch.randn(2, 3), torch.randn(2, 3))]
+
+
+@case
+def func_grad_training_loop_in_place_update():
+    model = _mlp()
+
+    def step(model, x, y):
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+
+        def compute_loss(p, x, y):
+            return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
+        grads, loss = grad_and_value(compute_loss)(params, x, y)
+        with torch.no_grad():
+            for k in params:
+                params[k].add_(grads[k], alpha=-0.05)
+        return loss
+    return step, (model,), _data()
+
+
+@case
+def resize_and_set_on_inputs():
+    def step(a, b, c):
+        a.resize_(2, 2)
+        a.mul_(3)
+        b.set_(c)
+        b.add_(1)
+        return a.sum(), b * 1
+    g = torch.Generator().manual_seed(10)
+    return step, (), [(torch.randn(2, 3, generator=g), torch.randn(4, generator=g), torch.randn(2, 2, generator=g))]
+
+
+@case
+def as_strided_on_input_then_math():
+    def step(x, w):
+        x.as_strided_((2, 2), (1, 2))
+        x.add_(w)
+        return (x @ w).sum()
+    return step, (), [(torch.randn(6), torch.randn(2, 2))]
+
+
+@case
+def called_with_new_shapes_and_seq_lengths():
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2)
+
+    def step(model, opt, idx, tgt):
+        loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    g = torch.Generator().manual_seed(11)
+    calls = [(torch.randint(0, 11, (b, t), generator=g), torch.randint(0, 11, (b, t), generator=g))
+             for b, t in [(2, 5), (2, 5), (3, 4), (1, 7), (2, 5)]]
+    return step, (model, opt), calls
+
+
+@case
+def warmup_lambda_and_manual_loss_scale():
+    model = _mlp()
+    opt = torch.optim.AdamW([{"params": [p for n, p in model.named_parameters() if "bias" not in n]},
+                             {"params": [p for n, p in model.named_parameters() if "bias" in n],
+                              "weight_decay": 0.0}], lr=1e-2, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda s: min(1.0, (s + 1) / 3), lambda s: 1.0])
+
+    def step(model, opt, sched, x, y, scale=64.0):
+        loss = F.cross_entropy(model(x), y)
+        (loss * scale).backward()
+        for p in model.parameters():
+            p.grad.div_(scale)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step, (model, opt, sched), _data()
+
+
 # --- refusals and eager's errors ---------------------------------------------------------------
 
 def test_retained_grad_of_a_returned_tensor_is_refused():
@@ -829,3 +1041,13 @@ def test_requires_grad_on_input_after_reading_it_is_refused():
         return x.grad
     with pytest.raises(NotImplementedError, match=r"made a leaf by requires_grad_\(\) after the function read it"):
         thunderlite.jit(step)(torch.randn(3))
+
+
+def test_new_parameter_inside_is_refused_clearly():
+    """A new ``nn.Parameter`` made inside the program (before: a TypeError from
+    ``_make_subclass``); replacing one between calls works (parameter_replaced_between_calls)."""
+    def step(model, x):
+        model[2].weight = nn.Parameter(model[2].weight.detach() * 0.5)
+        return model(x)
+    with pytest.raises(NotImplementedError, match=r"making a Parameter of a traced tensor.*nn\.Parameter\("):
+        thunderlite.jit(step)(_mlp(), torch.randn(2, 4))

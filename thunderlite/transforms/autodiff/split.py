@@ -715,6 +715,9 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
         # graph when it needs a gradient before the write or carries one after it
         written = {dst.name for dst, new in writes(bsym) if dst.name in tracked or (new is not None and
                                                                                      new.name in tracked)}
+        if not written and not any(o.name in tracked for o in bsym.tensor_outs()):
+            out.append(bsym)        # no gradient leaves it (``detach()``): no graph to keep, none to differentiate
+            continue
         mask = tuple(2 if p.name in written else int(p.name in tracked) for p in bsym.tensor_args())
         inputs = [p for p, m in zip(bsym.tensor_args(), mask, strict=True) if m]
         handle = Proxy(name=trace.fresh_name("graph"))
