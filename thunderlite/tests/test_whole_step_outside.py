@@ -799,12 +799,6 @@ def x_data_swap_on_input():
     return step, (), [(torch.randn(3), torch.randn(3))]
 
 
-@pytest.mark.parametrize("executors", list(EXECUTORS))
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_eager(name, executors):
-    _check(name, executors)
-
-
 # --- more steps ------------------------------------------------------------------------------
 
 @case
@@ -902,6 +896,21 @@ def grad_of_input_for_penalty_without_create_graph():
         opt.step()
         return gx
     return step, (model, opt), _data()
+
+
+@case
+def leaves_made_inside_with_requires_grad():
+    """Regression: ``x.clone().requires_grad_()`` reached by a backward was refused."""
+    def step(w, x):
+        t = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad((t * w).sum(), t, retain_graph=True)
+        ((t * w) ** 2).sum().backward()
+        u = x.clone()
+        v = u * 2                      # made before u requires grad: no history through it
+        u.requires_grad_()
+        (u * v * w).sum().backward()
+        return g, t.grad, u.grad
+    return step, (torch.randn(3, requires_grad=True),), [(torch.randn(3),), (torch.randn(3),)]
 
 
 @case
@@ -1017,6 +1026,170 @@ def warmup_lambda_and_manual_loss_scale():
     return step, (model, opt, sched), _data()
 
 
+@case
+def gan_two_optimizers():
+    gen, disc = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 3)), nn.Sequential(nn.Linear(3, 4),
+                                                                                          nn.LeakyReLU(0.2),
+                                                                                          nn.Linear(4, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=1e-2, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-2, betas=(0.5, 0.999))
+
+    def step(gen, disc, opt_g, opt_d, z, real):
+        fake = gen(z)
+        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+        opt_d.zero_grad()
+        d_loss = F.binary_cross_entropy_with_logits(disc(real), ones) + \
+            F.binary_cross_entropy_with_logits(disc(fake.detach()), zeros)
+        d_loss.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        g_loss = F.binary_cross_entropy_with_logits(disc(fake), ones)
+        g_loss.backward()
+        opt_g.step()
+        with torch.no_grad():
+            for p in disc.parameters():
+                p.data.clamp_(-0.5, 0.5)
+        return d_loss.item(), g_loss.item()
+    g = torch.Generator().manual_seed(12)
+    calls = [(torch.randn(4, 2, generator=g), torch.randn(4, 3, generator=g)) for _ in range(3)]
+    return step, (gen, disc, opt_g, opt_d), calls
+
+
+@case
+def several_optimizer_steps_in_one_call():
+    """Regression: an optimizer step between two backwards wrote the leaves the
+    next forward reads, and that backward was refused ("a write into a tensor
+    that requires grad on the gradient path")."""
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+
+    def step(model, opt, sched, x, y):
+        losses = []
+        for xb, yb in zip(x.split(2), y.split(2), strict=True):
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.99)
+        sched.step()
+        return torch.stack(losses)
+    return step, (model, opt, sched), _data()
+
+
+@case
+def explicit_l2_penalty_and_gradient_argument():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, maximize=False, momentum=0.9)
+
+    def step(model, opt, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss = loss + 1e-3 * sum(p.pow(2).sum() for p in model.parameters())
+        opt.zero_grad()
+        loss.backward(torch.tensor(0.5))
+        opt.step()
+        return loss.detach()
+    return step, (model, opt), _data()
+
+
+@case
+def freeze_and_unfreeze_inside():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        model[0].requires_grad_(False)
+        F.cross_entropy(model(x), y).backward()
+        model[0].requires_grad_(True)
+        opt.step()
+        opt.zero_grad()
+        return model[0].weight.requires_grad
+    return step, (model, opt), _data()
+
+
+@case
+def weight_renorm_before_forward_and_vector_utils():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        with torch.no_grad():
+            w = model[0].weight
+            w.div_(w.norm(dim=1, keepdim=True).clamp_min(1.0))
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return nn.utils.parameters_to_vector(model.parameters()).detach()
+    return step, (model, opt), _data()
+
+
+@case
+def batchnorm_cumulative_average():
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=None), nn.ReLU(), nn.Linear(5, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step, (model, opt), _data()
+
+
+@case
+def conditional_step_every_other_call():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(model, opt, x, y, i):
+        (F.cross_entropy(model(x), y) / 2).backward()
+        if (i + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+        return [p.grad is None for p in model.parameters()]
+    data = _data(calls=4)
+    return step, (model, opt), [(x, y, i) for i, (x, y) in enumerate(data)]
+
+
+@case
+def tensor_lr_adam():
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        return model[2].bias.detach()
+    return step, (model, opt), _data()
+
+
+@case
+def grads_read_after_zero_grad_and_first_call():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        had = [p.grad is not None for p in model.parameters()]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        total = sum(p.grad.norm() for p in model.parameters())
+        opt.step()
+        return had, total
+    return step, (model, opt), _data()
+
+
+@pytest.mark.parametrize("executors", list(EXECUTORS))
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_eager(name, executors):
+    _check(name, executors)
+
+
 # --- refusals and eager's errors ---------------------------------------------------------------
 
 def test_retained_grad_of_a_returned_tensor_is_refused():
@@ -1027,7 +1200,16 @@ def test_retained_grad_of_a_returned_tensor_is_refused():
         h.retain_grad()
         h.sum().backward()
         return h
-    with pytest.raises(NotImplementedError, match=r"called retain_grad\(\) on, is returned or stored"):
+    with pytest.raises(NotImplementedError, match=r"gives a \.grad \(retain_grad\(\).*is returned or stored"):
+        thunderlite.jit(step)(torch.randn(3, requires_grad=True), torch.randn(3))
+
+
+def test_leaf_made_inside_with_grad_returned_is_refused():
+    def step(w, x):
+        t = x.clone().requires_grad_()
+        (t * w).sum().backward()
+        return t
+    with pytest.raises(NotImplementedError, match=r"is returned or stored after a backward"):
         thunderlite.jit(step)(torch.randn(3, requires_grad=True), torch.randn(3))
 
 

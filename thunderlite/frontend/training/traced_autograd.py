@@ -35,6 +35,7 @@ from thunderlite.core.symbol import BoundSymbol, free_proxies
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
 from thunderlite.torch.ops.grad_mode import RETAIN_GRAD_ID
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 
@@ -68,7 +69,8 @@ class TracedAutograd:
         self.last_backward: list[BoundSymbol] = []
         self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
         self.retains: dict[str, TensorProxy] = {}  # values the program made that called retain_grad()
-        self.value_grads: dict[str, TensorProxy] = {}  # their .grad now (absent: None)
+        self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
+        self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
@@ -132,7 +134,7 @@ class TracedAutograd:
         if only and any(self.state.input_by_name(n) is None for n in only):
             raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
                                       f"function (not a leaf) is not supported{self._where()}")
-        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), ())
+        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), (), leaves=only is None)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
@@ -171,7 +173,10 @@ class TracedAutograd:
         return tuple(result)
 
     # --- the differentiation ------------------------------------------------------------------
-    def _differentiate(self, outs: list, cots: list, retain: bool, wrt) -> tuple[list, list, list]:
+    def _differentiate(self, outs: list, cots: list, retain: bool, wrt,
+                       leaves: bool = False) -> tuple[list, list, list]:
+        """Replace the recorded symbols by their forward and backward; ``leaves``:
+        the leaves the program made get their ``.grad`` (a backward, not ``autograd.grad``)."""
         segment = self.trace.bound_symbols[self.start:]
         graph = graph_of(self.retained + segment, outs)
         segment = self._take_retain_grads(segment)
@@ -180,43 +185,52 @@ class TracedAutograd:
         # program input read by nothing before it makes that input a leaf like any other: it stays as it is
         flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
                  and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
-        bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
+        rest = [b for b in segment if not any(b is f for f in flags)]
+        prefix = self._leaf_updates_before(rest, graph)
+        bsyms = self.retained + rest[len(prefix):]
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
-        self._refuse_made_leaves(bsyms, graph)
+        self.made.update(self._made_leaves(bsyms, graph))
+        made = {n: p for n, p in self.made.items() if n in graph}
+        self._refuse_made_leaves(bsyms, graph, made)
+        if leaves:
+            kept += [p for n, p in made.items() if n not in {w.name for w in wrt} and all(n != k.name for k in kept)]
         free = free_proxies(bsyms)
         free_names = {p.name for p in free}
         args = list(free) + [o for o in outs if o.name not in free_names and not self._defined_in(bsyms, o)]
         mask = []
         for a in args:
             inp = self.state.input_by_name(a.name) if type(a) is TensorProxy else None
-            diff = inp is not None and a.requires_grad and dtypes.is_inexact(a.dtype) and a.name in graph
-            if diff:
+            diff = (inp is not None or a.name in made) and a.requires_grad and dtypes.is_inexact(a.dtype) \
+                and a.name in graph
+            if diff and inp is not None:
                 self._check_leaf(inp)
             mask.append(diff)
+        arg_names = {a.name for a in args}
         defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
-                                  wrt_values=[w for w in list(wrt) + kept if w.name not in {a.name for a in args}])
+                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names])
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
-        self.trace.bound_symbols[self.start:] = flags + inl.forward + inl.backward
+        self.trace.bound_symbols[self.start:] = flags + prefix + inl.forward + inl.backward
         self.trace.writes += 1
         self.start = len(self.trace.bound_symbols)
         if not retain:      # the leaves stay: a later graph starts from them anew
             inputs = {inp.proxy.name for inp in self.state.inputs}
-            self.freed |= graph - inputs
-        self.retained = [b for b in bsyms if any(o.requires_grad and o.name not in self.freed
-                                                 for o in b.tensor_outs())]
+            self.freed |= graph - inputs - set(self.made)
+        alive = {o.name for b in bsyms for o in b.tensor_outs() if o.requires_grad and o.name not in self.freed}
+        self.retained = [b for b in bsyms if any(o.name in alive for o in b.tensor_outs())
+                         or (b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in alive)]
         self.used = True
         self.retain_last = retain
         self.last_backward = inl.backward
         value_grads = iter(inl.value_grads)
-        arg_names = {a.name for a in args}
         result = [None if w.name in arg_names else next(value_grads) for w in wrt]
+        by_arg = {a.name: g for a, g in zip(args, inl.grads, strict=True)}
         for v in kept:
-            self._retain(v, next(value_grads))
+            self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
         return args, inl.grads, result
 
     def _take_retain_grads(self, segment: list[BoundSymbol]) -> list[BoundSymbol]:
@@ -240,16 +254,36 @@ class TracedAutograd:
         self.value_grads[value.name] = (self._call(torch.Tensor.clone, g) if cur is None
                                         else self._call(torch.add, cur, g))
 
-    def _refuse_made_leaves(self, bsyms, graph: set[str]) -> None:
-        """A leaf the program itself made (``torch.zeros(3, requires_grad=True)``,
-        ``requires_grad_()``) would need a ``.grad`` of its own: refused, named."""
+    def _made_leaves(self, bsyms, graph: set[str]) -> dict[str, TensorProxy]:
+        """Values the program made and then made leaves with ``requires_grad_()``
+        (``x = x.clone().requires_grad_()``, a gradient penalty's or an
+        adversarial example's input): their ``.grad`` is a trace value like a
+        retained gradient's (``value_grads``), seen by the program only."""
+        made: dict[str, TensorProxy] = {}
+        producer: dict[str, BoundSymbol] = {}
         for b in bsyms:
-            outs = [o for o in b.tensor_outs() if o.name in graph]
+            if b.sym.id == REQUIRES_GRAD_ID:
+                a = b.args[0]
+                flag = b.args[1] if len(b.args) > 1 else b.kwargs.get("requires_grad", True)
+                src = producer.get(a.name)
+                if flag and a.name in graph and src is not None and not any(x.name in graph for x in src.tensor_args()):
+                    made[a.name] = a
+                continue
+            for o in b.tensor_outs():
+                producer[o.name] = b
+        return made
+
+    def _refuse_made_leaves(self, bsyms, graph: set[str], made: dict) -> None:
+        """A leaf the program itself made with a factory
+        (``torch.zeros(3, requires_grad=True)``) would need a ``.grad`` of its
+        own: refused, named. One made by ``requires_grad_()`` is ``made``."""
+        for b in bsyms:
+            outs = [o for o in b.tensor_outs() if o.name in graph and o.name not in made]
             if outs and not any(a.name in graph for a in b.tensor_args()):
                 raise NotImplementedError(
                     f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
                     f"made inside the function{self._where()}; pass it in as an argument instead")
-            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph:
+            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph and b.args[0].name not in made:
                 if self.state.input_by_name(b.args[0].name) is not None:
                     raise NotImplementedError(
                         f"thunderlite: backward() inside the jitted function reaches the input {b.args[0].name}, "
@@ -258,6 +292,30 @@ class TracedAutograd:
                 raise NotImplementedError(
                     f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
                     f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+
+    def _leaf_updates_before(self, seg: list[BoundSymbol], graph: set[str]) -> list[BoundSymbol]:
+        """The symbols of ``seg`` before the first that computes a value of the
+        graph, where they write: an optimizer step or a ``no_grad`` update of the
+        parameters between two backwards, a renormalization before the forward.
+        They change the leaves' values, not their history: they stay before the
+        differentiated program, whose reads see the new values, as eager's
+        forward does. Not where the graph holds a value made before the write
+        (a retained graph's saved value: eager raises there), which
+        differentiation must see (empty list)."""
+        inputs = {inp.proxy.name for inp in self.state.inputs}
+        first = next((i for i, b in enumerate(seg)
+                      if any(o.name in graph and o.name not in inputs for o in b.tensor_outs())), len(seg))
+        prefix = seg[:first]
+        dsts = [d for b in prefix for d in written(b)]
+        if not dsts:
+            return []
+        groups = AliasGroups()
+        for b in self.trace.bound_symbols:
+            groups.add_bsym(b)
+        roots = {groups.find(d.name) for d in dsts}
+        if any(groups.find(p.name) in roots for b in self.retained for p in b.tensor_args() + b.tensor_outs()):
+            return []
+        return prefix
 
     def _input_made_leaf(self, marker: BoundSymbol, bsyms) -> bool:
         """``x.requires_grad_()`` on a program input before anything reads it
@@ -352,7 +410,7 @@ class TracedAutograd:
             interpret(hook, self.hooks)(leaf)
 
     def _refuse_escaping_retained(self, result: Any) -> None:
-        """A value with a retained ``.grad`` that the caller sees (returned or
+        """A value the program made with a ``.grad`` that the caller sees (returned or
         stored) would need that ``.grad`` on the tensor the caller gets."""
         if not self.value_grads:
             return
@@ -361,9 +419,9 @@ class TracedAutograd:
         for leaf in pytree.leaves(seen):
             if type(leaf) is TensorProxy and leaf.name in self.value_grads:
                 raise NotImplementedError(
-                    f"thunderlite: {leaf.name}, a tensor the jitted function makes and called retain_grad() on, "
-                    "is returned or stored after a backward inside the function: its .grad would not reach the "
-                    "caller's tensor; return its .grad instead")
+                    f"thunderlite: {leaf.name}, a tensor the jitted function makes and gives a .grad (retain_grad(), "
+                    "or a leaf made with requires_grad_()), is returned or stored after a backward inside the "
+                    "function: its .grad would not reach the caller's tensor; return its .grad instead")
 
     # --- helpers ----------------------------------------------------------------------------------
     def _call(self, fn, *args):
