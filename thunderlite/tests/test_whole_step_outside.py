@@ -19,6 +19,7 @@ from torch import nn
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import thunderlite
+from thunderlite.core.proxies import DataDependentError
 from thunderlite.tests.whole_step_util import TOL
 
 CASES: dict = {}
@@ -1128,20 +1129,6 @@ def weight_renorm_before_forward_and_vector_utils():
 
 
 @case
-def batchnorm_cumulative_average():
-    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=None), nn.ReLU(), nn.Linear(5, 3))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-    def step(model, opt, x, y):
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step, (model, opt), _data()
-
-
-@case
 def conditional_step_every_other_call():
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -1223,6 +1210,43 @@ def test_requires_grad_on_input_after_reading_it_is_refused():
         return x.grad
     with pytest.raises(NotImplementedError, match=r"made a leaf by requires_grad_\(\) after the function read it"):
         thunderlite.jit(step)(torch.randn(3))
+
+
+def test_batchnorm_cumulative_average_is_refused_with_the_line():
+    """``BatchNorm1d(momentum=None)`` computes ``1 / float(num_batches_tracked)``:
+    a Python number from a tensor's value, which thunderlite does not follow
+    (data-dependent); refused with the user's line."""
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=None), nn.ReLU(), nn.Linear(5, 3))
+
+    def step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+    with pytest.raises(DataDependentError, match=r"float\(tensor\).*loss = F\.cross_entropy\(model\(x\), y\)"):
+        thunderlite.jit(step)(model, *_data(calls=1)[0])
+
+
+def test_two_heads_without_retain_graph_raise_eagers_error():
+    def step(model, x, y):
+        h = model[1](model[0](x))
+        F.cross_entropy(model[2](h), y).backward()
+        h.pow(2).mean().backward()
+    args = (_mlp(), *_data(calls=1)[0])
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        step(*copy.deepcopy(args))
+    with pytest.raises(RuntimeError, match=r"a second time.*h\.pow\(2\)\.mean\(\)\.backward\(\)"):
+        thunderlite.jit(step)(*args)
+
+
+def test_gradient_penalty_with_create_graph_is_refused():
+    """create_graph=True is refused by design (the spec allows it)."""
+    def step(model, x, y):
+        x = x.clone().requires_grad_()
+        out = model(x)
+        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (F.cross_entropy(out, y) + gx.pow(2).sum()).backward()
+    with pytest.raises(NotImplementedError, match=r"create_graph=True.*autograd\.grad\(out\.sum\(\), x, create_graph"):
+        thunderlite.jit(step)(_mlp(), *_data(calls=1)[0])
 
 
 def test_new_parameter_inside_is_refused_clearly():
