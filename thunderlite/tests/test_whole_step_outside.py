@@ -353,6 +353,27 @@ def hooks_scale_and_clamp_intermediates():
 
 
 @case
+def hooks_on_parameters_before_and_inside():
+    """Regression: tensor hooks on the leaves (registered on the caller's
+    tensors before the call, or inside it) were ignored by the backward inside
+    the function (a silent wrong gradient)."""
+    model = _mlp()
+    model[0].weight.register_hook(lambda g: g.clamp(-0.05, 0.05))
+    seen = []
+    model[2].bias.register_hook(lambda g: seen.append(1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        model[2].weight.register_hook(lambda g: g * 0.5)      # one more each call, as in eager
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        (gw,) = torch.autograd.grad(model(x).sum(), [model[0].weight])
+        opt.step()
+        return gw
+    return step, (model, opt), _data()
+
+
+@case
 def retain_grad_on_logits():
     model = _mlp()
 

@@ -34,10 +34,11 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, free_proxies
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
-from thunderlite.torch.ops.grad_mode import RETAIN_GRAD_ID
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
+from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks
 
 _SECOND_BACKWARD = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -69,6 +70,7 @@ class TracedAutograd:
         self.last_backward: list[BoundSymbol] = []
         self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
         self.retains: dict[str, TensorProxy] = {}  # values the program made that called retain_grad()
+        self.input_hooks: dict[str, list] = {}   # input name -> (hook, reads) the program registered on it
         self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
         self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
 
@@ -135,6 +137,7 @@ class TracedAutograd:
             raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
                                       f"function (not a leaf) is not supported{self._where()}")
         args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), (), leaves=only is None)
+        grads = self._leaf_hooks(args, grads, only)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
@@ -157,6 +160,7 @@ class TracedAutograd:
             if type(w) is not TensorProxy or not w.requires_grad:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
         args, grads, value_grads = self._differentiate(outs, cots, bool(retain_graph), wanted)
+        grads = self._leaf_hooks(args, grads, {w.name for w in wanted})
         by_arg = {a.name: g for a, g in zip(args, grads, strict=True)}
         result = []
         for w, vg in zip(wanted, value_grads, strict=True):
@@ -185,6 +189,12 @@ class TracedAutograd:
         # program input read by nothing before it makes that input a leaf like any other: it stays as it is
         flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
                  and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
+        flags += [b for b in segment if b.sym.id in (REGISTER_HOOK_ID, RETAIN_GRAD_ID)
+                  and self.state.input_by_name(b.args[0].name) is not None]
+        for b in flags:
+            if b.sym.id == REGISTER_HOOK_ID:
+                self.input_hooks.setdefault(b.args[0].name, []).append(
+                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
         rest = [b for b in segment if not any(b is f for f in flags)]
         prefix = self._leaf_updates_before(rest, graph)
         bsyms = self.retained + rest[len(prefix):]
@@ -232,6 +242,31 @@ class TracedAutograd:
         for v in kept:
             self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
         return args, inl.grads, result
+
+    def _leaf_hooks(self, args: list, grads: list, only: set[str] | None) -> list:
+        """Each input leaf's gradient through its tensor hooks, as eager runs them
+        before accumulating it (or returning it from ``autograd.grad``): those
+        the caller's tensor had at the call (their set is guarded), then those
+        the program registered on it before this backward; ``only``: the
+        leaves the backward is restricted to."""
+        out = []
+        for a, g in zip(args, grads, strict=True):
+            inp = self.state.input_by_name(a.name) if g is not None else None
+            if inp is not None and (only is None or a.name in only):
+                fns = [(fn, ()) for fn in self._caller_hooks(inp)] + self.input_hooks.get(a.name, [])
+                g = apply_hooks(fns, g, self.trace) if fns else g
+            out.append(g)
+        return out
+
+    def _caller_hooks(self, inp) -> list:
+        hooks = getattr(inp.value, "_backward_hooks", None)
+        if inp.prov is not None:      # registering or removing one outside recompiles
+            path = inp.prov.attr("_backward_hooks")
+            if hooks is None:
+                self.state.add_guard(path, "eq", None)
+            else:
+                self.state.add_guard(path, "keys", tuple(hooks))
+        return list((hooks or {}).values())
 
     def _take_retain_grads(self, segment: list[BoundSymbol]) -> list[BoundSymbol]:
         """``segment`` less the ``retain_grad()`` markers of values the program
