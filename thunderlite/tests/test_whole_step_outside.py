@@ -4,13 +4,15 @@ program is built twice from the same seed, one copy jitted, and after every call
 the returned values, parameters, ``.grad``, buffers, ``training`` flags,
 optimizer and LR-scheduler ``state_dict``s and the arguments (values, shapes,
 strides) must equal eager's within 1e-5, with the default executors and with
-torchcompile. These programs were written without looking at the other
+torchcompile (a representative set; ``THUNDERLITE_OUTSIDE_ALL=1``: every
+program), and a set through ThunderFX. These programs were written without looking at the other
 whole-step tests' shapes; a refusal is asserted only where the feature refuses
 on purpose (commented at the program)."""
 from __future__ import annotations
 
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -79,7 +81,10 @@ def _check(name: str, executors: str) -> None:
     step, objs, calls = CASES[name]()
     torch.manual_seed(0)
     _, ref_objs, _ = CASES[name]()
-    jstep = thunderlite.jit(step, executors=EXECUTORS[executors])
+    if executors == "thunderfx":
+        jstep = torch.compile(step, backend="thunderlite")
+    else:
+        jstep = thunderlite.jit(step, executors=EXECUTORS[executors])
     for i, call in enumerate(calls):
         if callable(call):          # a change made by the caller between two calls
             call(*objs)
@@ -1192,10 +1197,36 @@ def grads_read_after_zero_grad_and_first_call():
     return step, (model, opt), _data()
 
 
-@pytest.mark.parametrize("executors", list(EXECUTORS))
-@pytest.mark.parametrize("name", list(CASES))
+# Inductor compiles each region of each program: a representative set runs with torchcompile on
+# every test run (the file stays fast); THUNDERLITE_OUTSIDE_ALL=1 runs every program with it.
+TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "lm_adamw_cosine", "lm_tied_weights_adamw",
+                      "frozen_layer_and_param_groups", "grad_accumulation_micro_batches", "clip_norm_returned",
+                      "several_optimizer_steps_in_one_call", "gan_two_optimizers",
+                      "hooks_on_parameters_before_and_inside", "leaves_made_inside_with_requires_grad",
+                      "per_sample_grads_vmap", "shape_inplace_on_input_then_train"]
+_RUNS = [(n, "default") for n in CASES] + [(n, "torchcompile") for n in CASES
+                                           if n in TORCHCOMPILE_CASES or os.environ.get("THUNDERLITE_OUTSIDE_ALL")]
+
+
+@pytest.mark.parametrize("name,executors", _RUNS, ids=[f"{n}-{e}" for n, e in _RUNS])
 def test_matches_eager(name, executors):
     _check(name, executors)
+
+
+# Tensor hooks, retain_grad and requires_grad_ inside, through ThunderFX (dynamo splits the step
+# at each backward; the pieces run through thunderlite or, with hooks, dynamo's fallback).
+FX_CASES = ["hooks_scale_and_clamp_intermediates", "hooks_on_parameters_before_and_inside", "retain_grad_on_logits",
+            "retain_grad_accumulates_over_two_backwards", "input_requires_grad_returns_x_grad",
+            "leaves_made_inside_with_requires_grad", "shape_inplace_on_input_then_train", "eval_then_train_inside"]
+
+
+@pytest.mark.parametrize("name", FX_CASES)
+def test_thunderfx_matches_eager(name):
+    torch._dynamo.reset()
+    try:
+        _check(name, "thunderfx")
+    finally:
+        torch._dynamo.reset()
 
 
 # --- refusals and eager's errors ---------------------------------------------------------------
