@@ -16,11 +16,14 @@ requires grad is eager's tensor whose graph was used (``autodiff.graph_used``).
 Eager's errors keep eager's words and name the user's line: a second backward
 through a graph freed by the first, ``element 0 of tensors does not require
 grad``, ``grad can be implicitly created only for scalar outputs``, an unused
-input of ``autograd.grad`` without ``allow_unused``. Refused with the line:
-``create_graph=True``, a backward reaching an input that is not a leaf (its
-graph lies outside the program), ``.grad`` of a tensor made inside the program
-assigned, writes on the gradient path before the backward that
-functionalization cannot express (autodiff/inline.py ``NotInlinable``).
+input of ``autograd.grad`` without ``allow_unused``. Tensor hooks of the
+leaves run before accumulation; ``retain_grad()`` of a value the program
+makes and leaves it makes with ``requires_grad_()`` get a ``.grad`` the
+program reads. Refused with the line: ``create_graph=True``, a backward
+reaching an input that is not a leaf (its graph lies outside the program),
+``.grad`` of a tensor made inside the program assigned, such a value with a
+``.grad`` returned or stored, writes on the gradient path before the backward
+that functionalization cannot express (autodiff/inline.py ``NotInlinable``).
 """
 from __future__ import annotations
 
