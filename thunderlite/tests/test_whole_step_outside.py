@@ -734,6 +734,23 @@ def func_grad_of_grad_and_value_aux():
 
 
 @case
+def func_argnums_aux_chunk_and_jvp_aux():
+    """Regression: ``jvp(..., has_aux=True)`` raised a ValueError (the aux outputs got no cotangent)."""
+    def step(x, w):
+        def f(x, w):
+            y = (x * w).sin().sum()
+            return y, y.detach() * 2
+        (gx, gw), aux = grad(f, argnums=(0, 1), has_aux=True)(x, w)
+        vm = vmap(lambda r: (r * w).sum(), chunk_size=2)(x.unsqueeze(0).expand(5, 3))
+        jr = jacrev(lambda a, b: a * b, argnums=1)(x, w)
+        o, t, a2 = jvp(lambda a: (a.exp(), a.sum()), (x,), (w,), has_aux=True)
+        jf, a3 = jacfwd(lambda a: (a.sin() * w, a.sum()), has_aux=True)(x)
+        nested = vmap(vmap(lambda a: a * 2))(x.unsqueeze(0).expand(2, 3))
+        return gx, gw, aux, vm, jr, o, t, a2, jf, a3, nested
+    return step, (), [(torch.randn(3), torch.randn(3))]
+
+
+@case
 def func_vjp_called_twice():
     def step(x, u):
         out, fn = vjp(lambda x: x.sin() * x.cos(), x)
@@ -1108,6 +1125,28 @@ def several_optimizer_steps_in_one_call():
 
 
 @case
+def fused_adamw_head_and_sgd_body():
+    """Regression: ``torch._fused_adamw_``'s meta kernel writes nothing, so the
+    opaque op's writes into the head's parameters were unknown and the update
+    was scheduled before the backward's last read of them (a silent wrong
+    gradient of the body)."""
+    model = _mlp()
+    body = torch.optim.SGD(model[0].parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                           maximize=True)
+    head = torch.optim.AdamW(model[2].parameters(), lr=1e-2, fused=True, amsgrad=True, weight_decay=0.1)
+
+    def step(model, body, head, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        body.step()
+        head.step()
+        body.zero_grad()
+        head.zero_grad()
+        return loss.detach()
+    return step, (model, body, head), _data()
+
+
+@case
 def explicit_l2_penalty_and_gradient_argument():
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, maximize=False, momentum=0.9)
@@ -1199,7 +1238,8 @@ def grads_read_after_zero_grad_and_first_call():
 
 # Inductor compiles each region of each program: a representative set runs with torchcompile on
 # every test run (the file stays fast); THUNDERLITE_OUTSIDE_ALL=1 runs every program with it.
-TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "lm_adamw_cosine", "lm_tied_weights_adamw",
+TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "fused_adamw_head_and_sgd_body", "lm_adamw_cosine",
+                      "lm_tied_weights_adamw",
                       "frozen_layer_and_param_groups", "grad_accumulation_micro_batches", "clip_norm_returned",
                       "several_optimizer_steps_in_one_call", "gan_two_optimizers",
                       "hooks_on_parameters_before_and_inside", "leaves_made_inside_with_requires_grad",
