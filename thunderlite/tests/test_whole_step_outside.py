@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
+from torch.utils.checkpoint import checkpoint
 
 import thunderlite
 from thunderlite.core.proxies import DataDependentError
@@ -1144,6 +1145,25 @@ def fused_adamw_head_and_sgd_body():
         head.zero_grad()
         return loss.detach()
     return step, (model, body, head), _data()
+
+
+@case
+def activation_checkpointing():
+    """Regression: ``torch.utils.checkpoint`` raised (a SavedTensor the trace
+    cannot hold; an AttributeError in the reentrant form)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y):
+        h = checkpoint(lambda x: model[1](model[0](x)), x, use_reentrant=False)
+        h = checkpoint(model[2], h, use_reentrant=True)          # h requires grad: gradients flow as in eager
+        frozen = checkpoint(model[0], x, use_reentrant=True)     # no input requires grad: eager records nothing
+        loss = F.cross_entropy(model[4](model[3](h)), y) + frozen.sum() * 0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach(), frozen.requires_grad
+    return step, (model, opt), _data()
 
 
 @case
