@@ -4,7 +4,8 @@ program is built twice from the same seed, one copy jitted, and after every call
 the returned values, parameters, ``.grad``, buffers, ``training`` flags,
 optimizer and LR-scheduler ``state_dict``s and the arguments (values, shapes,
 strides) must equal eager's within 1e-5, with the default executors and with
-torchcompile (a representative set; ``THUNDERLITE_OUTSIDE_ALL=1``: every
+torchcompile (a representative set
+``THUNDERLITE_OUTSIDE_ALL=1``: every
 program), and a set through ThunderFX. These programs were written without looking at the other
 whole-step tests' shapes; a refusal is asserted only where the feature refuses
 on purpose (commented at the program)."""
@@ -737,6 +738,7 @@ def func_grad_of_grad_and_value_aux():
 @case
 def func_argnums_aux_chunk_and_jvp_aux():
     """Regression: ``jvp(..., has_aux=True)`` raised a ValueError (the aux outputs got no cotangent)."""
+
     def step(x, w):
         def f(x, w):
             y = (x * w).sin().sum()
@@ -946,6 +948,7 @@ def grad_of_input_for_penalty_without_create_graph():
 @case
 def leaves_made_inside_with_requires_grad():
     """Regression: ``x.clone().requires_grad_()`` reached by a backward was refused."""
+
     def step(w, x):
         t = x.clone().requires_grad_()
         (g,) = torch.autograd.grad((t * w).sum(), t, retain_graph=True)
@@ -1256,6 +1259,232 @@ def grads_read_after_zero_grad_and_first_call():
     return step, (model, opt), _data()
 
 
+@case
+def cyclic_lr_sgd_momentum():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    s1 = torch.optim.lr_scheduler.CyclicLR(opt, 0.01, 0.1, step_size_up=2)
+
+    def step(model, opt, s1, x, y):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        s1.step()
+        return loss.detach()
+    return step, (model, opt, s1), _data()
+
+
+@case
+def chained_polynomial_and_warm_restarts():
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    s = torch.optim.lr_scheduler.ChainedScheduler([
+        torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=4, power=2.0),
+        torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=2)])
+
+    def step(model, opt, s, x, y):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        s.step()
+        return loss.detach()
+    return step, (model, opt, s), _data()
+
+
+@case
+def forward_hook_captures_activation():
+    model = _mlp()
+    acts = {}
+    model[1].register_forward_hook(lambda m, i, o: acts.__setitem__("relu", o.detach()))
+
+    def step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return acts["relu"].sum()
+    return step, (model,), _data()
+
+
+@case
+def forward_pre_hook_scales_input():
+    model = _mlp()
+    model[2].register_forward_pre_hook(lambda m, args: (args[0] * 0.5,))
+
+    def step(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+    return step, (model,), _data()
+
+
+@case
+def grad_assigned_before_and_after_backward():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(model, opt, x, y):
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        F.cross_entropy(model(x), y).backward()
+        for p in model.parameters():
+            p.grad = p.grad * 2
+        model[0].weight.grad += 1.0
+        opt.step()
+        return model[0].weight.grad.sum()
+    return step, (model, opt), _data()
+
+
+@case
+def functional_call_tied_weights():
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a = nn.Linear(3, 3, bias=False)
+            s.b = nn.Linear(3, 3, bias=False)
+            s.b.weight = s.a.weight
+        def forward(s, x): return s.b(s.a(x))
+    m = M()
+
+    def step(m, x, w):
+        out = functional_call(m, {"a.weight": w}, (x,), tie_weights=True, strict=False)
+        g = grad(lambda w: functional_call(m, {"a.weight": w}, (x,)).sum())(w)
+        return out, g
+    return step, (m,), [(torch.randn(2, 3), torch.randn(3, 3))]
+
+
+@case
+def backward_inputs_naming_an_input():
+    model = _mlp()
+
+    def step(model, x, y):
+        x.grad = None
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(inputs=[x, model[0].weight])
+        return x.grad * 1
+    data = [(x.requires_grad_(), y) for x, y in _data()]
+    return step, (model,), data
+
+
+@case
+def nonscalar_backward_and_grad_reset():
+    model = _mlp()
+
+    def step(model, x, y):
+        out = model(x)
+        out.backward(torch.ones_like(out))
+        g = model[2].bias.grad.clone()
+        for p in model.parameters():
+            p.grad = None
+        model(x).sum().backward()
+        return g
+    return step, (model,), _data()
+
+
+@case
+def new_optimizer_each_call():
+    model = _mlp()
+
+    def step(model, x, y):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach(), len(opt.state)
+    return step, (model,), _data()
+
+
+@case
+def param_data_transposed_and_input_grad():
+    model = nn.Linear(4, 4)
+
+    def step(model, x, y):
+        with torch.no_grad():
+            model.weight.data = model.weight.data.t().contiguous()
+        x.grad = torch.ones_like(x)
+        loss = F.cross_entropy(model(x)[:, :3], y)
+        loss.backward()
+        return x.grad * 1, model.weight.grad.sum()
+    return step, (model,), _data()
+
+
+@case
+def unsqueeze_input_for_conv_then_restore():
+    conv = nn.Conv1d(1, 2, 3)
+    opt = torch.optim.SGD(conv.parameters(), lr=0.1)
+
+    def step(conv, opt, x):
+        x.unsqueeze_(1)
+        loss = conv(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        x.squeeze_(1).mul_(0.5)
+        return loss.detach()
+    return step, (conv, opt), [(torch.randn(2, 6),) for _ in range(3)]
+
+
+@case
+def adam_skips_params_without_grad():
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-2)
+
+    def step(model, opt, x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model[2](torch.relu(x @ torch.ones(4, 8))), y).backward()   # model[0] gets no grad
+        opt.step()
+        return [p.grad is None for p in model.parameters()]
+    return step, (model, opt), _data()
+
+
+@case
+def shape_op_on_a_grad():
+    model = nn.Linear(3, 3, bias=False)
+
+    def step(model, x):
+        model(x).sum().backward()
+        g = model.weight.grad
+        g.t_()                       # in-place shape op on a .grad
+        g.mul_(2)
+        return g.sum()
+    return step, (model,), [(torch.randn(2, 3),), (torch.randn(2, 3),)]
+
+
+@case
+def embedding_padding_idx():
+    emb = nn.Embedding(7, 4, padding_idx=0)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+
+    def step(emb, opt, idx):
+        loss = emb(idx).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step, (emb, opt), [(torch.tensor([[0, 1, 2], [3, 0, 6]]),) for _ in range(3)]
+
+
+@case
+def metrics_and_inference_mode_eval():
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Dropout(0.0), nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+
+    def step(model, opt, x, y):
+        model.train()
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        acc = (out.argmax(1) == y).float().mean()
+        model.eval()
+        with torch.inference_mode():
+            val = F.cross_entropy(model(x), y)
+        return loss.item(), acc.item(), val.item()
+    return step, (model, opt), _data()
+
+
 # Inductor compiles each region of each program: a representative set runs with torchcompile on
 # every test run (the file stays fast); THUNDERLITE_OUTSIDE_ALL=1 runs every program with it.
 TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "fused_adamw_head_and_sgd_body", "lm_adamw_cosine",
@@ -1294,6 +1523,7 @@ def test_thunderfx_matches_eager(name):
 def test_retained_grad_of_a_returned_tensor_is_refused():
     """Eager's returned ``h`` carries ``h.grad``; the compiled program returns a
     new tensor, so a retained ``.grad`` on a returned value is refused."""
+
     def step(w, x):
         h = x * w
         h.retain_grad()
@@ -1315,6 +1545,7 @@ def test_leaf_made_inside_with_grad_returned_is_refused():
 def test_requires_grad_on_input_after_reading_it_is_refused():
     """Eager gives ``x.grad == y`` here (``y = x * 2`` has no history): the
     trace's leaves are its inputs from the start, so this order is refused."""
+
     def step(x):
         y = x * 2
         x.requires_grad_()
@@ -1352,6 +1583,7 @@ def test_two_heads_without_retain_graph_raise_eagers_error():
 
 def test_gradient_penalty_with_create_graph_is_refused():
     """create_graph=True is refused by design (the spec allows it)."""
+
     def step(model, x, y):
         x = x.clone().requires_grad_()
         out = model(x)
@@ -1361,9 +1593,34 @@ def test_gradient_penalty_with_create_graph_is_refused():
         thunderlite.jit(step)(_mlp(), *_data(calls=1)[0])
 
 
+def test_data_dependent_python_in_a_step_is_refused_with_the_line():
+    """``ReduceLROnPlateau.step(loss)`` compares ``float(loss)`` with its best
+    value, ``clip_grad_norm_(error_if_nonfinite=True)`` raises on the norm's
+    value: Python control flow on a tensor's value, which a trace cannot
+    follow (DataDependentError with the user's line)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+
+    def plateau(model, opt, sched, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step(loss)
+
+    def clip(model, x, y):
+        F.cross_entropy(model(x), y).backward()
+        return nn.utils.clip_grad_norm_(model.parameters(), 0.4, error_if_nonfinite=True)
+    with pytest.raises(DataDependentError, match=r"sched\.step\(loss\)"):
+        thunderlite.jit(plateau)(model, opt, sched, *_data(calls=1)[0])
+    with pytest.raises(DataDependentError, match=r"error_if_nonfinite=True"):
+        thunderlite.jit(clip)(model, *_data(calls=1)[0])
+
+
 def test_new_parameter_inside_is_refused_clearly():
     """A new ``nn.Parameter`` made inside the program (before: a TypeError from
     ``_make_subclass``); replacing one between calls works (parameter_replaced_between_calls)."""
+
     def step(model, x):
         model[2].weight = nn.Parameter(model[2].weight.detach() * 0.5)
         return model(x)
