@@ -962,6 +962,27 @@ def leaves_made_inside_with_requires_grad():
 
 
 @case
+def pgd_adversarial_examples_then_train():
+    """Regression: a leaf made by a factory (``zeros_like(x, requires_grad=True)``)
+    or by ``detach().requires_grad_()`` was refused / "does not require grad"."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(model, opt, x, y):
+        delta = torch.zeros_like(x, requires_grad=True)
+        for _ in range(2):
+            loss = F.cross_entropy(model(x + delta), y)
+            (g,) = torch.autograd.grad(loss, [delta])
+            delta = (delta + 0.1 * g.sign()).clamp(-0.3, 0.3).detach().requires_grad_()
+        opt.zero_grad()
+        adv = F.cross_entropy(model(x + delta), y)
+        adv.backward()
+        opt.step()
+        return adv.detach(), delta.grad
+    return step, (model, opt), _data()
+
+
+@case
 def input_grad_assigned_and_accumulated():
     def step(w, x):
         w.grad = torch.full_like(w, 0.5)

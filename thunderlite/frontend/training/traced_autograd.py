@@ -185,7 +185,8 @@ class TracedAutograd:
         """Replace the recorded symbols by their forward and backward; ``leaves``:
         the leaves the program made get their ``.grad`` (a backward, not ``autograd.grad``)."""
         segment = self.trace.bound_symbols[self.start:]
-        graph = graph_of(self.retained + segment, outs)
+        self.made.update(self._made_leaves(self.retained + segment))
+        graph = graph_of(self.retained + segment, outs, frozenset(self.made))
         segment = self._take_retain_grads(segment)
         kept = [self.retains[n] for n in self.retains if n in graph and n not in {w.name for w in wrt}]
         # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient, and on a
@@ -203,7 +204,6 @@ class TracedAutograd:
         bsyms = self.retained + rest[len(prefix):]
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
-        self.made.update(self._made_leaves(bsyms, graph))
         made = {n: p for n, p in self.made.items() if n in graph}
         self._refuse_made_leaves(bsyms, graph, made)
         if leaves:
@@ -292,29 +292,25 @@ class TracedAutograd:
         self.value_grads[value.name] = (self._call(torch.Tensor.clone, g) if cur is None
                                         else self._call(torch.add, cur, g))
 
-    def _made_leaves(self, bsyms, graph: set[str]) -> dict[str, TensorProxy]:
+    def _made_leaves(self, bsyms) -> dict[str, TensorProxy]:
         """Values the program made and then made leaves with ``requires_grad_()``
-        (``x = x.clone().requires_grad_()``, a gradient penalty's or an
-        adversarial example's input): their ``.grad`` is a trace value like a
-        retained gradient's (``value_grads``), seen by the program only."""
+        (``x.clone().requires_grad_()``, ``zeros_like(x, requires_grad=True)``,
+        a gradient penalty's or an adversarial example's input; the marker is
+        recorded only where the value had no history): their ``.grad`` is a
+        trace value like a retained gradient's (``value_grads``), seen by the
+        program only."""
         made: dict[str, TensorProxy] = {}
-        producer: dict[str, BoundSymbol] = {}
         for b in bsyms:
-            if b.sym.id == REQUIRES_GRAD_ID:
-                a = b.args[0]
+            if b.sym.id == REQUIRES_GRAD_ID and self.state.input_by_name(b.args[0].name) is None:
                 flag = b.args[1] if len(b.args) > 1 else b.kwargs.get("requires_grad", True)
-                src = producer.get(a.name)
-                if flag and a.name in graph and src is not None and not any(x.name in graph for x in src.tensor_args()):
-                    made[a.name] = a
-                continue
-            for o in b.tensor_outs():
-                producer[o.name] = b
+                if flag:
+                    made[b.args[0].name] = b.args[0]
         return made
 
     def _refuse_made_leaves(self, bsyms, graph: set[str], made: dict) -> None:
-        """A leaf the program itself made with a factory
-        (``torch.zeros(3, requires_grad=True)``) would need a ``.grad`` of its
-        own: refused, named. One made by ``requires_grad_()`` is ``made``."""
+        """A graph value without history that is no leaf the program made
+        (``made``) nor an input, and ``requires_grad_()`` on an input after a
+        read: refused, named."""
         for b in bsyms:
             outs = [o for o in b.tensor_outs() if o.name in graph and o.name not in made]
             if outs and not any(a.name in graph for a in b.tensor_args()):
@@ -322,14 +318,10 @@ class TracedAutograd:
                     f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
                     f"made inside the function{self._where()}; pass it in as an argument instead")
             if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph and b.args[0].name not in made:
-                if self.state.input_by_name(b.args[0].name) is not None:
-                    raise NotImplementedError(
-                        f"thunderlite: backward() inside the jitted function reaches the input {b.args[0].name}, "
-                        f"made a leaf by requires_grad_() after the function read it{self._where()}; call "
-                        "requires_grad_() before its first use, or before calling the function")
                 raise NotImplementedError(
-                    f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
-                    f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+                    f"thunderlite: backward() inside the jitted function reaches the input {b.args[0].name}, "
+                    f"made a leaf by requires_grad_() after the function read it{self._where()}; call "
+                    "requires_grad_() before its first use, or before calling the function")
 
     def _leaf_updates_before(self, seg: list[BoundSymbol], graph: set[str]) -> list[BoundSymbol]:
         """The symbols of ``seg`` before the first that computes a value of the
