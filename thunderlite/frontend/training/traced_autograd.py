@@ -189,19 +189,8 @@ class TracedAutograd:
         graph = graph_of(self.retained + segment, outs, frozenset(self.made))
         segment = self._take_retain_grads(segment)
         kept = [self.retains[n] for n in self.retains if n in graph and n not in {w.name for w in wrt}]
-        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient, and on a
-        # program input read by nothing before it makes that input a leaf like any other: it stays as it is
-        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
-                 and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
-        flags += [b for b in segment if b.sym.id in (REGISTER_HOOK_ID, RETAIN_GRAD_ID)
-                  and self.state.input_by_name(b.args[0].name) is not None]
-        for b in flags:
-            if b.sym.id == REGISTER_HOOK_ID:
-                self.input_hooks.setdefault(b.args[0].name, []).append(
-                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
-        rest = [b for b in segment if not any(b is f for f in flags)]
-        prefix = self._leaf_updates_before(rest, graph)
-        bsyms = self.retained + rest[len(prefix):]
+        flags, prefix, rest = self._partition(segment, graph)
+        bsyms = self.retained + rest
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
         made = {n: p for n, p in self.made.items() if n in graph}
@@ -245,6 +234,25 @@ class TracedAutograd:
         for v in kept:
             self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
         return args, inl.grads, result
+
+    def _partition(self, segment: list[BoundSymbol], graph: set[str]) -> tuple[list, list, list]:
+        """``segment`` as (markers that stay as they are, the leaf updates before
+        the graph, what is differentiated). Markers: ``requires_grad_`` off the
+        graph (``zero_grad``'s on ``p.grad``) changes no gradient, on a program
+        input read by nothing before it makes that input a leaf like any other;
+        hooks and ``retain_grad`` on inputs are the caller's tensor's (noted in
+        ``input_hooks`` for the leaves' gradients, registered by the epilogue)."""
+        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
+                 and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
+        flags += [b for b in segment if b.sym.id in (REGISTER_HOOK_ID, RETAIN_GRAD_ID)
+                  and self.state.input_by_name(b.args[0].name) is not None]
+        for b in flags:
+            if b.sym.id == REGISTER_HOOK_ID:
+                self.input_hooks.setdefault(b.args[0].name, []).append(
+                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
+        rest = [b for b in segment if not any(b is f for f in flags)]
+        prefix = self._leaf_updates_before(rest, graph)
+        return flags, prefix, rest[len(prefix):]
 
     def _leaf_hooks(self, args: list, grads: list, only: set[str] | None) -> list:
         """Each input leaf's gradient through its tensor hooks, as eager runs them
