@@ -1513,7 +1513,8 @@ TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "fused_adamw_head_and
                       "frozen_layer_and_param_groups", "grad_accumulation_micro_batches", "clip_norm_returned",
                       "several_optimizer_steps_in_one_call", "gan_two_optimizers",
                       "hooks_on_parameters_before_and_inside", "leaves_made_inside_with_requires_grad",
-                      "per_sample_grads_vmap", "shape_inplace_on_input_then_train"]
+                      "per_sample_grads_vmap", "shape_inplace_on_input_then_train",
+                      "called_with_new_shapes_and_seq_lengths"]
 _RUNS = [(n, "default") for n in CASES] + [(n, "torchcompile") for n in CASES
                                            if n in TORCHCOMPILE_CASES or os.environ.get("THUNDERLITE_OUTSIDE_ALL")]
 
