@@ -1506,6 +1506,98 @@ def metrics_and_inference_mode_eval():
     return step, (model, opt), _data()
 
 
+@case
+def shape_ops_on_a_value_in_the_graph():
+    w = torch.randn(4, 3, requires_grad=True)
+
+    def step(w, x):
+        h = x @ w            # (6,3)
+        h.t_()               # (3,6)
+        h.unsqueeze_(0)      # (1,3,6)
+        h.squeeze_(0)
+        loss = (h * h).sum()
+        loss.backward()
+        return w.grad * 1, h.shape[0]
+    return step, (w,), [(torch.randn(6, 4),), (torch.randn(6, 4),)]
+
+
+@case
+def data_assigned_between_backward_and_step():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+
+    def step(model, opt, x, y):
+        F.cross_entropy(model(x), y).backward()
+        model[0].weight.data = model[0].weight.data.clamp(-0.2, 0.2)
+        opt.step()
+        opt.zero_grad()
+        return model[0].weight.sum().detach()
+    return step, (model, opt), _data()
+
+
+@case
+def resize_and_swapdims_on_locals_then_backward():
+    model = nn.Linear(3, 2)
+
+    def step(model, x):
+        z = torch.zeros(6)
+        z.resize_(2, 3)
+        z.copy_(x)
+        z.swapdims_(0, 1)
+        out = model(z.t()).sum()
+        out.backward()
+        return model.weight.grad * 1
+    return step, (model,), [(torch.randn(2, 3),), (torch.randn(2, 3),)]
+
+
+@case
+def two_models_clipped_separately():
+    a, b = _mlp(), _mlp()
+    oa = torch.optim.Adam(list(a.parameters()) + list(b.parameters()), lr=1e-2)
+
+    def step(a, b, oa, x, y):
+        loss = F.cross_entropy(a(x) + b(x), y)
+        loss.backward()
+        na = nn.utils.clip_grad_norm_(a.parameters(), 0.1)
+        nb = nn.utils.clip_grad_norm_(b.parameters(), 10.0)
+        oa.step()
+        oa.zero_grad()
+        return na, nb
+    return step, (a, b, oa), _data()
+
+
+@case
+def hook_then_retain_grad_on_one_intermediate():
+    """Regression: the retained (and ``autograd.grad``'s) gradient of an
+    intermediate was taken before its hooks; eager's is after them."""
+    model = _mlp()
+    model[2].bias.register_hook(lambda g: g * 10)
+
+    def step(model, x, y):
+        h = model[0](x)
+        h.register_hook(lambda g: g.clamp(-0.01, 0.01))
+        h.retain_grad()
+        F.cross_entropy(model[2](model[1](h)), y).backward()
+        r = h.grad.clone()
+        model.zero_grad()
+        return r
+    return step, (model,), _data()
+
+
+@case
+def hook_on_intermediate_across_a_retained_graph():
+    """Regression: a hook on an intermediate was lost for the second
+    differentiation of a graph kept by ``retain_graph=True``."""
+
+    def step(w):
+        h = w * 1
+        h.register_hook(lambda g: g * 2)
+        (gh,) = torch.autograd.grad((h * 3).sum(), h, retain_graph=True)
+        (gw,) = torch.autograd.grad((h * 3).sum(), w)
+        return gh, gw
+    return step, (torch.randn(3, requires_grad=True),), [(), ()]
+
+
 # Inductor compiles each region of each program: a representative set runs with torchcompile on
 # every test run (the file stays fast); THUNDERLITE_OUTSIDE_ALL=1 runs every program with it.
 TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "fused_adamw_head_and_sgd_body", "lm_adamw_cosine",

@@ -223,8 +223,8 @@ class TracedAutograd:
             inputs = {inp.proxy.name for inp in self.state.inputs}
             self.freed |= graph - inputs - set(self.made)
         alive = {o.name for b in bsyms for o in b.tensor_outs() if o.requires_grad and o.name not in self.freed}
-        self.retained = [b for b in bsyms if any(o.name in alive for o in b.tensor_outs())
-                         or (b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in alive)]
+        self.retained = [b for b in bsyms if any(o.name in alive for o in b.tensor_outs())   # and their markers
+                         or (b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID) and b.args[0].name in alive)]
         self.used = True
         self.retain_last = retain
         self.last_backward = inl.backward

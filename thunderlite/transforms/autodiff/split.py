@@ -555,11 +555,15 @@ def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbo
     output gradients out of ``grads`` and adds in the input gradients ``vjp``
     gives it (those of ``tracked`` values). ``captured`` (name -> None): the
     values whose gradient is kept there, complete once their producer is
-    reached (every reader came later in the program)."""
+    reached (every reader came later in the program), after the value's
+    tensor hooks, as eager's ``autograd.grad`` and ``retain_grad`` see it."""
+    hooks = dict(hooks) if hooks and captured else hooks
     for bsym in reversed(flat):
         if captured:
             for o in bsym.tensor_outs():
                 if o.name in captured and o.name in grads:
+                    if o.name in (hooks or {}):
+                        grads[o.name] = apply_hooks(hooks.pop(o.name), grads[o.name], current_trace())
                     captured[o.name] = grads[o.name]
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
             continue
