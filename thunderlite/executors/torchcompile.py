@@ -130,7 +130,7 @@ class TorchCompileExecutor(FusionExecutor):
         if compiled is None:
             sub = Trace(name, stage=f"{self.name} region", names=trace.names)
             sub.args = list(region.inputs)
-            sub.bound_symbols[:] = region.bsyms
+            sub.bound_symbols[:] = _alpha_spelled_out(region.bsyms)
             sub.set_return(tuple(region.outputs))
             sub = claim_executors(sub, [torch_executor])
             compiled = self._compile(sub, region)
@@ -160,6 +160,21 @@ class TorchCompileExecutor(FusionExecutor):
                 all(type(p) is TensorProxy for p in region.inputs):
             return BoxedRegion(fn, writing)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
+
+
+def _alpha_spelled_out(bsyms) -> list[BoundSymbol]:
+    """``add(x, y, alpha=c)`` as its decomposition (``x + y * c``): Inductor
+    (torch 2.13 on CPU) turns ``add(mm(a, b), y, alpha=c)`` into ``addmm`` and
+    drops ``c``, so SGD's weight decay in the step's region
+    (``grad.add(p, alpha=wd)``) came out as ``grad + p``."""
+    out: list[BoundSymbol] = []
+    for b in bsyms:
+        alpha = b.kwargs.get("alpha", 1)
+        if b.sym.id == "ltorch.add" and b.subsymbols and not (type(alpha) in (int, float) and alpha == 1):
+            out.extend(_alpha_spelled_out(b.subsymbols))
+        else:
+            out.append(b)
+    return out
 
 
 def _tensor_outputs(bsym: BoundSymbol) -> bool:

@@ -183,6 +183,8 @@ class TracingHooks(InterpreterHooks):
                 raise dtensor.DTensorRefused(f"thunderlite cannot trace {e} (at {self._where()})") from None
             if not self.grad_enabled:
                 self._drop_requires_grad(n)
+            if kwargs.get("requires_grad") is True and type(out) is TensorProxy:
+                grad_mode.requires_grad_(out)     # a factory's new leaf (``zeros_like(x, requires_grad=True)``)
             return out
         return call
 

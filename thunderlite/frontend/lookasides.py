@@ -22,6 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.interpreter import interpret
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -168,6 +169,40 @@ class Lookasides:
             f"register_full_backward_hook/register_full_backward_pre_hook hooks{where}; call that module "
             "outside thunderlite.jit (jit its children instead), or remove the hooks")
 
+    def make_subclass(self, cls, data, *args, **kwargs):
+        """``nn.Parameter(t)`` (and other ``_make_subclass`` tensors) of a traced
+        tensor: a new leaf object the program would hand the caller; refused."""
+        if type(data) is TensorProxy:
+            loc = self.hooks.locate()
+            where = f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
+            raise NotImplementedError(
+                f"thunderlite: making a {cls.__name__} of a traced tensor inside the jitted function is not "
+                f"supported{where}; create it outside the function (between calls), or update the existing "
+                "one in place under torch.no_grad()")
+        return torch.Tensor._make_subclass(cls, data, *args, **kwargs)
+
+    def checkpoint(self, function, *args, use_reentrant=None, context_fn=None, determinism_check=None,
+                   debug=False, early_stop=True, **kwargs):
+        """``torch.utils.checkpoint.checkpoint``: eager recomputes ``function`` in
+        the backward to save memory, with the values and gradients of calling
+        it once, so it is traced as that call (what the backward keeps is
+        thunderlite's choice). The reentrant form none of whose tensor
+        arguments requires grad records no graph in eager (its parameters get
+        no gradient): traced under no_grad, as eager runs it."""
+        kwargs.pop("preserve_rng_state", None)
+        reentrant = True if use_reentrant is None else use_reentrant
+        if kwargs and reentrant:
+            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+        run = interpret(function, self.hooks)
+        if not reentrant or any(type(a) is TensorProxy and a.requires_grad for a in args):
+            return run(*args, **kwargs)
+        before = self.hooks.grad_enabled
+        self.hooks.set_grad_enabled(False)
+        try:
+            return run(*args)
+        finally:
+            self.hooks.set_grad_enabled(before)
+
     @staticmethod
     def record_function(*args, **kwargs):
         # a profiler range (``optimizer.step`` opens one) is a run-time annotation
@@ -219,7 +254,9 @@ def _table() -> dict:
                      (builtins.type, "type_"), (torch.is_tensor, "is_tensor"),
                      (torch._C._set_grad_enabled, "set_grad_enabled"),
                      (torch.utils.hooks.BackwardHook.__init__, "module_backward_hooks"),
-                     (torch._C._group_tensors_by_device_and_dtype, "group_tensors")]:
+                     (torch._C._group_tensors_by_device_and_dtype, "group_tensors"),
+                     (torch.Tensor._make_subclass, "make_subclass"),
+                     (torch.utils.checkpoint.checkpoint, "checkpoint")]:
         table[fn] = _method(name)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)

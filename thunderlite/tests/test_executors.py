@@ -327,3 +327,17 @@ def test_jit_with_torchcompile_matches_eager_outputs_mutations_and_random_draws(
     final = thunderlite.last_traces(jfn)[-1]
     claimed_by = {b.sym.executor.name for b in final.bound_symbols if b.sym.executor is not None}
     assert claimed_by == {"torch", "torchcompile"}
+
+
+def test_torchcompile_add_with_alpha_after_a_matmul_matches_eager():
+    """Inductor (torch 2.13, CPU) compiles ``add(mm(a, b), w, alpha=c)`` as
+    ``mm + w``: the region spells ``alpha`` out (``w * c``); SGD's weight decay
+    in a whole step (``grad.add(p, alpha=wd)``) was wrong before."""
+    ok, reason = torchcompile_executor.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+
+    def fn(a, b, w):
+        return torch.add(a @ b, w, alpha=0.01), torch.add(w, a @ b, alpha=-2.0)
+    a, b, w = torch.randn(5, 6), torch.randn(6, 4), torch.randn(5, 4)
+    torch.testing.assert_close(thunderlite.jit(fn, executors=["torchcompile", "torch"])(a, b, w), fn(a, b, w))

@@ -17,7 +17,8 @@ symbol with a view rule (core/aliasing.py), so passes read it like any fact.
 
 Mutation is never silent. The meta run reveals which tensor arguments ``fn``
 writes (their version counters move, which covers ``add_``, ``out=``,
-``inplace=True`` and custom ops alike); such a call is recorded functionally
+``inplace=True`` and custom ops alike), joined with those the ATen schema
+marks written (a meta kernel may bump none: ``_fused_adamw_``); such a call is recorded functionally
 (a leaf that runs ``fn`` on clones of the written arguments and returns them)
 followed by ``prims.copy_`` into each written argument, under a composite
 tagged ``Tag.INPLACE``.
@@ -113,8 +114,31 @@ def _run_meta(fn, args, kwargs):
                 "data). Call it outside the jitted function and pass its result in, or use an "
                 "alternative with a fixed output shape.") from None
         raise
-    written = [i for i, ((_, m), v) in enumerate(zip(pairs, versions, strict=True)) if m._version != v]
-    return out, pairs, written
+    written = {i for i, ((_, m), v) in enumerate(zip(pairs, versions, strict=True)) if m._version != v}
+    return out, pairs, sorted(written | _declared_writes(fn, args, kwargs, pairs))
+
+
+def _declared_writes(fn, args, kwargs, pairs) -> set[int]:
+    """Indices (into ``pairs``) of the tensors the ATen schema says a call
+    writes (``Tensor(a!)``, ``Tensor(a!)[]``): some meta kernels write nothing
+    (``_fused_adamw_`` leaves its lists' version counters alone), and a write
+    the trace does not know of is reordered past the reads it must follow."""
+    name = aten_name(fn)
+    overloads = torch_overloads(name) if name else None
+    if not overloads:
+        return set()
+    index = {id(p): i for i, (p, _) in enumerate(pairs)}
+    found: set[int] = set()
+    for o in overloads:
+        for pos, a in enumerate(o._schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            if a.name in kwargs or (a.name == "self" and "input" in kwargs):
+                value = kwargs.get(a.name, kwargs.get("input"))
+            else:
+                value = args[pos] if not a.kwarg_only and pos < len(args) else None
+            found.update(index[id(t)] for t in pytree.leaves(value) if id(t) in index)
+    return found
 
 
 Pattern = tuple   # per tensor output: the sorted indices of the tensor arguments it may alias
@@ -300,6 +324,9 @@ class OpaqueOp:
             targets = [x for x in pytree.leaves((args, kwargs)) if type(x) is TensorProxy]
             result, new_values = functional(*args, **kwargs)
             updated = [prims.copy_(v, targets[i]) for v, i in zip(new_values, written, strict=True)]
+            if not torch.is_grad_enabled():     # a write under no_grad (an optimizer's step) records no history
+                for u in updated:
+                    u.requires_grad = False
             if returns_arg is not None:
                 return updated[written.index(returns_arg)]
             return result

@@ -208,7 +208,8 @@ def jvp(hooks, func: Callable, primals, tangents, *, strict: bool = False, has_a
         if u is not None:
             u.requires_grad = True
         us.append(u)
-    bsyms, grads = recorded(d.lin.backward, us)
+    pad = [None] * (len(d.lin.outputs) - len(us))        # the aux outputs: no cotangent
+    bsyms, grads = recorded(lambda us: d.lin.backward(us + pad), us)
     wrt_u = [u for u in us if u is not None]
     lin2 = linearize(bsyms, wrt_u, grads, current_trace().names, f"{what} at {_line(hooks)}")
     for u in wrt_u:

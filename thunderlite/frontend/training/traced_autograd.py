@@ -16,11 +16,14 @@ requires grad is eager's tensor whose graph was used (``autodiff.graph_used``).
 Eager's errors keep eager's words and name the user's line: a second backward
 through a graph freed by the first, ``element 0 of tensors does not require
 grad``, ``grad can be implicitly created only for scalar outputs``, an unused
-input of ``autograd.grad`` without ``allow_unused``. Refused with the line:
-``create_graph=True``, a backward reaching an input that is not a leaf (its
-graph lies outside the program), ``.grad`` of a tensor made inside the program
-assigned, writes on the gradient path before the backward that
-functionalization cannot express (autodiff/inline.py ``NotInlinable``).
+input of ``autograd.grad`` without ``allow_unused``. Tensor hooks of the
+leaves run before accumulation; ``retain_grad()`` of a value the program
+makes and leaves it makes with ``requires_grad_()`` get a ``.grad`` the
+program reads. Refused with the line: ``create_graph=True``, a backward
+reaching an input that is not a leaf (its graph lies outside the program),
+``.grad`` of a tensor made inside the program assigned, such a value with a
+``.grad`` returned or stored, writes on the gradient path before the backward
+that functionalization cannot express (autodiff/inline.py ``NotInlinable``).
 """
 from __future__ import annotations
 
@@ -28,14 +31,17 @@ from typing import Any
 
 import torch
 
-from thunderlite.core import dtypes
+from thunderlite.core import dtypes, pytree
 from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, free_proxies
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
+from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
+from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks
 
 _SECOND_BACKWARD = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -66,6 +72,10 @@ class TracedAutograd:
         self.retain_last = False
         self.last_backward: list[BoundSymbol] = []
         self.gradient_of: dict[str, str] = {}   # gradient value name -> its leaf (the trace report)
+        self.retains: dict[str, TensorProxy] = {}  # values the program made that called retain_grad()
+        self.input_hooks: dict[str, list] = {}   # input name -> (hook, reads) the program registered on it
+        self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
+        self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
@@ -75,7 +85,7 @@ class TracedAutograd:
             return self.grads[proxy.name]
         inp = self.state.input_by_name(proxy.name)
         if inp is None:
-            return None
+            return self.value_grads.get(proxy.name)
         return self._entry_grad(inp)
 
     def _entry_grad(self, inp) -> Any:
@@ -129,7 +139,8 @@ class TracedAutograd:
         if only and any(self.state.input_by_name(n) is None for n in only):
             raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
                                       f"function (not a leaf) is not supported{self._where()}")
-        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), ())
+        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), (), leaves=only is None)
+        grads = self._leaf_hooks(args, grads, only)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
@@ -152,6 +163,7 @@ class TracedAutograd:
             if type(w) is not TensorProxy or not w.requires_grad:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
         args, grads, value_grads = self._differentiate(outs, cots, bool(retain_graph), wanted)
+        grads = self._leaf_hooks(args, grads, {w.name for w in wanted})
         by_arg = {a.name: g for a, g in zip(args, grads, strict=True)}
         result = []
         for w, vg in zip(wanted, value_grads, strict=True):
@@ -168,60 +180,195 @@ class TracedAutograd:
         return tuple(result)
 
     # --- the differentiation ------------------------------------------------------------------
-    def _differentiate(self, outs: list, cots: list, retain: bool, wrt) -> tuple[list, list, list]:
+    def _differentiate(self, outs: list, cots: list, retain: bool, wrt,
+                       leaves: bool = False) -> tuple[list, list, list]:
+        """Replace the recorded symbols by their forward and backward; ``leaves``:
+        the leaves the program made get their ``.grad`` (a backward, not ``autograd.grad``)."""
         segment = self.trace.bound_symbols[self.start:]
-        graph = graph_of(self.retained + segment, outs)
-        # ``requires_grad_`` off the graph (``zero_grad``'s on ``p.grad``) changes no gradient: it stays as it is
-        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name not in graph]
-        bsyms = self.retained + [b for b in segment if not any(b is f for f in flags)]
+        self.made.update(self._made_leaves(self.retained + segment))
+        graph = graph_of(self.retained + segment, outs, frozenset(self.made))
+        segment = self._take_retain_grads(segment)
+        kept = [self.retains[n] for n in self.retains if n in graph and n not in {w.name for w in wrt}]
+        flags, prefix, rest = self._partition(segment, graph)
+        bsyms = self.retained + rest
         if graph & self.freed:
             raise RuntimeError(f"{_SECOND_BACKWARD}{self._where()}")
-        self._refuse_made_leaves(bsyms, graph)
+        made = {n: p for n, p in self.made.items() if n in graph}
+        self._refuse_made_leaves(bsyms, graph, made)
+        if leaves:
+            kept += [p for n, p in made.items() if n not in {w.name for w in wrt} and all(n != k.name for k in kept)]
         free = free_proxies(bsyms)
         free_names = {p.name for p in free}
         args = list(free) + [o for o in outs if o.name not in free_names and not self._defined_in(bsyms, o)]
         mask = []
         for a in args:
             inp = self.state.input_by_name(a.name) if type(a) is TensorProxy else None
-            diff = inp is not None and a.requires_grad and dtypes.is_inexact(a.dtype) and a.name in graph
-            if diff:
+            diff = (inp is not None or a.name in made) and a.requires_grad and dtypes.is_inexact(a.dtype) \
+                and a.name in graph
+            if diff and inp is not None:
                 self._check_leaf(inp)
             mask.append(diff)
+        arg_names = {a.name for a in args}
         defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
-                                  wrt_values=[w for w in wrt if w.name not in {a.name for a in args}])
+                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names])
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
-        self.trace.bound_symbols[self.start:] = flags + inl.forward + inl.backward
+        self.trace.bound_symbols[self.start:] = flags + prefix + inl.forward + inl.backward
         self.trace.writes += 1
         self.start = len(self.trace.bound_symbols)
         if not retain:      # the leaves stay: a later graph starts from them anew
             inputs = {inp.proxy.name for inp in self.state.inputs}
-            self.freed |= graph - inputs
-        self.retained = [b for b in bsyms if any(o.requires_grad and o.name not in self.freed
-                                                 for o in b.tensor_outs())]
+            self.freed |= graph - inputs - set(self.made)
+        alive = {o.name for b in bsyms for o in b.tensor_outs() if o.requires_grad and o.name not in self.freed}
+        self.retained = [b for b in bsyms if any(o.name in alive for o in b.tensor_outs())   # and their markers
+                         or (b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID) and b.args[0].name in alive)]
         self.used = True
         self.retain_last = retain
         self.last_backward = inl.backward
         value_grads = iter(inl.value_grads)
-        arg_names = {a.name for a in args}
-        return args, inl.grads, [None if w.name in arg_names else next(value_grads) for w in wrt]
+        result = [None if w.name in arg_names else next(value_grads) for w in wrt]
+        by_arg = {a.name: g for a, g in zip(args, inl.grads, strict=True)}
+        for v in kept:
+            self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
+        return args, inl.grads, result
 
-    def _refuse_made_leaves(self, bsyms, graph: set[str]) -> None:
-        """A leaf the program itself made (``torch.zeros(3, requires_grad=True)``,
-        ``requires_grad_()``) would need a ``.grad`` of its own: refused, named."""
+    def _partition(self, segment: list[BoundSymbol], graph: set[str]) -> tuple[list, list, list]:
+        """``segment`` as (markers that stay as they are, the leaf updates before
+        the graph, what is differentiated). Markers: ``requires_grad_`` off the
+        graph (``zero_grad``'s on ``p.grad``) changes no gradient, on a program
+        input read by nothing before it makes that input a leaf like any other;
+        hooks and ``retain_grad`` on inputs are the caller's tensor's (noted in
+        ``input_hooks`` for the leaves' gradients, registered by the epilogue)."""
+        flags = [b for b in segment if b.sym.id == REQUIRES_GRAD_ID
+                 and (b.args[0].name not in graph or self._input_made_leaf(b, self.retained + segment))]
+        flags += [b for b in segment if b.sym.id in (REGISTER_HOOK_ID, RETAIN_GRAD_ID)
+                  and self.state.input_by_name(b.args[0].name) is not None]
+        for b in flags:
+            if b.sym.id == REGISTER_HOOK_ID:
+                self.input_hooks.setdefault(b.args[0].name, []).append(
+                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
+        rest = [b for b in segment if not any(b is f for f in flags)]
+        prefix = self._leaf_updates_before(rest, graph)
+        return flags, prefix, rest[len(prefix):]
+
+    def _leaf_hooks(self, args: list, grads: list, only: set[str] | None) -> list:
+        """Each input leaf's gradient through its tensor hooks, as eager runs them
+        before accumulating it (or returning it from ``autograd.grad``): those
+        the caller's tensor had at the call (their set is guarded), then those
+        the program registered on it before this backward; ``only``: the
+        leaves the backward is restricted to."""
+        out = []
+        for a, g in zip(args, grads, strict=True):
+            inp = self.state.input_by_name(a.name) if g is not None else None
+            if inp is not None and (only is None or a.name in only):
+                fns = [(fn, ()) for fn in self._caller_hooks(inp)] + self.input_hooks.get(a.name, [])
+                g = apply_hooks(fns, g, self.trace) if fns else g
+            out.append(g)
+        return out
+
+    def _caller_hooks(self, inp) -> list:
+        hooks = getattr(inp.value, "_backward_hooks", None)
+        if inp.prov is not None:      # registering or removing one outside recompiles
+            path = inp.prov.attr("_backward_hooks")
+            if hooks is None:
+                self.state.add_guard(path, "eq", None)
+            else:
+                self.state.add_guard(path, "keys", tuple(hooks))
+        return list((hooks or {}).values())
+
+    def _take_retain_grads(self, segment: list[BoundSymbol]) -> list[BoundSymbol]:
+        """``segment`` less the ``retain_grad()`` markers of values the program
+        makes, which it notes: each backward reaching such a value accumulates
+        its gradient into the value's ``.grad``, a trace value (the markers are
+        the eager-mode replay's; the program runs without autograd)."""
+        out = []
+        for b in segment:
+            if b.sym.id == RETAIN_GRAD_ID and self.state.input_by_name(b.args[0].name) is None:
+                self.retains[b.args[0].name] = b.args[0]
+            else:
+                out.append(b)
+        return out
+
+    def _retain(self, value: TensorProxy, g: TensorProxy | None) -> None:
+        """Eager's retain_grad hook: the first gradient is copied, a later one added out of place."""
+        if g is None:
+            return
+        cur = self.value_grads.get(value.name)
+        self.value_grads[value.name] = (self._call(torch.Tensor.clone, g) if cur is None
+                                        else self._call(torch.add, cur, g))
+
+    def _made_leaves(self, bsyms) -> dict[str, TensorProxy]:
+        """Values the program made and then made leaves with ``requires_grad_()``
+        (``x.clone().requires_grad_()``, ``zeros_like(x, requires_grad=True)``,
+        a gradient penalty's or an adversarial example's input; the marker is
+        recorded only where the value had no history): their ``.grad`` is a
+        trace value like a retained gradient's (``value_grads``), seen by the
+        program only."""
+        made: dict[str, TensorProxy] = {}
         for b in bsyms:
-            outs = [o for o in b.tensor_outs() if o.name in graph]
+            if b.sym.id == REQUIRES_GRAD_ID and self.state.input_by_name(b.args[0].name) is None:
+                flag = b.args[1] if len(b.args) > 1 else b.kwargs.get("requires_grad", True)
+                if flag:
+                    made[b.args[0].name] = b.args[0]
+        return made
+
+    def _refuse_made_leaves(self, bsyms, graph: set[str], made: dict) -> None:
+        """A graph value without history that is no leaf the program made
+        (``made``) nor an input, and ``requires_grad_()`` on an input after a
+        read: refused, named."""
+        for b in bsyms:
+            outs = [o for o in b.tensor_outs() if o.name in graph and o.name not in made]
             if outs and not any(a.name in graph for a in b.tensor_args()):
                 raise NotImplementedError(
                     f"thunderlite: backward() inside the jitted function reaches {outs[0].name}, a leaf tensor "
                     f"made inside the function{self._where()}; pass it in as an argument instead")
-            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph:
+            if b.sym.id == REQUIRES_GRAD_ID and b.args[0].name in graph and b.args[0].name not in made:
                 raise NotImplementedError(
-                    f"thunderlite: backward() inside the jitted function reaches {b.args[0].name}, made a leaf by "
-                    f"requires_grad_() inside the function{self._where()}; pass it in as an argument instead")
+                    f"thunderlite: backward() inside the jitted function reaches the input {b.args[0].name}, "
+                    f"made a leaf by requires_grad_() after the function read it{self._where()}; call "
+                    "requires_grad_() before its first use, or before calling the function")
+
+    def _leaf_updates_before(self, seg: list[BoundSymbol], graph: set[str]) -> list[BoundSymbol]:
+        """The symbols of ``seg`` before the first that computes a value of the
+        graph, where they write: an optimizer step or a ``no_grad`` update of the
+        parameters between two backwards, a renormalization before the forward.
+        They change the leaves' values, not their history: they stay before the
+        differentiated program, whose reads see the new values, as eager's
+        forward does. Not where the graph holds a value made before the write
+        (a retained graph's saved value: eager raises there), which
+        differentiation must see (empty list)."""
+        inputs = {inp.proxy.name for inp in self.state.inputs}
+        first = next((i for i, b in enumerate(seg)
+                      if any(o.name in graph and o.name not in inputs for o in b.tensor_outs())), len(seg))
+        prefix = seg[:first]
+        dsts = [d for b in prefix for d in written(b)]
+        if not dsts:
+            return []
+        groups = AliasGroups()
+        for b in self.trace.bound_symbols:
+            groups.add_bsym(b)
+        roots = {groups.find(d.name) for d in dsts}
+        if any(groups.find(p.name) in roots for b in self.retained for p in b.tensor_args() + b.tensor_outs()):
+            return []
+        return prefix
+
+    def _input_made_leaf(self, marker: BoundSymbol, bsyms) -> bool:
+        """``x.requires_grad_()`` on a program input before anything reads it
+        (``x.requires_grad_(); loss(x).backward()``): ``x`` is then a leaf of the
+        caller's that requires grad from the start, its ``.grad`` a program
+        value. One read before the marker would be a value without history."""
+        name = marker.args[0].name
+        if self.state.input_by_name(name) is None or not marker.args[0].requires_grad:
+            return False
+        for b in bsyms:
+            if b is marker:
+                return True
+            if any(a.name == name for a in b.tensor_args()):
+                return False
+        return False
 
     @staticmethod
     def _defined_in(bsyms, p) -> bool:
@@ -300,6 +447,20 @@ class TracedAutograd:
         for hook in list((hooks or {}).values()):
             interpret(hook, self.hooks)(leaf)
 
+    def _refuse_escaping_retained(self, result: Any) -> None:
+        """A value the program made with a ``.grad`` that the caller sees (returned or
+        stored) would need that ``.grad`` on the tensor the caller gets."""
+        if not self.value_grads:
+            return
+        seen = [result] + [v for _, v in self.state.attr_writes.values()] + \
+               [v for _, v in self.state.global_writes.values()] + [v for _, v in self.state.cell_writes.values()]
+        for leaf in pytree.leaves(seen):
+            if type(leaf) is TensorProxy and leaf.name in self.value_grads:
+                raise NotImplementedError(
+                    f"thunderlite: {leaf.name}, a tensor the jitted function makes and gives a .grad (retain_grad(), "
+                    "or a leaf made with requires_grad_()), is returned or stored after a backward inside the "
+                    "function: its .grad would not reach the caller's tensor; return its .grad instead")
+
     # --- helpers ----------------------------------------------------------------------------------
     def _call(self, fn, *args):
         return self.hooks.lookaside(fn)(*args)
@@ -319,6 +480,7 @@ class TracedAutograd:
         eager's tensor whose graph the program's backward used (graph_used)."""
         if not self.used:
             return result
+        self._refuse_escaping_retained(result)
 
         def wrap(x):
             if type(x) is TensorProxy and x.requires_grad:

@@ -58,7 +58,11 @@ REQUIRES_GRAD_ID = requires_grad_marker.id
 
 
 def requires_grad_(a, requires_grad: bool = True):
-    """``a.requires_grad_(flag)``: records the marker and returns ``a``."""
+    """``a.requires_grad_(flag)``: records the marker and returns ``a``; nothing
+    where ``a`` already requires grad and the flag is True (eager's no-op), so
+    a marker setting the flag always makes a new leaf."""
+    if requires_grad and a.requires_grad:
+        return a
     requires_grad_marker(a, requires_grad)
     return a
 

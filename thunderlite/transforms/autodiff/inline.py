@@ -282,13 +282,14 @@ class InlinedBackward:
     value_grads: list               # per ``wrt_values`` entry: its gradient, or None
 
 
-def graph_of(bsyms, outputs) -> set[str]:
+def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
     """The names of the values requiring grad that ``outputs`` were computed from
-    through ``bsyms`` (their autograd graph, the outputs included)."""
+    through ``bsyms`` (their autograd graph, the outputs included); ``leaves``:
+    values made leaves after they were computed, whose history is not followed."""
     want = {o.name for o in outputs if type(o) is TensorProxy and o.requires_grad}
     seen = set(want)
     for bsym in reversed(bsyms):
-        if not any(o.name in want for o in bsym.proxy_outs()):
+        if not any(o.name in want and o.name not in leaves for o in bsym.proxy_outs()):
             continue
         for a in bsym.tensor_args():
             if a.requires_grad:

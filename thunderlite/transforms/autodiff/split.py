@@ -167,11 +167,13 @@ GRAD_MODE_ID = "ltorch.set_grad_enabled"
 forward/backward drop it; the eager-mode replay runs it."""
 
 
-def _new_leaf_needs_eager(trace: Trace, mask) -> str | None:
+def _new_leaf_needs_eager(trace: Trace, mask, new_leaves: bool = False) -> str | None:
     """``requires_grad_`` on an argument (it changes the caller's tensor), or
     ``requires_grad_(True)`` in a program none of whose arguments requires grad:
     the autograd.Function bridge cannot express these, so eager mode runs the
-    program and PyTorch records the graph. Returns the reason, or None."""
+    program and PyTorch records the graph. Returns the reason, or None.
+    ``new_leaves``: the caller differentiates with respect to values
+    (``wrt_values``: a backward inside the program), so new leaves need no bridge."""
     args = {a.name for a in trace.args if isinstance(a, Proxy)}
     for bsym in trace.bound_symbols:
         if bsym.sym.id != REQUIRES_GRAD_ID:
@@ -179,7 +181,7 @@ def _new_leaf_needs_eager(trace: Trace, mask) -> str | None:
         flag = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs.get("requires_grad", True)
         if bsym.args[0].name in args:
             return f"requires_grad_ on the program input {bsym.args[0].name} at {_where(bsym)}"
-        if flag and not any(mask):
+        if flag and not any(mask) and not new_leaves:
             return f"requires_grad_(True) starts a graph no input requires grad for, at {_where(bsym)}"
     return None
 
@@ -468,8 +470,8 @@ def _saved_then_unrecorded_write(trace: Trace, tracked: set[str], groups: AliasG
 
 
 def _eager_reason(trace: Trace, flat, tracked: set[str], groups: AliasGroups, mask,
-                  private: frozenset[str] = frozenset()) -> str | None:
-    return (_needs_eager(trace, flat, tracked, groups, private) or _new_leaf_needs_eager(trace, mask)
+                  private: frozenset[str] = frozenset(), new_leaves: bool = False) -> str | None:
+    return (_needs_eager(trace, flat, tracked, groups, private) or _new_leaf_needs_eager(trace, mask, new_leaves)
             or _no_grad_write_on_path(trace, tracked, groups) or _stale_reads(flat, tracked)
             or hooks_need_eager(trace, _where))
 
@@ -553,11 +555,15 @@ def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbo
     output gradients out of ``grads`` and adds in the input gradients ``vjp``
     gives it (those of ``tracked`` values). ``captured`` (name -> None): the
     values whose gradient is kept there, complete once their producer is
-    reached (every reader came later in the program)."""
+    reached (every reader came later in the program), after the value's
+    tensor hooks, as eager's ``autograd.grad`` and ``retain_grad`` see it."""
+    hooks = dict(hooks) if hooks and captured else hooks
     for bsym in reversed(flat):
         if captured:
             for o in bsym.tensor_outs():
                 if o.name in captured and o.name in grads:
+                    if o.name in (hooks or {}):
+                        grads[o.name] = apply_hooks(hooks.pop(o.name), grads[o.name], current_trace())
                     captured[o.name] = grads[o.name]
         if not _on_path(bsym, tracked) or rules.is_non_differentiable(bsym.sym):
             continue
@@ -715,6 +721,9 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
         # graph when it needs a gradient before the write or carries one after it
         written = {dst.name for dst, new in writes(bsym) if dst.name in tracked or (new is not None and
                                                                                      new.name in tracked)}
+        if not written and not any(o.name in tracked for o in bsym.tensor_outs()):
+            out.append(bsym)        # no gradient leaves it (``detach()``): no graph to keep, none to differentiate
+            continue
         mask = tuple(2 if p.name in written else int(p.name in tracked) for p in bsym.tensor_args())
         inputs = [p for p, m in zip(bsym.tensor_args(), mask, strict=True) if m]
         handle = Proxy(name=trace.fresh_name("graph"))
@@ -892,7 +901,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
     own = _reads_own_memory(trace, tracked, groups)
-    reason = own or _eager_reason(trace, flat, tracked, groups, mask)
+    reason = own or _eager_reason(trace, flat, tracked, groups, mask, new_leaves=bool(wrt_values))
     functional = rewritten = None
     tail, epilogue, used = [], None, set()
     late = _saved_then_unrecorded_write(trace, tracked, groups, _owned_writes(flat, tracked))
@@ -915,7 +924,8 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             reason = f"{reason}; functionalizing it failed ({type(e).__name__}: {e})"
         else:
             analysis = _analyse(functional, mask, executors, input_alias_groups)
-            reason = (_eager_reason(functional, analysis[1], analysis[0], analysis[3], mask, frozenset(private))
+            reason = (_eager_reason(functional, analysis[1], analysis[0], analysis[3], mask, frozenset(private),
+                                    bool(wrt_values))
                       or _stale_requires_grad(functional, analysis[0]))
             if reason is None:
                 trace = functional
