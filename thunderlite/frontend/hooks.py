@@ -320,6 +320,12 @@ class TracingHooks(InterpreterHooks):
                 raise self.data_dependent(f".{name}()")
             return value
         if value is MISSING:
+            # an attribute that is absent now (``getattr(m, "extra", None)``,
+            # ``hasattr``) must still be absent on the next call: the branch taken
+            # on its absence is baked into the trace
+            parent = st.prov_of.get(id(obj))
+            if parent is not None:
+                st.add_guard(parent.attr(name), "absent", None)
             return value
         if isinstance(obj, torch.Tensor):
             # a real tensor the program reached through code run natively

@@ -22,6 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.interpreter import MISSING
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -96,7 +97,16 @@ class Lookasides:
     def module_getattr(self, module, name: str):
         # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
         # load_attr hook gives the value its provenance (module_slot path).
-        return self.hooks.load_attr(module, name, torch.nn.Module.__getattr__(module, name))
+        # A missing name goes to the hook too (as the interpreter's failed lookups
+        # do): it guards the absence, or gives the value this call set.
+        try:
+            value = torch.nn.Module.__getattr__(module, name)
+        except AttributeError:
+            value = self.hooks.load_attr(module, name, MISSING)
+            if value is MISSING:
+                raise
+            return value
+        return self.hooks.load_attr(module, name, value)
 
     def module_setattr(self, module, name: str, value) -> None:
         if not self.hooks.store_attr(module, name, value):

@@ -26,6 +26,8 @@ from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
 
 MIRROR_MAX_ITEMS = 64
+# items that make a tuple read from outside worth copying (``TraceState.tuple_copy``)
+_STATEFUL = (torch.Tensor, torch.nn.Module, list, dict, tuple)
 DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>", "__slots__": ()})()
 """The overlay value of an attribute or item the program deleted."""
 
@@ -42,8 +44,10 @@ class Input:
 
 
 class Guard:
-    """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys', or
-    'same' (the path yields the very object ``value``, another path, yields)."""
+    """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys',
+    'same' (the path yields the very object ``value``, another path, yields), or
+    'absent' (the path's last attribute does not exist: ``hasattr`` is False),
+    or 'tuple' (``value`` is ``(type, length)``)."""
     __slots__ = ("prov", "kind", "value")
 
     def __init__(self, prov: Prov, kind: str, value: Any):
@@ -84,6 +88,7 @@ class TraceState:
         self.input_of: dict[int, Input] = {}       # id(tensor) -> its Input
         self.mirror_of: dict[int, Mirror] = {}    # id(original container) -> mirror
         self.mirrors_by_copy: dict[int, Mirror] = {}
+        self.tuple_copies: dict[int, tuple] = {}     # id(tuple holding tensors) -> the program's copy
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
         self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
         self.cell_writes: dict[int, tuple] = {}    # id(external cell) -> (cell, value)
@@ -240,8 +245,26 @@ class TraceState:
             return value
         if (t is list or t is dict or t is OrderedDict) and len(value) <= MIRROR_MAX_ITEMS:
             return self.mirror(value, prov)
+        if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS \
+                and any(isinstance(v, _STATEFUL) for v in value):
+            return self.tuple_copy(value, prov)
         self.note(value, prov)
         return value
+
+    def tuple_copy(self, value: tuple, prov: Prov) -> tuple:
+        """A tuple (or namedtuple) holding tensors, modules or containers, as the
+        program sees it: its items entered through their paths, so unpacking and
+        iterating it (native code, no hooks) hand over proxies, not real tensors.
+        Guarded by type and length; each item by its own guards."""
+        copy = self.tuple_copies.get(id(value))
+        if copy is not None:
+            return copy
+        self.add_guard(prov, "tuple", (type(value), len(value)))
+        items = [self.enter(prov.item(i), v) for i, v in enumerate(value)]
+        copy = tuple(items) if type(value) is tuple else type(value)._make(items)
+        self.tuple_copies[id(value)] = copy
+        self._alive += [value, copy]
+        return copy
 
     def mirror(self, container, prov: Prov | None, guard: bool = True):
         """The copy the program sees of ``container`` (made once per container)."""

@@ -63,8 +63,14 @@ def call_no_lookaside(rt, fn, args, kwargs):
         if kwargs and type(kwargs.get("key")) in (FunctionType, MethodType):
             kwargs = dict(kwargs, key=wrap_callback(rt, kwargs["key"]))
     if t is functools.partial:
-        kw = {**fn.keywords, **kwargs} if kwargs else fn.keywords
-        return call(rt, fn.func, (*fn.args, *args), kw)
+        # its parts are read as attributes, so the hooks see them (a tensor the
+        # partial binds keeps its path: ``m.act.keywords['min']``)
+        h = rt.load_attr
+        func, pargs, pkw = fn.func, fn.args, fn.keywords
+        if h is not None:
+            func, pargs, pkw = h(fn, "func", func), h(fn, "args", pargs), h(fn, "keywords", pkw)
+        kw = {**pkw, **kwargs} if kwargs else pkw
+        return call(rt, func, (*pargs, *args), kw)
     if isinstance(fn, type):
         return instantiate(rt, fn, args, kwargs)
     m = py_dunder(t, "__call__")
