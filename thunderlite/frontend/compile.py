@@ -105,9 +105,11 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
         _check_hook_functions(trace, state)
-        result = hooks.autograd.returned(result)
+        result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
         writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
                   + _rebound_inputs(trace, state))
+        for w in writes:
+            w.value = hooks.settled(w.value, "stored where it outlives the call")
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())

@@ -181,7 +181,7 @@ class TracingHooks(InterpreterHooks):
             return out
         return call
 
-    def unannounced(self, t: torch.Tensor, how: str) -> TensorProxy:
+    def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the
         trace already has, a module's tensor (registered with its path), or a
         default argument; anything else is an error naming the user's line,
@@ -192,7 +192,7 @@ class TracingHooks(InterpreterHooks):
         prov = _default_argument(t)
         if prov is not None:
             return st.enter(prov, t)
-        loc = self.user_location()
+        loc = self.user_location() if located else None
         where = f" at {loc[0]}:{loc[1]}: {loc[2]}" if loc else ""
         kind = "Parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
         raise UnknownOriginError(
@@ -200,6 +200,24 @@ class TracingHooks(InterpreterHooks):
             "after code thunderlite ran natively handed it over, so the next call could not find it again (a "
             "constant baked into the compiled program would go stale). Pass it as an argument, or read it from a "
             "module attribute, a global or a closure variable.")
+
+    def settled(self, x: Any, how: str) -> Any:
+        """``x`` (a returned value, a value written back) with each real tensor in
+        its plain containers made a proxy (``unannounced``): a tensor natively run
+        code computed from real ones (``sum`` over a container the program holds
+        no copy of) would otherwise leave the call as a trace-time constant."""
+        t = type(x)
+        if isinstance(x, torch.Tensor) and t is not TensorProxy:
+            return self.unannounced(x, how, located=False)      # the program's lines have all run
+        if t is tuple or t is list or (isinstance(x, tuple) and hasattr(t, "_make")):
+            items = [self.settled(y, how) for y in x]
+            if all(a is b for a, b in zip(items, x, strict=True)):
+                return x
+            return t(items) if t is list or t is tuple else t._make(items)
+        if t is dict:
+            items = {k: self.settled(v, how) for k, v in x.items()}
+            return x if all(items[k] is v for k, v in x.items()) else items
+        return x
 
     def _capture_constants(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Concrete tensors reaching an op: module tensors and default arguments

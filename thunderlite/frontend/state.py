@@ -15,7 +15,7 @@ the prologue/epilogue builders read afterwards:
 from __future__ import annotations
 
 import types
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 import torch
@@ -233,6 +233,8 @@ class TraceState:
             self.add_guard(prov, "is", value)
             if isinstance(value, types.FunctionType):
                 self.note_closure(value)
+            if not isinstance(value, types.BuiltinFunctionType):
+                self.note(value, prov)      # its attributes (class-level state, fn.attr) are read and written by path
             return value
         if isinstance(value, types.MethodType):
             if isinstance(value.__func__, types.FunctionType):
@@ -243,7 +245,8 @@ class TraceState:
                 self.register_module_tree(value, prov)
             self.add_guard(self.prov_of[id(value)], "is", value)
             return value
-        if (t is list or t is dict or t is OrderedDict) and len(value) <= MIRROR_MAX_ITEMS:
+        if (t is list or t is dict or t is OrderedDict or t is defaultdict and _atom_keys(value)) \
+                and len(value) <= MIRROR_MAX_ITEMS:
             return self.mirror(value, prov)
         if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS \
                 and any(isinstance(v, _STATEFUL) for v in value):
@@ -276,7 +279,10 @@ class TraceState:
         is_dict = isinstance(container, dict)
         if guard and prov is not None:
             self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
-        if is_dict:
+        if type(container) is defaultdict:      # its default_factory with the entered items
+            copy = defaultdict(container.default_factory,
+                               ((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items()))
+        elif is_dict:
             copy = type(container)((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items())
         else:
             copy = [self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)]
@@ -285,6 +291,12 @@ class TraceState:
         self.mirrors_by_copy[id(copy)] = m
         self._alive += [container, copy]
         return copy
+
+
+def _atom_keys(d: dict) -> bool:
+    """Keys a path can spell (a defaultdict keyed by tensors, an optimizer's
+    ``state``, is read item by item through its identity-keyed paths instead)."""
+    return all(type(k) in (int, str) for k in d)
 
 
 def _item_prov(prov: Prov | None, key) -> Prov | None:

@@ -60,7 +60,7 @@ def call_no_lookaside(rt, fn, args, kwargs):
         em = EMULATORS.get(fn)
         if em is not None:
             return em(rt, args, kwargs)
-        if kwargs and type(kwargs.get("key")) in (FunctionType, MethodType):
+        if kwargs and kwargs.get("key") is not None:
             kwargs = dict(kwargs, key=wrap_callback(rt, kwargs["key"]))
     if t is functools.partial:
         # its parts are read as attributes, so the hooks see them (a tensor the
@@ -80,13 +80,16 @@ def call_no_lookaside(rt, fn, args, kwargs):
 
 
 def wrap_callback(rt, cb):
-    """A native callable that interprets the Python callback cb (hooks fire inside)."""
-    if type(cb) is FunctionType or (type(cb) is MethodType and type(cb.__func__) is FunctionType):
-        def interpreted_callback(*args, **kwargs):
-            return call(rt, cb, args, kwargs)
+    """A native callable that calls cb as the program's own call would: a Python
+    callback interpreted (hooks fire inside), any other callable through the
+    lookaside (``map(torch.Tensor.sum, xs)``, ``map(module, xs)``)."""
+    if cb is None or not callable(cb):
+        return cb
 
-        return interpreted_callback
-    return cb
+    def interpreted_callback(*args, **kwargs):
+        return call(rt, cb, args, kwargs)
+
+    return interpreted_callback
 
 
 def _unwrap_static(m):
