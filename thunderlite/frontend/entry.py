@@ -77,7 +77,7 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
         return f"{v} is not {paths.read(g.value)}"
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
-    if g.kind == "tuple":
+    if g.kind == "type_len":
         return f"type({v}) is not {_const(consts, g.value[0])} or len({v}) != {g.value[1]}"
     if g.kind == "keys":
         if not g.value:     # a module's hooks, nearly always none: the cheapest check
@@ -163,7 +163,7 @@ def _print_only(*args, **kwargs):
 _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
-          for kind in ("eq", "is", "len", "keys", "same", "absent", "tuple", "storage_sharing", "write_verdict",
+          for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
                        "strides", "size")}
 
 

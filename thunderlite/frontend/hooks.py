@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import collections
 import functools
 import types
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.source_map import source_line
-from thunderlite.frontend.state import DELETED, TraceState
+from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
@@ -40,6 +41,13 @@ from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+_CONTAINERS = (list, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set)
+# the in-place methods of _CONTAINERS
+_CONTAINER_WRITES = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "add", "discard", "update",
+    "difference_update", "intersection_update", "symmetric_difference_update", "appendleft", "extendleft",
+    "popleft", "rotate", "popitem", "setdefault", "move_to_end", "__iadd__", "__imul__", "__ior__", "__iand__",
+    "__isub__", "__ixor__", "__setitem__", "__delitem__"})
 
 
 class NotTracedError(RuntimeError):
@@ -139,6 +147,10 @@ class TracingHooks(InterpreterHooks):
             return self.recording(function_symbol(owner))   # traced forward; the user's backward is its VJP
         if _is_thunderlite_internal(fn):
             return self.recording(fn)     # proxy operators and methods record symbols
+        if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
+            owner = fn.__self__
+            if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
+                raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
         if _is_numpy(fn):
@@ -267,6 +279,16 @@ class TracingHooks(InterpreterHooks):
                 raise self.not_traced(f"{name}(...)")
             return out
         return call
+
+    def container_write_refused(self, owner: Any, method: str) -> NotTracedError:
+        """The program changes in place a container from outside the call that it
+        holds no copy of (``state.py``: more than ``MIRROR_MAX_ITEMS`` items, or
+        keyed by objects): done now it would happen once, at trace time."""
+        kind = type(owner).__name__
+        return NotTracedError(
+            f"thunderlite does not trace changes to a {kind} of {len(owner)} items read from outside the call "
+            f"(it copies containers of up to {MIRROR_MAX_ITEMS} items with int/str keys): {kind}.{method} at "
+            f"{self._where()}. Keep such state in tensors, or in a smaller container.")
 
     def _where(self) -> str:
         loc = self.locate()

@@ -14,8 +14,9 @@ the prologue/epilogue builders read afterwards:
 """
 from __future__ import annotations
 
+import enum
 import types
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ class Guard:
     """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys',
     'same' (the path yields the very object ``value``, another path, yields), or
     'absent' (the path's last attribute does not exist: ``hasattr`` is False),
-    or 'tuple' (``value`` is ``(type, length)``)."""
+    or 'type_len' (``value`` is ``(type, length)``: a tuple, a deque)."""
     __slots__ = ("prov", "kind", "value")
 
     def __init__(self, prov: Prov, kind: str, value: Any):
@@ -221,6 +222,12 @@ class TraceState:
         if isinstance(value, tuple) and all(type(v) in VALUE_TYPES for v in value):
             self.add_guard(prov, "eq", value)
             return value
+        if isinstance(value, enum.Enum):       # compared by identity: ``self.mode is Mode.A``
+            self.add_guard(prov, "is", value)
+            return value
+        if t is frozenset and all(type(v) in VALUE_TYPES for v in value):
+            self.add_guard(prov, "eq", value)
+            return value
         if isinstance(value, types.ModuleType):
             return value
         if (isinstance(value, types.BuiltinFunctionType)
@@ -245,9 +252,14 @@ class TraceState:
                 self.register_module_tree(value, prov)
             self.add_guard(self.prov_of[id(value)], "is", value)
             return value
-        if (t is list or t is dict or t is OrderedDict or t is defaultdict and _atom_keys(value)) \
-                and len(value) <= MIRROR_MAX_ITEMS:
+        if (t is list or t is dict or t is OrderedDict or t is defaultdict and _atom_keys(value) or t is deque
+                or t is set and all(type(v) in VALUE_TYPES for v in value)) and len(value) <= MIRROR_MAX_ITEMS:
             return self.mirror(value, prov)
+        if t in (list, dict, OrderedDict, defaultdict, deque, set):
+            # too big to copy item by item (a vocabulary), or keyed by objects: its
+            # length is guarded, reads by key or index get paths, and changing it in
+            # place is refused (TracingHooks.lookaside)
+            self.add_guard(prov, "type_len", (t, len(value)))
         if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS \
                 and any(isinstance(v, _STATEFUL) for v in value):
             return self.tuple_copy(value, prov)
@@ -262,7 +274,7 @@ class TraceState:
         copy = self.tuple_copies.get(id(value))
         if copy is not None:
             return copy
-        self.add_guard(prov, "tuple", (type(value), len(value)))
+        self.add_guard(prov, "type_len", (type(value), len(value)))
         items = [self.enter(prov.item(i), v) for i, v in enumerate(value)]
         copy = tuple(items) if type(value) is tuple else type(value)._make(items)
         self.tuple_copies[id(value)] = copy
@@ -277,9 +289,19 @@ class TraceState:
         if prov is not None:
             prov = self.prov_of.get(id(container), prov)
         is_dict = isinstance(container, dict)
+        t = type(container)
         if guard and prov is not None:
-            self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
-        if type(container) is defaultdict:      # its default_factory with the entered items
+            if t is set:
+                self.add_guard(prov, "eq", set(container))
+            elif t is deque:
+                self.add_guard(prov, "type_len", (deque, len(container)))
+            else:
+                self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
+        if t is set:
+            copy = set(container)
+        elif t is deque:
+            copy = deque((self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)), container.maxlen)
+        elif t is defaultdict:      # its default_factory with the entered items
             copy = defaultdict(container.default_factory,
                                ((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items()))
         elif is_dict:

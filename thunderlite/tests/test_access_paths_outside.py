@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import enum
 import functools
 import itertools
 import math
@@ -1152,6 +1153,50 @@ def map_a_module_and_unbound_methods():
     return _module_case(M, lambda i: ([torch.randn(3), torch.randn(3)],), bump)
 
 
+@program
+def deque_window_and_set_flags():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.window = collections.deque([torch.zeros(3)], maxlen=3)
+            self.flags = {"scale"}
+            self.seen = set()
+
+        def forward(self, x, tag):
+            self.window.append(x * 2)
+            self.seen.add(tag)
+            y = sum(self.window) / len(self.window)
+            return y * 2 if "scale" in self.flags else y, len(self.seen)
+
+    def mutate(m, i):
+        m.flags.discard("scale")
+        m.window[0].fill_(5.0)
+    return _module_case(M, lambda i: (torch.randn(3), "ab"[i % 2]), mutate)
+
+
+@program
+def enum_mode_switched_between_calls():
+    class Mode(enum.Enum):
+        TRAIN = 1
+        EVAL = 2
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mode = Mode.TRAIN
+            self.register_buffer("avg", torch.zeros(3))
+
+        def forward(self, x):
+            if self.mode is Mode.TRAIN:
+                self.avg.mul_(0.5).add_(x, alpha=0.5)
+                return x - self.avg
+            return x - self.avg.clone()
+
+    def switch(m, i):
+        m.mode = type(m.mode).EVAL
+    return _module_case(M, lambda i: (torch.randn(3),), switch)
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
@@ -1354,11 +1399,11 @@ def test_class_level_state_is_read_and_written_by_path():
 
 
 def test_a_tensor_computed_natively_from_real_ones_is_refused_at_the_return():
-    """``sum()`` over a container the program holds no copy of (a deque) adds
-    the real tensors in C: the result is neither an input nor a trace value, so
-    returning or storing it is refused (it used to be returned as the stale
-    trace-time constant on every call)."""
-    st = types.SimpleNamespace(window=collections.deque([torch.ones(2), torch.ones(2)]))
+    """``sum()`` over a container the program holds no copy of (a list longer
+    than the 64 items the jit copies) adds the real tensors in C: the result is
+    neither an input nor a trace value, so returning or storing it is refused
+    (it used to be returned as the stale trace-time constant on every call)."""
+    st = types.SimpleNamespace(window=[torch.ones(2) for _ in range(70)])
 
     def f(s):
         return sum(s.window)
@@ -1385,3 +1430,25 @@ def test_deepcopy_of_a_tensor_is_a_new_tensor():
     w = torch.ones(2)
     c, d = thunderlite.jit(f)(w)
     assert torch.equal(w, torch.ones(2)) and torch.equal(c, torch.full((2,), 3.0)) and torch.equal(d, w)
+
+
+def test_a_big_container_is_length_guarded_and_its_in_place_changes_refused():
+    """Containers over 64 items are not copied: their length is guarded (a list
+    grown between calls is read afresh) and changing one in place inside the
+    program is refused by line (done while tracing, it would happen once)."""
+    st = types.SimpleNamespace(big=[torch.ones(1) for _ in range(70)])
+
+    def f(s, x):
+        return x * len(s.big)
+    jf, x = thunderlite.jit(f), torch.ones(2)
+    torch.testing.assert_close(jf(st, x), f(st, x))
+    st.big.append(torch.ones(1))
+    torch.testing.assert_close(jf(st, x), f(st, x))
+
+    def g(s, x):
+        s.big.append(x)
+        return x
+    with pytest.raises(RuntimeError, match=r"does not trace changes to a list of 71 items .*list.append at .*"
+                                           r"s.big.append\(x\)"):
+        thunderlite.jit(g)(st, x)
+    assert len(st.big) == 71

@@ -342,7 +342,7 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
         if not same:
             shown = "a different object" if g.kind == "is" else _short(
                 now if g.kind == "eq" else tuple(now) if g.kind == "keys" else
-                type(now).__name__ if g.kind == "tuple" else len(now))
+                type(now).__name__ if g.kind == "type_len" else len(now))
             return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
     if entry.sym_guards:
         why = _failed_size_guard(entry, args, kwargs)
@@ -377,7 +377,7 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
 def _same_value(g, now: Any) -> bool:
     if g.kind == "len":
         return len(now) == g.value
-    if g.kind == "tuple":
+    if g.kind == "type_len":
         return type(now) is g.value[0] and len(now) == g.value[1]
     if g.kind == "keys":
         return tuple(now) == g.value
