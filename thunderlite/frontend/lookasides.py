@@ -142,6 +142,11 @@ class Lookasides:
             return functools.partial(self.tensor_backward, proxy)
         if name == "grad_fn" and (not proxy.requires_grad or self.hooks.state.input_by_name(proxy.name)):
             return None     # a leaf, or a value without history (``zero_grad`` asks of ``p.grad``)
+        if name == "__deepcopy__" and proxy.requires_grad:
+            inp = self.hooks.state.input_by_name(proxy.name)
+            if inp is None or not inp.value.is_leaf:
+                raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                                   "protocol at the moment")      # eager's refusal
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
     def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):

@@ -1197,6 +1197,189 @@ def enum_mode_switched_between_calls():
     return _module_case(M, lambda i: (torch.randn(3),), switch)
 
 
+@program
+def property_and_custom_getattr():
+    class Store:
+        def __init__(self):
+            self._items = {"w": torch.full((3,), 2.0)}
+
+        def __getattr__(self, name):
+            try:
+                return self.__dict__["_items"][name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("raw", torch.randn(3))
+            self.store = Store()
+
+        @property
+        def scale(self):
+            return self.raw.exp()
+
+        def forward(self, x):
+            return x * self.scale + self.store.w
+
+    def mutate(m, i):
+        m.store._items["w"] = torch.full((3,), -1.0)
+        m.raw.fill_(0.0)
+    return _module_case(M, lambda i: (torch.randn(3),), mutate)
+
+
+@program
+def dataclass_replace_asdict_and_namedtuple_replace():
+    def f(s, x):
+        st = dataclasses.replace(s.stats, mean=s.stats.mean + x)
+        d = dataclasses.asdict(st)
+        cfg = s.cfg._replace(shift=s.cfg.shift * 2)
+        with torch.no_grad():
+            d["var"].mul_(10)           # asdict deep-copies: the state is untouched
+        return d["mean"] * cfg.scale + cfg.shift, d["var"], st.n
+    st = types.SimpleNamespace(stats=_Stats(torch.zeros(3), torch.ones(3), 4),
+                               cfg=_Cfg(torch.full((3,), 2.0), torch.ones(3)))
+
+    def mutate(s, i):
+        s.stats.n = 7
+    return Case(f, st, lambda i: (torch.randn(3),), mutate)
+
+
+@program
+def pytree_map_over_state():
+    import torch.utils._pytree as pytree
+
+    def f(s, x):
+        doubled = pytree.tree_map(lambda t: t * 2, s.state)
+        leaves, _ = pytree.tree_flatten(s.state)
+        with torch.no_grad():
+            for t in leaves:
+                t.add_(x.sum())
+        return doubled
+    st = types.SimpleNamespace(state={"a": torch.ones(2), "b": [torch.zeros(2), (torch.full((2,), 3.0),)]})
+    return Case(f, st, lambda i: (torch.randn(2),))
+
+
+@program
+def list_items_replaced_in_place_and_sliced():
+    def f(s, x):
+        for i in range(len(s.ws)):
+            s.ws[i] = s.ws[i] * 0.9
+        s.ws[:1] = [x]
+        s.extra.insert(0, x + 1)
+        del s.extra[-1]
+        return torch.stack(s.ws).sum(0)
+    st = types.SimpleNamespace(ws=[torch.ones(2), torch.full((2,), 2.0)], extra=[torch.zeros(2), torch.ones(2)])
+    return Case(f, st, lambda i: (torch.randn(2),))
+
+
+@program
+def tuple_of_lists_attribute():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = ([torch.ones(2), torch.full((2,), 2.0)], [torch.full((2,), 3.0)])
+
+        def forward(self, x):
+            with torch.no_grad():
+                for group in self.groups:
+                    for t in group:
+                        t.mul_(x)
+            self.groups[1].append(x.clone())
+            return sum(len(g) for g in self.groups)
+    return _module_case(M, lambda i: (torch.randn(2),))
+
+
+@program
+def groupby_named_parameters_and_enumerate_start():
+    def f(m, x):
+        by_kind = {}
+        named = sorted(m.named_parameters(), key=lambda kv: kv[0].rsplit(".", 1)[-1])
+        for kind, group in itertools.groupby(named, key=lambda kv: kv[0].rsplit(".", 1)[-1]):
+            by_kind[kind] = [p for _, p in group]
+        with torch.no_grad():
+            for i, b in enumerate(by_kind["bias"], start=1):
+                b.add_(i)
+        return {k: torch.stack([p.sum() for p in v]) * x for k, v in by_kind.items()}
+    return Case(f, _params_state(), lambda i: (torch.randn(()),), _scale_params)
+
+
+@program
+def state_dict_keep_vars_and_prefix():
+    def f(m):
+        sd = m.state_dict(keep_vars=True, prefix="model.")
+        with torch.no_grad():
+            sd["model.enc.weight"].mul_(0.5)
+        names = [n for n, _ in m.named_parameters(prefix="p", remove_duplicate=False)]
+        return len(names), sd["model.dec.bias"] + 1
+    return Case(f, _params_state(), mutate=_scale_params)
+
+
+@program
+def one_tensor_in_two_containers():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.ones(3))
+            self.aliases = [self.buf]
+            self.by_name = {"b": self.buf}
+
+        def forward(self, x):
+            self.aliases[0].add_(x)
+            self.by_name["b"].mul_(2)
+            return self.buf * 1
+
+    def replace(m, i):
+        m.aliases[0] = torch.zeros(3)       # the list no longer holds the buffer
+    return _module_case(M, lambda i: (torch.randn(3),), replace)
+
+
+@program
+def view_of_a_buffer_stored_on_the_module():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.zeros(2, 3))
+            self.row = self.buf[1]
+
+        def forward(self, x):
+            self.row.add_(x)
+            return self.buf.sum(0)
+    return _module_case(M, lambda i: (torch.randn(3),))
+
+
+@program
+def list_item_aliases_the_argument():
+    def f(s, x):
+        s.ws[0].mul_(2)
+        return x + s.ws[1]
+    st = types.SimpleNamespace(ws=[None, torch.ones(3)])
+
+    def args(i):
+        x = torch.randn(3)
+        st_args = (x,)
+        return st_args
+    case = Case(f, st, args)
+
+    def run_with_alias(s, x):
+        s.ws[0] = x                      # the argument itself is in the container
+        out = f(s, x)
+        s.ws[0] = None
+        return out
+    case.fn = run_with_alias
+    return case
+
+
+@program
+def item_numbers_build_tensors_and_index():
+    def f(x):
+        n = x.argmax().item()
+        a = x.max().item()
+        t = torch.tensor([a, a * 2])
+        return t, torch.arange(4) * a, torch.full((2,), n) + a, x.new_full((1,), a * n)
+    return Case(f, None, lambda i: (torch.randn(4),), pass_state=False)
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
@@ -1249,6 +1432,10 @@ def _min_of_mixed_types(x):
     return x * min(2, x.abs().sum().item())     # int or float: the type depends on the values
 
 
+def _index_tensor_with_item(x):
+    return x[x.argmax().item()]       # the bounds check needs the value
+
+
 def _for_over_tolist(x):
     acc = 0.0
     for v in x.tolist():
@@ -1262,6 +1449,7 @@ REFUSALS = {
     "format_item": (_format_item, "formatting of the traced number .* needs its value"),
     "index_with_item": (_index_with_item, "using it as a Python int needs the value"),
     "min_of_mixed_types": (_min_of_mixed_types, "min\\(\\) of numbers of types float, int"),
+    "index_tensor_with_item": (_index_tensor_with_item, "deciding n0 < 4 needs a size known only when the program"),
     "for_over_tolist": (_for_over_tolist, "truth value .* needs its value.*if v > 0"),
 }
 
@@ -1430,6 +1618,11 @@ def test_deepcopy_of_a_tensor_is_a_new_tensor():
     w = torch.ones(2)
     c, d = thunderlite.jit(f)(w)
     assert torch.equal(w, torch.ones(2)) and torch.equal(c, torch.full((2,), 3.0)) and torch.equal(d, w)
+
+    def g(w):       # eager refuses to deepcopy a tensor with autograd history
+        return copy.deepcopy(w * 2)
+    with pytest.raises(RuntimeError, match="Only Tensors created explicitly by the user"):
+        thunderlite.jit(g)(torch.ones(2, requires_grad=True))
 
 
 def test_a_big_container_is_length_guarded_and_its_in_place_changes_refused():
