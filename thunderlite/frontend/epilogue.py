@@ -173,6 +173,8 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
+        return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
         inner = ", ".join(value_expr(y, env_names, consts) for y in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"

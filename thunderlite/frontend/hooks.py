@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -379,7 +380,32 @@ class TracingHooks(InterpreterHooks):
         if parent is None:
             return self.unannounced(value, f"read as .{name} of a {type(obj).__name__}") \
                 if isinstance(value, torch.Tensor) else value
-        return st.enter(parent.attr(name, _module_slot(obj, name)), value)
+        value = st.enter(parent.attr(name, _module_slot(obj, name)), value)
+        if name in _MODULE_SLOTS and isinstance(obj, torch.nn.Module) and type(value) in (dict, OrderedDict):
+            self._apply_attr_writes(obj, value)
+        return value
+
+    def _apply_attr_writes(self, module: torch.nn.Module, slot_copy: dict) -> None:
+        """The program's copy of a module's slot dict, made after the program
+        assigned some of its names (``self.b = t``; the overlay): it shows them."""
+        for name in list(slot_copy):
+            w = self.state.attr_writes.get((id(module), name))
+            if w is None:
+                continue
+            if w[1] is DELETED:
+                del slot_copy[name]
+            else:
+                slot_copy[name] = w[1]
+
+    def slot_copy_holding(self, module: torch.nn.Module, name: str) -> dict | None:
+        """The program's copy of the module slot dict (``_parameters``, ``_buffers``,
+        ``_modules``) that holds ``name``, if the program made one."""
+        d = module.__dict__
+        for slot in _MODULE_SLOTS:
+            m = self.state.mirror_of.get(id(d.get(slot)))
+            if m is not None and name in m.copy:
+                return m.copy
+        return None
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state

@@ -102,6 +102,11 @@ class Lookasides:
         # load_attr hook gives the value its provenance (module_slot path).
         # A missing name goes to the hook too (as the interpreter's failed lookups
         # do): it guards the absence, or gives the value this call set.
+        # A slot dict the program holds a copy of is the program's view of it
+        # (``register_buffer`` in forward writes the copy).
+        copy = self.hooks.slot_copy_holding(module, name)
+        if copy is not None:
+            return copy[name]
         try:
             value = torch.nn.Module.__getattr__(module, name)
         except AttributeError:
@@ -114,6 +119,10 @@ class Lookasides:
     def module_setattr(self, module, name: str, value) -> None:
         if not self.hooks.store_attr(module, name, value):
             torch.nn.Module.__setattr__(module, name, value)
+            return
+        copy = self.hooks.slot_copy_holding(module, name)
+        if copy is not None:        # ``self.b = t`` for a buffer: ``self.buffers()`` sees t too
+            copy[name] = value
 
     def module_delattr(self, module, name: str) -> None:
         if not self.hooks.delete_attr(module, name):

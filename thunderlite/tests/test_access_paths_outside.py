@@ -7,8 +7,8 @@ itertools walking module containers, in-place ops through ``out=``,
 ``index_put_``/``masked_fill_``/``scatter_`` on buffers reached through
 containers, and ``.item()``/``.tolist()`` numbers used in Python.
 
-Each program runs twice (with its state changed between the calls: values,
-replaced objects, appended list items) and is compared with eager PyTorch on a
+Each program runs three times (with its state changed between the calls:
+values, replaced objects, appended list items) and is compared with eager PyTorch on a
 deep copy: the outputs and every piece of state it can reach (inputs,
 parameters, buffers, the contents of its containers). The default executors
 run every program; ``torchcompile`` and ``triton`` run a representative
@@ -94,7 +94,7 @@ def _same(got, want, where: str) -> None:
             assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
-def _run(name: str, jit: Callable[[Callable], Callable], calls: int = 2) -> None:
+def _run(name: str, jit: Callable[[Callable], Callable], calls: int = 3) -> None:
     cases = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -1380,6 +1380,64 @@ def item_numbers_build_tensors_and_index():
     return Case(f, None, lambda i: (torch.randn(4),), pass_state=False)
 
 
+@program
+def buffer_assigned_then_read_through_buffers_and_state_dict():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(3))
+            self.register_buffer("c", torch.ones(3))
+
+        def forward(self, x):
+            self.b = self.b + x                 # a new tensor under a buffer's name
+            return sum(t for t in self.buffers()), self.state_dict()["b"] * 1, dict(self.named_buffers())["b"] * 2
+    return _module_case(M, lambda i: (torch.randn(3),))
+
+
+@program
+def buffer_reregistered_in_forward_like_a_rotary_cache():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cos_cached", torch.zeros(2, 3), persistent=False)
+            self.seen = 2
+
+        def forward(self, x):
+            if x.shape[0] > self.seen:
+                t = torch.arange(x.shape[0], dtype=torch.float32)[:, None] * torch.ones(3)
+                self.register_buffer("cos_cached", t.cos(), persistent=False)
+                self.seen = x.shape[0]
+            return x * self.cos_cached[: x.shape[0]]
+    return _module_case(M, lambda i: (torch.randn(2 + i, 3),))
+
+
+@program
+def buffer_registered_lazily_in_forward():
+    class M(nn.Module):
+        def forward(self, x):
+            if getattr(self, "acc", None) is None:
+                self.register_buffer("acc", torch.zeros_like(x), persistent=False)
+            self.acc.add_(x)
+            return self.acc * 1
+    return _module_case(M, lambda i: (torch.randn(3),))
+
+
+@program
+def numbers_and_sizes_stored_on_the_module():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.history = []
+            self.last = None
+
+        def forward(self, x):
+            self.last = (x.sum().item(), x.shape[0])
+            self.history.append(x.shape[0] * 2)
+            self.longest = max(getattr(self, "longest", 0), x.shape[0])
+            return x * 2
+    return _module_case(M, lambda i: (torch.randn(2 + i, 3),))
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
@@ -1394,7 +1452,7 @@ _FUSION_SUBSET = {
                "item_used_to_scale_buffer", "sgd_momentum_dict_state", "kv_cache_list_on_module",
                "pairwise_over_buffers", "default_arg_tensor_in_place", "global_tensor_and_global_dict",
                "class_counter_through_type_self", "defaultdict_of_running_sums", "partial_stored_on_module",
-               "getattr_default_and_hasattr"),
+               "getattr_default_and_hasattr", "buffer_reregistered_in_forward_like_a_rotary_cache"),
 }
 
 
