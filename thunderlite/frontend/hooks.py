@@ -349,7 +349,7 @@ class TracingHooks(InterpreterHooks):
             return w[1]
         if value is MISSING or name not in globals_dict:
             return value                 # a builtin: not guarded
-        return self.state.enter(Prov.global_(globals_dict, name), value)
+        return self.entered(Prov.global_(globals_dict, name), value)
 
     def load_attr(self, obj: Any, name: str, value: Any) -> Any:
         st = self.state
@@ -380,10 +380,24 @@ class TracingHooks(InterpreterHooks):
         if parent is None:
             return self.unannounced(value, f"read as .{name} of a {type(obj).__name__}") \
                 if isinstance(value, torch.Tensor) else value
-        value = st.enter(parent.attr(name, _module_slot(obj, name)), value)
+        value = self.entered(parent.attr(name, _module_slot(obj, name)), value)
         if name in _MODULE_SLOTS and isinstance(obj, torch.nn.Module) and type(value) in (dict, OrderedDict):
             self._apply_attr_writes(obj, value)
         return value
+
+    def entered(self, prov: Prov, value: Any) -> Any:
+        """``TraceState.enter``, refusing an iterator kept from outside the call (a
+        generator, ``iter(self.layers)``, ``itertools.count()``): the program would
+        advance it once, while tracing, and every later call would replay that one
+        step's items."""
+        if is_stateful_iterator(value):
+            t = type(value)
+            raise NotTracedError(
+                f"thunderlite does not trace an iterator kept from outside the call ({t.__name__} read from "
+                f"{prov.describe()}) at {self._where()}: advanced while tracing, the compiled program would not "
+                "advance it again. Keep an index (an int attribute, or a tensor) instead, or create the iterator "
+                "inside the call.")
+        return self.state.enter(prov, value)
 
     def _apply_attr_writes(self, module: torch.nn.Module, slot_copy: dict) -> None:
         """The program's copy of a module's slot dict, made after the program
@@ -418,7 +432,7 @@ class TracingHooks(InterpreterHooks):
         if parent is None or not _is_path_key(key):
             return self.unannounced(value, f"read as an item of a {type(container).__name__}") \
                 if isinstance(value, torch.Tensor) else value
-        return st.enter(parent.item(key), value)
+        return self.entered(parent.item(key), value)
 
     def input_grad(self, proxy: TensorProxy) -> Any:
         """``p.grad``: for an input tensor the real ``.grad`` read through the
@@ -450,7 +464,7 @@ class TracingHooks(InterpreterHooks):
         if id(cell) not in self.state.external_cells:
             return self.unannounced(value, "read from a closure variable") if isinstance(value, torch.Tensor) \
                 else value
-        return self.state.enter(Prov.cell(cell), value)
+        return self.entered(Prov.cell(cell), value)
 
     # --- stores ------------------------------------------------------------------------------------
     def store_global(self, globals_dict: dict, name: str, value: Any) -> bool:
@@ -492,6 +506,13 @@ class TracingHooks(InterpreterHooks):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
+
+
+def is_stateful_iterator(value: Any) -> bool:
+    """A generator or built-in iterator: advancing it is a side effect on it."""
+    t = type(value)
+    return (t is types.GeneratorType or t.__module__ in ("itertools", "builtins", "_collections")) \
+        and hasattr(t, "__next__")
 
 
 def _key(fn):

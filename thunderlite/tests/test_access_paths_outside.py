@@ -1705,3 +1705,29 @@ def test_a_big_container_is_length_guarded_and_its_in_place_changes_refused():
                                            r"s.big.append\(x\)"):
         thunderlite.jit(g)(st, x)
     assert len(st.big) == 71
+
+
+@pytest.mark.parametrize("kind", ["generator", "cycle", "count", "list_iterator", "argument"])
+def test_an_iterator_kept_from_outside_the_call_is_refused(kind):
+    """An iterator the program reads from outside the call (``next(self.gen)``
+    over a module container, ``itertools.cycle``/``count``) would be advanced
+    once, while tracing: every later call replayed that one step's item (a
+    silent wrong answer). It is refused by line, before it is advanced."""
+    torch.manual_seed(0)
+    ps = nn.ParameterList([nn.Parameter(torch.full((2,), float(i))) for i in range(3)])
+    made = {"generator": lambda: iter(ps), "cycle": lambda: itertools.cycle([1.0, 2.0]),
+            "count": itertools.count, "list_iterator": lambda: iter([1.0, 2.0]), "argument": lambda: iter([1.0])}
+    st = types.SimpleNamespace(it=made[kind]())
+    if kind == "argument":
+        with pytest.raises(RuntimeError, match="does not trace an iterator passed in .list_iterator, argument 0"):
+            thunderlite.jit(lambda it, x: x * next(it))(st.it, torch.ones(2))
+        assert next(st.it) == 1.0
+        return
+
+    def f(s, x):
+        return x * next(s.it)
+    with pytest.raises(RuntimeError, match=r"does not trace an iterator kept from outside the call .* argument "
+                                           r"0.it\) at .*return x \* next\(s.it\)"):
+        thunderlite.jit(f)(st, torch.ones(2))
+    first = next(st.it)          # not advanced by the refused call
+    assert first is ps[0] if kind == "generator" else first in (0, 1.0)
