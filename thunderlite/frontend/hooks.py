@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import random
+import sysconfig
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -42,6 +45,7 @@ from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _CONTAINERS = (list, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set)
 # the in-place methods of _CONTAINERS
 _CONTAINER_WRITES = frozenset({
@@ -148,6 +152,11 @@ class TracingHooks(InterpreterHooks):
             return self.recording(function_symbol(owner))   # traced forward; the user's backward is its VJP
         if _is_thunderlite_internal(fn):
             return self.recording(fn)     # proxy operators and methods record symbols
+        if type(fn) is types.BuiltinMethodType and isinstance(fn.__self__, random.Random):
+            raise NotTracedError(
+                f"thunderlite does not trace Python's random module: random.{fn.__name__} at {self._caller_where()} "
+                "would draw once, while tracing, and every call would reuse that number. Draw with torch "
+                "(torch.rand, torch.randint, torch.bernoulli), which the trace replays per call.")
         if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
             owner = fn.__self__
             if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
@@ -294,6 +303,13 @@ class TracingHooks(InterpreterHooks):
     def _where(self) -> str:
         loc = self.locate()
         return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+
+    def _caller_where(self) -> str:
+        """``_where`` past the standard library's frames (``random.uniform`` calls
+        ``self.random()``: the user's line is the call of ``uniform``)."""
+        frames = [f for f in source_locations() if not f[0].startswith(_STDLIB)]
+        loc = source_line(frames) if frames else None
+        return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else self._where()
 
     def not_traced(self, what: str) -> NotTracedError:
         where = self._where()

@@ -1731,3 +1731,18 @@ def test_an_iterator_kept_from_outside_the_call_is_refused(kind):
         thunderlite.jit(f)(st, torch.ones(2))
     first = next(st.it)          # not advanced by the refused call
     assert first is ps[0] if kind == "generator" else first in (0, 1.0)
+
+
+def test_python_random_draws_are_refused():
+    """``random.random()``/``random.uniform`` draw from Python's generator, which
+    the trace cannot replay: drawn once while tracing, every call reused that
+    number (a silent wrong answer); refused naming the user's line."""
+    import random
+
+    def f(x):
+        if random.uniform(0, 1) < 0.5:        # stochastic depth written with Python's random
+            return x * 2
+        return x
+    with pytest.raises(RuntimeError, match=r"does not trace Python's random module: random.random at "
+                                           r".*test_access_paths_outside.py:\d+: if random.uniform\(0, 1\) < 0.5"):
+        thunderlite.jit(f)(torch.ones(2))
