@@ -32,8 +32,8 @@ from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.distributed import dtensor
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
-from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.source_map import source_line
+from thunderlite.frontend.provenance import Prov, is_atom
+from thunderlite.frontend.source_map import library_kind, source_line
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
@@ -376,6 +376,9 @@ class TracingHooks(InterpreterHooks):
             if name in _DATA_DEPENDENT_METHODS:
                 raise self.data_dependent(f".{name}()")
             return value
+        if type(obj) is types.ModuleType and _user_module(obj):
+            # ``config.SCALE``: a global of that module, read and written as one
+            return self.load_global(obj.__dict__, name, value)
         if value is MISSING:
             # an attribute that is absent now (``getattr(m, "extra", None)``,
             # ``hasattr``) must still be absent on the next call: the branch taken
@@ -506,6 +509,8 @@ class TracingHooks(InterpreterHooks):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
                                    value)
             return True
+        if type(obj) is types.ModuleType and _user_module(obj):
+            return self.store_global(obj.__dict__, name, value)
         if id(obj) not in self.state.prov_of:
             return False
         self.state.attr_writes[(id(obj), name)] = (obj, value)
@@ -531,6 +536,18 @@ def is_stateful_iterator(value: Any) -> bool:
         and hasattr(t, "__next__")
 
 
+@functools.lru_cache(maxsize=4096)
+def _user_file(path: str) -> bool:
+    return library_kind(path) is None and not path.startswith(_STDLIB)
+
+
+def _user_module(m: types.ModuleType) -> bool:
+    """A module of the user's (not torch's, thunderlite's or the standard
+    library's, whose attributes the program does not change between calls)."""
+    f = getattr(m, "__file__", None)
+    return f is not None and _user_file(f)
+
+
 def _key(fn):
     try:
         hash(fn)
@@ -544,8 +561,10 @@ def _is_atom(key) -> bool:
 
 
 def _is_path_key(key) -> bool:
-    """A key a provenance path can hold: an atom, or a tensor (by identity)."""
-    return type(key) in (int, str) or isinstance(key, torch.Tensor)
+    """A key a provenance path can hold: an atom (bytes: ``os.environ``'s), a
+    tuple of atoms, or a tensor (by identity)."""
+    return (is_atom(key) or isinstance(key, torch.Tensor)
+            or type(key) is tuple and all(is_atom(k) for k in key))
 
 
 def _module_slot(obj: Any, name: str) -> str | None:

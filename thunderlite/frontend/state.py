@@ -322,7 +322,10 @@ def _atom_keys(d: dict) -> bool:
 
 
 def _item_prov(prov: Prov | None, key) -> Prov | None:
-    if prov is None or type(key) not in (int, str):
+    """The path of a mirrored container's item; a key that is not an atom (a
+    tuple, an enum) is bound by identity in the prologue, which the container's
+    key guard keeps valid."""
+    if prov is None or isinstance(key, (NumberProxy, TensorProxy)):
         return None
     return prov.item(key)
 

@@ -1438,6 +1438,38 @@ def numbers_and_sizes_stored_on_the_module():
     return _module_case(M, lambda i: (torch.randn(2 + i, 3),))
 
 
+@program
+def config_module_attributes():
+    cfg = types.ModuleType("probe_config")          # ``import config`` of the user's
+    cfg.__file__ = __file__
+    cfg.SCALE, cfg.TABLE, cfg.CALLS = 2.0, torch.ones(3), 0
+
+    def f(x):
+        cfg.CALLS += 1
+        return x * cfg.SCALE + cfg.TABLE * cfg.CALLS
+
+    def mutate(c, i):
+        c.SCALE = 5.0 * i
+        c.TABLE = torch.full((3,), float(i))
+    return Case(f, cfg, lambda i: (torch.randn(3),), mutate, pass_state=False)
+
+
+@program
+def dict_keyed_by_tuples_enums_and_bytes():
+    class Kind(enum.Enum):
+        A = 1
+
+    def f(s, x):
+        return x * s.table[("a", 1)] + s.table[Kind.A] + s.table[b"raw"]
+    st = types.SimpleNamespace(table={("a", 1): 2.0, Kind.A: 3.0, b"raw": torch.ones(3)})
+
+    def mutate(s, i):
+        s.table[("a", 1)] = 10.0 * i
+        s.table[next(iter(k for k in s.table if isinstance(k, enum.Enum)))] = -1.0
+        s.table[b"raw"] = torch.zeros(3)
+    return Case(f, st, lambda i: (torch.randn(3),), mutate)
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
