@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import random
-import sysconfig
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from thunderlite.distributed import dtensor
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
-from thunderlite.frontend.source_map import library_kind, source_line
+from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
@@ -45,7 +43,6 @@ from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _CONTAINERS = (list, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set)
 # the in-place methods of _CONTAINERS
 _CONTAINER_WRITES = frozenset({
@@ -307,7 +304,7 @@ class TracingHooks(InterpreterHooks):
     def _caller_where(self) -> str:
         """``_where`` past the standard library's frames (``random.uniform`` calls
         ``self.random()``: the user's line is the call of ``uniform``)."""
-        frames = [f for f in source_locations() if not f[0].startswith(_STDLIB)]
+        frames = [f for f in source_locations() if not is_stdlib(f[0])]
         loc = source_line(frames) if frames else None
         return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else self._where()
 
@@ -376,7 +373,7 @@ class TracingHooks(InterpreterHooks):
             if name in _DATA_DEPENDENT_METHODS:
                 raise self.data_dependent(f".{name}()")
             return value
-        if type(obj) is types.ModuleType and _user_module(obj):
+        if type(obj) is types.ModuleType and defined_by_user(obj):
             # ``config.SCALE``: a global of that module, read and written as one
             return self.load_global(obj.__dict__, name, value)
         if value is MISSING:
@@ -509,7 +506,7 @@ class TracingHooks(InterpreterHooks):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
                                    value)
             return True
-        if type(obj) is types.ModuleType and _user_module(obj):
+        if type(obj) is types.ModuleType and defined_by_user(obj):
             return self.store_global(obj.__dict__, name, value)
         if id(obj) not in self.state.prov_of:
             return False
@@ -534,18 +531,6 @@ def is_stateful_iterator(value: Any) -> bool:
     t = type(value)
     return (t is types.GeneratorType or t.__module__ in ("itertools", "builtins", "_collections")) \
         and hasattr(t, "__next__")
-
-
-@functools.lru_cache(maxsize=4096)
-def _user_file(path: str) -> bool:
-    return library_kind(path) is None and not path.startswith(_STDLIB)
-
-
-def _user_module(m: types.ModuleType) -> bool:
-    """A module of the user's (not torch's, thunderlite's or the standard
-    library's, whose attributes the program does not change between calls)."""
-    f = getattr(m, "__file__", None)
-    return f is not None and _user_file(f)
 
 
 def _key(fn):

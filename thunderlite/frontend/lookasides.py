@@ -22,7 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
-from thunderlite.interpreter import MISSING
+from thunderlite.interpreter import MISSING, call_past_lookaside
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -80,11 +80,15 @@ class Lookasides:
         return type(*args)
 
     def number_function(self, fn: Callable, traced: Callable, *args, **kwargs):
-        """``fn`` (``int``, ``round``, ``math.sqrt``...) as it is, or its traced
-        version (recorded with the user's line) when an argument is a traced number."""
+        """``fn`` (``int``, ``round``, ``math.sqrt``...) as the program calls it, or
+        its traced version (recorded with the user's line) when an argument is a
+        traced number (``max([a, b])``: an item of its one list or tuple)."""
         if any(numbers.is_traced(a) for a in args):
             return self.hooks.recording(traced)(*args, **kwargs)
-        return fn(*args, **kwargs)
+        if (fn is max or fn is min) and len(args) == 1 and not kwargs and type(args[0]) in (list, tuple) \
+                and any(numbers.is_traced(a) for a in args[0]):
+            return self.hooks.recording(traced)(*args[0])
+        return call_past_lookaside(fn, args, kwargs)
 
     def recorded(self, traced: Callable, *args, **kwargs):
         """``traced`` recorded with the user's line."""

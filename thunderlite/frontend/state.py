@@ -25,6 +25,7 @@ from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.distributed import dtensor
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.source_map import defined_by_user
 
 MIRROR_MAX_ITEMS = 64
 # items that make a tuple read from outside worth copying (``TraceState.tuple_copy``)
@@ -240,7 +241,7 @@ class TraceState:
             self.add_guard(prov, "is", value)
             if isinstance(value, types.FunctionType):
                 self.note_closure(value)
-            if not isinstance(value, types.BuiltinFunctionType):
+            if not isinstance(value, types.BuiltinFunctionType) and defined_by_user(value):
                 self.note(value, prov)      # its attributes (class-level state, fn.attr) are read and written by path
             return value
         if isinstance(value, types.MethodType):

@@ -1470,6 +1470,24 @@ def dict_keyed_by_tuples_enums_and_bytes():
     return Case(f, st, lambda i: (torch.randn(3),), mutate)
 
 
+@program
+def max_min_key_reading_module_state():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 3)])
+            self.pick = 3
+
+        def forward(self, x):
+            best = max(self.layers, key=lambda layer: layer.out_features == self.pick)
+            worst = min(self.layers, key=lambda layer: layer.out_features == self.pick)
+            return best(x).sum() - worst(x).sum(), max([x.sum().item(), x.mean().item()])
+
+    def mutate(m, i):
+        m.pick = 2
+    return _module_case(M, lambda i: (torch.randn(2),), mutate)
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
