@@ -30,7 +30,7 @@ from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
 from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
-from thunderlite.frontend.hooks import TracingHooks
+from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
@@ -106,9 +106,11 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         result = _interpret(fn, hooks, pargs, pkwargs)
         _check_not_lazy(fn, result)
         _check_hook_functions(trace, state)
-        result = hooks.autograd.returned(result)
+        result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
         writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
                   + _rebound_inputs(trace, state))
+        for w in writes:
+            w.value = hooks.settled(w.value, "stored where it outlives the call")
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -354,6 +356,10 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
     if kind == "dict":
         copy = {k: _arg_value(state, c, value[k], prov.item(k), None, leaf) for k, c in node[2]}
         return _register_mirror(state, value, copy, prov)
+    if is_stateful_iterator(value):
+        raise NotTracedError(f"thunderlite does not trace an iterator passed in ({type(value).__name__}, "
+                             f"{prov.describe()}): advanced while tracing, the compiled program would not advance it "
+                             "again. Pass the items (a list or tuple) instead.")
     if isinstance(value, torch.nn.Module):
         state.register_module_tree(value, prov)
     else:

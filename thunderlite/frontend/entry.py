@@ -68,6 +68,8 @@ def _const(consts: dict, value: Any) -> str:
 
 
 def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
+    if g.kind == "absent":
+        return f"hasattr({paths.read(g.prov.parent)}, {g.prov.key!r})"
     v = paths.read(g.prov)
     if g.kind == "is":
         return f"{v} is not {_const(consts, g.value)}"
@@ -75,6 +77,8 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
         return f"{v} is not {paths.read(g.value)}"
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
+    if g.kind == "type_len":
+        return f"type({v}) is not {_const(consts, g.value[0])} or len({v}) != {g.value[1]}"
     if g.kind == "keys":
         if not g.value:     # a module's hooks, nearly always none: the cheapest check
             return f"not isinstance({v}, dict) or {v}"
@@ -159,8 +163,8 @@ def _print_only(*args, **kwargs):
 _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
-          for kind in ("eq", "is", "len", "keys", "same", "storage_sharing", "write_verdict", "strides",
-                       "size")}
+          for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
+                       "strides", "size")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,

@@ -33,8 +33,9 @@ _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device,
 
 class Write:
     """One write-back: ``kind`` is attr, item, global, cell (a closure cell), replace
-    (a mirrored container), or call (``target.key(*value)`` on an input tensor:
-    a hook registered on it, a shape it took in place, its ``.data`` replaced)."""
+    (a mirrored list or dict), refill (a mirrored set or deque, by its method ``key``), or call
+    (``target.key(*value)`` on an input tensor: a hook registered on it, a shape it took in place, its ``.data``
+    replaced)."""
     __slots__ = ("kind", "target", "key", "value")
 
     def __init__(self, kind: str, target: Any, key: Any, value: Any):
@@ -59,7 +60,10 @@ def collect_writes(state: TraceState) -> list[Write]:
     for m in state.mirror_of.values():
         if m.prov is not None and m.changed():
             value = dict(m.copy) if isinstance(m.copy, dict) else list(m.copy)
-            writes.append(Write("replace", m.prov, None, value))
+            if isinstance(m.copy, (list, dict)):
+                writes.append(Write("replace", m.prov, None, value))
+            else:       # a set or a deque: cleared and refilled by its own method
+                writes.append(Write("refill", m.prov, "update" if isinstance(m.copy, set) else "extend", value))
     return writes
 
 
@@ -169,6 +173,8 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
+        return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
         inner = ", ".join(value_expr(y, env_names, consts) for y in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"
@@ -203,6 +209,8 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
         return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
     if isinstance(w.value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
+    if w.kind == "refill":
+        return [f"_d = {target}", "_d.clear()", f"_d.{w.key}({v})"]
     return [f"{target}[:] = {v}"]
 
 

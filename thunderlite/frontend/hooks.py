@@ -15,8 +15,11 @@
 """
 from __future__ import annotations
 
+import collections
 import functools
+import random
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,9 +31,9 @@ from thunderlite.distributed import dtensor
 from thunderlite.distributed.ddp import DDPModule
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
-from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.source_map import source_line
-from thunderlite.frontend.state import DELETED, TraceState
+from thunderlite.frontend.provenance import Prov, is_atom
+from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line
+from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
 from thunderlite.interpreter.tracebacks import interpreted_frames
@@ -41,6 +44,13 @@ from thunderlite.torch.ops.inplace import assign_data
 from thunderlite.transforms.autodiff.function import function_symbol
 
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+_CONTAINERS = (list, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set)
+# the in-place methods of _CONTAINERS
+_CONTAINER_WRITES = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "add", "discard", "update",
+    "difference_update", "intersection_update", "symmetric_difference_update", "appendleft", "extendleft",
+    "popleft", "rotate", "popitem", "setdefault", "move_to_end", "__iadd__", "__imul__", "__ior__", "__iand__",
+    "__isub__", "__ixor__", "__setitem__", "__delitem__"})
 
 
 class NotTracedError(RuntimeError):
@@ -144,6 +154,15 @@ class TracingHooks(InterpreterHooks):
             return self.recording(function_symbol(owner))   # traced forward; the user's backward is its VJP
         if _is_thunderlite_internal(fn):
             return self.recording(fn)     # proxy operators and methods record symbols
+        if type(fn) is types.BuiltinMethodType and isinstance(fn.__self__, random.Random):
+            raise NotTracedError(
+                f"thunderlite does not trace Python's random module: random.{fn.__name__} at {self._caller_where()} "
+                "would draw once, while tracing, and every call would reuse that number. Draw with torch "
+                "(torch.rand, torch.randint, torch.bernoulli), which the trace replays per call.")
+        if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
+            owner = fn.__self__
+            if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
+                raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
         if _is_numpy(fn):
@@ -188,7 +207,7 @@ class TracingHooks(InterpreterHooks):
             return out
         return call
 
-    def unannounced(self, t: torch.Tensor, how: str) -> TensorProxy:
+    def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the
         trace already has, a module's tensor (registered with its path), or a
         default argument; anything else is an error naming the user's line,
@@ -199,7 +218,7 @@ class TracingHooks(InterpreterHooks):
         prov = _default_argument(t)
         if prov is not None:
             return st.enter(prov, t)
-        loc = self.user_location()
+        loc = self.user_location() if located else None
         where = f" at {loc[0]}:{loc[1]}: {loc[2]}" if loc else ""
         kind = "Parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
         raise UnknownOriginError(
@@ -207,6 +226,24 @@ class TracingHooks(InterpreterHooks):
             "after code thunderlite ran natively handed it over, so the next call could not find it again (a "
             "constant baked into the compiled program would go stale). Pass it as an argument, or read it from a "
             "module attribute, a global or a closure variable.")
+
+    def settled(self, x: Any, how: str) -> Any:
+        """``x`` (a returned value, a value written back) with each real tensor in
+        its plain containers made a proxy (``unannounced``): a tensor natively run
+        code computed from real ones (``sum`` over a container the program holds
+        no copy of) would otherwise leave the call as a trace-time constant."""
+        t = type(x)
+        if isinstance(x, torch.Tensor) and t is not TensorProxy:
+            return self.unannounced(x, how, located=False)      # the program's lines have all run
+        if t is tuple or t is list or (isinstance(x, tuple) and hasattr(t, "_make")):
+            items = [self.settled(y, how) for y in x]
+            if all(a is b for a, b in zip(items, x, strict=True)):
+                return x
+            return t(items) if t is list or t is tuple else t._make(items)
+        if t is dict:
+            items = {k: self.settled(v, how) for k, v in x.items()}
+            return x if all(items[k] is v for k, v in x.items()) else items
+        return x
 
     def _capture_constants(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Concrete tensors reaching an op: module tensors and default arguments
@@ -257,9 +294,26 @@ class TracingHooks(InterpreterHooks):
             return out
         return call
 
+    def container_write_refused(self, owner: Any, method: str) -> NotTracedError:
+        """The program changes in place a container from outside the call that it
+        holds no copy of (``state.py``: more than ``MIRROR_MAX_ITEMS`` items, or
+        keyed by objects): done now it would happen once, at trace time."""
+        kind = type(owner).__name__
+        return NotTracedError(
+            f"thunderlite does not trace changes to a {kind} of {len(owner)} items read from outside the call "
+            f"(it copies containers of up to {MIRROR_MAX_ITEMS} items with int/str keys): {kind}.{method} at "
+            f"{self._where()}. Keep such state in tensors, or in a smaller container.")
+
     def _where(self) -> str:
         loc = self.locate()
         return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else "an unknown line"
+
+    def _caller_where(self) -> str:
+        """``_where`` past the standard library's frames (``random.uniform`` calls
+        ``self.random()``: the user's line is the call of ``uniform``)."""
+        frames = [f for f in source_locations() if not is_stdlib(f[0])]
+        loc = source_line(frames) if frames else None
+        return f"{loc[0]}:{loc[1]}: {loc[2]}" if loc else self._where()
 
     def not_traced(self, what: str) -> NotTracedError:
         where = self._where()
@@ -335,7 +389,7 @@ class TracingHooks(InterpreterHooks):
             return w[1]
         if value is MISSING or name not in globals_dict:
             return value                 # a builtin: not guarded
-        return self.state.enter(Prov.global_(globals_dict, name), value)
+        return self.entered(Prov.global_(globals_dict, name), value)
 
     def load_attr(self, obj: Any, name: str, value: Any) -> Any:
         st = self.state
@@ -346,7 +400,16 @@ class TracingHooks(InterpreterHooks):
             if name in _DATA_DEPENDENT_METHODS:
                 raise self.data_dependent(f".{name}()")
             return value
+        if type(obj) is types.ModuleType and defined_by_user(obj):
+            # ``config.SCALE``: a global of that module, read and written as one
+            return self.load_global(obj.__dict__, name, value)
         if value is MISSING:
+            # an attribute that is absent now (``getattr(m, "extra", None)``,
+            # ``hasattr``) must still be absent on the next call: the branch taken
+            # on its absence is baked into the trace
+            parent = st.prov_of.get(id(obj))
+            if parent is not None:
+                st.add_guard(parent.attr(name), "absent", None)
             return value
         if isinstance(obj, torch.Tensor):
             # a real tensor the program reached through code run natively
@@ -360,7 +423,46 @@ class TracingHooks(InterpreterHooks):
         if parent is None:
             return self.unannounced(value, f"read as .{name} of a {type(obj).__name__}") \
                 if isinstance(value, torch.Tensor) else value
-        return st.enter(parent.attr(name, _module_slot(obj, name)), value)
+        value = self.entered(parent.attr(name, _module_slot(obj, name)), value)
+        if name in _MODULE_SLOTS and isinstance(obj, torch.nn.Module) and type(value) in (dict, OrderedDict):
+            self._apply_attr_writes(obj, value)
+        return value
+
+    def entered(self, prov: Prov, value: Any) -> Any:
+        """``TraceState.enter``, refusing an iterator kept from outside the call (a
+        generator, ``iter(self.layers)``, ``itertools.count()``): the program would
+        advance it once, while tracing, and every later call would replay that one
+        step's items."""
+        if is_stateful_iterator(value):
+            t = type(value)
+            raise NotTracedError(
+                f"thunderlite does not trace an iterator kept from outside the call ({t.__name__} read from "
+                f"{prov.describe()}) at {self._where()}: advanced while tracing, the compiled program would not "
+                "advance it again. Keep an index (an int attribute, or a tensor) instead, or create the iterator "
+                "inside the call.")
+        return self.state.enter(prov, value)
+
+    def _apply_attr_writes(self, module: torch.nn.Module, slot_copy: dict) -> None:
+        """The program's copy of a module's slot dict, made after the program
+        assigned some of its names (``self.b = t``; the overlay): it shows them."""
+        for name in list(slot_copy):
+            w = self.state.attr_writes.get((id(module), name))
+            if w is None:
+                continue
+            if w[1] is DELETED:
+                del slot_copy[name]
+            else:
+                slot_copy[name] = w[1]
+
+    def slot_copy_holding(self, module: torch.nn.Module, name: str) -> dict | None:
+        """The program's copy of the module slot dict (``_parameters``, ``_buffers``,
+        ``_modules``) that holds ``name``, if the program made one."""
+        d = module.__dict__
+        for slot in _MODULE_SLOTS:
+            m = self.state.mirror_of.get(id(d.get(slot)))
+            if m is not None and name in m.copy:
+                return m.copy
+        return None
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state
@@ -373,7 +475,7 @@ class TracingHooks(InterpreterHooks):
         if parent is None or not _is_path_key(key):
             return self.unannounced(value, f"read as an item of a {type(container).__name__}") \
                 if isinstance(value, torch.Tensor) else value
-        return st.enter(parent.item(key), value)
+        return self.entered(parent.item(key), value)
 
     def input_grad(self, proxy: TensorProxy) -> Any:
         """``p.grad``: for an input tensor the real ``.grad`` read through the
@@ -405,7 +507,7 @@ class TracingHooks(InterpreterHooks):
         if id(cell) not in self.state.external_cells:
             return self.unannounced(value, "read from a closure variable") if isinstance(value, torch.Tensor) \
                 else value
-        return self.state.enter(Prov.cell(cell), value)
+        return self.entered(Prov.cell(cell), value)
 
     # --- stores ------------------------------------------------------------------------------------
     def store_global(self, globals_dict: dict, name: str, value: Any) -> bool:
@@ -431,6 +533,8 @@ class TracingHooks(InterpreterHooks):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
                                    value)
             return True
+        if type(obj) is types.ModuleType and defined_by_user(obj):
+            return self.store_global(obj.__dict__, name, value)
         if id(obj) not in self.state.prov_of:
             return False
         self.state.attr_writes[(id(obj), name)] = (obj, value)
@@ -449,6 +553,13 @@ class TracingHooks(InterpreterHooks):
         return True
 
 
+def is_stateful_iterator(value: Any) -> bool:
+    """A generator or built-in iterator: advancing it is a side effect on it."""
+    t = type(value)
+    return (t is types.GeneratorType or t.__module__ in ("itertools", "builtins", "_collections")) \
+        and hasattr(t, "__next__")
+
+
 def _key(fn):
     try:
         hash(fn)
@@ -462,8 +573,10 @@ def _is_atom(key) -> bool:
 
 
 def _is_path_key(key) -> bool:
-    """A key a provenance path can hold: an atom, or a tensor (by identity)."""
-    return type(key) in (int, str) or isinstance(key, torch.Tensor)
+    """A key a provenance path can hold: an atom (bytes: ``os.environ``'s), a
+    tuple of atoms, or a tensor (by identity)."""
+    return (is_atom(key) or isinstance(key, torch.Tensor)
+            or type(key) is tuple and all(is_atom(k) for k in key))
 
 
 def _module_slot(obj: Any, name: str) -> str | None:

@@ -22,7 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
-from thunderlite.interpreter import interpret
+from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
 
 _CREATION_NAMES = frozenset({
@@ -74,14 +74,21 @@ class Lookasides:
                 return numbers.python_type(args[0])
             if t is DTensorProxy:
                 return dtensor_type()
+            parent = self.hooks.state.prov_of.get(id(args[0]))
+            if parent is not None:      # ``type(self).count += 1``: the class by its path
+                return self.hooks.state.enter(parent.attr("__class__"), t)
         return type(*args)
 
     def number_function(self, fn: Callable, traced: Callable, *args, **kwargs):
-        """``fn`` (``int``, ``round``, ``math.sqrt``...) as it is, or its traced
-        version (recorded with the user's line) when an argument is a traced number."""
+        """``fn`` (``int``, ``round``, ``math.sqrt``...) as the program calls it, or
+        its traced version (recorded with the user's line) when an argument is a
+        traced number (``max([a, b])``: an item of its one list or tuple)."""
         if any(numbers.is_traced(a) for a in args):
             return self.hooks.recording(traced)(*args, **kwargs)
-        return fn(*args, **kwargs)
+        if (fn is max or fn is min) and len(args) == 1 and not kwargs and type(args[0]) in (list, tuple) \
+                and any(numbers.is_traced(a) for a in args[0]):
+            return self.hooks.recording(traced)(*args[0])
+        return call_past_lookaside(fn, args, kwargs)
 
     def recorded(self, traced: Callable, *args, **kwargs):
         """``traced`` recorded with the user's line."""
@@ -97,11 +104,29 @@ class Lookasides:
     def module_getattr(self, module, name: str):
         # nn.Module.__getattr__ natively (parameters, buffers, submodules), then the
         # load_attr hook gives the value its provenance (module_slot path).
-        return self.hooks.load_attr(module, name, torch.nn.Module.__getattr__(module, name))
+        # A missing name goes to the hook too (as the interpreter's failed lookups
+        # do): it guards the absence, or gives the value this call set.
+        # A slot dict the program holds a copy of is the program's view of it
+        # (``register_buffer`` in forward writes the copy).
+        copy = self.hooks.slot_copy_holding(module, name)
+        if copy is not None:
+            return copy[name]
+        try:
+            value = torch.nn.Module.__getattr__(module, name)
+        except AttributeError:
+            value = self.hooks.load_attr(module, name, MISSING)
+            if value is MISSING:
+                raise
+            return value
+        return self.hooks.load_attr(module, name, value)
 
     def module_setattr(self, module, name: str, value) -> None:
         if not self.hooks.store_attr(module, name, value):
             torch.nn.Module.__setattr__(module, name, value)
+            return
+        copy = self.hooks.slot_copy_holding(module, name)
+        if copy is not None:        # ``self.b = t`` for a buffer: ``self.buffers()`` sees t too
+            copy[name] = value
 
     def module_delattr(self, module, name: str) -> None:
         if not self.hooks.delete_attr(module, name):
@@ -130,6 +155,11 @@ class Lookasides:
             return functools.partial(self.tensor_backward, proxy)
         if name == "grad_fn" and (not proxy.requires_grad or self.hooks.state.input_by_name(proxy.name)):
             return None     # a leaf, or a value without history (``zero_grad`` asks of ``p.grad``)
+        if name == "__deepcopy__" and proxy.requires_grad:
+            inp = self.hooks.state.input_by_name(proxy.name)
+            if inp is None or not inp.value.is_leaf:
+                raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                                   "protocol at the moment")      # eager's refusal
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
     def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):

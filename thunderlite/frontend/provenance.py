@@ -118,8 +118,8 @@ class Prov:
 
 def is_atom(key: Any) -> bool:
     """Keys a path spells out by value; any other key (a tensor keying an
-    optimizer's ``state``) is the very object, compared by identity."""
-    return type(key) in (int, str)
+    optimizer's ``state``, a tuple) is the very object, bound in the prologue."""
+    return type(key) in (int, str, bytes)
 
 
 def key_expr(key: Any, roots: dict) -> str:

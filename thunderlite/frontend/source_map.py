@@ -14,8 +14,12 @@ registers, per file name, which user line each generated line stands for, and
 the tracer records that line instead."""
 from __future__ import annotations
 
+import functools
 import linecache
 import os
+import sys
+import sysconfig
+import types
 from collections.abc import Sequence
 
 import torch
@@ -63,6 +67,27 @@ def library_kind(filename: str) -> str | None:
         kind = "torch"
     _kinds[filename] = kind
     return kind
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def is_stdlib(filename: str) -> bool:
+    return filename.startswith(_STDLIB)
+
+
+@functools.lru_cache(maxsize=4096)
+def user_file(filename: str) -> bool:
+    """Code of the user's: not torch's, thunderlite's or the standard library's
+    (whose module and class state the program does not change between calls)."""
+    return library_kind(filename) is None and not is_stdlib(filename)
+
+
+def defined_by_user(obj) -> bool:
+    """``obj`` (a module, class or function) comes from a file of the user's."""
+    mod = obj if isinstance(obj, types.ModuleType) else sys.modules.get(getattr(obj, "__module__", None) or "")
+    f = getattr(mod, "__file__", None)
+    return f is not None and user_file(f)
 
 
 def source_line(frames: Sequence[Frame]) -> SourceLine | None:

@@ -14,8 +14,9 @@ the prologue/epilogue builders read afterwards:
 """
 from __future__ import annotations
 
+import enum
 import types
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict, deque
 from typing import Any
 
 import torch
@@ -24,8 +25,11 @@ from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.distributed import dtensor
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.source_map import defined_by_user
 
 MIRROR_MAX_ITEMS = 64
+# items that make a tuple read from outside worth copying (``TraceState.tuple_copy``)
+_STATEFUL = (torch.Tensor, torch.nn.Module, list, dict, tuple)
 DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>", "__slots__": ()})()
 """The overlay value of an attribute or item the program deleted."""
 
@@ -42,8 +46,10 @@ class Input:
 
 
 class Guard:
-    """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys', or
-    'same' (the path yields the very object ``value``, another path, yields)."""
+    """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys',
+    'same' (the path yields the very object ``value``, another path, yields), or
+    'absent' (the path's last attribute does not exist: ``hasattr`` is False),
+    or 'type_len' (``value`` is ``(type, length)``: a tuple, a deque)."""
     __slots__ = ("prov", "kind", "value")
 
     def __init__(self, prov: Prov, kind: str, value: Any):
@@ -84,6 +90,7 @@ class TraceState:
         self.input_of: dict[int, Input] = {}       # id(tensor) -> its Input
         self.mirror_of: dict[int, Mirror] = {}    # id(original container) -> mirror
         self.mirrors_by_copy: dict[int, Mirror] = {}
+        self.tuple_copies: dict[int, tuple] = {}     # id(tuple holding tensors) -> the program's copy
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
         self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
         self.cell_writes: dict[int, tuple] = {}    # id(external cell) -> (cell, value)
@@ -217,6 +224,12 @@ class TraceState:
         if isinstance(value, tuple) and all(type(v) in VALUE_TYPES for v in value):
             self.add_guard(prov, "eq", value)
             return value
+        if isinstance(value, enum.Enum):       # compared by identity: ``self.mode is Mode.A``
+            self.add_guard(prov, "is", value)
+            return value
+        if t is frozenset and all(type(v) in VALUE_TYPES for v in value):
+            self.add_guard(prov, "eq", value)
+            return value
         if isinstance(value, types.ModuleType):
             return value
         if (isinstance(value, types.BuiltinFunctionType)
@@ -229,6 +242,8 @@ class TraceState:
             self.add_guard(prov, "is", value)
             if isinstance(value, types.FunctionType):
                 self.note_closure(value)
+            if not isinstance(value, types.BuiltinFunctionType) and defined_by_user(value):
+                self.note(value, prov)      # its attributes (class-level state, fn.attr) are read and written by path
             return value
         if isinstance(value, types.MethodType):
             if isinstance(value.__func__, types.FunctionType):
@@ -239,10 +254,34 @@ class TraceState:
                 self.register_module_tree(value, prov)
             self.add_guard(self.prov_of[id(value)], "is", value)
             return value
-        if (t is list or t is dict or t is OrderedDict) and len(value) <= MIRROR_MAX_ITEMS:
+        if (t is list or t is dict or t is OrderedDict or t is defaultdict and _atom_keys(value) or t is deque
+                or t is set and all(type(v) in VALUE_TYPES for v in value)) and len(value) <= MIRROR_MAX_ITEMS:
             return self.mirror(value, prov)
+        if t in (list, dict, OrderedDict, defaultdict, deque, set):
+            # too big to copy item by item (a vocabulary), or keyed by objects: its
+            # length is guarded, reads by key or index get paths, and changing it in
+            # place is refused (TracingHooks.lookaside)
+            self.add_guard(prov, "type_len", (t, len(value)))
+        if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS \
+                and any(isinstance(v, _STATEFUL) for v in value):
+            return self.tuple_copy(value, prov)
         self.note(value, prov)
         return value
+
+    def tuple_copy(self, value: tuple, prov: Prov) -> tuple:
+        """A tuple (or namedtuple) holding tensors, modules or containers, as the
+        program sees it: its items entered through their paths, so unpacking and
+        iterating it (native code, no hooks) hand over proxies, not real tensors.
+        Guarded by type and length; each item by its own guards."""
+        copy = self.tuple_copies.get(id(value))
+        if copy is not None:
+            return copy
+        self.add_guard(prov, "type_len", (type(value), len(value)))
+        items = [self.enter(prov.item(i), v) for i, v in enumerate(value)]
+        copy = tuple(items) if type(value) is tuple else type(value)._make(items)
+        self.tuple_copies[id(value)] = copy
+        self._alive += [value, copy]
+        return copy
 
     def mirror(self, container, prov: Prov | None, guard: bool = True):
         """The copy the program sees of ``container`` (made once per container)."""
@@ -252,9 +291,22 @@ class TraceState:
         if prov is not None:
             prov = self.prov_of.get(id(container), prov)
         is_dict = isinstance(container, dict)
+        t = type(container)
         if guard and prov is not None:
-            self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
-        if is_dict:
+            if t is set:
+                self.add_guard(prov, "eq", set(container))
+            elif t is deque:
+                self.add_guard(prov, "type_len", (deque, len(container)))
+            else:
+                self.add_guard(prov, "keys" if is_dict else "len", tuple(container) if is_dict else len(container))
+        if t is set:
+            copy = set(container)
+        elif t is deque:
+            copy = deque((self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)), container.maxlen)
+        elif t is defaultdict:      # its default_factory with the entered items
+            copy = defaultdict(container.default_factory,
+                               ((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items()))
+        elif is_dict:
             copy = type(container)((k, self.enter(_item_prov(prov, k), v)) for k, v in container.items())
         else:
             copy = [self.enter(_item_prov(prov, i), v) for i, v in enumerate(container)]
@@ -265,8 +317,17 @@ class TraceState:
         return copy
 
 
+def _atom_keys(d: dict) -> bool:
+    """Keys a path can spell (a defaultdict keyed by tensors, an optimizer's
+    ``state``, is read item by item through its identity-keyed paths instead)."""
+    return all(type(k) in (int, str) for k in d)
+
+
 def _item_prov(prov: Prov | None, key) -> Prov | None:
-    if prov is None or type(key) not in (int, str):
+    """The path of a mirrored container's item; a key that is not an atom (a
+    tuple, an enum) is bound by identity in the prologue, which the container's
+    key guard keeps valid."""
+    if prov is None or isinstance(key, (NumberProxy, TensorProxy)):
         return None
     return prov.item(key)
 

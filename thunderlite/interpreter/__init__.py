@@ -3,9 +3,9 @@
 Imports neither torch nor anything else from thunderlite; ``ops/`` holds the
 opcode handlers and ``tables/`` the per-version opcode tables built from them.
 """
-from .api import interpret
+from .api import call_past_lookaside, interpret
 from .frame import current_source_location, interpreted_functions, source_locations
 from .hooks import MISSING, InterpreterError, InterpreterHooks
 
-__all__ = ["interpret", "InterpreterHooks", "InterpreterError", "MISSING", "current_source_location",
-           "source_locations", "interpreted_functions"]
+__all__ = ["interpret", "call_past_lookaside", "InterpreterHooks", "InterpreterError", "MISSING",
+           "current_source_location", "source_locations", "interpreted_functions"]

@@ -39,3 +39,14 @@ def interpret(fn, hooks=None):
             raise
 
     return interpreted
+
+
+def call_past_lookaside(fn, args: tuple, kwargs: dict | None = None):
+    """``fn(*args, **kwargs)`` as the innermost interpreted frame calls it, minus
+    the lookaside: for a lookaside that takes only some calls of ``fn`` (the
+    jit's ``max`` on traced numbers) and hands the others back, so they still
+    get the interpreter's emulation (``max(xs, key=f)`` with ``f`` interpreted)."""
+    frames = thread_state().frames
+    if not frames:
+        return fn(*args, **(kwargs or {}))
+    return call_no_lookaside(frames[-1].rt, fn, args, kwargs)

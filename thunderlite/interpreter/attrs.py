@@ -1,6 +1,7 @@
 """Attribute and subscript protocols with hooks; Python descriptors are interpreted."""
 from __future__ import annotations
 
+import collections
 import weakref
 
 from .calls import HEAPTYPE, FunctionType, call, lookup, py_dunder
@@ -8,6 +9,7 @@ from .frame import NULL
 from .hooks import MISSING
 
 _object_getattribute = object.__getattribute__
+_DEFAULTDICT_MISSING = collections.defaultdict.__missing__
 _NATIVE = object()      # _py_item's answer: no Python-level item method applies
 
 
@@ -238,9 +240,31 @@ def load_subscr(rt, container, key):
         value = _py_item(rt, container, "__getitem__", (container, key))
         if value is not _NATIVE:
             return value
+    if type(container) is not dict and isinstance(container, dict) and key not in container:
+        value = _missing_item(rt, container, key)
+        if value is not _NATIVE:
+            return value
     value = container[key]
     h = rt.load_subscr
     return value if h is None else h(container, key, value)
+
+
+def _missing_item(rt, container, key):
+    """A dict subclass's ``__missing__`` for an absent key, which native
+    subscription would run from C: a Python one interpreted; a ``defaultdict``'s
+    factory called as the program's code and its result stored as the program
+    stores (so it is the program's value, not a value made unseen)."""
+    m = lookup(type(container), "__missing__")
+    if type(m) is FunctionType:
+        return call(rt, m, (container, key))
+    if m is not _DEFAULTDICT_MISSING:
+        return _NATIVE
+    factory = container.default_factory
+    if factory is None:
+        raise KeyError(key)
+    value = call(rt, factory, ())
+    store_subscr(rt, container, key, value)
+    return value
 
 
 def store_subscr(rt, container, key, value):

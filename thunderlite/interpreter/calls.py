@@ -60,11 +60,17 @@ def call_no_lookaside(rt, fn, args, kwargs):
         em = EMULATORS.get(fn)
         if em is not None:
             return em(rt, args, kwargs)
-        if kwargs and type(kwargs.get("key")) in (FunctionType, MethodType):
+        if kwargs and kwargs.get("key") is not None:
             kwargs = dict(kwargs, key=wrap_callback(rt, kwargs["key"]))
     if t is functools.partial:
-        kw = {**fn.keywords, **kwargs} if kwargs else fn.keywords
-        return call(rt, fn.func, (*fn.args, *args), kw)
+        # its parts are read as attributes, so the hooks see them (a tensor the
+        # partial binds keeps its path: ``m.act.keywords['min']``)
+        h = rt.load_attr
+        func, pargs, pkw = fn.func, fn.args, fn.keywords
+        if h is not None:
+            func, pargs, pkw = h(fn, "func", func), h(fn, "args", pargs), h(fn, "keywords", pkw)
+        kw = {**pkw, **kwargs} if kwargs else pkw
+        return call(rt, func, (*pargs, *args), kw)
     if isinstance(fn, type):
         return instantiate(rt, fn, args, kwargs)
     m = py_dunder(t, "__call__")
@@ -74,13 +80,16 @@ def call_no_lookaside(rt, fn, args, kwargs):
 
 
 def wrap_callback(rt, cb):
-    """A native callable that interprets the Python callback cb (hooks fire inside)."""
-    if type(cb) is FunctionType or (type(cb) is MethodType and type(cb.__func__) is FunctionType):
-        def interpreted_callback(*args, **kwargs):
-            return call(rt, cb, args, kwargs)
+    """A native callable that calls cb as the program's own call would: a Python
+    callback interpreted (hooks fire inside), any other callable through the
+    lookaside (``map(torch.Tensor.sum, xs)``, ``map(module, xs)``)."""
+    if cb is None or not callable(cb):
+        return cb
 
-        return interpreted_callback
-    return cb
+    def interpreted_callback(*args, **kwargs):
+        return call(rt, cb, args, kwargs)
+
+    return interpreted_callback
 
 
 def _unwrap_static(m):

@@ -204,21 +204,22 @@ def test_an_opaque_call_that_may_write_is_never_dead_code():
 
 def test_a_tensor_reached_without_a_path_is_an_error_naming_the_line():
     """The invariant at the recording boundary: a real tensor whose way in the
-    prologue cannot take again (handed over by natively run code: here a deque's
-    ``popleft``) is refused with the user's line, never baked into the trace;
+    prologue cannot take again (handed over by natively run code: here a C
+    ``queue.SimpleQueue``'s ``get``) is refused with the user's line, never baked into the trace;
     the caller's tensors are untouched."""
-    import collections
+    import queue
 
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.queue = collections.deque([torch.ones(3)])
+            self.queue = queue.SimpleQueue()
+            self.queue.put(torch.ones(3))
             self.register_buffer("b", torch.zeros(3))
 
         def forward(self, x):
             with torch.no_grad():
                 self.b.add_(x)
-            w = self.queue.popleft()
+            w = self.queue.get()
             return x * w
 
     m = M()

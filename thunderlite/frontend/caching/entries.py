@@ -326,6 +326,10 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
     """Which of the entry's guards rejected the call (evaluated one by one; slow path only)."""
     for g in entry.guards:
         try:
+            if g.kind == "absent":
+                if hasattr(_read(g.prov.parent, args, kwargs), g.prov.key):
+                    return g.prov.describe(), f"{g.prov.describe()} did not exist when compiled and does now"
+                continue
             now = _read(g.prov, args, kwargs)
         except Exception:  # noqa: BLE001 - the path itself no longer exists: that is the reason
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
@@ -336,8 +340,9 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             continue
         same = now is g.value if g.kind == "is" else _same_value(g, now)
         if not same:
-            shown = "a different object" if g.kind == "is" else _short(now if g.kind == "eq" else
-                                                                        tuple(now) if g.kind == "keys" else len(now))
+            shown = "a different object" if g.kind == "is" else _short(
+                now if g.kind == "eq" else tuple(now) if g.kind == "keys" else
+                type(now).__name__ if g.kind == "type_len" else len(now))
             return g.prov.describe(), f"{g.prov.describe()} changed from {_short(g.value)} to {shown}"
     if entry.sym_guards:
         why = _failed_size_guard(entry, args, kwargs)
@@ -372,6 +377,8 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
 def _same_value(g, now: Any) -> bool:
     if g.kind == "len":
         return len(now) == g.value
+    if g.kind == "type_len":
+        return type(now) is g.value[0] and len(now) == g.value[1]
     if g.kind == "keys":
         return tuple(now) == g.value
     return type(now) is type(g.value) and now == g.value

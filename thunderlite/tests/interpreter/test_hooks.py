@@ -555,3 +555,80 @@ def test_hooks_set_on_the_instance_are_used():
         return GLOBAL_VALUE
 
     assert interpret(f, h)() == "patched"
+
+
+def test_missing_keys_run_interpreted():
+    """A ``defaultdict``'s factory and a dict subclass's Python ``__missing__``
+    would run from C inside native subscription, unseen by the hooks: they are
+    interpreted, and the factory's value is stored through ``store_subscr``."""
+    import collections
+
+    events = []
+
+    class H(InterpreterHooks):
+        def load_global(self, globals_dict, name, value):
+            events.append(("global", name))
+            return value
+
+        def store_subscr(self, container, key, value):
+            events.append(("store", key, value))
+            return False
+
+    class Cache(dict):
+        def __missing__(self, key):
+            return GLOBAL_VALUE + len(key)
+
+    def f(d, c):
+        d["a"].append(1)
+        return d["a"], d["b"], c["xyz"], dict(d)
+
+    d, c = collections.defaultdict(lambda: [GLOBAL_VALUE]), Cache()
+    assert interpret(f, H())(d, c) == ([10, 1], [10], 13, {"a": [10, 1], "b": [10]})
+    assert ("store", "a", [10, 1]) in events and ("store", "b", [10]) in events
+    assert events.count(("global", "GLOBAL_VALUE")) == 3
+    assert "xyz" not in c
+
+
+def test_partial_parts_go_through_load_attr():
+    """A partial's ``func``/``args``/``keywords`` are read through ``load_attr``
+    (the jit gives the values they bind their paths)."""
+    import functools
+    names = []
+
+    class H(InterpreterHooks):
+        def load_attr(self, obj, name, value):
+            if isinstance(obj, functools.partial):
+                names.append(name)
+            return value
+
+    p = functools.partial(max, 3, key=abs)
+    assert interpret(lambda: p(-5), H())() == -5
+    assert names == ["func", "args", "keywords"]
+
+
+def test_builtin_and_object_callbacks_go_through_the_lookaside():
+    """A callback handed to ``map``/``sorted``/``functools.reduce`` is called as
+    the program's own call: a builtin or an object with a Python ``__call__``
+    meets the lookaside and is interpreted, not run natively out of sight."""
+    import functools
+
+    class Double:
+        def __call__(self, x):
+            return helper(x) * 2
+
+    seen = []
+
+    class H(InterpreterHooks):
+        def lookaside(self, fn):
+            seen.append(fn)
+            return (lambda x: -x) if fn is abs else None
+
+        def load_global(self, globals_dict, name, value):
+            seen.append(name)
+            return value
+
+    def f(xs):
+        return list(map(abs, xs)), list(map(Double(), xs)), sorted(xs, key=abs), functools.reduce(max, xs)
+
+    assert interpret(f, H())([1, -3, 2]) == ([-1, 3, -2], [4, -4, 6], [2, 1, -3], 2)
+    assert "helper" in seen and max in seen

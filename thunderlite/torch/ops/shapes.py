@@ -547,3 +547,15 @@ register_method("contiguous", contiguous)
 @torchsymbol(torch.clone, T.clone, method_name="clone")
 def clone(a, *, memory_format=torch.preserve_format):
     return prims.clone(a)
+
+
+def deepcopy(a, memo=None):
+    """``copy.deepcopy(t)``: a new leaf with ``t``'s values and ``requires_grad``, as
+    eager's ``Tensor.__deepcopy__`` (and ``Parameter``'s) make. Without it Python's
+    reduce protocol rebuilt the proxy under its own name, so writes to the copy
+    landed in ``t``."""
+    out = clone(a.detach())
+    return out.requires_grad_(True) if a.requires_grad else out
+
+
+register_method("__deepcopy__", deepcopy)
