@@ -4,11 +4,11 @@ program is built twice from the same seed, one copy jitted, and after every call
 the returned values, parameters, ``.grad``, buffers, ``training`` flags,
 optimizer and LR-scheduler ``state_dict``s and the arguments (values, shapes,
 strides) must equal eager's within 1e-5, with the default executors and with
-torchcompile (a representative set
-``THUNDERLITE_OUTSIDE_ALL=1``: every
-program), and a set through ThunderFX. These programs were written without looking at the other
-whole-step tests' shapes; a refusal is asserted only where the feature refuses
-on purpose (commented at the program)."""
+torchcompile (a representative set; ``THUNDERLITE_OUTSIDE_ALL=1``: every
+program), and a set through ThunderFX. These programs were written without
+looking at the other whole-step tests' shapes; a refusal is asserted only
+where the feature refuses on purpose (said at the test). A program whose
+docstring says "Regression" failed before the fix its commit made."""
 from __future__ import annotations
 
 import copy
