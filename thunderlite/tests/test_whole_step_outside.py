@@ -331,6 +331,7 @@ def autograd_grad_then_backward():
 
 @case
 def input_requires_grad_returns_x_grad():
+    """Regression: ``x.requires_grad_()`` on an input, then a backward, was refused."""
     model = _mlp()
 
     def step(model, x, y):
@@ -382,6 +383,7 @@ def hooks_on_parameters_before_and_inside():
 
 @case
 def retain_grad_on_logits():
+    """Regression: ``retain_grad()`` with a backward inside the function was refused."""
     model = _mlp()
 
     def step(model, x, y):
@@ -724,6 +726,7 @@ def func_jvp_jacrev_jacfwd_hessian():
 
 @case
 def func_grad_of_grad_and_value_aux():
+    """Regression: grad of grad through ``y.detach()`` raised MissingGradRuleError."""
     def step(x):
         def f(x):
             y = (x ** 3).sum()
@@ -1060,6 +1063,7 @@ def as_strided_on_input_then_math():
 
 @case
 def called_with_new_shapes_and_seq_lengths():
+    """Regression (torchcompile): SGD's weight decay after a matmul came out wrong from Inductor."""
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2)
 
@@ -1097,6 +1101,7 @@ def warmup_lambda_and_manual_loss_scale():
 
 @case
 def gan_two_optimizers():
+    """Regression: the generator's backward after the discriminator's step was refused."""
     gen, disc = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 3)), nn.Sequential(nn.Linear(3, 4),
                                                                                           nn.LeakyReLU(0.2),
                                                                                           nn.Linear(4, 1))
@@ -1222,6 +1227,7 @@ def freeze_and_unfreeze_inside():
 
 @case
 def weight_renorm_before_forward_and_vector_utils():
+    """Regression: a no_grad write into a parameter before the forward was refused."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
