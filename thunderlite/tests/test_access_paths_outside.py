@@ -1515,6 +1515,22 @@ def containers_restructured_between_calls():
     return _module_case(M, lambda i: (torch.randn(3),), restructure)
 
 
+@program
+def operator_getters_over_state():
+    import operator
+
+    def f(s, x):
+        scale, w = operator.attrgetter("cfg.scale", "cfg.w")(s)
+        return x * scale + w + operator.itemgetter("b")(s.table)
+    st = types.SimpleNamespace(cfg=types.SimpleNamespace(scale=2.0, w=torch.ones(3)), table={"b": torch.zeros(3)})
+
+    def mutate(s, i):
+        s.cfg.scale = 5.0 * i
+        s.cfg.w = torch.full((3,), float(i))
+        s.table["b"] = torch.full((3,), -1.0)
+    return Case(f, st, lambda i: (torch.randn(3),), mutate)
+
+
 # ----------------------------------------------------------------------------------------------
 # the tests
 
