@@ -14,6 +14,9 @@ HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: only heap types can hold Python dunder
 # builtin function or type -> emulator(rt, args, kwargs): builtins that introspect
 # frames or take Python callbacks (see emulate.py).
 EMULATORS: dict = {}
+# type of a native callable object -> emulator(rt, fn, args, kwargs): callables that
+# read their argument from C (``operator.attrgetter``), emulated so the hooks see it
+CALLABLE_EMULATORS: dict = {}
 
 
 def lookup(tp, name):
@@ -73,6 +76,9 @@ def call_no_lookaside(rt, fn, args, kwargs):
         return call(rt, func, (*pargs, *args), kw)
     if isinstance(fn, type):
         return instantiate(rt, fn, args, kwargs)
+    em = CALLABLE_EMULATORS.get(t)
+    if em is not None:
+        return em(rt, fn, args, kwargs)
     m = py_dunder(t, "__call__")
     if m is not None:
         return call(rt, m, (fn, *args), kwargs)

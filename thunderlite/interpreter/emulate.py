@@ -3,13 +3,14 @@ iterables or taking callbacks (map, zip, sorted, ...) are in iteration.py."""
 from __future__ import annotations
 
 import builtins
+import operator
 import os
 import sys
 import types
 import typing
 
-from .attrs import delete_attr, load_attr, store_attr
-from .calls import EMULATORS, call
+from .attrs import delete_attr, load_attr, load_subscr, store_attr
+from .calls import CALLABLE_EMULATORS, EMULATORS, call
 from .frame import UNBOUND, thread_state
 from .loop import run_code
 from .operators import EXHAUSTED, format_value, get_iter, next_or_exhausted, to_repr, to_str, truth
@@ -128,6 +129,27 @@ def em_getattr(rt, args, kwargs):
         return load_attr(rt, args[0], args[1])
     except AttributeError:
         return args[2]
+
+
+def _getter(rt, fn, args, kwargs):
+    """An ``operator.attrgetter``/``itemgetter`` call: each attribute or item read
+    through the interpreter's protocols (natively, C would read them unseen)."""
+    if kwargs or len(args) != 1:
+        return fn(*args, **(kwargs or {}))
+    keys, obj = fn.__reduce__()[1], args[0]
+    if type(fn) is operator.itemgetter:
+        values = [load_subscr(rt, obj, k) for k in keys]
+    else:
+        values = []
+        for dotted in keys:
+            v = obj
+            for name in dotted.split("."):
+                v = load_attr(rt, v, name)
+            values.append(v)
+    return values[0] if len(keys) == 1 else tuple(values)
+
+
+CALLABLE_EMULATORS[operator.attrgetter] = CALLABLE_EMULATORS[operator.itemgetter] = _getter
 
 
 @emulates(builtins.hasattr)

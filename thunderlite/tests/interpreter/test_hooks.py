@@ -632,3 +632,24 @@ def test_builtin_and_object_callbacks_go_through_the_lookaside():
 
     assert interpret(f, H())([1, -3, 2]) == ([-1, 3, -2], [4, -4, 6], [2, 1, -3], 2)
     assert "helper" in seen and max in seen
+
+
+def test_attrgetter_and_itemgetter_read_through_the_hooks():
+    """``operator.attrgetter('a.b')``/``itemgetter`` read from C: emulated, each
+    step goes through ``load_attr``/``load_subscr`` as written code would."""
+    import operator
+    seen = []
+
+    class H(InterpreterHooks):
+        def load_attr(self, obj, name, value):
+            seen.append(name)
+            return value
+
+        def load_subscr(self, container, key, value):
+            seen.append(key)
+            return value
+
+    v = Vec(Vec(3))
+    f = interpret(lambda: (operator.attrgetter("v.v", "v")(v), operator.itemgetter("k", 0)({"k": 1, 0: 2})), H())
+    assert f() == ((3, v.v), (1, 2))
+    assert [s for s in seen if s not in ("attrgetter", "itemgetter")] == ["v", "v", "v", "k", 0]
