@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import random
+import sys
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -389,7 +390,12 @@ class TracingHooks(InterpreterHooks):
             return w[1]
         if value is MISSING or name not in globals_dict:
             return value                 # a builtin: not guarded
-        return self.entered(Prov.global_(globals_dict, name), value)
+        prov = Prov.global_(globals_dict, name)
+        if is_stateful_iterator(value) and not defined_by_user(sys.modules.get(globals_dict.get("__name__"))):
+            # a library's own counter (torch's ``AUTOGRAD_FUNCTION_COUNTER``, advanced
+            # when a ``torch.autograd.Function`` class is made): not the program's state
+            return self.state.enter(prov, value)
+        return self.entered(prov, value)
 
     def load_attr(self, obj: Any, name: str, value: Any) -> Any:
         st = self.state
@@ -456,9 +462,15 @@ class TracingHooks(InterpreterHooks):
 
     def slot_copy_holding(self, module: torch.nn.Module, name: str) -> dict | None:
         """The program's copy of the module slot dict (``_parameters``, ``_buffers``,
-        ``_modules``) that holds ``name``, if the program made one."""
+        ``_modules``) that holds ``name``, if the program made one. A slot dict
+        the call replaced (``functional_call``'s overlay) comes first."""
         d = module.__dict__
         for slot in _MODULE_SLOTS:
+            w = self.state.attr_writes.get((id(module), slot))
+            if w is not None and type(w[1]) in (dict, OrderedDict):
+                if name in w[1]:
+                    return w[1]
+                continue
             m = self.state.mirror_of.get(id(d.get(slot)))
             if m is not None and name in m.copy:
                 return m.copy

@@ -1839,3 +1839,40 @@ def test_python_random_draws_are_refused():
     with pytest.raises(RuntimeError, match=r"does not trace Python's random module: random.random at "
                                            r".*test_access_paths_outside.py:\d+: if random.uniform\(0, 1\) < 0.5"):
         thunderlite.jit(f)(torch.ones(2))
+
+
+def test_a_library_counter_advanced_while_tracing_is_not_refused():
+    """torch's own ``AUTOGRAD_FUNCTION_COUNTER`` (an ``itertools.count``) is
+    advanced when a ``torch.autograd.Function`` class is made, as
+    ``torch.masked`` does inside its ops: library state, not the program's
+    iterator, so the refusal above does not apply to it."""
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def f(x, m):
+        class Inner(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                return a + 1
+
+            @staticmethod
+            def backward(ctx, g):
+                return g
+        return Scale.apply(Inner.apply(x)), torch.masked.sum(x, 0, mask=m)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    m = torch.rand(3, 4) > 0.3
+    jf = thunderlite.jit(f)
+    for _ in range(2):
+        got, want = jf(x, m), f(x, m)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        gx, = torch.autograd.grad(got[0].sum() + got[1].sum(), x)
+        wx, = torch.autograd.grad(want[0].sum() + want[1].sum(), x)
+        torch.testing.assert_close(gx, wx)

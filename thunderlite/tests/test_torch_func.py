@@ -531,3 +531,23 @@ def test_cuda_per_sample_gradients_and_attention():
     q = torch.randn(2, 4, 16, 64, device="cuda", dtype=torch.float16)
     _check(lambda q: grad(lambda q: F.scaled_dot_product_attention(q, q, q).float().sum())(q), q, atol=2e-2, rtol=2e-2)
     _check(lambda q: vmap(F.scaled_dot_product_attention)(q, q, q), q, atol=2e-2, rtol=2e-2)
+
+
+def test_functional_call_after_the_program_read_the_parameters():
+    """``named_parameters()`` before ``functional_call`` makes the program hold a
+    copy of the module's ``_parameters``; the call's overlay must still win (it
+    read the module's own parameters: a zero gradient, silently)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+
+    def step(model, x, y):
+        params = {k: v.detach() * 2 for k, v in model.named_parameters()}
+
+        def loss_fn(params, x, y):
+            return F.cross_entropy(functional_call(model, params, (x,)), y)
+        return grad(loss_fn)(params, x, y), model[0].weight.sum()
+
+    want = step(model, x, y)
+    got = thunderlite.jit(step)(model, x, y)
+    torch.testing.assert_close(got, want)
