@@ -1871,7 +1871,7 @@ def test_a_library_counter_advanced_while_tracing_is_not_refused():
     jf = thunderlite.jit(f)
     for _ in range(2):
         got, want = jf(x, m), f(x, m)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w)
         gx, = torch.autograd.grad(got[0].sum() + got[1].sum(), x)
         wx, = torch.autograd.grad(want[0].sum() + want[1].sum(), x)
