@@ -203,7 +203,10 @@ def _install_value_needed(dunder: str, what: str) -> None:
 
 for _dunder, _what in (("__bool__", "its truth value (if, while, and/or/not, bool())"), ("__int__", "int()"),
                        ("__float__", "float()"), ("__complex__", "complex()"),
-                       ("__index__", "using it as an index or int")):
+                       ("__index__", "using it as an index or int"),
+                       # float's and int's methods whose answer is the value's (a bool, a pair of ints, a string)
+                       ("is_integer", ".is_integer()"), ("as_integer_ratio", ".as_integer_ratio()"),
+                       ("hex", ".hex()")):
     _install_value_needed(_dunder, _what)
 
 

@@ -19,6 +19,7 @@ import collections
 import functools
 import random
 import sys
+import time
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from thunderlite.distributed.ddp import DDPModule
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
-from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line
+from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
@@ -160,6 +161,13 @@ class TracingHooks(InterpreterHooks):
                 f"thunderlite does not trace Python's random module: random.{fn.__name__} at {self._caller_where()} "
                 "would draw once, while tracing, and every call would reuse that number. Draw with torch "
                 "(torch.rand, torch.randint, torch.bernoulli), which the trace replays per call.")
+        if type(fn) is types.BuiltinFunctionType and fn in _CLOCKS:
+            frames = source_locations()
+            if frames and user_file(frames[-1][0]):     # logging's timestamps (stdlib) stay trace-time values
+                raise NotTracedError(
+                    f"thunderlite does not trace Python's clocks: time.{fn.__name__}() at {self._where()} would "
+                    "be read once, while tracing, and every call would reuse that time. Read the clock outside "
+                    "the jitted function and pass the value in, or time the call from outside.")
         if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
             owner = fn.__self__
             if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
@@ -545,6 +553,12 @@ class TracingHooks(InterpreterHooks):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
                                    value)
             return True
+        if type(obj) is TensorProxy and not hasattr(TensorProxy, name):
+            what = f"del t.{name}" if value is DELETED else f"t.{name} = ..."
+            raise NotTracedError(
+                f"thunderlite does not trace Python attributes set on a tensor ({what}) at {self._where()}: the "
+                "program's tensors are traced stand-ins, and the attribute would not reach the tensors of a "
+                "call. Keep the value in a variable or a dict, or set it outside the jitted function.")
         if type(obj) is types.ModuleType and defined_by_user(obj):
             return self.store_global(obj.__dict__, name, value)
         if id(obj) not in self.state.prov_of:
@@ -630,6 +644,12 @@ def _has_proxy(values) -> bool:
         if type(v) in (list, tuple) and _has_proxy(v):
             return True
     return False
+
+
+# Python's clocks: read while tracing, the trace would replay one stale time
+_CLOCKS = frozenset(getattr(time, n) for n in (
+    "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
+    "process_time_ns", "thread_time", "thread_time_ns") if hasattr(time, n))
 
 
 _INTERNAL = ("thunderlite.core.", "thunderlite.torch.", "thunderlite.frontend.", "thunderlite.executors.",

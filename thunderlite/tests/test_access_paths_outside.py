@@ -1876,3 +1876,60 @@ def test_a_library_counter_advanced_while_tracing_is_not_refused():
         gx, = torch.autograd.grad(got[0].sum() + got[1].sum(), x)
         wx, = torch.autograd.grad(want[0].sum() + want[1].sum(), x)
         torch.testing.assert_close(gx, wx)
+
+
+def test_value_methods_of_an_item_number_need_its_value():
+    """``float.is_integer()`` and ``math.isclose`` on an ``.item()`` number answer
+    from its value, unknown while tracing: the data-dependence error names the
+    user's line (as ``bool()`` of it does), never an internal AttributeError."""
+    from thunderlite.core.proxies import DataDependentError
+
+    def f(x):
+        v = x.sum().item()
+        if v.is_integer():
+            return x
+        return x * 2
+
+    def g(x):
+        v = x.sum().item()
+        if math.isclose(v, 2.0):
+            return x
+        return x * 2
+    with pytest.raises(DataDependentError, match=r"\.is_integer\(\) needs its value.*"
+                                                 r"test_access_paths_outside.py:\d+: if v.is_integer\(\)"):
+        thunderlite.jit(f)(torch.ones(2))
+    with pytest.raises(DataDependentError, match=r"needs its value.*"
+                                                 r"test_access_paths_outside.py:\d+: if math.isclose\(v, 2.0\)"):
+        thunderlite.jit(g)(torch.ones(2))
+
+
+@pytest.mark.parametrize("which", ["input", "intermediate"])
+def test_python_attribute_set_on_a_tensor_is_refused(which):
+    """``t.tag = "x"`` inside the program would land on a traced stand-in, not on
+    the caller's tensor nor on later calls' tensors: refused naming the line,
+    and the caller's tensor is left as it was."""
+    def f(x):
+        y = x if which == "input" else x * 2
+        y.tag = "x"
+        return y + 1
+
+    x = torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"does not trace Python attributes set on a tensor \(t.tag = \.\.\.\) "
+                                           r"at .*test_access_paths_outside.py:\d+: y.tag = \"x\""):
+        thunderlite.jit(f)(x)
+    assert not hasattr(x, "tag")
+
+
+@pytest.mark.parametrize("clock", ["time", "perf_counter"])
+def test_python_clocks_are_refused(clock):
+    """``time.time()`` read while tracing would be baked into the trace, every
+    call replaying that stale time: refused naming the user's line, as Python's
+    random module is."""
+    import time
+    read = getattr(time, clock)
+
+    def f(x):
+        return x + read()
+    with pytest.raises(RuntimeError, match=rf"does not trace Python's clocks: time.{clock}\(\) at "
+                                           r".*test_access_paths_outside.py:\d+: return x \+ read\(\)"):
+        thunderlite.jit(f)(torch.ones(2))
