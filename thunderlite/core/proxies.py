@@ -94,7 +94,7 @@ class NumberProxy(Proxy):
     Python's number protocol on it (``n + 1``, ``n < 2``, ``-n``, ``round(n)``...)
     records the operation through ``number_ops``, which the torch language fills
     (torch/ops/numbers.py): core cannot import that layer. What needs the value
-    (``bool(n)``, ``int(n)`` from C code) raises ``DataDependentError``. ``==``
+    (``bool(n)``, ``int(n)`` from C code, ``n.is_integer()``) raises ``DataDependentError``. ``==``
     and ``!=`` natively compare identity with other proxies (proxies are records
     passes keep in lists and dicts) and raise with a Python number: library code
     deciding ``alpha == 1`` on a traced number would silently take one branch.
