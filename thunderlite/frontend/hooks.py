@@ -398,12 +398,14 @@ class TracingHooks(InterpreterHooks):
             return w[1]
         if value is MISSING or name not in globals_dict:
             return value                 # a builtin: not guarded
-        prov = Prov.global_(globals_dict, name)
-        if is_stateful_iterator(value) and not defined_by_user(sys.modules.get(globals_dict.get("__name__"))):
-            # a library's own counter (torch's ``AUTOGRAD_FUNCTION_COUNTER``, advanced
-            # when a ``torch.autograd.Function`` class is made): not the program's state
-            return self.state.enter(prov, value)
-        return self.entered(prov, value)
+        if (is_stateful_iterator(value) or type(value) in _CONTAINERS and len(value) > MIRROR_MAX_ITEMS) \
+                and not defined_by_user(sys.modules.get(globals_dict.get("__name__"))):
+            # a library's own bookkeeping (torch's ``AUTOGRAD_FUNCTION_COUNTER``, advanced
+            # when an ``autograd.Function`` class is made; dynamo's ``cached_backends``,
+            # which ``zero_grad`` adds to and every ``torch.compile`` grows): not the
+            # program's state, so neither refused nor guarded, as other library code run
+            return value
+        return self.entered(Prov.global_(globals_dict, name), value)
 
     def load_attr(self, obj: Any, name: str, value: Any) -> Any:
         st = self.state

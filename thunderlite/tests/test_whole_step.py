@@ -365,3 +365,40 @@ def test_write_into_a_view_on_the_gradient_path_before_backward_is_refused_with_
         return w.grad
     with pytest.raises(NotImplementedError, match=r"rewrites functionally.*y\.mul_\(2\)"):
         thunderlite.jit(no_grad_write)(torch.randn(3, 2, requires_grad=True), torch.randn(4, 3))
+
+
+def test_a_big_library_cache_written_while_tracing_is_not_refused():
+    """``opt.zero_grad`` adds to dynamo's ``cached_backends``, a torch global
+    every ``torch.compile`` in the process grows: past the size thunderlite copies,
+    it was refused as a change to the program's state (and its length guarded).
+    A library's own bookkeeping is not the program's state."""
+    from torch._dynamo import eval_frame
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
+
+    def step(model, opt, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    filler = {-i: None for i in range(1, 100)}      # ids are never negative
+    eval_frame.cached_backends.update(filler)
+    try:
+        jstep = thunderlite.jit(step)
+        misses = []
+        for _ in range(4):
+            x = torch.randn(5, 4)
+            torch.testing.assert_close(jstep(model, opt, x), step(ref, ref_opt, x))
+            misses.append(thunderlite.cache_info(jstep)["misses"])
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q)
+        # the second call meets the momentum buffers the first made; then it stays cached
+        assert misses[1:] == [2, 2, 2]
+    finally:
+        for k in filler:
+            eval_frame.cached_backends.pop(k, None)
