@@ -270,9 +270,14 @@ class TracedAutograd:
         return out
 
     def _caller_hooks(self, inp) -> list:
-        hooks = getattr(inp.value, "_backward_hooks", None)
-        if inp.prov is not None:      # registering or removing one outside recompiles
-            path = inp.prov.attr("_backward_hooks")
+        return self._guarded_hooks(inp, "_backward_hooks")
+
+    def _guarded_hooks(self, inp, slot: str) -> list:
+        """The hooks in the caller's tensor's ``slot`` dict, guarded by their keys:
+        registering or removing one outside the call recompiles."""
+        hooks = getattr(inp.value, slot, None)
+        if inp.prov is not None:
+            path = inp.prov.attr(slot)
             if hooks is None:
                 self.state.add_guard(path, "eq", None)
             else:
@@ -437,14 +442,7 @@ class TracedAutograd:
 
     def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:
         inp = self.state.input_by_name(leaf.name)
-        hooks = getattr(inp.value, "_post_accumulate_grad_hooks", None)
-        if inp.prov is not None:      # registering or removing a hook recompiles
-            path = inp.prov.attr("_post_accumulate_grad_hooks")
-            if hooks is None:
-                self.state.add_guard(path, "eq", None)
-            else:
-                self.state.add_guard(path, "keys", tuple(hooks))
-        for hook in list((hooks or {}).values()):
+        for hook in self._guarded_hooks(inp, "_post_accumulate_grad_hooks"):
             interpret(hook, self.hooks)(leaf)
 
     def _refuse_escaping_retained(self, result: Any) -> None:
