@@ -1,8 +1,10 @@
-"""Reproducer of an open bug: ``thunderlite.jit`` over a ``fully_shard`` model on
-two gloo ranks sometimes dies in a rank with glibc's "malloc(): unaligned tcache
-chunk detected" (SIGABRT) or a SIGSEGV: heap corruption in native code. About one
-run in four fails (6 of 25 on the 2-core CPU machine, with and without mixed
-precision); the same program run eagerly (drop the ``jit``) passed 25 of 25.
+"""Stress check for a fixed bug: ``thunderlite.jit`` over a ``fully_shard`` model
+on two gloo ranks used to die in a rank with glibc's "malloc(): unaligned tcache
+chunk detected" (SIGABRT) or a SIGSEGV in about one run in four. The cause was
+gloo's coalesced all-gather (``_c10d_functional.all_gather_into_tensor``) with two
+gathers in flight; the ``dist.all_gather`` symbol now uses
+``all_gather_into_tensor_out`` (docs/architecture.md §15). The script exercises
+mixed precision and ``reshard_after_forward`` under the prefetching schedule.
 
 Run it in a loop: ``for i in $(seq 20); do python scripts/fsdp2_heap_repro.py || echo FAIL; done``.
 """

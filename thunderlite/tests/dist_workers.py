@@ -371,6 +371,24 @@ def dtensor_models_under_jit_match_single_process(rank: int, world: int, store: 
         _tensor_parallel_checks(rank, world)
 
 
+def gathers_in_flight_together(rank: int, world: int, store: str) -> None:
+    """The scheduler keeps several all-gathers in flight at once. gloo's
+    coalesced all-gather (behind ``_c10d_functional.all_gather_into_tensor``)
+    corrupts the heap then: with it this loop killed a rank in 4 runs of 4
+    (SIGABRT "unaligned tcache chunk"); the symbol's implementation must stay
+    off that path, and every gathered value must be right."""
+    from thunderlite.torch.ops.distributed import all_gather, wait
+    with _group(rank, world, store):
+        name = dist.group.WORLD.group_name
+        for r in range(1500):
+            xs = [torch.full((n, 3), float(rank * 1000 + r + n)) for n in (1, 5, 17, 40)]
+            issued = [all_gather.impl(x, world, name) for x in xs]
+            for x, out in zip(reversed(xs), reversed(issued), strict=True):   # waited in another order than issued
+                wait.impl(out)
+                want = torch.cat([torch.full_like(x, float(k * 1000 + r + x.shape[0])) for k in range(world)])
+                assert torch.equal(out, want), f"round {r}: a gather of {x.shape[0]} rows came back wrong"
+
+
 def collectives_and_their_gradients(rank: int, world: int, store: str) -> None:
     with _group(rank, world, store):
         collectives_in_jitted_code(rank, world, store)

@@ -42,6 +42,7 @@ def _spawn(worker) -> None:
 
 # several checks per spawn: starting two ranks costs more than most checks
 @pytest.mark.parametrize("worker", [dist_workers.collectives_and_their_gradients,
+                                    dist_workers.gathers_in_flight_together,
                                     dist_workers.data_parallel_matches_single_process,
                                     dist_workers.sharded_models_match_single_process],
                          ids=lambda w: w.__name__)

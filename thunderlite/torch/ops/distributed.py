@@ -72,8 +72,21 @@ def _collective(name: str, meta: Callable, impl: Callable) -> Symbol:
 
 
 all_reduce = _collective("all_reduce", _all_reduce_meta, lambda a, op, group: _c10d.all_reduce(a, op, group))
-all_gather = _collective("all_gather", _all_gather_meta,
-                         lambda a, world, group: _c10d.all_gather_into_tensor(a, world, group))
+def _all_gather_impl(a: torch.Tensor, world: int, group: str) -> torch.Tensor:
+    """Into an output allocated here (``all_gather_into_tensor_out``: c10d's
+    ``_allgather_base``), never through ``all_gather_into_tensor``: on gloo
+    that one runs ``allgather_into_tensor_coalesced``, whose asynchronous works
+    corrupt the heap when two are in flight at once (torch 2.13: SIGABRT
+    "unaligned tcache chunk" or SIGSEGV within a few thousand calls; the
+    scheduler keeps several gathers in flight). Complex tensors travel as
+    their real view, as the functional op does."""
+    real = torch.view_as_real(a) if a.is_complex() else a
+    out = real.new_empty((real.shape[0] * world, *real.shape[1:]))
+    _c10d.all_gather_into_tensor_out(real, world, group, out=out)
+    return torch.view_as_complex(out) if a.is_complex() else out
+
+
+all_gather = _collective("all_gather", _all_gather_meta, _all_gather_impl)
 reduce_scatter = _collective("reduce_scatter", _reduce_scatter_meta,
                              lambda a, op, world, group: _c10d.reduce_scatter_tensor(a, op, world, group))
 broadcast = _collective("broadcast", _broadcast_meta, lambda a, src, group: _c10d.broadcast(a, src, group))
