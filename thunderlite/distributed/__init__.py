@@ -17,7 +17,8 @@ jitted function. Launch on CPU with gloo::
 Also ``from_torch_ddp``/``from_data_parallel`` (``ddp.py``),
 ``from_torch_fsdp2`` (``fsdp2.py``) and ``from_torch_tp`` (``tp.py``, over
 ``views.py``): what ``thunderlite.jit`` compiles for torch's own wrappers
-(DDP, FSDP2's ``fully_shard``, ``parallelize_module``); ``dtensor.py``:
+(DDP, FSDP2's ``fully_shard``, ``parallelize_module``), and ``stand_in.py``
+the same views for such a model called inside a jitted function; ``dtensor.py``:
 ``DTensor`` s inside traced programs (``DTensorProxy``, used by ``frontend``).
 Its modules may import ``transforms``, the torch language and ``core`` (no
 executor, ``frontend`` or ``api``, which import it).

@@ -120,6 +120,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     _check_growing_resizes(trace, groups)
+    transforms = (*transforms, *state.module_transforms)
     if transforms:
         values = {inp.proxy.name: inp.value for inp in state.inputs}
         for tr in transforms:

@@ -31,13 +31,21 @@ from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMeth
 from thunderlite.core.symbol import SourceLine, Symbol
 from thunderlite.distributed import dtensor
 from thunderlite.distributed.ddp import DDPModule
+from thunderlite.distributed.stand_in import stand_in
+from thunderlite.distributed.views import ViewModule
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
-from thunderlite.interpreter import MISSING, InterpreterHooks, interpreted_functions, source_locations
+from thunderlite.interpreter import (
+    MISSING,
+    InterpreterHooks,
+    call_past_lookaside,
+    interpreted_functions,
+    source_locations,
+)
 from thunderlite.interpreter.tracebacks import interpreted_frames
 from thunderlite.torch import opaque_symbol_for, symbol_for
 from thunderlite.torch.opaque import OpaqueDataDependentError
@@ -140,6 +148,10 @@ class TracingHooks(InterpreterHooks):
             return functools.partial(special, self._lookasides)
         if isinstance(fn, (Symbol, _BoundMethod)):
             return self.recording(fn)
+        if isinstance(fn, torch.nn.Module) and not isinstance(fn, ViewModule):
+            view = stand_in(fn)
+            if view is not None:
+                return self._calling_stand_in(view)
         if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
             if fn is dtensor.dtensor_type().from_local:
                 return self.recording(self._dtensor_from_local)
@@ -339,6 +351,18 @@ class TracingHooks(InterpreterHooks):
             self.state.add_guard(prov, "is", device_mesh)
         return dtensor.from_local(local, device_mesh, *args, **kwargs)
 
+    def _calling_stand_in(self, view: ViewModule) -> Callable:
+        """A call of a model FSDP2 or tensor parallelism sharded, inside a jitted
+        function: its view runs instead (``distributed/stand_in.py``), its tensors
+        read through the view (a root of their paths), its transforms joining
+        this compile's."""
+        if id(view) not in self.state.prov_of:
+            self.state.register_module_tree(view, Prov.object(view))
+        for tr in view._thunderlite_transforms:
+            if tr not in self.state.transforms and tr not in self.state.module_transforms:
+                self.state.module_transforms.append(tr)
+        return lambda *args, **kwargs: call_past_lookaside(view, args, kwargs)
+
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
         dispatcher, FSDP's hooks swap parameters: a trace of proxies would do
@@ -347,8 +371,8 @@ class TracingHooks(InterpreterHooks):
         return NotImplementedError(
             f"thunderlite does not trace DTensor or FSDP internals: {name}(...) at {self._where()}. Models "
             "whose layers fully_shard (FSDP2) or ColwiseParallel/RowwiseParallel sharded are compiled when given to "
-            "thunderlite.jit whole; otherwise run the DTensor code eagerly and jit the functions of its "
-            "local tensors.")
+            "thunderlite.jit or called by a jitted function; otherwise run the DTensor code eagerly and jit the "
+            "functions of its local tensors.")
 
     def ddp_refused(self, module: torch.nn.Module) -> NotImplementedError:
         """A data-parallel module called inside a jitted function (not given to

@@ -99,6 +99,7 @@ class TraceState:
         self._alive: list = []                     # keeps ids above valid while tracing
         self.shape_env = None                      # core.symint.ShapeEnv when sizes are symbolic
         self.transforms: tuple = ()                # the jit's transforms (a module's own among them)
+        self.module_transforms: list = []          # those of sharded models the program called (stand_in)
 
     # --- registering where things come from ---------------------------------------------
     def note_closure(self, fn: Any) -> None:

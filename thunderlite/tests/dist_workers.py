@@ -239,6 +239,15 @@ def fsdp_matches_single_process(rank: int, world: int, store: str) -> None:
             assert ("dist.all_gather(" in bwd) == reshard, bwd
 
 
+def _full_equal(net: torch.nn.Module, ref: torch.nn.Module, atol: float, rtol: float, grads: bool = False) -> None:
+    """Each ``DTensor`` parameter of ``net`` (or its gradient), gathered, equals
+    the unsharded ``ref``'s."""
+    for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
+        got, want = (p.grad, r.grad) if grads else (p, r.detach())
+        torch.testing.assert_close(got.full_tensor(), want, atol=atol, rtol=rtol,
+                                   msg=lambda m, n=n: f"{n}{'.grad' if grads else ''}: {m}")
+
+
 def _fsdp2_net(fully_shard, seed: int = 0, **opts) -> torch.nn.Module:
     """Two sharded layers and the sharded root; 5 output rows split unevenly (3 + 2)."""
     torch.manual_seed(seed)
@@ -269,9 +278,7 @@ def _fsdp2_checks(rank: int, world: int) -> None:
         ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         _train_against_one_process(model, opt, ref, ropt, xs, ys, rank, world)
         assert all(isinstance(p.grad, DTensor) for p in net.parameters())
-        for (k, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p.full_tensor(), r.detach(), atol=2e-6, rtol=1e-5,
-                                       msg=lambda m, k=k: f"{k}: {m}")
+        _full_equal(net, ref, atol=2e-6, rtol=1e-5)
         fwd = str(thunderlite.last_traces(model)[-1])
         bwd = str(thunderlite.last_backward_traces(model)[-1])
         assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
@@ -351,17 +358,55 @@ def _tensor_parallel_checks(rank: int, world: int) -> None:
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
         ((out - ys[s]) ** 2).mean().backward()
         ((want - ys[s]) ** 2).mean().backward()
-        for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p.grad.full_tensor(), r.grad, atol=1e-5, rtol=1e-4,
-                                       msg=lambda m, n=n: f"{n}.grad: {m}")
+        _full_equal(net, ref, atol=1e-5, rtol=1e-4, grads=True)
         opt.step()
         ropt.step()
-    for (n, p), r in zip(net.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.full_tensor(), r.detach(), atol=1e-5, rtol=1e-4,
-                                   msg=lambda m, n=n: f"{n}: {m}")
+    _full_equal(net, ref, atol=1e-5, rtol=1e-4)
     fwd = str(thunderlite.last_traces(model)[-1])
     bwd = str(thunderlite.last_backward_traces(model)[-1])
     assert fwd.count("dist.all_reduce(") == 2 and bwd.count("dist.all_reduce(") == 1, (fwd, bwd)
+
+
+def _sharded_models_called_by_jitted_functions(rank: int, world: int) -> None:
+    """A jitted loss function calling a model sharded by ``fully_shard`` (not
+    given to ``jit`` itself) trains as ``jit(model)`` does: three AdamW steps
+    equal one process on the whole batch, its trace holds the gathers, its
+    backward the reduce-scatters (and the re-gathers when resharded after
+    forward). The same for a tensor-parallel block, against the unsharded one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    xs, ys = _batches(2, 3, 5)
+    for reshard in (True, False):
+        net, ref = _fsdp2_net(fully_shard, reshard_after_forward=reshard), _fsdp2_net(None)
+        loss = thunderlite.jit(lambda x, y, net=net: _loss(net, x, y))
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for x, y in zip(xs, ys, strict=True):
+            opt.zero_grad()
+            loss(x.chunk(world)[rank], y.chunk(world)[rank]).backward()
+            opt.step()
+            ropt.zero_grad()
+            _loss(ref, x, y).backward()
+            ropt.step()
+        _full_equal(net, ref, atol=2e-6, rtol=1e-5)
+        fwd = str(thunderlite.last_traces(loss)[-1])
+        bwd = str(thunderlite.last_backward_traces(loss)[-1])
+        assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
+        assert ("dist.all_gather(" in bwd) == reshard, bwd
+    torch.manual_seed(0)
+    ref = _Block()
+    net = copy.deepcopy(ref)
+    parallelize_module(net, init_device_mesh("cpu", (world,)),
+                       {**{n: ColwiseParallel() for n in ("q", "k", "v", "up")},
+                        **{n: RowwiseParallel() for n in ("o", "down")}})
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
+    loss = thunderlite.jit(lambda x, y: ((net(x) - y) ** 2).mean())
+    loss(x, y).backward()
+    ((ref(x) - y) ** 2).mean().backward()
+    _full_equal(net, ref, atol=1e-5, rtol=1e-4, grads=True)
+    assert str(thunderlite.last_traces(loss)[-1]).count("dist.all_reduce(") == 2
 
 
 def dtensor_models_under_jit_match_single_process(rank: int, world: int, store: str) -> None:
@@ -369,6 +414,7 @@ def dtensor_models_under_jit_match_single_process(rank: int, world: int, store: 
     with _group(rank, world, store):
         _fsdp2_checks(rank, world)
         _tensor_parallel_checks(rank, world)
+        _sharded_models_called_by_jitted_functions(rank, world)
 
 
 def gathers_in_flight_together(rank: int, world: int, store: str) -> None:

@@ -210,8 +210,18 @@ def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
     with pytest.raises(NotImplementedError, match="SequenceParallel on module '1' \\(LayerNorm\\)"):
         thunderlite.jit(parallelize_module(net(), one_rank_mesh, {"1": SequenceParallel()}))
     whole = fully_shard(net(), mesh=one_rank_mesh)
-    with pytest.raises(NotImplementedError, match=r"FSDP internals: FSDPSequential\(\.\.\.\) at "):
-        thunderlite.jit(lambda t: whole(t))(torch.randn(2, 4))      # reached inside a function, not given to jit
+    inside = thunderlite.jit(lambda t: whole(t))                    # reached inside a function: its view runs
+    t = torch.randn(2, 4)
+    torch.testing.assert_close(inside(t), thunderlite.jit(whole)(t))
+    assert str(thunderlite.last_traces(inside)[-1]).count("dist.all_gather(") == len(list(whole.parameters()))
+    opt = torch.optim.SGD(whole.parameters(), lr=0.1)
+
+    def whole_step(t):                      # backward of DTensor parameters inside the trace: refused
+        whole(t).sum().backward()
+        opt.step()
+    with pytest.raises(NotImplementedError, match=r"requires grad: DTensor programs that need gradients are not "
+                       r"traced yet.*whole\(t\)\.sum\(\)\.backward\(\)"):
+        thunderlite.jit(whole_step)(t)
     from torch.distributed.fsdp import FullyShardedDataParallel
     with pytest.raises(NotImplementedError, match=r"FullyShardedDataParallel \(FSDP1\)"):
         thunderlite.jit(FullyShardedDataParallel(net(), device_id=torch.device("cpu")))
