@@ -26,7 +26,8 @@ local result (``materialize``).
 Refused by name (``DTensorRefused``): multi-dimensional meshes, uneven
 shards, a call with an ATen op that has no ``torch.<op>`` symbol, or whose
 non-tensor arguments propagation rewrites (``view`` sizes are per shard),
-in-place ops, ``Shard``→``Partial``, and programs that need gradients.
+in-place ops that would redistribute what they write, ``__setitem__``,
+``Shard``→``Partial``, and programs that need gradients.
 """
 from __future__ import annotations
 
@@ -164,20 +165,28 @@ class DTensorProxy:
         return call
 
 
-def _refuse_inplace(name: str) -> Callable:
-    def refuse(self, *args):
-        raise DTensorRefused(f"the in-place op {name} on a DTensor")
-    return refuse
+def _refuse_setitem(self, *args):
+    raise DTensorRefused("the in-place op __setitem__ on a DTensor")
+
+
+def _inplace_operator(name: str) -> Callable:
+    """``a += b``: the ``torch.Tensor`` dunder on the shards, ``a`` written in place."""
+    def write(self, other):
+        return dispatch(getattr(torch.Tensor, name), lambda t, o: getattr(t, name)(o), (self, other), {}, name,
+                        inplace=True)
+    return write
 
 
 def _install_operators() -> None:
     """Every operator ``TensorProxy`` has (``core.proxies._OPERATORS``), dispatched
     as the ``torch.Tensor`` dunder: reflected ones (``2 - x``) compute
-    ``other op self`` on the local tensors too; in-place ones are refused."""
+    ``other op self`` on the local tensors too; in-place ones write the shards."""
     for name in _OPERATORS:
         base = f"__{name[3:]}"          # the operator an ``__r*__`` reflects, an ``__i*__`` writes
-        if name == "__setitem__" or (name.startswith("__i") and base in _OPERATORS):
-            setattr(DTensorProxy, name, _refuse_inplace(name))
+        if name == "__setitem__":
+            DTensorProxy.__setitem__ = _refuse_setitem
+        elif name.startswith("__i") and base in _OPERATORS:
+            setattr(DTensorProxy, name, _inplace_operator(name))
         elif name == "__getitem__":
             setattr(DTensorProxy, name, lambda self, key: dispatch(torch.Tensor.__getitem__, operator.getitem,
                                                                    (self, key), {}, "__getitem__"))
@@ -368,12 +377,18 @@ def _meta_value(a: Any, by_local: dict) -> Any:
     return a
 
 
-def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, what: str) -> Any:
+def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, what: str,
+             inplace: bool | None = None) -> Any:
     """``torch_fn(*args, **kwargs)`` with ``DTensorProxy`` arguments: the collectives
-    ``DTensor``'s propagation asks for, then ``local_fn`` on the local tensors."""
+    ``DTensor``'s propagation asks for, then ``local_fn`` on the local tensors.
+    An in-place op (``mul_``, ``+=``) writes its first argument's shard, which
+    must be a ``DTensorProxy`` that keeps its placements (``DTensor`` itself
+    refuses to redistribute the tensor it writes), and returns that argument."""
     name = getattr(torch_fn, "__name__", None) or what
-    if name.endswith("_") and not name.endswith("__"):
-        raise DTensorRefused(f"the in-place op {name} on a DTensor")
+    if inplace is None:
+        inplace = name.endswith("_") and not name.endswith("__")
+    if inplace and not (args and isinstance(args[0], DTensorProxy)):
+        raise DTensorRefused(f"the in-place op {name} writing a tensor that is not a DTensor with DTensor operands")
     flat, spec = pytree.tree_flatten((args, kwargs))
     for a in flat:
         if isinstance(a, (TensorProxy, DTensorProxy)):
@@ -396,11 +411,21 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     if not cap.ops:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
     if len(cap.ops) > 1:
+        if inplace:
+            raise DTensorRefused(f"the in-place op {name} on a DTensor, which DTensor runs as {len(cap.ops)} ATen "
+                                 "ops")
         return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     op, _, _, info, sharding, _ = cap.ops[0]
     if info is None:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched {op} without a DTensor argument")
     targets = _targets(op, info, sharding, by_local)
+    if inplace:
+        written = args[0]
+        if id(written) in targets or not isinstance(meta_out, dtensor_type()) \
+                or tuple(meta_out.placements) != tuple(written.placements) \
+                or tuple(meta_out.shape) != tuple(written.shape):
+            raise DTensorRefused(f"the in-place op {name} on a DTensor: it would change the placements or shape "
+                                 "of the DTensor it writes")
     mesh = _Mesh(mesh_obj)
     local_flat = []
     for a in flat:
@@ -410,6 +435,9 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
         local_flat.append(a)
     largs, lkwargs = pytree.tree_unflatten(local_flat, spec)
     out = local_fn(*largs, **lkwargs)
+    if inplace:
+        _wrap_outputs(meta_out, out, mesh_obj, what)      # the shard's shape checked against DTensor's
+        return args[0]
     return _wrap_outputs(meta_out, out, mesh_obj, what)
 
 

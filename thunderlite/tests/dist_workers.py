@@ -537,6 +537,20 @@ def dtensor_program_checks(world: int) -> None:
         if world > 1:
             assert "dist.reduce_scatter(" in traced(jp), traced(jp)
 
+    def inplace(x, y):                           # written in place: the caller's DTensor too, as eager
+        x.mul_(2)
+        x.add_(y)                                # a Replicate y is sliced to x's shard first
+        x += 1
+        return x * 3, x.full_tensor()
+    ji = thunderlite.jit(inplace)
+    for fresh in (lambda: distribute_tensor(r_full, mesh, [Shard(0)]), lambda: r):
+        got_x, want_x = distribute_tensor(a_full, mesh, [Shard(0)]), distribute_tensor(a_full, mesh, [Shard(0)])
+        for got, want in zip(ji(got_x, fresh()), inplace(want_x, fresh()), strict=True):
+            _same_dtensor(got, want) if isinstance(want, DTensor) else torch.testing.assert_close(got, want)
+        _same_dtensor(got_x, want_x)
+    if world > 1:                                # the writes stay on the shards; only full_tensor gathers
+        assert traced(ji).count("dist.all_gather(") == 1, traced(ji)
+
     def round_trip(t, m):                        # from_local / to_local / full_tensor
         d = DTensor.from_local(t * 2, m, [Shard(0)])
         return (d + 1).to_local(), d.full_tensor(), d

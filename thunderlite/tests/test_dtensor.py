@@ -31,16 +31,20 @@ def test_refusals_name_the_construct_and_line(one_rank_group):
     mesh = init_device_mesh("cpu", (1,))
     x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
 
-    def inplace(t):
-        t.mul_(2)
+    def setitem(t):
+        t[0] = 1
         return t
-    with pytest.raises(DTensorRefused, match=r"(?s)in-place op mul_.*t.mul_\(2\)"):
-        thunderlite.jit(inplace)(x)
-    def augmented(t):
-        t += 1                  # eager mutates the caller's DTensor: refused, not rebound
-        return t
-    with pytest.raises(DTensorRefused, match=r"(?s)in-place op __iadd__.*t \+= 1"):
-        thunderlite.jit(augmented)(x)
+    with pytest.raises(DTensorRefused, match=r"(?s)in-place op __setitem__.*t\[0\] = 1"):
+        thunderlite.jit(setitem)(x)
+    before = x.full_tensor().clone()
+
+    def rewrites_placement(t):
+        s = t.sum()                         # a Partial sum: adding 1 needs it all-reduced first, in place
+        s.add_(1)
+        return s
+    with pytest.raises(DTensorRefused, match=r"(?s)add_ on a DTensor.*s.add_\(1\)"):
+        thunderlite.jit(rewrites_placement)(x)
+    torch.testing.assert_close(x.full_tensor(), before)      # refused: nothing written
     flat = init_device_mesh("cpu", (1, 1))
     with pytest.raises(DTensorRefused, match=r"2-dimensional device mesh"):
         thunderlite.jit(lambda t: t + 1)(distribute_tensor(torch.randn(2, 2), flat, [Shard(0), Shard(1)]))
