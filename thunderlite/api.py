@@ -31,7 +31,7 @@ import torch
 from thunderlite.core.proxies import DataDependentError
 from thunderlite.core.trace import Trace
 from thunderlite.distributed.ddp import from_data_parallel, from_torch_ddp
-from thunderlite.distributed.fsdp2 import from_torch_fsdp2, refuse_fsdp1, uses_fsdp2
+from thunderlite.distributed.fsdp2 import from_torch_fsdp2, is_fully_shard, refuse_fsdp1, uses_fsdp2
 from thunderlite.distributed.tp import from_torch_tp, uses_tensor_parallel
 from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.triton.executor import kernel_sources
@@ -310,8 +310,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     elif isinstance(fn, torch.nn.Module):
         # FSDP2 and tensor parallelism: DTensor parameters, compiled as views on the local shards
         refuse_fsdp1(fn)
-        if uses_fsdp2(fn):
+        if is_fully_shard(fn):
             fn = from_torch_fsdp2(fn)
+        elif uses_fsdp2(fn):
+            pass    # its fully_shard submodules are roots of their own, as in eager FSDP2: each call runs its view
         elif uses_tensor_parallel(fn):
             fn = from_torch_tp(fn)
     # a module may carry its own transforms (thunderlite.distributed.ddp): they run first

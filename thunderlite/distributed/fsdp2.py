@@ -44,12 +44,16 @@ from thunderlite.distributed.views import ViewModule, link_children, local_leaf,
 from thunderlite.transforms.user import Transform
 
 
+def is_fully_shard(module: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` was applied to ``module`` itself (never true before
+    a program imported FSDP2, so nothing is imported here)."""
+    cls = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    return cls is not None and isinstance(module, cls)
+
+
 def uses_fsdp2(module: torch.nn.Module) -> bool:
-    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules
-    (never true before a program imported FSDP2, so nothing is imported here)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    cls = getattr(fsdp, "FSDPModule", None)
-    return cls is not None and any(isinstance(m, cls) for m in module.modules())
+    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules."""
+    return any(is_fully_shard(m) for m in module.modules())
 
 
 def refuse_fsdp1(module: torch.nn.Module) -> None:
@@ -138,9 +142,8 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
     docstring). ``fully_shard`` must have been applied to ``model`` itself."""
     from torch.distributed.fsdp import FSDPModule
     if not isinstance(model, FSDPModule):
-        inner = next(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
-        _refuse(f"fully_shard on submodule {inner!r} without fully_shard on the module compiled",
-                "apply fully_shard(model) to the root as well, as FSDP2 expects")
+        raise TypeError(f"from_torch_fsdp2 takes a module fully_shard was applied to, not a "
+                        f"{type(model).__name__}: a model holding such modules compiles as it is (each is a root)")
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
     root_state = fully_shard.state(model)

@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from thunderlite.distributed.fsdp2 import from_torch_fsdp2
+from thunderlite.distributed.fsdp2 import from_torch_fsdp2, is_fully_shard
 from thunderlite.distributed.tp import _tp_hook_parts, from_torch_tp
 from thunderlite.distributed.views import ViewModule
 
@@ -31,9 +31,7 @@ def _sharded_by(module: torch.nn.Module) -> str | None:
     """"fsdp2" for a module ``fully_shard`` was applied to, "tp" for one
     ``parallelize_module`` gave tensor-parallel hooks, else None; cheap, as it
     runs at every module call while tracing."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    cls = getattr(fsdp, "FSDPModule", None)
-    if cls is not None and isinstance(module, cls):
+    if is_fully_shard(module):
         return "fsdp2"
     if "torch.distributed.tensor" in sys.modules and (module._forward_pre_hooks or module._forward_hooks) \
             and _tp_hook_parts(module)[0]:

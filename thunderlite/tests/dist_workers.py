@@ -367,6 +367,18 @@ def _tensor_parallel_checks(rank: int, world: int) -> None:
     assert fwd.count("dist.all_reduce(") == 2 and bwd.count("dist.all_reduce(") == 1, (fwd, bwd)
 
 
+class _Wrapper(torch.nn.Module):
+    """A module that is not sharded itself holding the sharded model, as
+    training code often does (``fully_shard`` on the model, not the wrapper)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return torch.tanh(self.model(x))
+
+
 def _sharded_models_called_by_jitted_functions(rank: int, world: int) -> None:
     """A jitted loss function calling a model sharded by ``fully_shard`` (not
     given to ``jit`` itself) trains as ``jit(model)`` does: three AdamW steps
@@ -394,6 +406,11 @@ def _sharded_models_called_by_jitted_functions(rank: int, world: int) -> None:
         bwd = str(thunderlite.last_backward_traces(loss)[-1])
         assert fwd.count("dist.all_gather(") == 4 and bwd.count("dist.reduce_scatter(") == 4, (fwd, bwd)
         assert ("dist.all_gather(" in bwd) == reshard, bwd
+    net, ref = _fsdp2_net(fully_shard), _fsdp2_net(None)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    _train_against_one_process(thunderlite.jit(_Wrapper(net)), opt, _Wrapper(ref), ropt, xs, ys, rank, world)
+    _full_equal(net, ref, atol=2e-6, rtol=1e-5)
     torch.manual_seed(0)
     ref = _Block()
     net = copy.deepcopy(ref)

@@ -225,10 +225,13 @@ def test_dtensor_constructs_not_translated_are_refused_by_name(one_rank_mesh):
     from torch.distributed.fsdp import FullyShardedDataParallel
     with pytest.raises(NotImplementedError, match=r"FullyShardedDataParallel \(FSDP1\)"):
         thunderlite.jit(FullyShardedDataParallel(net(), device_id=torch.device("cpu")))
-    inner = net()
-    fully_shard(inner[0], mesh=one_rank_mesh)
-    with pytest.raises(NotImplementedError, match="fully_shard on submodule '0' without fully_shard on the module"):
-        thunderlite.jit(inner)
+    inner, plain = net(), net()
+    plain.load_state_dict(inner.state_dict())
+    fully_shard(inner[0], mesh=one_rank_mesh)       # no root: inner[0] is a root of its own, as in eager FSDP2
+    j = thunderlite.jit(inner)
+    t = torch.randn(3, 4)
+    torch.testing.assert_close(j(t), plain(t))
+    assert str(thunderlite.last_traces(j)[-1]).count("dist.all_gather(") == 2     # inner[0]'s weight and bias
     divided = fully_shard(net(), mesh=one_rank_mesh)
     divided.set_gradient_divide_factor(3.0)
     with pytest.raises(NotImplementedError, match=r"set_gradient_divide_factor\(\)"):
