@@ -23,8 +23,9 @@ several ATen ops (``F.linear``) is replayed op by op (``_replay_aten``). ``to_lo
 returned by the program is rebuilt with ``DTensor.from_local`` on the real
 local result (``materialize``).
 
-Refused by name (``DTensorRefused``): multi-dimensional meshes, uneven
-shards, a call with an ATen op that has no ``torch.<op>`` symbol, or whose
+Shards may be uneven (``torch.chunk``'s split, as ``DTensor``'s): gathers
+pad them to equal chunks and cut the result. Refused by name
+(``DTensorRefused``): multi-dimensional meshes, a call with an ATen op that has no ``torch.<op>`` symbol, or whose
 non-tensor arguments propagation rewrites (``view`` sizes are per shard),
 in-place ops that would redistribute what they write, ``__setitem__``,
 ``Shard``→``Partial``, and programs that need gradients.
@@ -85,7 +86,6 @@ class DTensorProxy:
         self.placements = tuple(placements)
         self.shape = torch.Size(shape)
         self._stride = tuple(stride)
-        _check_even(self)
 
     # --- metadata ---------------------------------------------------------------------------
     @property
@@ -242,16 +242,6 @@ def has_dtensor(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _check_even(p: DTensorProxy) -> None:
-    mesh = _Mesh(p.device_mesh)
-    for pl in p.placements:
-        if pl.is_shard():
-            d = pl.dim if pl.dim >= 0 else pl.dim + len(p.shape)
-            if p.shape[d] % mesh.world:
-                raise DTensorRefused(f"an unevenly sharded DTensor (dim {d} of size {p.shape[d]} over "
-                                     f"{mesh.world} ranks): uneven shards are not traced")
-
-
 def _meta(p: DTensorProxy):
     loc = torch.empty(p.local.shape, dtype=p.local.dtype, device="meta")
     return dtensor_type().from_local(loc, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p._stride)
@@ -310,7 +300,7 @@ def redistribute_local(t: TensorProxy, src: Any, dst: Any, mesh: _Mesh, global_s
         return t            # one rank: its shard is the whole tensor
     if dst.is_replicate():
         if src.is_shard():
-            return tdist._funcol_all_gather_tensor(t, _dim(src, t), mesh.group)
+            return _gather_shards(t, _dim(src, t), mesh, global_shape)
         if src.is_partial():
             return tdist.wait(tdist.all_reduce(t, src.reduce_op, mesh.group))
     if dst.is_shard():
@@ -318,11 +308,13 @@ def redistribute_local(t: TensorProxy, src: Any, dst: Any, mesh: _Mesh, global_s
         if src.is_replicate():
             return _my_chunk(t, d, mesh)
         if src.is_shard():
-            full = tdist._funcol_all_gather_tensor(t, _dim(src, t), mesh.group)
-            return _my_chunk(full, d, mesh)
+            return _my_chunk(_gather_shards(t, _dim(src, t), mesh, global_shape), d, mesh)
         if src.is_partial():
-            x = t if d == 0 else shapes.cat(list(t.chunk(mesh.world, d)), 0)
-            return tdist.wait(tdist.reduce_scatter(x.contiguous(), src.reduce_op, mesh.world, mesh.group))
+            chunk, _, length = _chunk_bounds(t.shape[d], mesh)
+            x = _padded(t, d, chunk * mesh.world - t.shape[d])       # uneven: every rank scatters equal chunks
+            x = x if d == 0 else shapes.cat(list(x.chunk(mesh.world, d)), 0)
+            mine = tdist.wait(tdist.reduce_scatter(x.contiguous(), src.reduce_op, mesh.world, mesh.group))
+            return mine if length == chunk else mine.narrow(d, 0, length)
     if dst.is_partial() and src.is_replicate():
         if dst.reduce_op in ("sum",) and mesh.rank != 0:
             return creation.zeros_like(t)
@@ -335,9 +327,36 @@ def _dim(pl: Any, t: TensorProxy) -> int:
     return pl.dim if pl.dim >= 0 else pl.dim + t.ndim
 
 
+def _chunk_bounds(n: int, mesh: _Mesh) -> tuple[int, int, int]:
+    """How ``Shard`` splits ``n`` rows over the ranks (``torch.chunk``'s split:
+    chunks of ``ceil(n / world)``, the last ones shorter or empty): the chunk
+    size, and this rank's start and length."""
+    chunk = -(-n // mesh.world)
+    start = min(mesh.rank * chunk, n)
+    return chunk, start, min(chunk, n - start)
+
+
+def _padded(t: TensorProxy, d: int, extra: int) -> TensorProxy:
+    if extra == 0:
+        return t
+    from thunderlite.torch.ops.nn import pad
+    return pad(t, [0, 0] * (t.ndim - 1 - d) + [0, extra])
+
+
+def _gather_shards(t: TensorProxy, d: int, mesh: _Mesh, global_shape: tuple) -> TensorProxy:
+    """The whole tensor from every rank's ``Shard(d)``: an all-gather of equal
+    sizes, so an uneven shard is padded to the chunk size and the result cut
+    to the global size (only the last ranks' chunks are short, so the padding
+    all lands past the real rows)."""
+    n = global_shape[d]
+    chunk, _, length = _chunk_bounds(n, mesh)
+    full = tdist._funcol_all_gather_tensor(_padded(t, d, chunk - length), d, mesh.group)
+    return full if full.shape[d] == n else full.narrow(d, 0, n)
+
+
 def _my_chunk(t: TensorProxy, d: int, mesh: _Mesh) -> TensorProxy:
-    n = t.shape[d] // mesh.world
-    return t.narrow(d, mesh.rank * n, n)
+    _, start, length = _chunk_bounds(t.shape[d], mesh)
+    return t.narrow(d, start, length)
 
 
 # --- ops ------------------------------------------------------------------------------------------
