@@ -24,10 +24,12 @@ returned by the program is rebuilt with ``DTensor.from_local`` on the real
 local result (``materialize``).
 
 Shards may be uneven (``torch.chunk``'s split, as ``DTensor``'s): gathers
-pad them to equal chunks and cut the result. Refused by name
-(``DTensorRefused``): multi-dimensional meshes, a call with an ATen op that has no ``torch.<op>`` symbol, or whose
-non-tensor arguments propagation rewrites (``view`` sizes are per shard),
-in-place ops that would redistribute what they write, ``__setitem__``,
+pad them to equal chunks and cut the result. An op whose non-tensor
+arguments propagation rewrites for the shards (a ``view``'s sizes) is
+replayed as its ATen op with those arguments, as ``DTensor`` runs it.
+Refused by name (``DTensorRefused``): multi-dimensional meshes, a call with
+an ATen op that has no ``torch.<op>`` or ``Tensor`` method symbol, in-place
+ops that would redistribute what they write, ``__setitem__``,
 ``Shard``→``Partial``, and programs that need gradients.
 """
 from __future__ import annotations
@@ -437,10 +439,12 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     op, _, _, info, sharding, _ = cap.ops[0]
     if info is None:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched {op} without a DTensor argument")
-    targets = _targets(op, info, sharding, by_local)
+    targets, rewrites = _targets(op, info, sharding, by_local)
+    if rewrites and not inplace:        # the ATen op itself, with the sizes propagation gives the shards
+        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     if inplace:
         written = args[0]
-        if id(written) in targets or not isinstance(meta_out, dtensor_type()) \
+        if id(written) in targets or rewrites or not isinstance(meta_out, dtensor_type()) \
                 or tuple(meta_out.placements) != tuple(written.placements) \
                 or tuple(meta_out.shape) != tuple(written.shape):
             raise DTensorRefused(f"the in-place op {name} on a DTensor: it would change the placements or shape "
@@ -460,6 +464,14 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     return _wrap_outputs(meta_out, out, mesh_obj, what)
 
 
+# ATen ops DTensor adds that change nothing in a trace without gradients (``zeros_like`` detaches its result)
+_PASS_THROUGH = frozenset({"detach", "alias"})
+
+
+def _identity(t: TensorProxy) -> TensorProxy:
+    return t
+
+
 def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
                  mkwargs: dict, what: str) -> Any:
     """A torch call ``DTensor`` runs as several ATen ops (``F.linear``: ``t`` and
@@ -472,11 +484,19 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     known = dict(by_local)         # id(meta local tensor) -> DTensorProxy (inputs, then results)
     made: dict[int, Any] = {}      # id(meta plain tensor result) -> its proxy
     for func, args, kwargs, info, sharding, out in ops:
-        sym = symbol_for(getattr(torch, func.overloadpacket.__name__, None))
+        name = func.overloadpacket.__name__
+        sym = _identity if name in _PASS_THROUGH else (symbol_for(getattr(torch, name, None))
+                                                        or symbol_for(getattr(torch.Tensor, name, None)))
         if info is None or sym is None:
             raise DTensorRefused(f"{what} on a DTensor, which DTensor runs as {len(ops)} ATen ops (" +
                                  ", ".join(str(o[0]) for o in ops) + f"): {func} cannot be replayed")
-        targets = _targets(func, info, sharding, known)
+        targets, rewrites = _targets(func, info, sharding, known)
+        if rewrites:
+            if info.args_tree_spec is None:
+                args = tuple(rewrites.get(i, a) for i, a in enumerate(args))
+            else:
+                leaves, tree = pytree.tree_flatten(args)
+                args = pytree.tree_unflatten([rewrites.get(i, a) for i, a in enumerate(leaves)], tree)
 
         def local(a, targets=targets, func=func):
             if isinstance(a, dt):
@@ -511,16 +531,19 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     return pytree.tree_map(final, meta_out)
 
 
-def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> dict[int, tuple]:
-    """id(DTensorProxy) -> the placements propagation wants it in before ``op``."""
+def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[int, tuple], dict[int, Any]]:
+    """id(DTensorProxy) -> the placements propagation wants it in before ``op``;
+    and the non-tensor arguments it rewrites for the shards (a view's sizes are
+    the local ones), by position among the op's (flattened) arguments."""
     if sharding.output_spec is None:
         raise DTensorRefused(f"{op} on a DTensor (no output spec from sharding propagation)")
     if not sharding.needs_redistribute:
-        return {}
+        return {}, {}
     suggested = sharding.redistribute_schema
     new_flat = pytree.tree_leaves(suggested.args_schema) if info.args_tree_spec is not None \
         else suggested.args_schema
     targets: dict[int, tuple] = {}
+    rewrites: dict[int, Any] = {}
     for i, old in enumerate(info.flat_args_schema):
         new = new_flat[i]
         if type(old).__name__ == "DTensorSpec":
@@ -532,12 +555,13 @@ def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> dict[int, tup
                     raise DTensorRefused(f"{op} wants one DTensor in two placements")
                 targets[id(p)] = tuple(new.placements)
         elif not _same(old, new):
-            raise DTensorRefused(f"{op} on a DTensor: sharding propagation rewrites its argument {old!r} to "
-                                 f"{new!r} for the local shards (shape arguments of views are per shard)")
-    return targets
+            rewrites[i] = new
+    return targets, rewrites
 
 
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b)
     except (TypeError, RuntimeError, ValueError):

@@ -568,6 +568,13 @@ def dtensor_program_checks(world: int) -> None:
     if world > 1:                                # the writes stay on the shards; only full_tensor gathers
         assert traced(ji).count("dist.all_gather(") == 1, traced(ji)
 
+    def views(x):                                # view sizes propagation rewrites to the shard's
+        return x.view(4 * world, 2, 3), x.reshape(4 * world, 3, 2), x.flatten(), torch.zeros_like(x), \
+            torch.einsum("ij,ij->i", x, x), x.reshape(6, 4 * world)
+    jv = thunderlite.jit(views)
+    for got, want in zip(jv(a), views(a), strict=True):
+        _same_dtensor(got, want)
+
     def uneven(x, m):                            # 2 * world + 1 rows and columns: torch.chunk's uneven shards
         y = (x * 2).relu()
         s = x.sum(0)                             # a Partial sum, scattered unevenly
@@ -626,11 +633,21 @@ def dtensor_program_checks(world: int) -> None:
         assert "gradients" in str(e) and "argument 0" in str(e), e
     with torch.no_grad():                        # inference on parameters that require grad
         _same_dtensor(thunderlite.jit(lambda x: x * 2)(leaf), leaf * 2)
+    flat_of = a1 if a1 is not None else a        # flattening a Shard(1): whatever eager DTensor does, the trace does
+
+    def flatten(x):
+        return x.view(-1)
     try:
-        thunderlite.jit(lambda x: x.view(-1))(a1 if a1 is not None else a)
-        raise AssertionError("a view with global sizes was traced")
+        want = flatten(flat_of)
+    except RuntimeError:
+        want = None
+    try:
+        got = thunderlite.jit(flatten)(flat_of)
     except DTensorRefused as e:
-        assert "view" in str(e) and "lambda" in str(e), e
+        assert want is None and "view" in str(e), e
+    else:
+        assert want is not None, "traced what eager DTensor rejects"
+        _same_dtensor(got, want)
 
 
 def dtensor_programs_match_eager(rank: int, world: int, store: str) -> None:
