@@ -88,6 +88,7 @@ class DTensorProxy:
         self.placements = tuple(placements)
         self.shape = torch.Size(shape)
         self._stride = tuple(stride)
+        self.where: str | None = None         # how the program reached it, for an input (``of_input``)
 
     # --- metadata ---------------------------------------------------------------------------
     @property
@@ -153,6 +154,9 @@ class DTensorProxy:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "grad":
+            raise DTensorRefused(f"the .grad of the DTensor{' ' + self.where if self.where else ''}: gradients of "
+                                 "DTensors are not traced (run the optimizer step over DTensor parameters eagerly)")
         method = getattr(torch.Tensor, name, None)
         if method is None:
             raise AttributeError(f"'DTensor' object has no attribute {name!r}")
@@ -272,10 +276,12 @@ def of_input(dtensor: Any, local: TensorProxy, where: str) -> DTensorProxy:
                              f"{_GRAD_HINT}")
     _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
     try:
-        return DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
-                            dtensor.stride())
+        p = DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
+                         dtensor.stride())
     except DTensorRefused as e:          # named: which of the program's DTensors it is
         raise DTensorRefused(f"the DTensor {where}: {e}") from None
+    p.where = where
+    return p
 
 
 def materialize(p: DTensorProxy, local: torch.Tensor):
