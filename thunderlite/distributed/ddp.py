@@ -33,7 +33,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
-from thunderlite.distributed.fsdp import without_gradient
+from thunderlite.distributed.fsdp import shown, without_gradient
 from thunderlite.torch import symbol_for
 from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.user import Transform
@@ -73,8 +73,8 @@ class DDPTransform(Transform):
         unused = without_gradient(args, grads, self._input_ids, trained)
         if unused:
             raise NotImplementedError(
-                f"thunderlite.jit of a data-parallel module: the parameters {unused[:4]}"
-                f"{' ...' if len(unused) > 4 else ''} get no gradient in this backward (unused, torch's "
+                f"thunderlite.jit of a data-parallel module: the parameters {shown(unused)} get no gradient in "
+                "this backward (unused, torch's "
                 "find_unused_parameters=True case). Which parameters are used may differ between ranks, and the "
                 "compiled bucketed all-reduce cannot follow that (the ranks' buckets would not match). Use "
                 "DistributedDataParallel(thunderlite.jit(m), find_unused_parameters=True), whose reducer finds "

@@ -116,6 +116,11 @@ def without_gradient(args: list, grads: Any, ids: dict[str, int], trained: dict[
     return [n for i, n in trained.items() if i not in reached]
 
 
+def shown(names: list[str], most: int = 4) -> str:
+    """The first ``most`` of ``names`` for an error message, and ``...`` past them."""
+    return f"{names[:most]}{' ...' if len(names) > most else ''}"
+
+
 class FSDPTransform(Transform):
     """Re-gathers, in the backward, the saved values that come from shards alone."""
 
@@ -143,7 +148,7 @@ class FSDPTransform(Transform):
         unused = without_gradient(forward.args, backward.return_bsym.args[0], self._ids, self._trained)
         if unused:
             raise NotImplementedError(
-                f"thunderlite.distributed.fsdp: the parameters {unused[:4]}{' ...' if len(unused) > 4 else ''} get "
+                f"thunderlite.distributed.fsdp: the parameters {shown(unused)} get "
                 "no gradient in this backward. Which parameters are used may differ between ranks, and each "
                 "parameter is gathered and reduce-scattered where it is used, so the ranks' collectives would not "
                 "pair up. Set requires_grad=False on parameters that are not trained.")

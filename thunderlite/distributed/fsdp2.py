@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives as funcol
 
-from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward, without_gradient
+from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward, shown, without_gradient
 from thunderlite.distributed.views import ViewModule, link_children, local_leaf, view_class, view_of
 from thunderlite.transforms.user import Transform
 
@@ -267,7 +267,7 @@ class FSDP2Transform(Transform):
         parameters' collectives. Refused at the first call of such a backward."""
         unused = without_gradient(args, grads, self._leaf_ids, self._trained)
         if unused:
-            _refuse(f"parameters without gradient in this backward ({unused[:4]}{' ...' if len(unused) > 4 else ''})",
+            _refuse(f"parameters without gradient in this backward ({shown(unused)})",
                     "which parameters are used may differ between ranks, and the compiled program gathers and "
                     "reduce-scatters each parameter where it is used, so the ranks' collectives would not pair up "
                     "(FSDP2 moves whole groups); set requires_grad=False on parameters that are not trained")

@@ -512,7 +512,7 @@ class TracingHooks(InterpreterHooks):
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state
-        w = st.attr_writes.get((id(container), ("item", key))) if _is_atom(key) else None
+        w = st.attr_writes.get((id(container), ("item", key))) if is_atom(key) else None
         if w is not None:
             if w[1] is DELETED:
                 raise KeyError(key)
@@ -599,7 +599,7 @@ class TracingHooks(InterpreterHooks):
         return self.store_subscr(container, key, DELETED)
 
     def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
-        if id(container) not in self.state.prov_of or not _is_atom(key):
+        if id(container) not in self.state.prov_of or not is_atom(key):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
@@ -618,10 +618,6 @@ def _key(fn):
         return fn
     except TypeError:
         return None
-
-
-def _is_atom(key) -> bool:
-    return type(key) in (int, str)
 
 
 def _is_path_key(key) -> bool:

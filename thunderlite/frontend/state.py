@@ -24,7 +24,7 @@ import torch
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.distributed import dtensor
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
-from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user
 
 MIRROR_MAX_ITEMS = 64
@@ -321,7 +321,7 @@ class TraceState:
 def _atom_keys(d: dict) -> bool:
     """Keys a path can spell (a defaultdict keyed by tensors, an optimizer's
     ``state``, is read item by item through its identity-keyed paths instead)."""
-    return all(type(k) in (int, str) for k in d)
+    return all(is_atom(k) for k in d)
 
 
 def _item_prov(prov: Prov | None, key) -> Prov | None:

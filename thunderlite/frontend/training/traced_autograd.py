@@ -264,13 +264,11 @@ class TracedAutograd:
         for a, g in zip(args, grads, strict=True):
             inp = self.state.input_by_name(a.name) if g is not None else None
             if inp is not None and (only is None or a.name in only):
-                fns = [(fn, ()) for fn in self._caller_hooks(inp)] + self.input_hooks.get(a.name, [])
+                fns = [(fn, ()) for fn in self._guarded_hooks(inp, "_backward_hooks")]
+                fns += self.input_hooks.get(a.name, [])
                 g = apply_hooks(fns, g, self.trace) if fns else g
             out.append(g)
         return out
-
-    def _caller_hooks(self, inp) -> list:
-        return self._guarded_hooks(inp, "_backward_hooks")
 
     def _guarded_hooks(self, inp, slot: str) -> list:
         """The hooks in the caller's tensor's ``slot`` dict, guarded by their keys:
