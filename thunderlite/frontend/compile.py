@@ -34,6 +34,7 @@ from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
+from thunderlite.frontend.training.predicated import PredicationRefused
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
@@ -64,7 +65,15 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
         with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
             symbolic = env if dynamic or symbolic_numbers else None
-            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic, dynamic)
+            unpredicated: set = set()
+            while True:
+                try:
+                    return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
+                                         dynamic, unpredicated)
+                except PredicationRefused as e:     # that block reads its flag, as eager does
+                    if e.site in unpredicated:
+                        raise
+                    unpredicated.add(e.site)
 
 
 def _own_error(e: BaseException) -> bool:
@@ -73,7 +82,7 @@ def _own_error(e: BaseException) -> bool:
     raises at the same line). Only the program's own exceptions leave its
     earlier writes done (``run_until_raise``)."""
     return isinstance(e, (NotTracedError, DataDependentError, InterpreterError, NotImplementedError,
-                          RecursionError)) or "thunderlite" in str(e)[:300]
+                          RecursionError, PredicationRefused)) or "thunderlite" in str(e)[:300]
 
 
 def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
@@ -107,10 +116,12 @@ def gc_paused():
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
-                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None) -> CompiledEntry:
+                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
+                  unpredicated: set = frozenset()) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
+    state.unpredicated = unpredicated
     state.shape_env = env
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
