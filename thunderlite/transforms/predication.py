@@ -48,8 +48,11 @@ def predicate(bsyms: Sequence[BoundSymbol], keep: TensorProxy, trace: Trace) -> 
     fresh: set[str] = set()
     out: list[BoundSymbol] = []
     for b in bsyms:
-        if Tag.RANDOM in b.deep_tags():
+        tags = b.deep_tags()
+        if Tag.RANDOM in tags:
             raise NotPredicable(f"{b.sym.name} draws random numbers, which the skipped branch would not draw")
+        if Tag.DONT_DCE in tags and Tag.ORDER_BARRIER not in b.sym.tags:    # grad-mode switches are fine
+            raise NotPredicable(f"{b.sym.name} has an effect outside the trace (a collective, a custom op)")
         out += _rewrite(b, keep, fresh, scratch)
         if not may_view(b) and not any(writes(x) for x in walk(b)):
             fresh.update(o.name for o in b.tensor_outs())

@@ -16,6 +16,7 @@ site reading the flag as eager does (``TraceState.unpredicated``).
 """
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +112,86 @@ def _changes(hooks, before: tuple) -> str:
 
 
 _ABSENT = object()
+
+
+class Branch:
+    """``if flag:`` (and its ``else``) traced predicated: the interpreter runs both
+    blocks (interpreter/predicate.py), this makes their tensor writes take effect
+    where ``flag`` picks them (the protocol's ``begin``/``switch``/``end``/``refuse``)."""
+
+    def __init__(self, hooks, flag: TensorProxy, site: Any):
+        self.hooks = hooks
+        self.flag = flag
+        self.site = site
+        self.what = f"the block of `if` at {site[1]}:{site[2]}" if site[1] else "a block of `if`"
+        self.spans: list = []          # (first symbol, keep flag) of each block
+        self.before: tuple = ()
+        self.alive: set[int] = set()
+
+    def begin(self, negated: bool) -> None:
+        look = self.hooks.lookaside
+        keep = self.flag if self.flag.dtype is torch.bool else look(torch.ne)(self.flag, 0)
+        if keep.ndim:
+            keep = look(torch.reshape)(keep, ())
+        self.keep = keep
+        self.other = look(torch.logical_not)(keep)
+        if negated:
+            self.keep, self.other = self.other, self.keep
+        self.before = _visible(self.hooks)
+        self.alive = {id(o) for o in gc.get_objects()}
+        self.hooks.predicating.append(self)
+        self.spans.append((len(self.hooks.state.trace.bound_symbols), self.keep))
+
+    def switch(self) -> None:
+        self.spans.append((len(self.hooks.state.trace.bound_symbols), self.other))
+
+    def end(self) -> None:
+        self._leave()
+        changed = _changes(self.hooks, self.before)
+        if changed:
+            raise self.refuse(f"it changes {changed}")
+        trace = self.hooks.state.trace
+        ends = [start for start, _ in self.spans[1:]] + [len(trace.bound_symbols)]
+        for (start, keep), end in reversed(list(zip(self.spans, ends, strict=True))):
+            try:
+                trace.bound_symbols[start:end] = predicate(trace.bound_symbols[start:end], keep, trace)
+            except NotPredicable as e:
+                raise self.refuse(str(e)) from None
+        self.hooks.state.predicated.append((self.what, self.flag.name, self.site))
+
+    def refuse(self, reason: str) -> PredicationRefused:
+        self._leave()
+        e = PredicationRefused(self.site, f"{self.what}: {reason}")
+        e.predication = self
+        return e
+
+    def writes_object(self, obj: Any) -> None:
+        """The block writes ``obj`` natively: fine for objects the block made,
+        refused for one made before it (a flag cannot undo that write), except
+        what the trace's overlay records (compared at the end)."""
+        st = self.hooks.state
+        # a dict holding only atoms is not tracked by the collector: it may be older than the block
+        older = id(obj) in self.alive or type(obj) is dict and not gc.is_tracked(obj)
+        if older and id(obj) not in st.prov_of and id(obj) not in st.mirrors_by_copy:
+            raise self.refuse(f"it changes a {type(obj).__name__} made before the block")
+
+    def _leave(self) -> None:
+        if self.hooks.predicating and self.hooks.predicating[-1] is self:
+            self.hooks.predicating.pop()
+
+
+def branch(hooks, value: Any) -> Branch | None:
+    """The predication of ``if value:`` when ``value`` is a tensor of one element
+    and no block around is predicated already (None: its truth is read)."""
+    if type(value) is not TensorProxy or hooks.predicating:
+        return None
+    if any(not isinstance(d, int) for d in value.shape) or value.numel() != 1:
+        return None
+    loc = hooks.locate()
+    site = ("if", loc[0], loc[1]) if loc else ("if", None, None)
+    if site in hooks.state.unpredicated:
+        return None
+    return Branch(hooks, value, site)
 
 
 def grad_scaler_maybe_step(hooks, scaler, optimizer, optimizer_state, *args, **kwargs):
