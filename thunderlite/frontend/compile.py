@@ -34,7 +34,7 @@ from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
-from thunderlite.frontend.training.predicated import PredicationRefused
+from thunderlite.frontend.training.predicated import NOT_PREDICATED, PredicationRefused, predication_notes
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
@@ -65,15 +65,19 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
         with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
             symbolic = env if dynamic or symbolic_numbers else None
-            unpredicated: set = set()
+            unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
             while True:
                 try:
                     return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
                                          dynamic, unpredicated)
-                except PredicationRefused as e:     # that block reads its flag, as eager does
+                except PredicationRefused as e:
                     if e.site in unpredicated:
                         raise
-                    unpredicated.add(e.site)
+                    unpredicated[e.site] = e.reason
+                except Exception as e:
+                    for why in unpredicated.values():      # why the flag was read, where reading it failed
+                        e.add_note(f"{NOT_PREDICATED}{why}")
+                    raise
 
 
 def _own_error(e: BaseException) -> bool:
@@ -117,11 +121,11 @@ def gc_paused():
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
                   transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
-                  unpredicated: set = frozenset()) -> CompiledEntry:
+                  unpredicated: dict | None = None) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
-    state.unpredicated = unpredicated
+    state.unpredicated = unpredicated or {}
     state.shape_env = env
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
@@ -157,6 +161,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         mode, ret, rebuild = _output_plan(result, extras, state)
         trace.args = [inp.proxy for inp in state.inputs]
         trace.set_return(ret)
+    trace.header_comments += predication_notes(state)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     _check_growing_resizes(trace, groups)
@@ -186,6 +191,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     compiled.gradients = hooks.autograd.gradient_of
     compiled.raises = raises
+    compiled.predication = predication_notes(state)
     return compiled
 
 

@@ -38,8 +38,8 @@ from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
-from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.frontend.training import predicated
+from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
     MISSING,
     InterpreterHooks,

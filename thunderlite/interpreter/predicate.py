@@ -76,6 +76,7 @@ def run(f, spans: tuple, pred, negated: bool) -> None:
                 if i.fn(f, i) is not None:
                     raise pred.refuse("it returns from the block")
         except InterpreterError:
+            pred.refuse("the interpreter stopped")     # the predication ends; the error is the program's
             raise
         except BaseException as e:
             if getattr(e, "predication", None) is pred:

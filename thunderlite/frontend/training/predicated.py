@@ -26,6 +26,8 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.interpreter import call_past_lookaside, interpret
 from thunderlite.transforms.predication import NotPredicable, predicate
 
+NOT_PREDICATED = "not predicated (reads its flag on the host): "
+
 
 class PredicationRefused(Exception):
     """A block could not be predicated; ``site`` is traced again unpredicated."""
@@ -126,7 +128,6 @@ class Branch:
         self.what = f"the block of `if` at {site[1]}:{site[2]}" if site[1] else "a block of `if`"
         self.spans: list = []          # (first symbol, keep flag) of each block
         self.before: tuple = ()
-        self.alive: set[int] = set()
 
     def begin(self, negated: bool) -> None:
         look = self.hooks.lookaside
@@ -138,7 +139,11 @@ class Branch:
         if negated:
             self.keep, self.other = self.other, self.keep
         self.before = _visible(self.hooks)
-        self.alive = {id(o) for o in gc.get_objects()}
+        # The collector is paused while compiling (compile.gc_paused), so every
+        # object made from now on stays in its youngest generation: one found
+        # there that was not there now was made by the block.
+        self.young_before = {id(o) for o in gc.get_objects(0)}
+        self.young_now: set[int] = set()
         self.hooks.predicating.append(self)
         self.spans.append((len(self.hooks.state.trace.bound_symbols), self.keep))
 
@@ -170,14 +175,18 @@ class Branch:
         refused for one made before it (a flag cannot undo that write), except
         what the trace's overlay records (compared at the end)."""
         st = self.hooks.state
-        # a dict holding only atoms is not tracked by the collector: it may be older than the block
-        older = id(obj) in self.alive or type(obj) is dict and not gc.is_tracked(obj)
-        if older and id(obj) not in st.prov_of and id(obj) not in st.mirrors_by_copy:
+        if id(obj) in st.prov_of or id(obj) in st.mirrors_by_copy:
+            return      # the overlay has it: compared at the end
+        if id(obj) not in self.young_now:
+            self.young_now = {id(o) for o in gc.get_objects(0)}
+        # older: in an older generation, untracked (a dict of atoms), or young before the block
+        if id(obj) not in self.young_now or id(obj) in self.young_before or gc.isenabled():
             raise self.refuse(f"it changes a {type(obj).__name__} made before the block")
 
     def _leave(self) -> None:
         if self.hooks.predicating and self.hooks.predicating[-1] is self:
             self.hooks.predicating.pop()
+            self.young_before = self.young_now = set()
 
 
 def branch(hooks, value: Any) -> Branch | None:
@@ -208,3 +217,11 @@ def grad_scaler_maybe_step(hooks, scaler, optimizer, optimizer_state, *args, **k
     keep = hooks.lookaside(torch.eq)(total, 0)
     return run_predicated(hooks, keep, lambda: interpret(optimizer.step, hooks)(*args, **kwargs), site,
                           f"{type(optimizer).__name__}.step under GradScaler")
+
+
+def predication_notes(state) -> list[str]:
+    """What was traced predicated and which blocks read their flag instead, and
+    why: for the trace's header, ``examine`` and the report."""
+    notes = [f"predicated on {flag} (no host read): {what}" for what, flag, _ in state.predicated]
+    notes += [f"{NOT_PREDICATED}{why}" for why in state.unpredicated.values()]
+    return notes
