@@ -46,6 +46,7 @@ from thunderlite.frontend.caching.entries import (
 from thunderlite.frontend.compile import compile_call, gc_paused
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.frontend.splits import MAX_PATHS, SplitBudget, after_split
 from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
@@ -61,17 +62,21 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None, dynamic: bool | None = None):
+                 progress: bool | None = None, dynamic: bool | None = None, splits: bool | int = True):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic={dynamic!r} must be None (automatic), True or False")
+        if type(splits) is not bool and (type(splits) is not int or splits < 1):
+            raise ValueError(f"splits={splits!r} must be True, False or a number of paths (at least 1)")
         self.fn = fn
         self.progress = progress
         self.executors = executors
         self.transforms = check_transforms(transforms)
         self.cache_mode = cache
         self.dynamic = dynamic
+        # where Python needs a traced value the program splits (frontend/splits/); False: DataDependentError
+        self.splits = None if splits is False else SplitBudget(MAX_PATHS if splits is True else splits)
         self._keys = self._key_cache(parameter_names(fn))
         self._key_fn = self._keys.no_key
         self._entries: dict = {}
@@ -112,8 +117,8 @@ class ThunderliteFunction:
             self._fast = _no_fast_guard
             self._armings = 0
             return
-        if self._armings >= MAX_ARMINGS:
-            return
+        if self._armings >= MAX_ARMINGS or getattr(entry.fn, "__thunderlite_source__", None) is None:
+            return      # a split program's entry runs its pieces' own entries: no fast guard
         self._armings += 1
         guard = self._keys.fast_guard(self._key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
@@ -148,7 +153,7 @@ class ThunderliteFunction:
         try:
             entry = self._compile(key_fn, args, kwargs, symbolic)
         except (TypeError, DataDependentError) as e:
-            if not symbolic:
+            if not symbolic or after_split(e):
                 raise
             warnings.warn(f"thunderlite: a number argument cannot stay symbolic here ({e}); "
                           "specializing on number values from now on", stacklevel=user_stacklevel())
@@ -160,7 +165,7 @@ class ThunderliteFunction:
             entry.sym_guards = []
         self._store(key, entry)
         self._candidate, self._armings = entry, 0
-        out = entry.fn(args, kwargs)
+        out = entry.run_first(args, kwargs)
         if out is MISS:
             raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
                                "for (a guard reads a value that changes on every read)")
@@ -188,12 +193,14 @@ class ThunderliteFunction:
         sig = self._keys.signature_of(key_fn)
         dynamic = self._keys.dynamic_of(sig)
         options = dict(executors=self.executors, symbolic_numbers=symbolic, transforms=self.transforms,
-                       progress=self.progress, name=self.__name__)
+                       progress=self.progress, name=self.__name__, splits=self.splits)
         if not dynamic:
             return compile_call(self.fn, args, kwargs, sig, **options)
         try:
             return compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
         except Exception as e:  # noqa: BLE001 - symbolic sizes must never break a program that compiles
+            if after_split(e):
+                raise       # a piece of the call ran: compiling it again would run that piece twice
             why = f"{type(e).__name__}: {e}".split("\n")[0]
         # what failed with symbolic sizes compiles for these sizes; this signature stays static
         self._key_fn = self._keys.make_static(key_fn)
@@ -283,7 +290,8 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False):
+        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False,
+        splits: bool | int = True):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -300,7 +308,13 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     compiles for each new size.
     ``cudagraphs``: run the static parts of the final traces (forward and
     backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
-    ``transforms``); what stays outside, and why, is in ``examine``."""
+    ``transforms``); what stays outside, and why, is in ``examine``.
+    ``splits``: where Python needs a tensor's value (``if loss > 0``,
+    ``float(t)`` decided on, ``.item()`` formatted or compared), the program
+    is compiled as pieces split there, each path of values seen compiled once
+    (True: at most ``MAX_PATHS`` paths, then the callable runs eagerly, with
+    a warning; a number: that bound); False raises ``DataDependentError``
+    instead, for one trace or nothing."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -324,10 +338,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*(transforms or ()), CUDAGraphs()]
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic)
+                                 dynamic=dynamic, splits=splits)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic)
+                               dynamic=dynamic, splits=splits)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -386,7 +400,8 @@ def last_prologue_traces(jfn) -> list[Trace]:
 def cache_info(jfn) -> dict:
     """hits, misses, entries, the reason of the last miss, the cache mode."""
     j = _jitted(jfn)
-    return {**j.info.as_dict(), "cache_mode": j.cache_mode}
+    splits = j.splits.as_dict() if j.splits is not None else None
+    return {**j.info.as_dict(), "cache_mode": j.cache_mode, "splits": splits}
 
 
 def compile_stats(jfn) -> dict:

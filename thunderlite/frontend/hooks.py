@@ -37,6 +37,7 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
+from thunderlite.frontend.splits import index_request, request
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
@@ -107,6 +108,7 @@ class TracingHooks(InterpreterHooks):
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
         self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
+        self.splitter = None    # splits.Splitter: where Python needs a traced value (None: refused)
 
     # --- source lines ----------------------------------------------------------------------
     _located_frames: tuple | None = None        # the interpreted frames last_location was made from
@@ -216,6 +218,9 @@ class TracingHooks(InterpreterHooks):
                 else:
                     out = fn(*args, **kwargs)
             except DataDependentError as e:
+                wanted = self.split_value(request(fn, args, kwargs))
+                if wanted is not _NOT_SPLIT:
+                    return wanted
                 raise self.located(e) from None
             except dtensor.DTensorRefused as e:
                 if str(e).startswith("thunderlite cannot trace"):
@@ -227,6 +232,14 @@ class TracingHooks(InterpreterHooks):
                 grad_mode.requires_grad_(out)     # a factory's new leaf (``zeros_like(x, requires_grad=True)``)
             return out
         return call
+
+    def split_value(self, req) -> Any:
+        """The Python value the program needs (a ``splits.sites`` request), the
+        program split there (frontend/splits/); ``_NOT_SPLIT`` where it cannot
+        split: the strict option, inside a composite or a torch.func function."""
+        if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
+            return _NOT_SPLIT
+        return self.splitter.value(*req)
 
     def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the
@@ -252,10 +265,14 @@ class TracingHooks(InterpreterHooks):
         """``x`` (a returned value, a value written back) with each real tensor in
         its plain containers made a proxy (``unannounced``): a tensor natively run
         code computed from real ones (``sum`` over a container the program holds
-        no copy of) would otherwise leave the call as a trace-time constant."""
+        no copy of) would otherwise leave the call as a trace-time constant.
+        A container that came from outside the call uncopied (too big to mirror:
+        LBFGS's history lists) stays as it is: its item writes are its own."""
         t = type(x)
         if isinstance(x, torch.Tensor) and t is not TensorProxy:
             return self.unannounced(x, how, located=False)      # the program's lines have all run
+        if (t is list or t is dict) and id(x) in self.state.prov_of and id(x) not in self.state.mirrors_by_copy:
+            return x
         if t is tuple or t is list or (isinstance(x, tuple) and hasattr(t, "_make")):
             items = [self.settled(y, how) for y in x]
             if all(a is b for a, b in zip(items, x, strict=True)):
@@ -532,7 +549,11 @@ class TracingHooks(InterpreterHooks):
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
-        very tensor (an identity guard on the proxy's path)."""
+        very tensor (an identity guard on the proxy's path). A traced value
+        indexing a list, tuple or string splits the program there."""
+        if isinstance(container, (list, tuple, str, range)):
+            wanted = self.split_value(index_request(key))
+            return key if wanted is _NOT_SPLIT else wanted
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
@@ -603,6 +624,9 @@ class TracingHooks(InterpreterHooks):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
+
+
+_NOT_SPLIT = object()
 
 
 def is_stateful_iterator(value: Any) -> bool:

@@ -60,6 +60,11 @@ class CompiledEntry:
         self.input_names: list = []  # the trace name of each of ``inputs``
         self.gradients: dict = {}    # a whole step's gradients: value name -> its leaf (api.last_gradients)
 
+    def run_first(self, args: tuple, kwargs: dict):
+        """Run the call this entry was compiled for (a split program's ran while
+        it was compiled: frontend/splits/tree.py)."""
+        return self.fn(args, kwargs)
+
 
 class KeyCache:
     """signature -> generated key function. ``symbolic_sizes``: every size of a
