@@ -37,7 +37,7 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
-from thunderlite.frontend.splits import index_request, request
+from thunderlite.frontend.splits import NOT_SPLIT, index_request, native_request, request
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
@@ -194,7 +194,23 @@ class TracingHooks(InterpreterHooks):
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
+        if self.splitter is not None and (fn is range or type(fn) is types.BuiltinFunctionType
+                                          and getattr(fn, "__module__", None) in _PURE_NATIVE):
+            return self._on_values(fn)
         return None
+
+    def _on_values(self, fn: Callable) -> Callable:
+        """A pure native function that needs a traced value (``math.isclose(n,
+        2.0)``, ``range(n)``) runs on the run-time values, the program split there."""
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except DataDependentError as e:
+                wanted = self.split_value(native_request(fn, args, kwargs))
+                if wanted is NOT_SPLIT:
+                    raise self.located(e) from None
+                return wanted
+        return call
 
     def recording(self, fn: Callable, torch_fn: Callable | None = None) -> Callable:
         """Call ``fn`` natively, stamping the user's line on the symbols it records.
@@ -219,7 +235,7 @@ class TracingHooks(InterpreterHooks):
                     out = fn(*args, **kwargs)
             except DataDependentError as e:
                 wanted = self.split_value(request(fn, args, kwargs))
-                if wanted is not _NOT_SPLIT:
+                if wanted is not NOT_SPLIT:
                     return wanted
                 raise self.located(e) from None
             except dtensor.DTensorRefused as e:
@@ -235,10 +251,10 @@ class TracingHooks(InterpreterHooks):
 
     def split_value(self, req) -> Any:
         """The Python value the program needs (a ``splits.sites`` request), the
-        program split there (frontend/splits/); ``_NOT_SPLIT`` where it cannot
+        program split there (frontend/splits/); ``NOT_SPLIT`` where it cannot
         split: the strict option, inside a composite or a torch.func function."""
         if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
-            return _NOT_SPLIT
+            return NOT_SPLIT
         return self.splitter.value(*req)
 
     def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
@@ -553,7 +569,7 @@ class TracingHooks(InterpreterHooks):
         indexing a list, tuple or string splits the program there."""
         if isinstance(container, (list, tuple, str, range)):
             wanted = self.split_value(index_request(key))
-            return key if wanted is _NOT_SPLIT else wanted
+            return key if wanted is NOT_SPLIT else wanted
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
@@ -626,7 +642,8 @@ class TracingHooks(InterpreterHooks):
         return True
 
 
-_NOT_SPLIT = object()
+# modules of native functions without side effects, run on a split's values when they need them
+_PURE_NATIVE = frozenset({"math", "cmath", "_operator", "operator"})
 
 
 def is_stateful_iterator(value: Any) -> bool:

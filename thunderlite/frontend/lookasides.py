@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
+from thunderlite.frontend.splits import NOT_SPLIT, request
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
@@ -90,7 +91,13 @@ class Lookasides:
             # eager compares the tensors with < or > and takes one by its truth value
             return interpret(_max if fn is max else _min, self.hooks)(*args, **kwargs)
         if any(numbers.is_traced(a) for a in args):
-            return self.hooks.recording(traced)(*args, **kwargs)
+            try:
+                return self.hooks.recording(traced)(*args, **kwargs)
+            except DataDependentError:
+                if (fn is max or fn is min) and self.hooks.splitter is not None:
+                    # numbers of mixed types: Python returns one of them as it is, picked by comparing
+                    return interpret(_max if fn is max else _min, self.hooks)(*args, **kwargs)
+                raise
         if fn in _TENSOR_TO_NUMBER and len(args) == 1 and not kwargs and type(args[0]) is TensorProxy:
             # ``float(loss)``: the tensor's one element as a traced number (``item()``), like eager's
             number = self.hooks.lookaside(torch.Tensor.item)(args[0])
@@ -107,6 +114,12 @@ class Lookasides:
         if kwargs:
             return call_past_lookaside(fn, args, kwargs)
         return interpret(_TRUTH[fn], self.hooks)(*args)
+
+    def tensor_text(self, fn: Callable, *args):
+        """The program's ``str``/``repr``/``format`` of a tensor: its values, as
+        eager prints them (the program split there); otherwise the proxy's name."""
+        wanted = self.hooks.split_value(request(fn, args, {}))
+        return fn(*args) if wanted is NOT_SPLIT else wanted
 
     def recorded(self, traced: Callable, *args, **kwargs):
         """``traced`` recorded with the user's line."""
@@ -366,6 +379,8 @@ def _table() -> dict:
         table[fn] = _method(name)
     for fn in _TRUTH:
         table[fn] = (lambda fn: lambda self, *a, **k: self.truth_of(fn, *a, **k))(fn)
+    for fn in (TensorProxy.__str__, TensorProxy.__repr__, TensorProxy.__format__):
+        table[fn] = (lambda fn: lambda self, *a: self.tensor_text(fn, *a))(fn)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
                   for f, impl in functorch_replacements().items()})

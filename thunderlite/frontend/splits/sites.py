@@ -33,9 +33,13 @@ VALUE_METHODS = {
     "as_integer_ratio": ".as_integer_ratio()",
     "hex": ".hex()",
 }
+# a tensor's text, which the program's str()/repr()/format()/f-strings read (they do not raise)
+TEXT_METHODS = {"__format__": "formatting", "__str__": "str()", "__repr__": "repr()"}
 _OWNERS = (TensorProxy, NumberProxy, SymInt)
 
 Request = tuple[list, Callable[[list], Any], str]
+NOT_SPLIT = object()
+"""What a split that cannot happen gives (the strict option, inside a composite or torch.func)."""
 
 
 def request(fn: Callable, args: tuple, kwargs: dict) -> Request | None:
@@ -46,6 +50,9 @@ def request(fn: Callable, args: tuple, kwargs: dict) -> Request | None:
         asked, value = _reader(x)
         return asked, lambda vals: format(value(vals), spec), f"formatting {_name(x)} as text"
     name = getattr(fn, "__name__", None)
+    if name in TEXT_METHODS and args and type(args[0]) is TensorProxy and not kwargs:
+        x, rest = args[0], args[1:]
+        return [x], lambda vals: getattr(vals[0], name)(*rest), f"{TEXT_METHODS[name]} of the tensor {x.name}"
     if name not in VALUE_METHODS or not args or kwargs or not isinstance(args[0], _OWNERS):
         return None
     owner = getattr(fn, "__qualname__", "").split(".")[0]
@@ -62,6 +69,29 @@ def index_request(key: Any) -> Request | None:
         return None
     asked, value = _reader(key)
     return asked, lambda vals: operator.index(value(vals)), f"its use as an index of {_name(key)}"
+
+
+def native_request(fn: Callable, args: tuple, kwargs: dict) -> Request | None:
+    """A pure native function (``math.isclose``, ``range``) that needs the
+    values of the traced numbers or tensors among its arguments: it runs on
+    their run-time values, and its result is what the program gets."""
+    flat = list(args) + list(kwargs.values())
+    if not any(isinstance(a, _OWNERS) for a in flat):
+        return None
+    readers, asked = [], []
+    for a in flat:
+        if isinstance(a, _OWNERS) and not (type(a) is SymInt and a.hint is not None):
+            got, value = _reader(a)
+            readers.append((len(asked), len(got), value))
+            asked += got
+        else:
+            readers.append(None)
+
+    def compute(vals: list) -> Any:
+        real = [a if r is None else r[2](vals[r[0]:r[0] + r[1]]) for a, r in zip(flat, readers, strict=True)]
+        return fn(*real[:len(args)], **dict(zip(kwargs, real[len(args):], strict=True)))
+    name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    return asked, compute, f"{getattr(fn, '__module__', None) or 'builtins'}.{name}() of traced values"
 
 
 def _reader(x: Any) -> tuple[list[Proxy], Callable[[list], Any]]:

@@ -25,6 +25,7 @@ already ran: training/traced_autograd.py ``freeze``).
 """
 from __future__ import annotations
 
+import linecache
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from thunderlite.frontend.splits.liveness import (
 )
 from thunderlite.frontend.splits.tree import Node, Site, SplitBudget, SplitEntry, SplitTree
 from thunderlite.frontend.state import Input
-from thunderlite.interpreter import active_frames
+from thunderlite.interpreter import active_frames, source_locations
 from thunderlite.transforms.autodiff.inline import graph_of
 
 PIECE_STAGE = "interpretation"
@@ -180,7 +181,13 @@ class Splitter:
         return value
 
     def _site(self, what: str) -> Site:
+        """The user's line, and the library line that asked when it is not the
+        user's (``if opt_cond:`` in torch.optim.LBFGS.step)."""
         loc = self.hooks.user_location()
+        frames = source_locations()
+        if frames and (loc is None or tuple(frames[-1]) != (loc[0], loc[1])):
+            file, line = frames[-1]
+            what += f", in {file}:{line} ({linecache.getline(file, line).strip()})"
         if loc is None:
             return Site("<unknown>", 0, "", what)
         return Site(loc[0], loc[1], loc[2], what)

@@ -203,6 +203,10 @@ class SplitEntry(CompiledEntry):
     def gradients(self) -> dict:
         return {k: v for n in self.tree.last_path for k, v in n.entry.gradients.items()}
 
+    def pieces(self) -> list[CompiledEntry]:
+        """The compiled pieces the last call ran, in order."""
+        return [n.entry for n in self.tree.last_path]
+
     def splits(self) -> list[tuple[Site, Any]]:
         """The splits of the last call's path: where, why, and the value seen."""
         path = self.tree.last_path
