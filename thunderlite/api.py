@@ -198,7 +198,7 @@ class ThunderliteFunction:
             return compile_call(self.fn, args, kwargs, sig, **options)
         try:
             return compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
-        except Exception as e:  # noqa: BLE001 - symbolic sizes must never break a program that compiles
+        except Exception as e:  # symbolic sizes must never break a program that compiles
             if after_split(e):
                 raise       # a piece of the call ran: compiling it again would run that piece twice
             why = f"{type(e).__name__}: {e}".split("\n")[0]

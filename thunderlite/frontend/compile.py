@@ -33,7 +33,7 @@ from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_si
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.splits import Resume, SplitBudget, Splitter, SplitRefused, mark_after_split
+from thunderlite.frontend.splits import Resume, SplitBudget, SplitRefused, Splitter, mark_after_split
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE

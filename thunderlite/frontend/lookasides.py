@@ -21,8 +21,8 @@ from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProx
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
-from thunderlite.frontend.splits import NOT_SPLIT, request
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.frontend.splits import NOT_SPLIT, request
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
 
@@ -310,7 +310,7 @@ def _extremum(better: Callable):
         if best is _NO_DEFAULT:
             if default is not _NO_DEFAULT:
                 return default
-            raise ValueError("max() iterable argument is empty" if better is _gt else "min() iterable argument is empty")
+            raise ValueError(f"{'max' if better is _gt else 'min'}() iterable argument is empty")
         return best
     return pick
 
