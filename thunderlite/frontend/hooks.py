@@ -29,6 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
+from thunderlite.core.symint import active_env
 from thunderlite.distributed import dtensor
 from thunderlite.distributed.ddp import DDPModule
 from thunderlite.distributed.stand_in import stand_in
@@ -37,7 +38,7 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
-from thunderlite.frontend.splits import NOT_SPLIT, index_request, native_request, request
+from thunderlite.frontend.splits import NOT_SPLIT, index_request, native_request, request, size_request
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
@@ -237,6 +238,8 @@ class TracingHooks(InterpreterHooks):
                 wanted = self.split_value(request(fn, args, kwargs))
                 if wanted is not NOT_SPLIT:
                     return wanted
+                if self.pinned(e):
+                    return call(*args, **kwargs)        # the op again, its sizes now known
                 raise self.located(e) from None
             except dtensor.DTensorRefused as e:
                 if str(e).startswith("thunderlite cannot trace"):
@@ -256,6 +259,20 @@ class TracingHooks(InterpreterHooks):
         if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
             return NOT_SPLIT
         return self.splitter.value(*req)
+
+    def pinned(self, e: DataDependentError) -> bool:
+        """An op decided on sizes known only when the program runs: the program
+        splits to read them, and is specialized to their values from then on."""
+        env = active_env()
+        req = size_request(e)
+        if req is None or env is None or all(p.name in env.replacements for p in req[0]):
+            return False            # pinned already: the op needs something else
+        values = self.split_value(req)
+        if values is NOT_SPLIT:
+            return False
+        for p, v in zip(req[0], values, strict=True):
+            env.pin(p.name, v)
+        return True
 
     def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the

@@ -141,6 +141,11 @@ def size_from_data(x):
     return y - 1
 
 
+def sizes_decided_in_ops(x):
+    y = x[x > 0] + x[:2]                      # broadcasting a run-time size against 2
+    return y, x[x.argmax().item()]             # indexing a tensor with an item()
+
+
 INPUTS = [torch.tensor([0.5, -1.0, 2.0]), torch.tensor([-3.0, 1.0, 0.25]), torch.tensor([4.0, 3.0, 1.0]),
           torch.tensor([0.5, -1.0, 2.0]), torch.tensor([-0.5, -1.0, -2.0])]
 TABLE = [10.0, 20.0, 30.0]
@@ -150,7 +155,7 @@ PROGRAMS = {
     "int_as_index": (int_as_index, (TABLE,)), "list_indexed_by_tensor": (list_indexed_by_tensor, (TABLE,)),
     "tolist_loop": (tolist_loop, ()), "formatted": (formatted, ()), "early_exit": (early_exit, ()),
     "builtins_on_tensors": (builtins_on_tensors, ()), "torch_equal": (torch_equal, ()),
-    "size_from_data": (size_from_data, ()),
+    "size_from_data": (size_from_data, ()), "sizes_decided_in_ops": (sizes_decided_in_ops, ()),
 }
 
 

@@ -94,6 +94,18 @@ def native_request(fn: Callable, args: tuple, kwargs: dict) -> Request | None:
     return asked, compute, f"{getattr(fn, '__module__', None) or 'builtins'}.{name}() of traced values"
 
 
+def size_request(e: Exception) -> Request | None:
+    """An op that decides on sizes known only when the program runs
+    (``x[i]`` of an ``item()``, broadcasting ``x[mask]`` against another
+    size): the values of those sizes, which the program is then specialized
+    to (``ShapeEnv.pin``)."""
+    asked = list(getattr(e, "unbacked", None) or ())
+    if not asked:
+        return None
+    names = ", ".join(p.name for p in asked)
+    return asked, lambda vals: tuple(int(_number(v)) for v in vals), f"the sizes {names}, decided on in an op"
+
+
 def _reader(x: Any) -> tuple[list[Proxy], Callable[[list], Any]]:
     """The trace values ``x`` is made of, and its run-time value from theirs."""
     if type(x) is SymInt:
