@@ -98,8 +98,10 @@ class Lookasides:
                     # numbers of mixed types: Python returns one of them as it is, picked by comparing
                     return interpret(_max if fn is max else _min, self.hooks)(*args, **kwargs)
                 raise
-        if fn in _TENSOR_TO_NUMBER and len(args) == 1 and not kwargs and type(args[0]) is TensorProxy:
-            # ``float(loss)``: the tensor's one element as a traced number (``item()``), like eager's
+        if fn in _TENSOR_TO_NUMBER and len(args) == 1 and not kwargs and type(args[0]) is TensorProxy \
+                and self.hooks.splitter is not None:
+            # ``float(loss)``: the tensor's one element as a traced number (``item()``), like eager's;
+            # the strict option (``jit(splits=False)``) keeps refusing it, as before splits
             number = self.hooks.lookaside(torch.Tensor.item)(args[0])
             return self.hooks.recording(traced)(number)
         if (fn is max or fn is min) and len(args) == 1 and not kwargs and type(args[0]) in (list, tuple) \

@@ -277,7 +277,11 @@ class Splitter:
         return trace, inputs
 
     def _trace(self, bsyms: list) -> Trace:
-        trace = Trace("computation", stage=PIECE_STAGE, names=self.trace.names)
+        # the passes name what they make from a copy of the names taken so far: the
+        # interpretation's own names must come out the same when it is replayed
+        names = type(self.trace.names)()
+        names.taken, names.counters = set(self.trace.names.taken), dict(self.trace.names.counters)
+        trace = Trace("computation", stage=PIECE_STAGE, names=names)
         trace.bound_symbols = list(bsyms)
         trace._scopes = [trace.bound_symbols]
         trace.pass_time_ms = self.trace.pass_time_ms

@@ -146,7 +146,8 @@ class SplitTree:
                 env = node.advance(env, exported)
                 values.append(value)
                 node, out = self._child(node, value, args, kwargs, env, miss)
-                if node is None:
+                if node is None:        # re-interpreted from the start: in the call's grad mode
+                    torch._C._set_grad_enabled(grad)
                     return self.resume(self, path, values, args, kwargs, env)
                 path.append(node)
         finally:
