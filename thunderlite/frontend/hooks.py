@@ -135,6 +135,8 @@ class TracingHooks(InterpreterHooks):
             msg = f"{msg} (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else msg
         if "ThunderFX" not in msg and not isinstance(e, OpaqueDataDependentError):
             msg += _DATA_DEPENDENT_HINT
+            if self.splitter is None:
+                msg += " Or leave jit's splits option on (the default): the program is then split there."
         return e if msg == str(e) else type(e)(msg)
 
     def user_location(self, exc: BaseException | None = None) -> tuple | None:
