@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import random
 import sys
 import time
@@ -197,8 +198,8 @@ class TracingHooks(InterpreterHooks):
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
-        if self.splitter is not None and (fn is range or type(fn) is types.BuiltinFunctionType
-                                          and getattr(fn, "__module__", None) in _PURE_NATIVE):
+        if self.splitter is not None and (fn in _PURE_FUNCTIONS or type(fn) is types.BuiltinFunctionType
+                                          and getattr(fn, "__module__", None) in _PURE_MODULES):
             return self._on_values(fn)
         return None
 
@@ -661,8 +662,9 @@ class TracingHooks(InterpreterHooks):
         return True
 
 
-# modules of native functions without side effects, run on a split's values when they need them
-_PURE_NATIVE = frozenset({"math", "cmath", "_operator", "operator"})
+# native functions without side effects, run on a split's values when they need them
+_PURE_MODULES = frozenset({"math", "cmath"})
+_PURE_FUNCTIONS = frozenset({range, operator.index, operator.truth, operator.not_})
 
 
 def is_stateful_iterator(value: Any) -> bool:
