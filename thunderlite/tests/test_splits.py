@@ -569,3 +569,15 @@ def _run_generated(combo, executors):
         _same_state(_state(model, opt), _state(ref, ref_opt), where)
         if sched is not None:
             _same(sched.state_dict(), ref_sched.state_dict(), f"{where}: scheduler")
+
+
+def test_inside_a_torch_func_transform_it_still_raises_naming_the_line():
+    """A split cuts the program between its own statements: inside a function a
+    torch.func transform records (a scratch trace of its own) it cannot, and
+    the error names the line."""
+    def f(x):
+        def inner(y):
+            return y.sum() if y.sum() > 0 else -y.sum()
+        return torch.func.grad(inner)(x)
+    with pytest.raises(DataDependentError, match=r"test_splits.py:\d+: return y.sum\(\) if y.sum\(\) > 0"):
+        thunderlite.jit(f)(torch.ones(3))

@@ -36,7 +36,7 @@ import torch
 from thunderlite.core import pytree
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import free_proxies
-from thunderlite.core.symint import ShapeEnv, SymInt
+from thunderlite.core.symint import ShapeEnv, SymInt, active_env
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import current_trace
 from thunderlite.frontend.caching.entries import CompiledEntry
@@ -351,6 +351,9 @@ class Splitter:
             return set(defined)
         live = {n for n in found if n in defined}
         live |= self._graph_values(found, defined)
+        sizes = active_env()        # run-time sizes: a later shape may name one through a guarded equality
+        if sizes is not None:
+            live |= {n for n in sizes.atoms if n in defined}
         return live
 
     def _graph_values(self, found: dict, defined: set[str]) -> set[str]:
