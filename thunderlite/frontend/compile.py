@@ -33,14 +33,16 @@ from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_si
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
-from thunderlite.frontend.splits import Resume, SplitBudget, SplitRefused, Splitter, mark_after_split
+from thunderlite.frontend.splits import Resume, SplitBudget, SplitRefused, Splitter, after_split, mark_after_split
 from thunderlite.frontend.state import Input, Mirror, TraceState
+from thunderlite.frontend.training.predicated import NOT_PREDICATED, PredicationRefused, predication_notes
 from thunderlite.interpreter import interpret
+from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.torch.ops.inplace import grown
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases, writes_memory
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
@@ -73,22 +75,59 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
 
 class _Job:
     """What every compile of one signature shares: the first call's, and the
-    later ones that resume a split program (frontend/splits/)."""
+    later ones that resume a split program (frontend/splits/); the blocks whose
+    flag is read as eager does (``unpredicated``: site -> why)."""
 
     def __init__(self, fn, sig, executors, symbolic_numbers, transforms, progress, name, dynamic, splits):
         self.fn, self.sig, self.executors = fn, sig, executors
         self.symbolic_numbers, self.transforms, self.progress = symbolic_numbers, transforms, progress
         self.name, self.dynamic, self.splits = name, dynamic, splits
+        self.unpredicated: dict = {}
 
     def compile(self, args: tuple, kwargs: dict, resume: Resume | None = None):
+        """A predicated block refused restarts the compile with that site
+        reading its flag (training/predicated.py); never once a piece of a split
+        program ran (frontend/splits/: it would run twice)."""
         with compile_progress(self.name, self.progress), gc_paused():
-            with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
-                symbolic = env if self.dynamic or self.symbolic_numbers else None
-                return _compile_call(self, args, kwargs, symbolic, resume)
+            while True:
+                with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
+                    symbolic = env if self.dynamic or self.symbolic_numbers else None
+                    try:
+                        return _compile_call(self, args, kwargs, symbolic, resume)
+                    except PredicationRefused as e:
+                        if e.site in self.unpredicated or after_split(e):
+                            raise
+                        self.unpredicated[e.site] = e.reason
+                    except Exception as e:
+                        for why in self.unpredicated.values():      # why the flag was read, where reading it failed
+                            e.add_note(f"{NOT_PREDICATED}{why}")
+                        raise
 
     def resume(self, tree, path, values, args: tuple, kwargs: dict, env: dict) -> Any:
         """The rest of a call whose path left its split program's tree: compiled, run, its output."""
         return self.compile(args, kwargs, Resume(tree, path, values, env))
+
+
+def _own_error(e: BaseException) -> bool:
+    """Whether ``e`` is thunderlite refusing or failing, rather than the program
+    raising (its ``raise``, or torch's error for its arguments, which eager
+    raises at the same line). Only the program's own exceptions leave its
+    earlier writes done (``run_until_raise``)."""
+    return isinstance(e, (NotTracedError, DataDependentError, InterpreterError, NotImplementedError,
+                          RecursionError, PredicationRefused)) or "thunderlite" in str(e)[:300]
+
+
+def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    """A program that raised its own exception while tracing: run what it did
+    before the raise (in-place writes, module state, ``.grad``), as eager did
+    before the exception reached the caller, then raise it. Nothing is cached:
+    each such call traces again."""
+    exc = entry.raises
+    try:
+        entry.fn(args, kwargs)
+    except Exception:  # noqa: BLE001 - the prefix failing must not hide the program's exception
+        pass
+    raise exc
 
 
 @contextlib.contextmanager
@@ -113,6 +152,7 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
+    state.unpredicated = job.unpredicated
     state.shape_env = env
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
@@ -132,7 +172,13 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
     try:
         with tracectx(trace):
             pargs, pkwargs = proxy_arguments(state, args, kwargs, job.sig, _param_names(fn), job.dynamic)
-            result = _interpret(fn, hooks, pargs, pkwargs)
+            raises = None
+            try:
+                result = _interpret(fn, hooks, pargs, pkwargs)
+            except Exception as e:
+                if _own_error(e) or not _wrote_anything(trace, state):
+                    raise
+                raises, result = e, None
             _check_not_lazy(fn, result)
             result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
             piece = hooks.splitter.tail() if hooks.splitter is not None and hooks.splitter.cuts else trace
@@ -151,11 +197,16 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
                 inputs, guards, sym_guards = state.inputs, state.guards, list(env.guards) if env is not None else []
             else:
                 inputs, guards, sym_guards = hooks.splitter.seal_tail(piece, ret)
+        piece.header_comments += predication_notes(state)
         trace.pass_time_ms = (time.perf_counter() - start) * 1e3
         compiled = _compile_piece(job, hooks, piece, inputs, guards, sym_guards, writes, mode, rebuild,
                                   [p.name for p in extras])
+        compiled.raises = raises
         if piece is trace:
             return compiled
+        if raises is not None:        # the program's own exception after a split: the rest, then the raise
+            hooks.splitter.run_last(compiled)
+            raise raises
         out, entry = hooks.splitter.finish(compiled)
         return out if resume is not None else entry
     except BaseException as e:
@@ -203,7 +254,13 @@ def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[In
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in inputs]
     compiled.input_names = [inp.proxy.name for inp in inputs]
     compiled.gradients = dict(hooks.autograd.gradient_of)
+    compiled.predication = predication_notes(state)
     return compiled
+
+
+def _wrote_anything(trace: Trace, state: TraceState) -> bool:
+    """Whether the program, up to now, wrote something its caller can see."""
+    return writes_memory(trace) or bool(collect_writes(state))
 
 
 def _check_hook_functions(trace: Trace, state: TraceState) -> None:

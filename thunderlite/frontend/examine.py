@@ -13,6 +13,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
+from thunderlite.frontend.training.predicated import NOT_PREDICATED
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 
@@ -27,6 +28,7 @@ class Examination:
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.splits: list[str] = []     # where the program split (frontend/splits/): line, why, value seen
+        self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -57,6 +59,7 @@ class Examination:
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
+        lines += [f"  {line}" for line in self.predication]
         if self.splits:
             lines.append(f"  split into {len(self.splits) + 1} pieces where Python needs a traced value:")
             lines += [f"    {line}" for line in self.splits]
@@ -87,6 +90,9 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([f for p in pieces for f in (p.traces[-1], *p.backward_traces[-1:])])
+        report.predication = list(dict.fromkeys(n for p in pieces for n in getattr(p, "predication", ())))
+    if error is not None:
+        report.predication += [n for n in getattr(error, "__notes__", ()) if n.startswith(NOT_PREDICATED)]
     if hasattr(entry, "splits"):
         report.splits = [f"at {site.file}:{site.line} ({site.code.strip()}): {site.what}; the value was {value!r}"
                          for site, value in entry.splits()]

@@ -23,6 +23,7 @@ from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
 from thunderlite.frontend.splits import NOT_SPLIT, request
+from thunderlite.frontend.training.predicated import grad_scaler_maybe_step
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
 
@@ -383,6 +384,8 @@ def _table() -> dict:
         table[fn] = (lambda fn: lambda self, *a, **k: self.truth_of(fn, *a, **k))(fn)
     for fn in (TensorProxy.__str__, TensorProxy.__repr__, TensorProxy.__format__):
         table[fn] = (lambda fn: lambda self, *a: self.tensor_text(fn, *a))(fn)
+    # GradScaler's skipped step: predicated on its found_inf, no host read (training/predicated.py)
+    table[torch.amp.GradScaler._maybe_opt_step] = lambda self, *a, **k: grad_scaler_maybe_step(self.hooks, *a, **k)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
                   for f, impl in functorch_replacements().items()})

@@ -302,6 +302,18 @@ class Splitter:
         sym = list(self.shape_env.guards[prev.sym_guards:]) if self.shape_env is not None else []
         return inputs, self.state.guards[prev.guards:], sym
 
+    def run_last(self, leaf: CompiledEntry) -> None:
+        """The last piece of a call whose program raised its own exception after
+        a split: its writes run, as eager's did before the raise; nothing is
+        kept (each such call traces again)."""
+        torch._C._set_grad_enabled(self.cuts[-1].grad_enabled)
+        try:
+            leaf.fn(self.args, self.kwargs, self.env)
+        except Exception:  # noqa: BLE001 - this failing must not hide the program's exception
+            pass
+        finally:
+            torch._C._set_grad_enabled(self.start_grad)
+
     def finish(self, leaf: CompiledEntry) -> tuple[Any, CompiledEntry | None]:
         """Run the last piece; returns its output and, for the call that compiled
         the tree's root, the cache entry of the whole program."""
