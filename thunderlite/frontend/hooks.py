@@ -265,6 +265,8 @@ class TracingHooks(InterpreterHooks):
         split: the strict option, inside a composite or a torch.func function."""
         if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
             return NOT_SPLIT
+        if self.predicating:        # a block traced predicated reads a value: it reads its flag instead
+            raise self.predicating[-1].refuse(f"it needs a traced value ({req[2]})")
         return self.splitter.value(*req)
 
     def pinned(self, e: DataDependentError) -> bool:

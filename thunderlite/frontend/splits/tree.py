@@ -185,6 +185,7 @@ class SplitEntry(CompiledEntry):
         for name in ("stage_ms", "total_ms", "guards", "alias_guard", "inputs", "sym_guards", "input_names"):
             setattr(self, name, getattr(root, name))
         self.fn = run
+        self.raises = None
         self.tree = tree
         self._first: list = []
 
@@ -199,6 +200,10 @@ class SplitEntry(CompiledEntry):
     @property
     def prologue_traces(self) -> list:
         return [t for n in self.tree.last_path for t in n.entry.prologue_traces]
+
+    @property
+    def predication(self) -> list[str]:
+        return list(dict.fromkeys(n for p in self.pieces() for n in p.predication))
 
     @property
     def gradients(self) -> dict:
