@@ -63,6 +63,7 @@ from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_a
 from thunderlite.transforms.autodiff import rules, symbols
 from thunderlite.transforms.autodiff.function import is_function_symbol
 from thunderlite.transforms.autodiff.split import (
+    REQUIRES_GRAD_ID,
     _accumulate,
     _flatten,
     _needs_eager,
@@ -211,7 +212,7 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
         raise NotImplementedError(f"{what}: thunderlite cannot differentiate {reason} inside the transformed "
                                   "function; compute it out of place")
     forward, handles = _opaque_forward(scratch, flat, tracked)
-    forward, kept = _keep_overwritten(forward, groups, scratch)
+    forward, kept = _keep_overwritten(forward, groups, scratch, nested)
     own = {w.name for w in wrt} | {p.name for b in scratch.bound_symbols for p in b.proxy_outs()}
     hooks = hooks_of(scratch, groups, _where, of_args=True)
     forward += [b for b in scratch.bound_symbols if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
@@ -219,7 +220,8 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
                       {n: h for n, h in hooks.items() if n in own}, kept)
 
 
-def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace) -> tuple[list, dict]:
+def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace,
+                      differentiable: bool) -> tuple[list, dict]:
     """``forward`` with a clone, taken right before the write, of each value a
     later write overwrites (split.py's ``_protect_overwritten``: where eager
     raises "modified by an inplace operation" the gradient is the correct
@@ -227,7 +229,7 @@ def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: 
     does not read is dead code."""
     outs = [p for b in forward for p in b.tensor_outs()]
     values = [p for p in (*free_tensors(forward), *outs) if type(p) is TensorProxy]
-    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch)
+    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch, differentiable)
     return forward, {p.name: k for p, k in zip(values, kept, strict=True) if k is not p}
 
 
@@ -300,19 +302,26 @@ def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
 
 def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outputs: list[TensorProxy],
                     cotangents: list[TensorProxy], *, names, defined: set[str] | frozenset = frozenset(),
-                    wrt_values=()) -> InlinedBackward:
+                    wrt_values=(), create_graph: bool = False) -> InlinedBackward:
     """Differentiate ``outputs`` (computed by ``bsyms`` from ``args``) against
     ``cotangents`` with respect to the ``args`` that ``mask`` selects and to
     ``wrt_values`` (values ``bsyms`` compute). ``names``: the host trace's name
     pool; ``defined``: names the host defines before ``bsyms`` (see the module
-    docstring). The backward's values do not require grad (it is not itself
-    differentiated: ``create_graph=False``)."""
+    docstring). Without ``create_graph`` the backward's values do not require
+    grad; with it the backward is differentiable again (``create_graph=True``,
+    double backward): composites on the gradient path are differentiated
+    through their decompositions, as ``linearize`` does for a nested
+    transform, and the backward's values require grad where their inputs do."""
     program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
     outs, wrt_values = program.output       # the values' newest names after the program's writes
-    program = program.with_bound_symbols("", program.bound_symbols[:-1])
+    body = program.bound_symbols[:-1]
+    if create_graph:
+        body = _decomposed_on_path(body, _leaves(args, mask, body))
+    program = program.with_bound_symbols("", body)
     with tracectx(program):
         program.set_return(outs)
-    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values), recompute_norms=True)
+    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values), recompute_norms=not create_graph,
+                                   differentiable=create_graph)
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
     if split.write_backs or split.epilogue is not None:
@@ -329,13 +338,24 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     taken.update(p.name for b in forward for p in b.proxy_outs())
     backward = _distinct_names([rename_bsym(b, bind) for b in split.backward.bound_symbols
                                 if b.sym is not UNPACK_SAVED and Tag.RETURN not in b.sym.tags], taken, names, bind)
-    for b in backward:
-        for p in b.tensor_outs():
-            p.requires_grad = False
+    if create_graph:
+        _exact_requires_grad(backward)
+    else:
+        for b in backward:
+            for p in b.tensor_outs():
+                p.requires_grad = False
     swap = lambda x: bind.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
     result = list(pytree.tree_map(swap, split.backward.output))
     n = len(args)
     return InlinedBackward(forward, backward, result[:n], result[n:])
+
+
+def _leaves(args, mask, bsyms) -> set[str]:
+    """The names a differentiation starts from: the selected arguments and the
+    leaves the program makes (``requires_grad_()``)."""
+    out = {a.name for a, m in zip(args, mask, strict=True) if m}
+    out.update(b.args[0].name for b in bsyms if b.sym.id == REQUIRES_GRAD_ID)
+    return out
 
 
 def _distinct_names(bsyms: list[BoundSymbol], taken: set[str], names, swap: dict) -> list[BoundSymbol]:

@@ -764,11 +764,13 @@ def _leaves_of(bsym: BoundSymbol):
     return (b for b in walk(bsym) if not b.subsymbols)
 
 
-def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace):
+def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace,
+                         differentiable: bool = False):
     """A saved value whose memory a later forward symbol overwrites is saved as
     a clone taken just before that write, so the backward sees the value the
     forward used (eager raises "modified by an inplace operation" here; the
-    functional trace can give the correct gradient instead)."""
+    functional trace can give the correct gradient instead). ``differentiable``:
+    the backward is differentiated again, so the clone keeps the value's history."""
     first = _first_write_after(fwd_bsyms, groups, names_of.args)
     clones: dict[int, list] = {}
     rename: dict[str, Proxy] = {}
@@ -776,7 +778,8 @@ def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names
         at = first.get(p.name)
         if at is None or type(p) is not TensorProxy:
             continue
-        copy = p.replace(name=names_of.fresh_name(p.name + "_saved"), requires_grad=False)
+        copy = p.replace(name=names_of.fresh_name(p.name + "_saved"),
+                         requires_grad=differentiable and p.requires_grad)
         clones.setdefault(at, []).append(prims.clone.bind(p, output=copy))
         rename[p.name] = copy
     if not rename:
@@ -884,7 +887,7 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
                            executors=None, input_strides: dict | None = None, wrt_values=(),
-                           recompute_norms: bool = False) -> GradSplit:
+                           recompute_norms: bool = False, differentiable: bool = False) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
@@ -896,7 +899,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     trace (intermediates) whose gradients the backward also returns, after the
     arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py).
     ``recompute_norms``: the backward recomputes the norms' outputs it reads
-    (autodiff/rematerialize.py; for forward and backward in one program)."""
+    (autodiff/rematerialize.py; for forward and backward in one program).
+    ``differentiable``: the backward will be differentiated again (double
+    backward): values it reads keep their history."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -950,7 +955,8 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     fusing = any(getattr(ex, "fuses_elementwise", False) for ex in executors or ())
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
                                      overwritten, fusing, recompute_norms)
-    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace)
+    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace,
+                                                       differentiable)
     fwd_bsyms = [b for b in fwd_bsyms if not any(b is t for t in tail)]
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
     visible = _visible_names(trace)
