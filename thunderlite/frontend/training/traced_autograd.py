@@ -141,12 +141,18 @@ class TracedAutograd:
         self.grads[proxy.name] = value
 
     def writes(self) -> list[Write]:
-        """The ``.grad`` write-backs: each leaf whose ``.grad`` is not the tensor it began with."""
+        """The ``.grad`` write-backs: each leaf whose ``.grad`` is not the tensor it
+        began with. A ``.grad`` a ``backward(create_graph=True)`` left requiring
+        grad is eager's tensor whose graph the program kept (``graph_used``)."""
         out = []
         for name, value in self.grads.items():
             if name in self.entry_grads and value is self.entry_grads[name]:
                 continue
             inp = self.state.input_by_name(name)
+            if type(value) is TensorProxy and value.requires_grad and self.used:
+                kept = value.replace(name=self.trace.fresh_name("t"))
+                self.trace.add_top_level(GRAPH_USED.bind(value, True, output=kept))
+                value = kept
             out.append(Write("attr", inp.prov, "grad", value))
         return out
 
