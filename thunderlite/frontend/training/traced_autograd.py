@@ -435,6 +435,9 @@ class TracedAutograd:
                         "argument instead")
                 raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
             g = given[i] if given else None
+            if type(g) is TensorProxy and tuple(g.shape) != tuple(o.shape):
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {torch.Size(g.shape)} and "
+                                   f"output[{i}] has a shape of {torch.Size(o.shape)}.{self._where()}")
             if g is None:
                 if o.numel() != 1:
                     raise RuntimeError("grad can be implicitly created only for scalar outputs")
