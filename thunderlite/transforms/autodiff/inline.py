@@ -235,11 +235,13 @@ def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: 
 
 def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
     """``bsyms`` with every composite reading a ``tracked`` value replaced by its
-    decomposition (recursively); user Functions and opaque ops stay whole."""
+    decomposition (recursively); user Functions, opaque ops and symbols whose
+    rule is exact again (``rules.register_differentiable_again``) stay whole."""
     out = []
     for bsym in bsyms:
         on_path = any(p.name in tracked for p in bsym.tensor_args())
-        if on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags:
+        if (on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags
+                and not rules.differentiable_again(bsym)):
             subs = bsym.parts()
             out.extend(_decomposed_on_path(subs, tracked))
             continue

@@ -309,6 +309,10 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
                 out.append(sub)
                 _track_outputs(sub, tracked)
             continue
+        if Tag.ALIAS_BARRIER in sym.tags and _after_owned_write(bsym, out, tracked):
+            out.append(bsym)        # the members keep their history, as after a write autograd does not see
+            tracked.update(o.name for m, o in zip(bsym.args[0], bsym.output, strict=True) if m.name in tracked)
+            continue
         if rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
@@ -320,6 +324,18 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
         raise MissingGradRuleError(
             f"no differentiation rule for {sym.id} (a leaf symbol with no decomposition), used at "
             f"{_where(bsym)}; register one with thunderlite.transforms.autodiff.rules.register_vjp")
+
+
+def _after_owned_write(barrier: BoundSymbol, out: list, tracked: set[str]) -> bool:
+    """The barrier follows writes hidden in a composite whose own rule owns them
+    (batch_norm's running statistics): they carry no gradient, so the written
+    tensor is not made to require grad by the composite's differentiable output."""
+    after = {a.name for a in barrier.args[1]}
+    for b in reversed(out):
+        if any(o.name in after for o in b.tensor_outs()):
+            return (bool(b.subsymbols) and rules.has_rule_for(b)
+                    and all(dst.name not in tracked for leaf in _leaves_of(b) for dst, _ in writes(leaf)))
+    return False
 
 
 def _where(bsym: BoundSymbol) -> str:

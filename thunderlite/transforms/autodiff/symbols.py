@@ -180,7 +180,8 @@ def _batch_norm_backward_impl(g, a, weight, running_mean, running_var, training,
     statistics, as eager."""
     if training:
         dims = [d for d in range(a.ndim) if d != 1]
-        var, mean = torch.var_mean(a, dims, correction=0)
+        with torch.no_grad():   # the kernel's double backward accounts for the statistics' dependence on ``a``
+            var, mean = torch.var_mean(a, dims, correction=0)
         return torch.ops.aten.native_batch_norm_backward(g, a, weight, None, None, mean, torch.rsqrt(var + eps),
                                                          True, eps, list(mask))
     return torch.ops.aten.native_batch_norm_backward(g, a, weight, running_mean, running_var, None, None,
