@@ -19,7 +19,13 @@ grad``, ``grad can be implicitly created only for scalar outputs``, an unused
 input of ``autograd.grad`` without ``allow_unused``. Tensor hooks of the
 leaves run before accumulation; ``retain_grad()`` of a value the program
 makes and leaves it makes with ``requires_grad_()`` get a ``.grad`` the
-program reads. Refused with the line: ``create_graph=True``, a backward
+program reads. ``create_graph=True`` records a differentiable backward
+(``inline_backward(create_graph=True)``) and keeps forward and backward as the
+graph a later backward differentiates (a gradient penalty, a MAML inner step,
+Hessian-vector products, second derivatives with respect to inputs); a
+``.grad`` it leaves requiring grad is added to out of place by the next
+``create_graph`` backward, in place otherwise, as eager's AccumulateGrad.
+Refused with the line: a backward
 reaching an input that is not a leaf (its graph lies outside the program),
 ``.grad`` of a tensor made inside the program assigned, such a value with a
 ``.grad`` returned or stored, writes on the gradient path before the backward

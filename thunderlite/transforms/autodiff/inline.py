@@ -440,27 +440,6 @@ grad (as in eager) and a backward through it raises eager's error."""
 # gradient): PyTorch's autograd differentiates the kernel (its double-backward formulas),
 # recomputing it at run time, as one opaque call.
 
-def _autograd_vjp(impl: Callable, diff: tuple[int, ...]) -> Callable:
-    """``run(grads, *args)``: the gradients of ``impl(*args)``'s outputs,
-    weighted by ``grads``, with respect to the arguments at positions ``diff``."""
-    def run(grads, *args):
-        with torch.enable_grad():
-            ins = list(args)
-            for i in diff:
-                ins[i] = args[i].detach().requires_grad_()
-            outs = impl(*ins)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
-                     if g is not None and o is not None and o.requires_grad]
-            if not pairs:
-                return tuple(torch.zeros_like(args[i]) for i in diff)
-            res = torch.autograd.grad([o for o, _ in pairs], [ins[i] for i in diff], [g for _, g in pairs],
-                                      allow_unused=True)
-        return tuple(torch.zeros_like(args[i]) if r is None else r for i, r in zip(diff, res, strict=True))
-    run.__name__ = f"{getattr(impl, '__name__', 'kernel').lstrip('_')}_vjp"
-    return run
-
-
 def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
     """``symbols.cross_entropy_backward`` out of place, so autograd can differentiate it."""
     c_dim = 1 if a.ndim > 1 else 0
@@ -474,13 +453,13 @@ def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
 
 
 def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = None) -> None:
-    run = _autograd_vjp(impl or sym.impl, diff)
+    impl = impl or sym.impl
 
     def rule(g, out, *args):
         grads = tuple(g) if isinstance(out, tuple) else (g,)
-        res = opaque_symbol_for(run)(grads, *args)
-        by_pos = dict(zip(diff, res, strict=True))
-        return tuple(by_pos.get(i) if isinstance(a, TensorProxy) else None for i, a in enumerate(args))
+        mask = tuple(i in diff for i, a in enumerate(args) if isinstance(a, TensorProxy))
+        res = iter(opaque_symbol_for(symbols.autograd_vjp(impl, mask))(grads, args, {}))
+        return tuple(next(res) if i in diff and isinstance(a, TensorProxy) else None for i, a in enumerate(args))
     # the rule table pairs results with the kernel's parameters by name
     params = list(inspect.signature(sym.meta).parameters.values())
     rule.__signature__ = inspect.Signature([inspect.Parameter("grad_", inspect.Parameter.POSITIONAL_OR_KEYWORD),

@@ -78,6 +78,7 @@ from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch import opaque_symbol_for
 from thunderlite.torch.ops.grad_mode import requires_grad_marker
 from thunderlite.transforms.aliasing.eager_layout import eager_aliasing, eager_tensors, inputs_behind
 from thunderlite.transforms.aliasing.functionalize import (
@@ -98,7 +99,7 @@ from thunderlite.transforms.autodiff import executors as ad_executors
 from thunderlite.transforms.autodiff.function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff.function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff.rematerialize import rematerialize
-from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED, autograd_vjp
 from thunderlite.transforms.autodiff.tensor_hooks import HOOK_MARKERS, apply_hooks, hooks_of
 from thunderlite.transforms.autodiff.tensor_hooks import needs_eager as hooks_need_eager
 from thunderlite.transforms.dce import dce
@@ -591,13 +592,27 @@ def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbo
                 _accumulate(grads, arg, ga)
 
 
-def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict) -> list[tuple]:
+def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict, tracked=frozenset()) -> list[tuple]:
+    if id(bsym) not in handles:      # a differentiable backward: one call PyTorch differentiates again
+        return _opaque_vjp_again(bsym, g, tracked)
     handle, inputs = handles[id(bsym)]
     gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
                   if type(o) is TensorProxy)
     in_grads = tuple(p.replace(name=bwd.fresh_name("t"), requires_grad=False) for p in inputs)
     bwd.add_bound_symbol(OPAQUE_BACKWARD.bind(handle, gouts, output=in_grads))
     return list(zip(inputs, in_grads, strict=True))
+
+
+def _opaque_vjp_again(bsym: BoundSymbol, g, tracked) -> list[tuple]:
+    """The VJP of an opaque op as one opaque call of ``symbols.autograd_vjp``
+    (the op recomputed under PyTorch's autograd), itself an opaque op a later
+    differentiation takes through PyTorch's autograd again."""
+    leaves = [p for p in pytree.leaves((bsym.args, bsym.kwargs)) if type(p) is TensorProxy]
+    mask = tuple(p.name in tracked and dtypes.is_inexact(p.dtype) for p in leaves)
+    gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
+                  if type(o) is TensorProxy)
+    res = opaque_symbol_for(autograd_vjp(bsym.sym.torch_fn, mask))(gouts, bsym.args, bsym.kwargs)
+    return list(zip([p for p, m in zip(leaves, mask, strict=True) if m], res, strict=True))
 
 
 def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -> list[tuple]:
@@ -693,7 +708,7 @@ def _vjp_pairs(bsym, g, bwd: Trace, handles, groups, owned: _Owned | None = None
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
         return _barrier_vjp(bsym, g, groups, tracked)
     if Tag.OPAQUE in bsym.sym.tags:
-        return _opaque_vjp(bsym, g, bwd, handles)
+        return _opaque_vjp(bsym, g, bwd, handles, tracked)
     return rules.apply_rule(bsym, g)
 
 
@@ -717,10 +732,13 @@ def _decomposition_vjp(bsym, g, bwd: Trace, handles, groups, tracked) -> list[tu
     return [(a, local[a.name]) for a in bsym.tensor_args() if a.name in local]
 
 
-def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None = None) -> tuple[list, dict]:
+def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None = None,
+                    differentiable: bool = False) -> tuple[list, dict]:
     """Replace opaque symbols on a gradient path by ``opaque_with_graph`` calls
     that also return the autograd graph handle their backward needs; an
-    executor's grad_transform contributes its forward part."""
+    executor's grad_transform contributes its forward part. ``differentiable``
+    (the backward is differentiated again): an op that writes nothing stays as
+    it is, its VJP one call recomputing it (``_opaque_vjp_again``)."""
     out, handles = [], {}
     for bsym in flat:
         spec = owned.specs.get(id(bsym)) if owned is not None else None
@@ -739,6 +757,9 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
                                                                                      new.name in tracked)}
         if not written and not any(o.name in tracked for o in bsym.tensor_outs()):
             out.append(bsym)        # no gradient leaves it (``detach()``): no graph to keep, none to differentiate
+            continue
+        if differentiable and not any(True for _ in writes(bsym)):
+            out.append(bsym)
             continue
         mask = tuple(2 if p.name in written else int(p.name in tracked) for p in bsym.tensor_args())
         inputs = [p for p, m in zip(bsym.tensor_args(), mask, strict=True) if m]
@@ -957,7 +978,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             eager_reason=reason)
     if trace is not functional:
         tail, epilogue = [], None
-    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
+    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned, differentiable)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned, wrt_values)
     # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
     # only they read must not be saved
