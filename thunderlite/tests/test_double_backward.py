@@ -59,6 +59,8 @@ def _same_state(model, ref, opt, ref_opt, tol):
         assert (p.grad is None) == (r.grad is None), f"{n}.grad"
         if r.grad is not None:
             _same(p.grad, r.grad, tol, f"{n}.grad")
+    for (n, b), r in zip(model.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, r, **tol, msg=lambda m, n=n: f"buffer {n}: {m}")
     if opt is not None:
         for p, r in zip(model.parameters(), ref.parameters(), strict=True):
             for k, v in ref_opt.state[r].items():
@@ -265,6 +267,82 @@ def test_penalty_through_norms_softmax_and_attention():
         return Block().to(F64), _sgd()
     _run_steps(step, make, lambda i: (torch.randn(2, 5, 8, generator=_gen(i), dtype=F64),
                                       torch.randint(0, 3, (2,), generator=_gen(i))), None)
+
+
+def test_penalty_on_a_batchnorm_conv_critic():
+    """A DCGAN-style critic (conv, BatchNorm in training mode, LeakyReLU) called
+    on three batches in one step: batch_norm's kernel differentiated again by
+    PyTorch's double backward; running statistics as eager's."""
+    def step(critic, opt, real, fake, eps):
+        xhat = (eps * real + (1 - eps) * fake).requires_grad_()
+        (g,) = torch.autograd.grad(critic(xhat).sum(), xhat, create_graph=True)
+        penalty = ((g.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
+        loss = critic(fake).mean() - critic(real).mean() + 10 * penalty
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.Flatten(),
+                             nn.Linear(4 * 4 * 4, 1)).to(F64), _sgd()
+
+    def data(i):
+        g = _gen(i)
+        return (torch.randn(3, 2, 6, 6, generator=g, dtype=F64), torch.randn(3, 2, 6, 6, generator=g, dtype=F64),
+                torch.rand(3, 1, 1, 1, generator=g, dtype=F64))
+    _run_steps(step, make, data, None)
+
+
+def _opaque_program(x, w):
+    # i0 and matrix_exp are opaque ops: recorded as one torch call each
+    return torch.i0(x @ w).pow(2).sum() + (torch.linalg.matrix_exp(w) * (x.T @ x)).sum()
+
+
+def test_opaque_ops_differentiated_to_third_order_inside():
+    def step(x, w):
+        x = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(_opaque_program(x, w), x, create_graph=True)
+        (gw,) = torch.autograd.grad(g.pow(2).sum(), w, create_graph=True)
+        return gw, torch.autograd.grad(gw.sum(), w)[0]
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 3, dtype=F64), torch.randn(3, 3, dtype=F64, requires_grad=True)
+    jstep = thunderlite.jit(step)
+    for _ in range(2):
+        _same(jstep(x, w), step(x, w), TIGHT, "gradients")
+    assert any("i0" in b.sym.name for b in thunderlite.last_traces(jstep)[0].bound_symbols)
+
+
+def test_opaque_ops_differentiated_to_third_order_through():
+    jf = thunderlite.jit(_opaque_program)
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 3, dtype=F64), torch.randn(3, 3, dtype=F64, requires_grad=True)
+    results = []
+    for fn in (_opaque_program, jf):
+        xx = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(xx, w), xx, create_graph=True)
+        (gw,) = torch.autograd.grad(g.pow(2).sum(), w, create_graph=True)
+        results.append((gw, torch.autograd.grad(gw.sum(), xx)[0]))
+    _same([r.detach() for r in results[1]], [r.detach() for r in results[0]], TIGHT, "gradients")
+
+
+def test_third_order_through_convolution_backward():
+    """convolution_backward's rule (PyTorch's double backward) is itself differentiable."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 6, dtype=F64)
+    w = torch.randn(3, 1, 3, dtype=F64, requires_grad=True)
+
+    def f(x, w):
+        return torch.tanh(F.conv1d(x, w)).sum()
+    jf = thunderlite.jit(f)
+    results = []
+    for fn in (f, jf):
+        xx = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(fn(xx, w), xx, create_graph=True)
+        (gw,) = torch.autograd.grad(gx.pow(2).sum(), w, create_graph=True)
+        results.append(torch.autograd.grad(gw.pow(2).sum(), [xx, w]))
+    _same(results[1], results[0], TIGHT, "third order")
 
 
 # --- through a jitted function called from outside -----------------------------------------------

@@ -456,7 +456,8 @@ def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = N
     impl = impl or sym.impl
 
     def rule(g, out, *args):
-        grads = tuple(g) if isinstance(out, tuple) else (g,)
+        outs, grads = (out, tuple(g)) if isinstance(out, tuple) else ((out,), (g,))
+        grads = tuple(gx for o, gx in zip(outs, grads, strict=True) if isinstance(o, TensorProxy))
         mask = tuple(i in diff for i, a in enumerate(args) if isinstance(a, TensorProxy))
         res = iter(opaque_symbol_for(symbols.autograd_vjp(impl, mask))(grads, args, {}))
         return tuple(next(res) if i in diff and isinstance(a, TensorProxy) else None for i, a in enumerate(args))
