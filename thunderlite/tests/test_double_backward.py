@@ -490,3 +490,32 @@ def test_argument_written_after_the_call_raises_eagers_error():
     b.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(out, x, create_graph=True)
+
+
+def test_retained_graph_reuses_the_draws_of_its_forward():
+    """A second backward through a graph kept with ``retain_graph=True`` reads
+    the dropout mask (and layer_norm's statistics) the forward made, not a
+    recomputation: a redraw would differentiate another function."""
+    def step(model, opt, x):
+        loss = model(x).pow(2).sum()
+        loss.backward(retain_graph=True)
+        (2 * loss).backward()
+        return loss.detach()
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Dropout(0.5), nn.Tanh(),
+                             nn.Linear(8, 1)).to(F64), None
+    model, _ = make()
+    ref = copy.deepcopy(model)
+    jstep = thunderlite.jit(step)
+    for i in range(2):
+        x = torch.randn(6, 4, generator=_gen(i), dtype=F64)
+        torch.manual_seed(3 + i)
+        got = jstep(model, None, x)
+        torch.manual_seed(3 + i)
+        want = step(ref, None, x)
+        _same(got, want, TIGHT, f"call {i}")
+        _same_state(model, ref, None, None, TIGHT)
+    trace = str(thunderlite.last_traces(jstep)[-1])
+    assert trace.count("native_dropout(") == 1, trace

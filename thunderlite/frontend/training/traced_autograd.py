@@ -245,7 +245,7 @@ class TracedAutograd:
                 self._check_leaf(inp)
             mask.append(diff)
         arg_names = {a.name for a in args}
-        defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
+        defined = {p.name: b for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
                                   wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names],

@@ -37,14 +37,17 @@ Two front doors, one per caller:
     grads = inl.grads            # one per free value: a proxy or None
 
   Symbols whose every output the host already defines (a retained graph
-  differentiated again) are not repeated; a forward whose rule needs more
-  than the host kept (``native_layer_norm``'s statistics) is recomputed under
-  fresh names for the outputs the host has.
+  differentiated again) are not repeated, nor is a registered forward the
+  host ran as the same call (its statistics, dropout's mask: the host's
+  names); another forward whose rule needs more than the host kept is
+  recomputed under fresh names for the outputs the host has.
+  ``create_graph=True`` makes the backward differentiable again (docs §9,
+  "Double backward").
 """
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -303,13 +306,14 @@ def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
 
 
 def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outputs: list[TensorProxy],
-                    cotangents: list[TensorProxy], *, names, defined: set[str] | frozenset = frozenset(),
-                    wrt_values=(), create_graph: bool = False) -> InlinedBackward:
+                    cotangents: list[TensorProxy], *, names,
+                    defined: Mapping[str, BoundSymbol] | frozenset = frozenset(), wrt_values=(),
+                    create_graph: bool = False) -> InlinedBackward:
     """Differentiate ``outputs`` (computed by ``bsyms`` from ``args``) against
     ``cotangents`` with respect to the ``args`` that ``mask`` selects and to
     ``wrt_values`` (values ``bsyms`` compute). ``names``: the host trace's name
-    pool; ``defined``: names the host defines before ``bsyms`` (see the module
-    docstring). Without ``create_graph`` the backward's values do not require
+    pool; ``defined``: names the host defines before ``bsyms``, each mapped to
+    the host symbol making it (see the module docstring). Without ``create_graph`` the backward's values do not require
     grad; with it the backward is differentiable again (``create_graph=True``,
     double backward): composites on the gradient path are differentiated
     through their decompositions, as ``linearize`` does for a nested
@@ -333,9 +337,11 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
                    and any(a.requires_grad for a in b.tensor_args())), "")
         raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
                            f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
+    same: dict[str, Proxy] = {}
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
-                           defined, names)
+                           defined, names, same)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
+    bind.update(same)
     taken = set(defined) | {a.name for a in args if isinstance(a, Proxy)}
     taken.update(p.name for b in forward for p in b.proxy_outs())
     backward = _distinct_names([rename_bsym(b, bind) for b in split.backward.bound_symbols
@@ -378,21 +384,44 @@ def _distinct_names(bsyms: list[BoundSymbol], taken: set[str], names, swap: dict
     return out
 
 
-def _new_symbols(bsyms: list[BoundSymbol], defined, names) -> list[BoundSymbol]:
+def _new_symbols(bsyms: list[BoundSymbol], defined, names, same: dict) -> list[BoundSymbol]:
     """``bsyms`` less those whose outputs the host already has; the outputs a
-    kept symbol shares with the host get fresh names (a recomputation)."""
+    kept symbol shares with the host get fresh names (a recomputation). A
+    symbol the host ran as the same call (``defined`` maps each name to the
+    host symbol making it: a registered forward's statistics, dropout's mask,
+    which the host made under other names) is not run again: ``same`` maps its
+    outputs to the host's, for the symbols reading them."""
     if not defined:
         return bsyms
     out = []
     for b in bsyms:
+        b = rename_bsym(b, same) if same else b
         outs = b.proxy_outs()
         known = [p for p in outs if p.name in defined]
+        if known and len(known) < len(outs) and isinstance(defined, dict):
+            host = _same_call(b, defined[known[0].name])
+            if host is not None:
+                same.update((p.name, h) for p, h in zip(outs, host, strict=True) if p.name != h.name)
+                continue
         if outs and len(known) == len(outs) or (not outs and _writes(b)):
             continue
         if known and _writes(b):
             raise NotInlinable(f"differentiating again through {b.sym.id}, which writes memory")
         out.append(rename_bsym(b, {p.name: p.replace(name=names.fresh("t")) for p in known}))
     return out
+
+
+def _same_call(b: BoundSymbol, host: BoundSymbol) -> list | None:
+    """``host``'s outputs where it is the call ``b`` makes (same symbol, same
+    arguments, the outputs ``b`` shares with it in the same places), else None."""
+    outs, theirs = b.proxy_outs(), host.proxy_outs()
+    if host.sym.id != b.sym.id or len(outs) != len(theirs):
+        return None
+    if [a.name for a in b.proxy_args()] != [a.name for a in host.proxy_args()]:
+        return None
+    if any(p.name != h.name and p.name in {q.name for q in theirs} for p, h in zip(outs, theirs, strict=True)):
+        return None
+    return theirs
 
 
 def _writes(b: BoundSymbol) -> bool:

@@ -117,17 +117,19 @@ def autograd_vjp(fn, mask: tuple[bool, ...]):
     tensor outputs, weighted by ``grads`` (one per output, or None), with
     respect to the tensor leaves of ``(args, kwargs)`` that ``mask`` selects
     (zeros where no path reaches one), by PyTorch's autograd, recomputing
-    ``fn``. Where grad mode is on when it runs (differentiated once more, as an
-    opaque op with its graph) the gradients keep their graph (``create_graph``)
-    and an input that requires grad is differentiated as it is, so the chain
-    stays connected to order after order. One callable per ``(fn, mask)``."""
+    ``fn``. Where it is differentiated once more (grad mode on and an input
+    requiring grad: an opaque op with its graph) the gradients keep their graph
+    (``create_graph``) and an input that requires grad is differentiated as it
+    is, so the chain stays connected to order after order. One callable per
+    ``(fn, mask)``."""
     key = (fn, mask)
     run = _vjps.get(key)
     if run is not None:
         return run
 
     def run(grads, args, kwargs):
-        create = torch.is_grad_enabled()
+        create = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in pytree.leaves((grads, args, kwargs)))
         flags = iter(mask)
         wanted: list[torch.Tensor] = []
 
