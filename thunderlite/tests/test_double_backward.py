@@ -519,3 +519,27 @@ def test_retained_graph_reuses_the_draws_of_its_forward():
         _same_state(model, ref, None, None, TIGHT)
     trace = str(thunderlite.last_traces(jstep)[-1])
     assert trace.count("native_dropout(") == 1, trace
+
+
+@pytest.mark.parametrize("exs", EXECUTORS, ids=EX_IDS)
+def test_maml_through_a_jitted_functional_model(exs):
+    """The jitted function called at the parameters and again at the fast
+    weights (non-leaf inputs whose graph runs through its own double backward)."""
+    def f(x, w1, b1, w2, b2):
+        return F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2)
+    jf = _jit(f, exs)
+    model = _mlp()
+    params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    ref = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    for i in range(3):
+        x, y, xq, yq = _maml_data(i)
+        for fn, ps in ((f, ref), (jf, params)):
+            inner = F.mse_loss(fn(x, *ps), y)
+            grads = torch.autograd.grad(inner, ps, create_graph=True)
+            outer = F.mse_loss(fn(xq, *(p - 0.1 * g for p, g in zip(ps, grads, strict=True))), yq)
+            outer.backward()
+            with torch.no_grad():
+                for p in ps:
+                    p -= 0.05 * p.grad
+                    p.grad = None
+        _same(params, ref, TIGHT, f"call {i}")
