@@ -160,7 +160,7 @@ class DifferentiableProgram:
     """A differentiable compiled program; see the module docstring."""
 
     def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace],
-                 after_split: Callable | None = None, differentiate: Callable | None = None):
+                 after_split: Callable | None, differentiate: Callable[[list], DifferentiableProgram]):
         self.split = split
         self.trace_args = list(trace.args)
         self._differentiate = differentiate      # its input mask -> the VJP program (make_differentiable)
@@ -232,25 +232,15 @@ class DifferentiableProgram:
         per_arg, reached = self.grad_args(ctx, grads)
         inputs = (*args, *per_arg)
         mask = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
-        if not any(mask):      # nothing to differentiate again: the ordinary backward, the graph kept
-            with torch.no_grad():
-                result = self.backward_fn(*ctx.saved_tensors, list(ctx.saved_other), *per_arg)
-            return self.as_eager_grads(result, reached)
         vjp = self._vjps.get(mask)
         if vjp is None:
-            vjp = self._vjp_program(mask)
+            try:
+                vjp = self._differentiate(list(mask))
+            except NotDifferentiableAgain as e:
+                raise NotImplementedError(f"backward(create_graph=True) through a thunderlite-jitted function: "
+                                          f"its backward cannot be differentiated again because {e}") from None
             self._vjps[mask] = vjp
         return self.as_eager_grads(list(vjp(*inputs)), reached)
-
-    def _vjp_program(self, mask: tuple) -> DifferentiableProgram:
-        if self._differentiate is None:
-            raise NotImplementedError("backward(create_graph=True) through this thunderlite program is not "
-                                      "supported: it was made without a way to compile its VJP")
-        try:
-            return self._differentiate(list(mask))
-        except NotDifferentiableAgain as e:
-            raise NotImplementedError(f"backward(create_graph=True) through a thunderlite-jitted function: its "
-                                      f"backward cannot be differentiated again because {e}") from None
 
     def as_eager_grads(self, result, reached: set) -> list:
         """None for arguments eager's graph does not connect to the outputs that

@@ -476,7 +476,11 @@ class TracedAutograd:
         if create_graph:
             self.grads[leaf.name] = self._call(torch.add, cur, g)
             return
-        grad_mode = self.hooks.grad_enabled
+        if not cur.requires_grad:
+            self._call(torch.Tensor.add_, cur, g)
+            self.grads[leaf.name] = cur
+            return
+        grad_mode = self.hooks.grad_enabled    # a .grad a create_graph backward left: eager adds under no_grad
         self.hooks.set_grad_enabled(False)
         try:
             self._call(torch.Tensor.add_, cur, g)
