@@ -97,7 +97,9 @@ class _Function(torch.autograd.Function):
         out, saved_tensors, saved_other = program.forward_fn(*flat_args)
         ctx.program = program
         ctx.flat_args = flat_args      # double backward recomputes from them (their graph included)
-        ctx.versions = [flat_args[i]._version for i in program.unsaved_args]
+        versions = ctx.versions = []    # a plain loop: no comprehension frame per call
+        for i in program.unsaved_args:
+            versions.append(flat_args[i]._version)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*saved_tensors)
         ctx.saved_other = list(saved_other)
