@@ -29,7 +29,7 @@ from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_w
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, made_by_call, proxies_in
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
@@ -110,7 +110,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
                   + _rebound_inputs(trace, state))
         for w in writes:
-            w.value = hooks.settled(w.value, "stored where it outlives the call")
+            w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())

@@ -83,6 +83,9 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
     if type(x) is DTensorProxy:
         proxies_in(x.local, out, seen)
         return
+    if type(x) is Made:
+        proxies_in(x.template.value, out, seen)
+        return
     seen.add(id(x))
     if isinstance(x, (tuple, list)):
         for y in x:
@@ -168,11 +171,38 @@ class Template:
         return new
 
 
+class Made:
+    """A value written back that holds objects the call made with traced values
+    in them (the cache layers HF's ``DynamicCache`` appends on its first update):
+    written as a copy built per call from that call's values (``Template``), as
+    a returned value is; written as it is, they would hold the trace's proxies."""
+    __slots__ = ("template", "names")
+
+    def __init__(self, value: Any, state: TraceState):
+        self.template = Template(value, state)
+        flat: list = []
+        proxies_in(value, flat, set())
+        self.names = [p.name for p in flat]
+
+
+def made_by_call(x: Any, state: TraceState) -> Any:
+    """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
+    if is_simple(x) or id(x) in state.prov_of:
+        return x
+    flat: list = []
+    proxies_in(x, flat, set())
+    return Made(x, state) if flat else x
+
+
 def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     """Python source for a write-back value: proxies by their output variable."""
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is Made:
+        name = f"_W{len(consts)}"
+        consts[name] = x.template
+        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}})"
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
