@@ -26,6 +26,7 @@ from thunderlite.executors.registry import resolve_executors
 from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
+from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
@@ -55,15 +56,42 @@ INTERPRETATION_STAGE = "interpretation"
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
-                 name: str | None = None, dynamic: dict | None = None) -> CompiledEntry:
+                 name: str | None = None, dynamic: dict | None = None,
+                 auto: PathDynamic | None = None) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
     showing progress on stderr when it takes long (frontend/progress.py).
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
-    symbolic (core/symint.py); their guards join the prologue."""
+    symbolic (core/symint.py); their guards join the prologue. ``auto``: which
+    sizes and floats read through paths are symbolic (caching/automatic.py);
+    a trace that grows a tensor it read through a path is traced again with
+    the growing dims symbolic."""
+    learned = None
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
-        with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
-            symbolic = env if dynamic or symbolic_numbers else None
-            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic, dynamic)
+        for _ in range(_MAX_RETRACES):
+            if auto is not None:
+                auto.used = set()
+            with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
+                symbolic = env if dynamic or symbolic_numbers or (auto is not None and auto.active()) else None
+                try:
+                    entry = _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
+                                          dynamic, auto)
+                except _Grows as e:
+                    learned = e.learned
+                    continue
+            entry.learned = learned
+            return entry
+    raise RuntimeError(f"thunderlite: state read through paths kept growing in new dims over {_MAX_RETRACES} "
+                       f"traces of one call ({learned})")
+
+
+_MAX_RETRACES = 4
+
+
+class _Grows(Exception):
+    """The program grows a tensor it read through a path: trace it again (``compile_call``)."""
+
+    def __init__(self, learned: str):
+        self.learned = learned
 
 
 @contextlib.contextmanager
@@ -84,11 +112,13 @@ def gc_paused():
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
-                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None) -> CompiledEntry:
+                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
+                  auto: PathDynamic | None = None) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
     state.shape_env = env
+    state.auto = auto
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
     state.note_closure(fn)
@@ -111,6 +141,9 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
                   + _rebound_inputs(trace, state))
         for w in writes:
             w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
+        grows = auto.learn_from_writes(state.inputs, writes) if auto is not None else None
+        if grows is not None:
+            raise _Grows(grows)
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -145,6 +178,9 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     compiled.gradients = hooks.autograd.gradient_of
+    compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in state.inputs
+                            if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
+                            and not isinstance(inp.value, torch.nn.Parameter)]
     return compiled
 
 
