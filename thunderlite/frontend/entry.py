@@ -91,6 +91,8 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
 
 def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
     t = inp.value
+    if type(t) is float:    # a float read through a path as a trace input (caching/automatic.py)
+        return f"type({v}) is not float"
     if inp.dims:    # symbolic dims (caching/automatic.py): "0, 1 or more", as the key has them for arguments
         shape = (f"_dynamic_shape({v}.shape, {_const(consts, inp.dims)}) != "
                  f"{_const(consts, dynamic_shape(t.shape, inp.dims))}")
@@ -169,7 +171,7 @@ _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
           for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
-                       "strides", "size")}
+                       "strides", "size", "type")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -183,7 +185,9 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"
         trc.bound_symbols.append(_UNPACK.bind(where, output=inp.proxy))
-        if inp.guard_meta:
+        if inp.guard_meta and type(inp.value) is float:
+            trc.bound_symbols.append(_CHECK["type"].bind(inp.proxy, "float", output=None))
+        elif inp.guard_meta:
             t = inp.value
             shape = tuple(inp.proxy.shape if inp.dims else t.shape)
             trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, shape, t.dtype, t.device,

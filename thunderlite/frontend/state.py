@@ -186,7 +186,7 @@ class TraceState:
                 f"thunderlite cannot trace a DTensor (placements {tuple(t.placements)}) the program reached "
                 "without a path the next call could take again: pass it as an argument or a module attribute")
         local = self.tensor_input(t._local_tensor, prov.attr("_local_tensor"), guard_meta=True,
-                                  name=f"{name}_local" if name else None)
+                                  name=f"{name}_local" if name else None, symbolic_dims=())   # sizes: the spec's
         self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
         self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
         p = dtensor.of_input(t, local, prov.describe())
@@ -210,7 +210,7 @@ class TraceState:
         proxy = self.numbers_of.get(prov)
         if proxy is None:
             proxy = self.numbers_of[prov] = NumberProxy(value, float, name=_proxy_name(self.trace, prov))
-            self.inputs.append(Input(proxy, prov, value, guard_meta=False))
+            self.inputs.append(Input(proxy, prov, value, guard_meta=True))     # its type is checked
             self.auto.used.add(prov)
         return proxy
 

@@ -357,6 +357,9 @@ def _hint(what: str, old: Any, new: Any) -> str:
     if type(old) in (int, bool, complex) and type(new) in (int, bool, complex):
         return ("if this number changes on every call, pass it as a tensor, or use "
                 "jit(..., cache='symbolic values') so that ints become symbols of the trace")
+    if what.startswith("the object passed as"):
+        return ("objects are keyed by identity, so each new object compiles its own entries: pass the same object "
+                "on every call (an HF cache can be reset and reused)")
     return "each value of it compiles its own entry"
 
 
