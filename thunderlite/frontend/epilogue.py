@@ -187,11 +187,23 @@ class Made:
 
 def made_by_call(x: Any, state: TraceState) -> Any:
     """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
-    if is_simple(x) or id(x) in state.prov_of:
-        return x
+    return Made(x, state) if _holds_made(x, state, set()) else x
+
+
+def _holds_made(x: Any, state: TraceState, seen: set) -> bool:
+    """Whether ``x`` holds, past plain containers (``value_expr`` spells those), an
+    object the call made with traced values in it."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in state.prov_of or id(x) in seen:
+        return False
+    seen.add(id(x))
+    if t is tuple or t is list:
+        return any(_holds_made(y, state, seen) for y in x)
+    if t is dict:
+        return any(_holds_made(y, state, seen) for y in x.values())
     flat: list = []
     proxies_in(x, flat, set())
-    return Made(x, state) if flat else x
+    return bool(flat)
 
 
 def value_expr(x: Any, env_names: dict, consts: dict) -> str:
@@ -229,6 +241,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
     target = w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
+    value = w.value.template.value if type(w.value) is Made else w.value
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
@@ -237,7 +250,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
         return [f"del {target}" if w.value is DELETED else f"{target} = {v}"]
     if w.kind == "item":
         return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
-    if isinstance(w.value, dict):
+    if isinstance(value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":
         return [f"_d = {target}", "_d.clear()", f"_d.{w.key}({v})"]

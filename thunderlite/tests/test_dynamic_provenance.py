@@ -490,3 +490,76 @@ def test_memory_stays_flat_over_ten_thousand_calls(change):
     assert info["entries"] <= 8
     assert info["entries"] <= (8 if change == "ints" else 2)
     assert after - before < 200, f"{after - before} objects more after 9000 calls"
+
+
+# --- soundness around symbolic path sizes ----------------------------------------------------
+
+def _records_length(x, st):
+    st.n = st.buf.shape[0]          # a symbolic size written back: its value on each call
+    st.buf.mul_(2)                  # written in place
+    return x * st.buf.sum()
+
+
+def test_symbolic_path_size_written_back_and_in_place_write():
+    st, ref = _State(), _State()
+    jf = thunderlite.jit(_records_length)
+    x = torch.randn(3)
+    for n in [2, 3, 4, 5, 3]:
+        st.buf, ref.buf = torch.randn(n), None
+        ref.buf = st.buf.clone()
+        torch.testing.assert_close(jf(x, st), _records_length(x, ref))
+        assert st.n == ref.n == n and type(st.n) is int
+        torch.testing.assert_close(st.buf, ref.buf)
+    assert _info(jf)["misses"] == 2
+
+
+def _uses_weight(x, st):
+    return (x @ st.w).sum()
+
+
+def test_symbolic_path_tensor_requiring_grad_gets_eagers_gradient():
+    st = _State()
+    jf = thunderlite.jit(_uses_weight)
+    for n in [2, 3, 4, 6]:
+        w = torch.randn(3, n, requires_grad=True)
+        x = torch.randn(2, 3)
+        st.w = w
+        jf(x, st).backward()
+        ref = w.detach().clone().requires_grad_(True)
+        st.w = ref
+        _uses_weight(x, st).backward()
+        torch.testing.assert_close(w.grad, ref.grad)
+    assert _info(jf)["misses"] == 2
+
+
+def _two_paths(x, st):
+    return x + st.a.sum(0) + st.b.sum(0)
+
+
+def test_one_tensor_on_two_paths_with_symbolic_sizes():
+    st = _State()
+    jf = thunderlite.jit(_two_paths)
+    x = torch.randn(3)
+    for n, same in [(2, True), (3, True), (4, False), (5, True), (6, False)]:
+        st.a = torch.randn(n, 3)
+        st.b = st.a if same else torch.randn(n, 3)
+        torch.testing.assert_close(jf(x, st), _two_paths(x, st))
+
+
+def _any_rank(x, st):
+    return x + st.buf.sum()
+
+
+def test_path_tensor_changing_rank_or_kind():
+    st = _State()
+    jf = thunderlite.jit(_any_rank)
+    x = torch.randn(3)
+    for buf in [torch.randn(2), torch.randn(3), torch.randn(2, 2), torch.randn(4), torch.randn(3, 3, 3),
+                torch.randn(5).double(), torch.randn(6)]:
+        st.buf = buf
+        torch.testing.assert_close(jf(x, st), _any_rank(x, st))
+    st.buf = [1.0, 2.0]        # not a tensor any more: eager's error
+    with pytest.raises(AttributeError):
+        _any_rank(x, st)
+    with pytest.raises(AttributeError):
+        jf(x, st)
