@@ -67,24 +67,23 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     the growing dims symbolic."""
     learned = None
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
-        for _ in range(_MAX_RETRACES):
+        traces = 1
+        while True:
             if auto is not None:
                 auto.used = set()
             with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
                 symbolic = env if dynamic or symbolic_numbers or (auto is not None and auto.active()) else None
                 try:
                     entry = _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
-                                          dynamic, auto)
+                                          dynamic, auto, retrace=traces < _MAX_TRACES)
                 except _Grows as e:
-                    learned = e.learned
+                    learned, traces = e.learned, traces + 1
                     continue
             entry.learned = learned
             return entry
-    raise RuntimeError(f"thunderlite: state read through paths kept growing in new dims over {_MAX_RETRACES} "
-                       f"traces of one call ({learned})")
 
 
-_MAX_RETRACES = 4
+_MAX_TRACES = 3     # a growing state is learned whole from one trace: the second one has its dims symbolic
 
 
 class _Grows(Exception):
@@ -113,7 +112,7 @@ def gc_paused():
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
                   transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
-                  auto: PathDynamic | None = None) -> CompiledEntry:
+                  auto: PathDynamic | None = None, retrace: bool = False) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
@@ -141,7 +140,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
                   + _rebound_inputs(trace, state))
         for w in writes:
             w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
-        grows = auto.learn_from_writes(state.inputs, writes) if auto is not None else None
+        grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace else None
         if grows is not None:
             raise _Grows(grows)
         extras: list[Proxy] = []
