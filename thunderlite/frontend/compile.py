@@ -36,11 +36,12 @@ from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.interpreter import interpret
+from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.torch.ops.inplace import grown
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases, writes_memory
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
@@ -93,6 +94,28 @@ class _Grows(Exception):
         self.learned = learned
 
 
+def _own_error(e: BaseException) -> bool:
+    """Whether ``e`` is thunderlite refusing or failing, rather than the program
+    raising (its ``raise``, or torch's error for its arguments, which eager
+    raises at the same line). Only the program's own exceptions leave its
+    earlier writes done (``run_until_raise``)."""
+    return isinstance(e, (NotTracedError, DataDependentError, InterpreterError, NotImplementedError,
+                          RecursionError)) or "thunderlite" in str(e)[:300]
+
+
+def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    """A program that raised its own exception while tracing: run what it did
+    before the raise (in-place writes, module state, ``.grad``), as eager did
+    before the exception reached the caller, then raise it. Nothing is cached:
+    each such call traces again."""
+    exc = entry.raises
+    try:
+        entry.fn(args, kwargs)
+    except Exception:  # noqa: BLE001 - the prefix failing must not hide the program's exception
+        pass
+    raise exc
+
+
 @contextlib.contextmanager
 def gc_paused():
     """No cyclic garbage collection while compiling: a compile makes thousands of
@@ -132,7 +155,13 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     note(INTERPRETATION_STAGE, trace)
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
-        result = _interpret(fn, hooks, pargs, pkwargs)
+        raises = None
+        try:
+            result = _interpret(fn, hooks, pargs, pkwargs)
+        except Exception as e:
+            if _own_error(e) or not _wrote_anything(trace, state):
+                raise
+            raises, result = e, None
         _check_not_lazy(fn, result)
         _check_hook_functions(trace, state)
         result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
@@ -180,7 +209,13 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in state.inputs
                             if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
                             and not isinstance(inp.value, torch.nn.Parameter)]
+    compiled.raises = raises
     return compiled
+
+
+def _wrote_anything(trace: Trace, state: TraceState) -> bool:
+    """Whether the program, up to now, wrote something its caller can see."""
+    return writes_memory(trace) or bool(collect_writes(state))
 
 
 def _check_hook_functions(trace: Trace, state: TraceState) -> None:

@@ -25,7 +25,7 @@ from thunderlite.core.symexpr import evaluate
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed import dtensor
 from thunderlite.distributed.dtensor import DTensorProxy
-from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.provenance import Prov, key_expr
 from thunderlite.frontend.state import DELETED, TraceState
 
 _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, bytes, type(Ellipsis))
@@ -249,7 +249,8 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
     if w.kind == "cell":
         return [f"del {target}" if w.value is DELETED else f"{target} = {v}"]
     if w.kind == "item":
-        return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
+        key = key_expr(w.key, roots)
+        return [f"del {target}[{key}]" if w.value is DELETED else f"{target}[{key}] = {v}"]
     if isinstance(value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":

@@ -512,7 +512,7 @@ class TracingHooks(InterpreterHooks):
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state
-        w = st.attr_writes.get((id(container), ("item", key))) if is_atom(key) else None
+        w = st.attr_writes.get((id(container), ("item", key))) if _is_path_key(key) else None
         if w is not None:
             if w[1] is DELETED:
                 raise KeyError(key)
@@ -599,7 +599,10 @@ class TracingHooks(InterpreterHooks):
         return self.store_subscr(container, key, DELETED)
 
     def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
-        if id(container) not in self.state.prov_of or not is_atom(key):
+        """An item stored into an outside container (one with a path) waits for the
+        epilogue; a tensor key is the very object (``optimizer.state[p]`` made by the
+        defaultdict's factory for a parameter added since the last call)."""
+        if id(container) not in self.state.prov_of or not _is_path_key(key):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
