@@ -35,6 +35,7 @@ from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
+from thunderlite.frontend.training.predicated import NOT_PREDICATED, PredicationRefused, predication_notes
 from thunderlite.interpreter import interpret
 from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
@@ -69,6 +70,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     learned = None
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
         traces = 1
+        unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
         while True:
             if auto is not None:
                 auto.used = set()
@@ -76,10 +78,19 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
                 symbolic = env if dynamic or symbolic_numbers or (auto is not None and auto.active()) else None
                 try:
                     entry = _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
-                                          dynamic, auto, retrace=traces < _MAX_TRACES)
+                                          dynamic, unpredicated, auto, retrace=traces < _MAX_TRACES)
                 except _Grows as e:
                     learned, traces = e.learned, traces + 1
                     continue
+                except PredicationRefused as e:
+                    if e.site in unpredicated:
+                        raise
+                    unpredicated[e.site] = e.reason
+                    continue
+                except Exception as e:
+                    for why in unpredicated.values():      # why the flag was read, where reading it failed
+                        e.add_note(f"{NOT_PREDICATED}{why}")
+                    raise
             entry.learned = learned
             return entry
 
@@ -100,7 +111,7 @@ def _own_error(e: BaseException) -> bool:
     raises at the same line). Only the program's own exceptions leave its
     earlier writes done (``run_until_raise``)."""
     return isinstance(e, (NotTracedError, DataDependentError, InterpreterError, NotImplementedError,
-                          RecursionError)) or "thunderlite" in str(e)[:300]
+                          RecursionError, PredicationRefused)) or "thunderlite" in str(e)[:300]
 
 
 def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
@@ -135,10 +146,12 @@ def gc_paused():
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
                   transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
-                  auto: PathDynamic | None = None, retrace: bool = False) -> CompiledEntry:
+                  unpredicated: dict | None = None, auto: PathDynamic | None = None,
+                  retrace: bool = False) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
+    state.unpredicated = unpredicated or {}
     state.shape_env = env
     state.auto = auto
     state.transforms = tuple(transforms)
@@ -178,6 +191,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         mode, ret, rebuild = _output_plan(result, extras, state)
         trace.args = [inp.proxy for inp in state.inputs]
         trace.set_return(ret)
+    trace.header_comments += predication_notes(state)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     _check_growing_resizes(trace, groups)
@@ -210,6 +224,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
                             if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
                             and not isinstance(inp.value, torch.nn.Parameter)]
     compiled.raises = raises
+    compiled.predication = predication_notes(state)
     return compiled
 
 

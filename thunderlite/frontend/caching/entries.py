@@ -47,7 +47,7 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "path_shapes", "learned", "raises", "__weakref__")
+                 "path_shapes", "learned", "raises", "predication", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -66,6 +66,7 @@ class CompiledEntry:
         self.path_shapes: list = []  # (path, shape) of each tensor read through a path (caching/automatic.py)
         self.learned: str | None = None  # what tracing it made symbolic (a growing state), for the miss reason
         self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran
+        self.predication: list[str] = []  # blocks traced predicated, and those reading their flag (why)
 
 
 class KeyCache:
