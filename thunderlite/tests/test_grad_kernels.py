@@ -60,6 +60,31 @@ def test_activation_backward(sym):
     _same(sym, _t(3, 7), _t(3, 7, seed=1).tanh())
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.3])
+def test_threshold_backward(threshold):
+    x = _t(3, 7, seed=1)
+    x[0, :2] = threshold            # at the threshold: no gradient, as eager
+    _same(K.threshold_backward, _t(3, 7), x, threshold)
+
+
+def test_relu_keeps_one_forward_call_and_eagers_backward_kernel():
+    """relu stays one call (not le + where) and its backward is
+    threshold_backward on the saved output; gradients are eager's."""
+    lin = torch.nn.Linear(6, 5, dtype=F64)
+    x = _t(4, 6, seed=2).requires_grad_()
+    jfn = thunderlite.jit(lambda x: F.relu(lin(x)).sum() + F.threshold(x, 0.1, 2.0).sum())
+    jfn(x).backward()
+    fwd = [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
+    bwd = [b.sym.name for b in thunderlite.last_backward_traces(jfn)[-1].bound_symbols]
+    assert "relu" in fwd and "le" not in fwd and "where" not in fwd, fwd
+    assert bwd.count("threshold_backward") == 2, bwd
+    got = [x.grad, lin.weight.grad, lin.bias.grad]
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    (F.relu(lin(x)).sum() + F.threshold(x, 0.1, 2.0).sum()).backward()
+    for g, w in zip(got, [x.grad, lin.weight.grad, lin.bias.grad], strict=True):
+        torch.testing.assert_close(g, w)
+
+
 @pytest.mark.parametrize("sym,fn", [(K.softmax_backward_data, torch.softmax),
                                     (K.log_softmax_backward_data, torch.log_softmax)])
 @pytest.mark.parametrize("dim", [0, 1, 2])
@@ -463,7 +488,7 @@ def test_flash_cuda_rule_agrees_with_eagers_dispatcher():
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.transforms.autodiff.torch_rules import _Call, _flash_cuda_when
+    from thunderlite.transforms.autodiff.attention import _Call, _flash_cuda_when
     grid = itertools.product((torch.float16, torch.bfloat16, torch.float32), (8, 64, 200, 256, 264),
                              ((16, 16, True), (8, 16, True), (8, 16, False)), (True, False))
     differ = []

@@ -63,7 +63,7 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core import prims, pytree
-from thunderlite.core.aliasing import views, writes
+from thunderlite.core.aliasing import output_aliases_input, views, writes
 from thunderlite.core.proxies import DataDependentError, Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.tags import Tag
@@ -773,8 +773,12 @@ def _written_positions(bsym: BoundSymbol) -> set[int]:
 
 
 def _touches_memory(bsym: BoundSymbol) -> bool:
-    """A write or a view somewhere in ``bsym``'s decomposition."""
-    return any(writes(b) or views(b) for b in walk(bsym))
+    """A write somewhere in ``bsym``'s decomposition, or an output that may
+    share memory with an input. A composite that only reads and returns fresh
+    memory (attention, a norm, a loss: their views are of values they read
+    or make, and no one outside sees them) stays one symbol reading the
+    functional values, so autodiff still finds its fused kernel."""
+    return any(writes(b) for b in walk(bsym)) or output_aliases_input(bsym)
 
 
 def _owns_writes(bsym: BoundSymbol, keep: set[str]) -> bool:

@@ -88,6 +88,13 @@ def silu_backward(grad_output, self):
     return _down(ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(x, ew.sub(1.0, s)), 1.0))), dtype)
 
 
+@_kernel(_out_form(aten.threshold_backward))
+def threshold_backward(grad_output, self, threshold: float):
+    """relu's backward (``self``: its output, ``threshold`` 0) and threshold's
+    (``self``: its input): the gradient where ``self > threshold``."""
+    return ew.where(ew.le(self, threshold), 0, grad_output)
+
+
 @_kernel(_out_form(aten.tanh_backward))
 def tanh_backward(grad_output, output):
     dtype, grad_output, output = grad_output.dtype, upcast(grad_output), upcast(output)
