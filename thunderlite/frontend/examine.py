@@ -3,18 +3,27 @@
 Reports the torch calls recorded as opaque (no symbol: they run as one torch
 call and block fusion), which executor claimed how many symbols, executors that
 were skipped and why, registered implementations the call did not use and
-why (frontend/unused_impls.py), the cache state, and the error if compiling failed.
+why (frontend/unused_impls.py), how the calls with a fused ATen path
+(attention, norms, losses, softmax, embedding...) were differentiated and why
+(``autodiff.rules.fused_path``) and who ran the fused kernels, the cache
+state, and the error if compiling failed.
 """
 from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
+from thunderlite.core.symbol import Symbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.autodiff import kernels
+from thunderlite.transforms.autodiff.rules import fused_path
+from thunderlite.transforms.claim import STAGE as CLAIM_STAGE
 
 
 class Examination:
@@ -26,6 +35,7 @@ class Examination:
         self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
+        self.kernels: list[str] = []     # calls with a fused ATen path: how they were taken and why; who ran them
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -55,6 +65,9 @@ class Examination:
             lines.append(f"  executor {ex!r}: implementation of {sym} not used: {why}")
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
+        if self.kernels:
+            lines.append("  fused kernels:")
+            lines += [f"    {line}" for line in self.kernels]
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
         return "\n".join(lines)
 
@@ -82,9 +95,69 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
+        report.kernels = _kernel_notes(entry)
     return report
 
 
+_KERNELS = frozenset(v for v in vars(kernels).values() if isinstance(v, Symbol))
+_KERNEL_OF_FN = {id(k.torch_fn): k for k in _KERNELS}
+
+
+def _kernel_notes(entry) -> list[str]:
+    """Per torch-level symbol with a fused path, how autodiff took its calls
+    and why (grouped); then each fused kernel of the final traces and the
+    executor that ran it: itself, inside a fusion region, or replaced by its
+    decomposition for a fusion executor to fuse."""
+    traces = list(entry.traces)
+    if any(t.stage == EAGER_MODE_STAGE for t in traces):
+        return []
+    notes: list[str] = []
+    if entry.backward_traces:
+        paths = Counter()
+        for b in traces[0].bound_symbols:
+            path = fused_path(b)
+            if path is not None:
+                paths[(b.sym.name, *path)] += 1
+        notes += [f"{name} x{n}: {how}: {why}" if why else f"{name} x{n}: {how}"
+                  for (name, how, why), n in paths.items()]
+    ran = Counter()
+    for t in (traces, list(entry.backward_traces)):
+        ran.update(_kernels_run(t))
+    notes += [f"{name} x{n} {where}" for (name, where), n in ran.items()]
+    return notes
+
+
+def _kernels_run(traces) -> Counter:
+    """``(kernel name, where it ran) -> count`` for the final trace of one
+    direction, with the kernels offered to the executors and gone after
+    claiming. An executor's symbol for a kernel keeps the kernel's ``torch_fn``."""
+    if not traces:
+        return Counter()
+    ran = Counter()
+    for top in traces[-1].bound_symbols:
+        ex = getattr(top.sym.executor, "name", None)
+        kernel = _KERNEL_OF_FN.get(id(top.sym.torch_fn)) if ex is not None else None
+        if kernel is not None:
+            ran[(kernel.name, f"run by {ex!r} ({_callable_name(kernel.torch_fn)})")] += 1
+        elif top.subsymbols and ex is not None:
+            for b in walk(top):
+                if b is not top and b.sym in _KERNELS:
+                    ran[(b.sym.name, f"inside {ex!r} fusion regions")] += 1
+    before = next((traces[i - 1] for i, t in enumerate(traces) if t.stage == CLAIM_STAGE and i > 0), None)
+    if before is not None:
+        offered = Counter(b.sym.name for b in before.bound_symbols if b.sym in _KERNELS)
+        kept = Counter()
+        for (name, _), n in ran.items():
+            kept[name] += n
+        for name, n in offered.items():
+            if n > kept[name]:
+                ran[(name, "replaced by its decomposition (its parts fused or run one by one)")] += n - kept[name]
+    return ran
+
+
+def _callable_name(fn) -> str:
+    name = getattr(fn, "__name__", repr(fn)).removesuffix("_dense")
+    return f"aten.{name}" if hasattr(torch.ops.aten, name) else name
 def _cudagraph_notes(finals) -> list[str]:
     """Per final trace: its graphs, and each symbol left out with the reason
     the CUDAGraphs transform wrote above it; runtime fallbacks of its graphs."""

@@ -576,10 +576,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             scores = ew.where(attn_mask, scores, -math.inf)
         else:
             scores = ew.add(scores, attn_mask)
-    probs = softmax(scores, -1)
+    probs = safe_softmax(scores)
     if dropout_p > 0.0:
         probs = dropout(probs, dropout_p)
     return matmul(probs, value)
+
+
+def safe_softmax(scores):
+    """Eager's math attention's softmax over the last dim (``_safe_softmax``):
+    a row whose scores are all -inf (fully masked) gives zeros, not nan, and
+    so does its gradient (the row is softmaxed as zeros, then replaced)."""
+    masked = ew.isneginf(red.amax(scores, -1, True))
+    return ew.where(masked, 0, softmax(ew.where(masked, 0, scores), -1))
 
 
 def _repeat_heads(x, rep: int):

@@ -48,7 +48,7 @@ def _attention_probs(q, k, mask, is_causal, scale):
         scores = ew.where(ew.ge(rows, cols), scores, -math.inf)
     if mask is not None:
         scores = ew.where(mask, scores, -math.inf) if mask.dtype is torch.bool else ew.add(scores, mask)
-    return lnn.softmax(scores, -1)
+    return lnn.safe_softmax(scores)
 
 
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -326,7 +326,8 @@ def _additive(attn_mask, query):
     return attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
 
 
-@register_forward(lnn.scaled_dot_product_attention, when=lambda b: sdpa_kernel(b)[0] is not None)
+@register_forward(lnn.scaled_dot_product_attention, when=lambda b: sdpa_kernel(b)[0] is not None,
+                  why=lambda b: sdpa_kernel(b)[1])
 def _sdpa_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """The output plus the statistics eager's kernel saves: CPU flash
     attention's logsumexp (k and v with fewer heads, grouped-query attention,

@@ -360,13 +360,16 @@ def _sum_groups(g, heads: int):
 
 
 def _attention(query, key, value, is_causal: bool, attn_mask, scale):
-    """``(out, logsumexp)``: the logsumexp of each query row's scaled scores, ``[B, H, L]``."""
+    """``(out, logsumexp)``: the logsumexp of each query row's scaled scores,
+    ``[B, H, L]``. A fully masked row (all scores -inf) gives zeros and a
+    logsumexp of 0, as the kernels do (its backward then gives it no gradient)."""
     key, value = _heads_of(key, query.shape[-3]), _heads_of(value, query.shape[-3])
     s, _ = _scores(query, key, is_causal, attn_mask, scale)
     m = red.amax(s, -1, True)
     m = ew.where(ew.isinf(m), 0, m)
     e = ew.exp(ew.sub(s, m))
     total = red.sum(e, -1, True)
+    total = ew.where(ew.eq(total, 0), 1, total)
     lse = ew.add(shapes.squeeze(ew.log(total), -1), shapes.squeeze(m, -1))
     return linalg.matmul(ew.div(e, total), value), lse
 

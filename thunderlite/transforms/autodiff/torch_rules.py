@@ -68,6 +68,7 @@ register_vjp(linalg.matmul)(lambda g, out, input, other: matmul_vjp(g, input, ot
 
 
 def _linear_when(bsym) -> bool:
+    """A 2-d weight and a float input."""
     w = _arg(bsym, 1, "weight")
     return isinstance(w, TensorProxy) and w.ndim == 2 and _kernel_input(bsym)
 
@@ -85,8 +86,9 @@ def _contiguous(g, out, a, memory_format=None):
     return (g,)
 
 
-@register_vjp(linalg.linear, when=_linear_when)
+@register_vjp(linalg.linear, when=_linear_when, fused=True)
 def _linear(g, out, input, weight, bias=None):
+    """The forward stays one linear (addmm); the backward is two matmuls and a sum, as eager's."""
     n_out, n_in = weight.shape
     rows = math.prod(input.shape[:-1])      # 0 for an empty batch; 1 for a 1-d input
     g2 = reshape_to(g, (rows, n_out))
@@ -101,6 +103,7 @@ def _linear(g, out, input, weight, bias=None):
 # --- dropout ------------------------------------------------------------------------------------------
 
 def _dropout_when(bsym) -> bool:
+    """float32/float64 input, training, 0 < p < 1, not in place."""
     p, training = _arg(bsym, 1, "p", 0.5), _arg(bsym, 2, "training", True)
     return (_float_input(bsym) and training is True and isinstance(p, float) and 0.0 < p < 1.0
             and not _arg(bsym, 3, "inplace", False))
@@ -126,16 +129,19 @@ def _softmax_dim(input, dim):
 
 
 def _softmax_when(bsym) -> bool:
+    """A float input of at least one dim, no dtype= conversion."""
     return _kernel_input(bsym) and _arg(bsym, 3, "dtype") is None and bsym.tensor_args()[0].ndim > 0
 
 
-@register_vjp(lnn.softmax, when=_softmax_when)
+@register_vjp(lnn.softmax, when=_softmax_when, fused=True)
 def _softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    """The forward stays one softmax; the backward is ATen's _softmax_backward_data from its output."""
     return (kernels.softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
-@register_vjp(lnn.log_softmax, when=_softmax_when)
+@register_vjp(lnn.log_softmax, when=_softmax_when, fused=True)
 def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    """The forward stays one log_softmax; the backward is ATen's _log_softmax_backward_data from its output."""
     return (kernels.log_softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
@@ -164,7 +170,12 @@ def _native_layer_norm(g, out, input, normalized_shape, weight, bias, eps):
     return gi, None, gw, gb, None
 
 
-@register_forward(lnn.rms_norm, when=lambda b: _kernel_input(b) and not isinstance(_arg(b, 2, "weight", 0), float))
+def _rms_norm_when(bsym) -> bool:
+    """A float input; the weight absent or a tensor."""
+    return _kernel_input(bsym) and not isinstance(_arg(bsym, 2, "weight", 0), float)
+
+
+@register_forward(lnn.rms_norm, when=_rms_norm_when)
 def _rms_norm_forward(input, normalized_shape, weight=None, eps=None):
     """_fused_rms_norm: the output plus the rstd eager saves."""
     return kernels.fused_rms_norm(input, tuple(normalized_shape), weight, eps)
@@ -186,7 +197,7 @@ def _batch_norm_when(bsym) -> bool:
             and (training or isinstance(_arg(bsym, 2, "running_var"), TensorProxy)))
 
 
-@register_vjp(lnn.batch_norm, when=_batch_norm_when)
+@register_vjp(lnn.batch_norm, when=_batch_norm_when, fused=True)
 def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
                 eps=1e-5):
     """aten's fused backward. The running-statistics update inside the op carries
@@ -215,8 +226,13 @@ def _ce_when(bsym, dtype_ok=_float_input) -> bool:
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
 
 
-@register_forward(lnn.cross_entropy, when=lambda b: _ce_when(b, _kernel_input) and b.tensor_args()[0].ndim == 2
-                  and _arg(b, 1, "target").ndim == 1)
+def _ce_kernel_when(bsym) -> bool:
+    """2-d float logits and 1-d class indices, no class weights, label smoothing
+    or legacy size_average/reduce arguments."""
+    return _ce_when(bsym, _kernel_input) and bsym.tensor_args()[0].ndim == 2 and _arg(bsym, 1, "target").ndim == 1
+
+
+@register_forward(lnn.cross_entropy, when=_ce_kernel_when)
 def _cross_entropy_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                            reduction="mean", label_smoothing=0.0):
     """log_softmax + nll_loss, saving the log-probabilities (eager's choice)."""
@@ -230,7 +246,7 @@ def _cross_entropy_kernel(g, out, input, target, reduction, ignore_index):
     return kernels.cross_entropy_backward(g[0], out[1], target, reduction, ignore_index, out[2]), None, None, None
 
 
-@register_vjp(lnn.cross_entropy, when=_ce_when)
+@register_vjp(lnn.cross_entropy, when=_ce_when, fused=True)
 def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                    reduction="mean", label_smoothing=0.0):
     return cross_entropy_backward(g, input, target, ignore_index, reduction), None, None, None, None, None, None, None
@@ -239,14 +255,16 @@ def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore
 # --- embedding -------------------------------------------------------------------------------------------
 
 def _embedding_when(bsym) -> bool:
+    """A 2-d weight, no max_norm, not sparse."""
     w = _arg(bsym, 1, "weight")
     return (_arg(bsym, 3, "max_norm") is None and not _arg(bsym, 6, "sparse", False)
             and isinstance(w, TensorProxy) and w.ndim == 2)
 
 
-@register_vjp(lnn.embedding, when=_embedding_when)
+@register_vjp(lnn.embedding, when=_embedding_when, fused=True)
 def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                scale_grad_by_freq=False, sparse=False):
+    """The forward stays one embedding; the backward is ATen's embedding_dense_backward."""
     num = weight.shape[0]
     pad = -1 if padding_idx is None else (padding_idx if padding_idx >= 0 else padding_idx + num)
     return None, kernels.embedding_dense_backward(g, input, num, pad, scale_grad_by_freq), None, None, None, None, None
@@ -330,17 +348,17 @@ def _floor_divide(g, out, input, other):
 
 # --- activations: one backward kernel instead of the formula's elementwise chain --------------------
 
-@register_vjp(lnn.gelu, when=_kernel_input)
+@register_vjp(lnn.gelu, when=_kernel_input, fused=True)
 def _gelu(g, out, input, approximate="none"):
     return kernels.gelu_backward(g, input, approximate=approximate), None
 
 
-@register_vjp(lnn.silu, when=_kernel_input)
+@register_vjp(lnn.silu, when=_kernel_input, fused=True)
 def _silu(g, out, input, inplace=False):
     return kernels.silu_backward(g, input), None
 
 
-@register_vjp(lnn.relu, when=lambda b: _kernel_input(b) and not _arg(b, 1, "inplace", False))
+@register_vjp(lnn.relu, when=lambda b: _kernel_input(b) and not _arg(b, 1, "inplace", False), fused=True)
 def _relu(g, out, input, inplace=False):
     """eager's ``threshold_backward(g, result, 0)``: the forward stays one relu
     (not ``le`` and ``where``) and the backward reads its output, which the
@@ -348,17 +366,17 @@ def _relu(g, out, input, inplace=False):
     return kernels.threshold_backward(g, out, 0), None
 
 
-@register_vjp(lnn.threshold, when=lambda b: _kernel_input(b) and not _arg(b, 3, "inplace", False))
+@register_vjp(lnn.threshold, when=lambda b: _kernel_input(b) and not _arg(b, 3, "inplace", False), fused=True)
 def _threshold(g, out, input, threshold, value, inplace=False):
     return kernels.threshold_backward(g, input, threshold), None, None, None
 
 
-@register_vjp(ew.tanh, when=_kernel_input)
+@register_vjp(ew.tanh, when=_kernel_input, fused=True)
 def _tanh(g, out, a):
     return (kernels.tanh_backward(g, out),)
 
 
-@register_vjp(ew.sigmoid, when=_kernel_input)
+@register_vjp(ew.sigmoid, when=_kernel_input, fused=True)
 def _sigmoid(g, out, a):
     return (kernels.sigmoid_backward(g, out),)
 
