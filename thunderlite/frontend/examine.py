@@ -17,6 +17,7 @@ import torch
 from thunderlite.core.symbol import Symbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
+from thunderlite.executors.cost import keep_kernel
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
 from thunderlite.frontend.unused_impls import unused_implementations
@@ -95,7 +96,8 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
-        report.kernels = _kernel_notes(entry)
+        fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
+        report.kernels = _kernel_notes(entry, fusing)
     return report
 
 
@@ -103,11 +105,13 @@ _KERNELS = frozenset(v for v in vars(kernels).values() if isinstance(v, Symbol))
 _KERNEL_OF_FN = {id(k.torch_fn): k for k in _KERNELS}
 
 
-def _kernel_notes(entry) -> list[str]:
+def _kernel_notes(entry, fusing: bool) -> list[str]:
     """Per torch-level symbol with a fused path, how autodiff took its calls
     and why (grouped); then each fused kernel of the final traces and the
     executor that ran it: itself, inside a fusion region, or replaced by its
-    decomposition for a fusion executor to fuse."""
+    decomposition for a fusion executor to fuse. With a fusion executor in
+    the list (``fusing``), the cost model's verdict on the kernel
+    (``cost.keep_kernel``) follows."""
     traces = list(entry.traces)
     if any(t.stage == EAGER_MODE_STAGE for t in traces):
         return []
@@ -120,19 +124,24 @@ def _kernel_notes(entry) -> list[str]:
                 paths[(b.sym.name, *path)] += 1
         notes += [f"{name} x{n}: {how}: {why}" if why else f"{name} x{n}: {how}"
                   for (name, how, why), n in paths.items()]
-    ran = Counter()
+    ran, offered = Counter(), {}
     for t in (traces, list(entry.backward_traces)):
-        ran.update(_kernels_run(t))
-    notes += [f"{name} x{n} {where}" for (name, where), n in ran.items()]
+        counts, firsts = _kernels_run(t)
+        ran.update(counts)
+        offered.update(firsts)
+    for (name, where), n in ran.items():
+        verdict = f"; {keep_kernel(offered[name])[1]}" if fusing and name in offered else ""
+        notes.append(f"{name} x{n} {where}{verdict}")
     return notes
 
 
-def _kernels_run(traces) -> Counter:
+def _kernels_run(traces) -> tuple[Counter, dict]:
     """``(kernel name, where it ran) -> count`` for the final trace of one
     direction, with the kernels offered to the executors and gone after
-    claiming. An executor's symbol for a kernel keeps the kernel's ``torch_fn``."""
+    claiming; and the first call of each kernel offered. An executor's symbol
+    for a kernel keeps the kernel's ``torch_fn``."""
     if not traces:
-        return Counter()
+        return Counter(), {}
     ran = Counter()
     for top in traces[-1].bound_symbols:
         ex = getattr(top.sym.executor, "name", None)
@@ -144,15 +153,20 @@ def _kernels_run(traces) -> Counter:
                 if b is not top and b.sym in _KERNELS:
                     ran[(b.sym.name, f"inside {ex!r} fusion regions")] += 1
     before = next((traces[i - 1] for i, t in enumerate(traces) if t.stage == CLAIM_STAGE and i > 0), None)
+    firsts: dict = {}
     if before is not None:
-        offered = Counter(b.sym.name for b in before.bound_symbols if b.sym in _KERNELS)
+        offered = Counter()
+        for b in before.bound_symbols:
+            if b.sym in _KERNELS:
+                offered[b.sym.name] += 1
+                firsts.setdefault(b.sym.name, b)
         kept = Counter()
         for (name, _), n in ran.items():
             kept[name] += n
         for name, n in offered.items():
             if n > kept[name]:
                 ran[(name, "replaced by its decomposition (its parts fused or run one by one)")] += n - kept[name]
-    return ran
+    return ran, firsts
 
 
 def _callable_name(fn) -> str:

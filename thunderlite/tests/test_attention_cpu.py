@@ -299,3 +299,50 @@ def test_a_split_of_written_memory_is_taken_apart():
     torch.testing.assert_close(jfn(x), (x * 6)[:, :3] * (x * 6)[:, 3:])
     names = [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
     assert "split" not in names and names.count("slice_prim") == 2, names
+
+
+def _kernel_calls():
+    """A traced attention kernel at a real size, a tiny one, and a layer norm's backward."""
+    from thunderlite.transforms.autodiff import kernels as K
+    t = Trace()
+    with tracectx(t):
+        def p(name, *shape):
+            return TensorProxy(shape, torch.float32, "cpu", name=name)
+        q, k = p("q", 4, 8, 128, 32), p("k", 4, 4, 128, 32)
+        K.sdpa_flash_cpu(q, k, k, 0.0, True)
+        q2 = p("q2", 1, 1, 4, 64)
+        K.sdpa_flash_cpu(q2, q2, q2, 0.0, False)
+        x, w, mean = p("x", 512, 256), p("w", 256), p("mean", 512, 1)
+        K.native_layer_norm_backward(x, x, (256,), mean, mean, w, w, [True, True, True])
+    return t.bound_symbols
+
+
+def test_cost_model_keeps_attention_whole_and_fuses_a_norms_backward():
+    """Attention's decomposition writes its [B, H, L, S] scores and
+    probabilities around its matmuls (2 MiB each here): the kernel runs. A
+    norm's backward has no matmul: its decomposition is fused. At a tiny size
+    the scores cost nothing: fusing the decomposition is within the margin."""
+    from thunderlite.executors.cost import keep_kernel
+    attn, tiny, norm_bwd = _kernel_calls()
+    keep, why = keep_kernel(attn)
+    assert keep and "8.0 MiB of intermediates" in why and why.endswith("the kernel runs"), why
+    assert not keep_kernel(tiny)[0]
+    keep, why = keep_kernel(norm_bwd)
+    assert not keep and "writes nothing around matmuls" in why, why
+
+
+def test_examine_with_a_fusion_executor_gives_the_cost_models_verdict():
+    from thunderlite.executors.triton.executor import triton_executor
+    ok, why = triton_executor.is_available()
+    if not ok:
+        pytest.skip(f"Triton executor unavailable: {why}")
+    x, w = _rand(2, 8, 32, grad=True), _rand(32, seed=1, grad=True)
+    wq = _rand(96, 32, seed=2, grad=True)
+
+    def fn(x, w, wq):
+        q, k, v = (t.reshape(2, 8, 4, 8).transpose(1, 2) for t in F.linear(F.layer_norm(x, (32,), w), wq).split(32, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+    report = str(thunderlite.examine(fn, x, w, wq, executors=["triton", "torch"]))
+    assert "sdpa_flash_cpu x1 run by 'torch' (aten._scaled_dot_product_flash_attention_for_cpu); cost model: " \
+           "as one kernel" in report, report
+    assert "native_layer_norm_backward x1 replaced by its decomposition" in report, report
