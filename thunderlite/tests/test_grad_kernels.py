@@ -681,22 +681,48 @@ def test_softmax_saves_its_output_not_its_input():
     assert {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")} == {"softmax"}
 
 
-def test_residual_sum_is_saved_and_gelu_recomputed():
+def test_residual_sum_is_saved_and_gelu_saved_on_the_cpu():
     """A residual sum feeding layer_norm is saved (recomputing it would add a
     kernel and keep its two summands instead); gelu's output, which the next
-    matmul's backward reads, is recomputed from its input, which gelu's own
-    backward keeps anyway."""
+    matmul's backward reads, is saved as eager saves it: on the CPU gelu's pass
+    is bound by arithmetic (rematerialize._COMPUTE_BOUND_ON_CPU). A product,
+    bound by memory, is recomputed from its saved input."""
     from test_grad_prims import check_grad
 
     def fn(x, w1, w2):
         h = x + x @ w1
-        return F.gelu(F.layer_norm(h, (5,)) @ w1) @ w2
+        a = F.layer_norm(h, (5,)) @ w1
+        return F.gelu(a) @ w2 + (a * a) @ w2
     prog = check_grad(fn, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_(),
                       _t(5, 3, seed=2).requires_grad_())
     producers = {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")}
-    assert "add" in producers and "gelu" not in producers
+    assert "add" in producers and "gelu" in producers and "mul" not in producers, producers
     bwd = [b.sym.name for b in prog.backward_traces[-1].bound_symbols]
-    assert bwd.count("gelu") == 1 and "add" not in bwd[:bwd.index("gelu")]
+    assert "gelu" not in bwd and bwd.count("mul") >= 1
+
+
+class _Fusing:
+    """Stands for a fusion executor in the list (``fuses_elementwise``)."""
+    fuses_elementwise = True
+
+    def differentiation(self, bsym):
+        return None
+
+
+def test_gelu_is_recomputed_under_a_fusion_executor():
+    """Under a fusion executor gelu's output is recomputed from its input (one
+    more step of a fused backward kernel), on the CPU too."""
+    from test_grad_prims import trace_of
+
+    from thunderlite.transforms.autodiff.split import split_forward_backward
+
+    def fn(x, w1, w2):
+        return F.gelu(x @ w1) @ w2
+    args = tuple(t.requires_grad_() for t in (_t(4, 5), _t(5, 5, seed=1), _t(5, 3, seed=2)))
+    for executors, recomputed in ((None, False), ([_Fusing()], True)):
+        split = split_forward_backward(trace_of(fn, args), [True, True, True], executors=executors)
+        bwd = [b.sym.name for b in split.backward.bound_symbols]
+        assert ("gelu" in bwd) == recomputed, (executors, bwd)
 
 
 def test_values_only_a_dead_gradient_reads_are_not_saved():
