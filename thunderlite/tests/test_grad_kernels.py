@@ -803,6 +803,38 @@ def test_cross_entropy_forward_and_backward(reduction):
     _same(K.cross_entropy_backward, grad, log_probs, target, reduction, -100, total)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_loss_forward_and_backward(reduction, weighted):
+    x, target = _t(6, 5).log_softmax(1), torch.tensor([1, 0, 4, -100, 2, 2])
+    weight = _t(5, seed=3).abs() if weighted else None
+    _same(K.nll_loss_forward, x, target, weight, reduction, -100)
+    _, total = K.nll_loss_forward.torch_fn(x, target, weight, reduction, -100)
+    grad = _t(6, seed=2) if reduction == 0 else _t(seed=2)
+    _same(K.nll_loss_backward, grad, x, target, weight, reduction, -100, total)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_runs_eagers_kernels_and_matches_eager(reduction):
+    """log_softmax then nll_loss, as older training loops write it: nll_loss's
+    forward saves the total weight and its backward is nll_loss_backward."""
+    lin = torch.nn.Linear(6, 5, dtype=F64)
+    x, target, weight = _t(7, 6, seed=1), torch.tensor([1, 0, 4, -100, 2, 2, 3]), _t(5, seed=3).abs()
+
+    def fn(x):
+        return F.nll_loss(F.log_softmax(lin(x), 1), target, weight, reduction=reduction).sum()
+    jfn = thunderlite.jit(fn)
+    jfn(x).backward()
+    got = [p.grad for p in lin.parameters()]
+    lin.zero_grad(set_to_none=True)
+    fn(x).backward()
+    for g, p in zip(got, lin.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    fwd = [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
+    bwd = [b.sym.name for b in thunderlite.last_backward_traces(jfn)[-1].bound_symbols]
+    assert "nll_loss_forward" in fwd and "nll_loss_backward" in bwd and "log_softmax_backward_data" in bwd, bwd
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64, torch.bfloat16])
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_cross_entropy_backward_kernel_is_eagers(reduction, dtype):

@@ -246,6 +246,32 @@ def _cross_entropy_kernel(g, out, input, target, reduction, ignore_index):
     return kernels.cross_entropy_backward(g[0], out[1], target, reduction, ignore_index, out[2]), None, None, None
 
 
+def _nll_when(bsym) -> bool:
+    """2-d float log-probabilities and 1-d class indices, class weights that
+    need no grad (eager differentiates none), no legacy size_average/reduce."""
+    input, target, weight = _arg(bsym, 0, "input"), _arg(bsym, 1, "target"), _arg(bsym, 2, "weight")
+    return (_kernel_input(bsym) and input.ndim == 2 and isinstance(target, TensorProxy) and target.ndim == 1
+            and not target.dtype.is_floating_point and (weight is None or isinstance(weight, TensorProxy)
+                                                        and not _wants(weight))
+            and _arg(bsym, 3, "size_average") is None and _arg(bsym, 5, "reduce") is None
+            and _arg(bsym, 6, "reduction", "mean") in _REDUCTION)
+
+
+@register_forward(lnn.nll_loss, when=_nll_when)
+def _nll_loss_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                      reduction="mean"):
+    """nll_loss_forward: the loss plus the total weight eager saves."""
+    return kernels.nll_loss_forward(input, target, weight, _REDUCTION[reduction], ignore_index)
+
+
+@register_vjp(kernels.nll_loss_forward)
+def _nll_loss_kernel(g, out, self, target, weight, reduction, ignore_index):
+    if g[0] is None:
+        return None, None, None, None, None
+    return kernels.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, out[1]), None, None, None, \
+        None
+
+
 @register_vjp(lnn.cross_entropy, when=_ce_when, fused=True)
 def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                    reduction="mean", label_smoothing=0.0):
