@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.transforms.autodiff import kernels
@@ -90,17 +90,9 @@ more step of a fused kernel)."""
 def _compute_bound_on_cpu(chain: dict[str, BoundSymbol]) -> bool:
     for b in chain.values():
         outs = b.tensor_outs()
-        if outs and outs[0].device.type == "cpu" and any(
-                leaf.sym in _COMPUTE_BOUND_ON_CPU for leaf in _leaves_of(b)):
+        if outs and outs[0].device.type == "cpu" and any(s.sym in _COMPUTE_BOUND_ON_CPU for s in walk(b)):
             return True
     return False
-
-
-def _leaves_of(b: BoundSymbol):
-    if not b.subsymbols:
-        yield b
-    for s in b.subsymbols:
-        yield from _leaves_of(s)
 
 
 _MAX_CHAIN = 32
