@@ -116,14 +116,18 @@ def _kernel_notes(entry, fusing: bool) -> list[str]:
     if any(t.stage == EAGER_MODE_STAGE for t in traces):
         return []
     notes: list[str] = []
-    if entry.backward_traces:
-        paths = Counter()
-        for b in traces[0].bound_symbols:
-            path = fused_path(b)
-            if path is not None:
-                paths[(b.sym.name, *path)] += 1
-        notes += [f"{name} x{n}: {how}: {why}" if why else f"{name} x{n}: {how}"
-                  for (name, how, why), n in paths.items()]
+    paths = Counter()
+    whole = Counter(id(b.sym.torch_fn) for b in traces[-1].bound_symbols if b.sym.executor is not None)
+    for b in traces[0].bound_symbols:
+        path = fused_path(b)
+        if path is None:
+            continue
+        if not entry.backward_traces:     # no gradient: the symbol runs as its torch call, or decomposed
+            path = (("one torch call", f"no gradient: {_callable_name(b.sym.torch_fn)}, whose dispatcher picks "
+                     "the kernel") if whole[id(b.sym.torch_fn)] else ("decomposition", "its parts were claimed"))
+        paths[(b.sym.name, *path)] += 1
+    notes += [f"{name} x{n}: {how}: {why}" if why else f"{name} x{n}: {how}"
+              for (name, how, why), n in paths.items()]
     ran, offered = Counter(), {}
     for t in (traces, list(entry.backward_traces)):
         counts, firsts = _kernels_run(t)
@@ -171,7 +175,11 @@ def _kernels_run(traces) -> tuple[Counter, dict]:
 
 def _callable_name(fn) -> str:
     name = getattr(fn, "__name__", repr(fn)).removesuffix("_dense")
-    return f"aten.{name}" if hasattr(torch.ops.aten, name) else name
+    module = getattr(fn, "__module__", None)
+    if isinstance(fn, torch._ops.OpOverloadPacket) or (not (module or "").startswith("torch")
+                                                       and hasattr(torch.ops.aten, name)):
+        return f"aten.{name}"
+    return f"{module}.{name}" if module and module.startswith("torch") else name
 def _cudagraph_notes(finals) -> list[str]:
     """Per final trace: its graphs, and each symbol left out with the reason
     the CUDAGraphs transform wrote above it; runtime fallbacks of its graphs."""

@@ -264,6 +264,9 @@ def test_examine_says_which_kernel_and_why():
     report = str(thunderlite.examine(with_dropout, q, k, v))
     assert "scaled_dot_product_attention x1: decomposition: eager's CPU dispatcher takes the math path: " \
            "dropout_p > 0" in report
+    with torch.no_grad():
+        report = str(thunderlite.examine(flash, q, k, v))
+    assert "scaled_dot_product_attention x1: one torch call: no gradient" in report, report
 
 
 def test_attention_stays_whole_in_a_program_that_writes():
