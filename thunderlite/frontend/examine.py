@@ -20,6 +20,7 @@ from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.cost import keep_kernel
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
+from thunderlite.frontend.training.predicated import NOT_PREDICATED
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 from thunderlite.transforms.autodiff import kernels
@@ -37,6 +38,7 @@ class Examination:
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.kernels: list[str] = []     # calls with a fused ATen path: how they were taken and why; who ran them
+        self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -70,6 +72,7 @@ class Examination:
             lines.append("  fused kernels:")
             lines += [f"    {line}" for line in self.kernels]
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
+        lines += [f"  {line}" for line in self.predication]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -98,6 +101,9 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
         fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
         report.kernels = _kernel_notes(entry, fusing)
+        report.predication = list(entry.predication)
+    if error is not None:
+        report.predication += [n for n in getattr(error, "__notes__", ()) if n.startswith(NOT_PREDICATED)]
     return report
 
 
