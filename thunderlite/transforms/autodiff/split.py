@@ -91,6 +91,7 @@ from thunderlite.transforms.aliasing.functionalize import (
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.aliasing.write_backs import take_write_backs
 from thunderlite.transforms.autodiff import (
+    attention,  # noqa: F401  (registers attention's kernels and rules)
     collective_rules,  # noqa: F401  (registers the collectives' rules)
     rules,
     torch_rules,  # noqa: F401  (registers the torch-level rules)
