@@ -26,10 +26,11 @@ from thunderlite.executors.registry import resolve_executors
 from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
+from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, made_by_call, proxies_in
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
@@ -59,18 +60,30 @@ INTERPRETATION_STAGE = "interpretation"
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
                  name: str | None = None, dynamic: dict | None = None,
-                 splits: SplitBudget | None = None) -> CompiledEntry:
+                 auto: PathDynamic | None = None, splits: SplitBudget | None = None) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
     showing progress on stderr when it takes long (frontend/progress.py).
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
-    symbolic (core/symint.py); their guards join the prologue. ``splits``: the
-    callable's budget of paths where Python needs a traced value
-    (frontend/splits/; None: such a program raises ``DataDependentError``).
-    A split program's first call runs while it is compiled: its output is the
-    entry's ``run_first``."""
+    symbolic (core/symint.py); their guards join the prologue. ``auto``: which
+    sizes and floats read through paths are symbolic (caching/automatic.py);
+    a trace that grows a tensor it read through a path is traced again with
+    the growing dims symbolic. ``splits``: the callable's budget of paths
+    where Python needs a traced value (frontend/splits/; None: such a program
+    raises ``DataDependentError``). A split program's first call runs while
+    it is compiled: its output is the entry's ``run_first``."""
     job = _Job(fn, sig, executors, symbolic_numbers, tuple(transforms), progress,
-               name or getattr(fn, "__qualname__", "function"), dynamic, splits)
+               name or getattr(fn, "__qualname__", "function"), dynamic, auto, splits)
     return job.compile(args, kwargs)
+
+
+_MAX_TRACES = 3     # a growing state is learned whole from one trace: the second one has its dims symbolic
+
+
+class _Grows(Exception):
+    """The program grows a tensor it read through a path: trace it again (``compile_call``)."""
+
+    def __init__(self, learned: str):
+        self.learned = learned
 
 
 class _Job:
@@ -78,30 +91,44 @@ class _Job:
     later ones that resume a split program (frontend/splits/); the blocks whose
     flag is read as eager does (``unpredicated``: site -> why)."""
 
-    def __init__(self, fn, sig, executors, symbolic_numbers, transforms, progress, name, dynamic, splits):
+    def __init__(self, fn, sig, executors, symbolic_numbers, transforms, progress, name, dynamic, auto, splits):
         self.fn, self.sig, self.executors = fn, sig, executors
         self.symbolic_numbers, self.transforms, self.progress = symbolic_numbers, transforms, progress
-        self.name, self.dynamic, self.splits = name, dynamic, splits
+        self.name, self.dynamic, self.auto, self.splits = name, dynamic, auto, splits
         self.unpredicated: dict = {}
 
     def compile(self, args: tuple, kwargs: dict, resume: Resume | None = None):
         """A predicated block refused restarts the compile with that site
-        reading its flag (training/predicated.py); never once a piece of a split
-        program ran (frontend/splits/: it would run twice)."""
+        reading its flag (training/predicated.py), a growing state with its
+        dims symbolic; never once a piece of a split program ran
+        (frontend/splits/: it would run twice)."""
+        learned = None
+        auto = self.auto
         with compile_progress(self.name, self.progress), gc_paused():
+            traces = 1
             while True:
+                if auto is not None:
+                    auto.used = set()
                 with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
-                    symbolic = env if self.dynamic or self.symbolic_numbers else None
+                    symbolic = env if self.dynamic or self.symbolic_numbers or (auto is not None and auto.active()) \
+                        else None
                     try:
-                        return _compile_call(self, args, kwargs, symbolic, resume)
+                        entry = _compile_call(self, args, kwargs, symbolic, resume, retrace=traces < _MAX_TRACES)
+                    except _Grows as e:
+                        learned, traces = e.learned, traces + 1
+                        continue
                     except PredicationRefused as e:
                         if e.site in self.unpredicated or after_split(e):
                             raise
                         self.unpredicated[e.site] = e.reason
+                        continue
                     except Exception as e:
                         for why in self.unpredicated.values():      # why the flag was read, where reading it failed
                             e.add_note(f"{NOT_PREDICATED}{why}")
                         raise
+                if resume is None:
+                    entry.learned = learned
+                return entry
 
     def resume(self, tree, path, values, args: tuple, kwargs: dict, env: dict) -> Any:
         """The rest of a call whose path left its split program's tree: compiled, run, its output."""
@@ -147,13 +174,15 @@ def gc_paused():
         gc.enable()
 
 
-def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, resume: Resume | None):
-    fn, transforms = job.fn, job.transforms
+def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, resume: Resume | None,
+                  retrace: bool = False):
+    fn, transforms, auto = job.fn, job.transforms, job.auto
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
     state.unpredicated = job.unpredicated
     state.shape_env = env
+    state.auto = auto
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
     if job.splits is not None:
@@ -186,7 +215,11 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
             writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(piece, state)
                       + _rebound_inputs(piece, state))
             for w in writes:
-                w.value = hooks.settled(w.value, "stored where it outlives the call")
+                w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
+            ran = hooks.splitter is not None and hooks.splitter.ran     # tracing again would run a piece twice
+            grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace and not ran else None
+            if grows is not None:
+                raise _Grows(grows)
             extras: list[Proxy] = []
             for w in writes:
                 proxies_in(w.value, extras, set())
@@ -254,6 +287,9 @@ def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[In
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in inputs]
     compiled.input_names = [inp.proxy.name for inp in inputs]
     compiled.gradients = dict(hooks.autograd.gradient_of)
+    compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in inputs
+                            if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
+                            and not isinstance(inp.value, torch.nn.Parameter)]
     compiled.predication = predication_notes(state)
     return compiled
 

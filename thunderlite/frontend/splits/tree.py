@@ -182,8 +182,10 @@ class SplitEntry(CompiledEntry):
     def __init__(self, tree: SplitTree, root: CompiledEntry, miss: object):
         def run(args, kwargs):
             return tree.run(args, kwargs, miss)
-        for name in ("stage_ms", "total_ms", "guards", "alias_guard", "inputs", "sym_guards", "input_names"):
+        for name in ("stage_ms", "total_ms", "guards", "alias_guard", "inputs", "sym_guards", "input_names",
+                     "path_shapes"):
             setattr(self, name, getattr(root, name))
+        self.learned = None
         self.fn = run
         self.raises = None
         self.tree = tree
