@@ -123,9 +123,12 @@ class Splitter:
     def allowed(self, asked: list[Proxy]) -> bool:
         """Splits happen between the program's own statements (not inside a
         composite being recorded, nor in a scratch trace: torch.func), on values
-        the data decides: a decision on number arguments alone (``cache=
-        'symbolic values'``) specializes them instead (api.py)."""
-        return current_trace() is self.trace and len(self.trace._scopes) == 1 and self._from_data(asked)
+        the data decides: a decision on numbers passed in alone (``cache=
+        'symbolic values'``, floats made inputs automatically) specializes them
+        instead (api.py compiles again), unless the program split already
+        (compiling again would run a piece twice)."""
+        return current_trace() is self.trace and len(self.trace._scopes) == 1 \
+            and (bool(self.cuts) or self._from_data(asked))
 
     def _from_data(self, asked: list[Proxy]) -> bool:
         """Whether a tensor's values reach ``asked`` (not only number inputs)."""
