@@ -375,6 +375,36 @@ def test_the_programs_own_exception_after_a_split_leaves_earlier_writes():
     _same(buf, ref, "buf")
 
 
+class Raiser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(2))
+        self.count = 0
+
+    def forward(self, x):
+        self.buf.add_(1)                 # the first piece's write
+        if x.sum() > 0:
+            self.count += 1              # Python-side, in the last piece, before the raise
+            self.buf.mul_(2)             # a tensor write in the last piece, before the raise
+            raise ValueError("positive")
+        return self.buf * x
+
+
+def test_the_programs_own_exception_after_a_split_leaves_the_writes_before_it():
+    m = Raiser()
+    ref = copy.deepcopy(m)
+    jm = thunderlite.jit(m)
+    for i, x in enumerate([-torch.ones(2), torch.ones(2), torch.ones(2), -torch.ones(2)]):
+        for mod in (jm, ref):
+            if x.sum() > 0:
+                with pytest.raises(ValueError, match="positive"):
+                    mod(x)
+            else:
+                mod(x)
+        _same(m.buf, ref.buf, f"call {i}: buf")
+        assert m.count == ref.count, i
+
+
 def test_a_guard_of_a_later_piece_recompiles_only_that_piece():
     scale = {"v": 2.0}
 
