@@ -612,3 +612,21 @@ def test_inside_a_torch_func_transform_it_still_raises_naming_the_line():
         return torch.func.grad(inner)(x)
     with pytest.raises(DataDependentError, match=r"test_splits.py:\d+: return y.sum\(\) if y.sum\(\) > 0"):
         thunderlite.jit(f)(torch.ones(3))
+
+
+def test_symbolic_sizes_across_pieces():
+    """A size guard recorded after the split is the later piece's (a failed
+    one compiles an alternative for the same value), sizes stay symbolic."""
+    def f(x, y):
+        if x.sum() > 0:
+            if y.shape[0] > 4:
+                return x[: y.shape[0] // 2] * 2
+            return x * 3
+        return x
+    jf = thunderlite.jit(f, dynamic=True)
+    for n in (5, 3, 6, 2, 5):
+        for s in (1.0, -1.0):
+            x, y = torch.full((8,), s), torch.ones(n)
+            _same(jf(x, y), f(x, y), f"n={n} s={s}")
+    info = thunderlite.cache_info(jf)
+    assert info["misses"] == 1 and info["splits"]["paths"] == 3, info

@@ -225,9 +225,9 @@ class Splitter:
         exports = tuple(sorted(n for n in keep if n in mine))
         asked = [self._current(p, mine) for p in asked]
         ret = (tuple(asked), tuple(mine[n] for n in exports))
-        trace, inputs = self._piece(bsyms, ret, prev, cut)
-        guards = self.state.guards[prev.guards if prev else 0:cut.guards]
         sym_guards = self._sym_guards(prev, cut)
+        trace, inputs = self._piece(bsyms, ret, prev, cut, sizes=sym_guards)
+        guards = self.state.guards[prev.guards if prev else 0:cut.guards]
         grad = prev.grad_enabled if prev is not None else self.start_grad
         with _grad_mode(grad):
             entry = self.compile_piece(trace, inputs, guards, sym_guards)
@@ -256,12 +256,13 @@ class Splitter:
         return list(self.shape_env.guards[prev.sym_guards if prev else 0:cut.sym_guards])
 
     def _piece(self, bsyms: list, ret: Any, prev: _Cut | None, cut: _Cut | None,
-               trace: Trace | None = None) -> tuple[Trace, list[Input]]:
+               trace: Trace | None = None, sizes: list = ()) -> tuple[Trace, list[Input]]:
         """The trace of a piece (``bsyms`` returning ``ret``) and its inputs: the
-        program's inputs it reads or that entered during it, then the values of
-        earlier pieces it reads (``Prov.split``, from ``env``)."""
+        program's inputs it reads, that entered during it or that its size guards
+        (``sizes``) read, then the values of earlier pieces it reads
+        (``Prov.split``, from ``env``)."""
         read = free_proxies([*bsyms, _Return(ret)])
-        names = {p.name for p in read}
+        names = {p.name for p in read} | {n for g in sizes for n in g.atoms()}
         first = prev.inputs if prev is not None else 0
         last = cut.inputs if cut is not None else len(self.state.inputs)
         inputs = [inp for k, inp in enumerate(self.state.inputs[:last]) if k >= first or inp.proxy.name in names]
@@ -301,8 +302,8 @@ class Splitter:
         """The last piece's arguments and return (``ret``); its inputs, guards
         and size guards."""
         prev = self.cuts[-1]
-        _, inputs = self._piece(trace.bound_symbols, ret, prev, None, trace)
         sym = list(self.shape_env.guards[prev.sym_guards:]) if self.shape_env is not None else []
+        _, inputs = self._piece(trace.bound_symbols, ret, prev, None, trace, sizes=sym)
         return inputs, self.state.guards[prev.guards:], sym
 
     def run_last(self, leaf: CompiledEntry) -> None:
