@@ -89,6 +89,7 @@ class DTensorProxy:
         self.shape = torch.Size(shape)
         self._stride = tuple(stride)
         self.where: str | None = None         # how the program reached it, for an input (``of_input``)
+        self.source: tuple | None = None      # (path, DTensor) of an input: its ``.grad`` is the caller's
 
     # --- metadata ---------------------------------------------------------------------------
     @property
@@ -268,13 +269,16 @@ def from_local(local: Any, device_mesh: Any = None, placements: Any = None, *, r
     return DTensorProxy(local, device_mesh, tuple(meta.placements), tuple(meta.shape), meta.stride())
 
 
-def of_input(dtensor: Any, local: TensorProxy, where: str) -> DTensorProxy:
+def of_input(dtensor: Any, local: TensorProxy, where: str, leaf: bool = False) -> DTensorProxy:
     """The proxy of a ``DTensor`` that entered the program (as ``where``), ``local``
-    its local tensor's."""
-    if dtensor.requires_grad and torch.is_grad_enabled():
-        raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires grad: "
-                             f"{_GRAD_HINT}")
-    _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
+    its local tensor's. ``leaf``: ``local`` is the leaf a sharded model's view
+    differentiates (views.leaf_of): what needs the ``DTensor``'s own gradient
+    is refused at the op (``dispatch``), not here."""
+    if not leaf:
+        if dtensor.requires_grad and torch.is_grad_enabled():
+            raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires "
+                                 f"grad: {_GRAD_HINT}")
+        _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
     try:
         p = DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
                          dtensor.stride())
@@ -378,9 +382,11 @@ class _Capture(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dt = dtensor_type()
-        if not any(isinstance(a, dt) for a in pytree.tree_leaves((args, kwargs))):
-            self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
-            return func(*args, **kwargs)
+        leaves = pytree.tree_leaves((args, kwargs))
+        if not any(isinstance(a, dt) for a in leaves):
+            if not all(id(a) in _SCALARS for a in leaves if isinstance(a, torch.Tensor)):
+                self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
+            return func(*args, **kwargs)      # (reading a plain scalar's number: the local op takes the tensor)
         dispatcher = dt._op_dispatcher
         if func in dispatcher._random_ops or func in dispatcher._custom_op_handlers:
             raise DTensorRefused(f"{func} on a DTensor (DTensor handles it outside sharding propagation: random "
@@ -392,12 +398,22 @@ class _Capture(TorchDispatchMode):
         return out
 
 
+# id -> the 0-d CPU stand-ins of plain traced scalars made for the current meta run (``_meta_value``)
+_SCALARS: dict[int, torch.Tensor] = {}
+
+
 def _meta_value(a: Any, by_local: dict) -> Any:
     if isinstance(a, DTensorProxy):
         m = _meta(a)
         by_local[id(m._local_tensor)] = a
         return m
     if isinstance(a, TensorProxy):
+        if a.ndim == 0 and a.device.type == "cpu":
+            # a 0-d CPU tensor (an optimizer's step size): DTensor replicates it, or reads it as a
+            # number (``value=``), which a meta tensor cannot give
+            stand_in = torch.ones((), dtype=a.dtype)
+            _SCALARS[id(stand_in)] = stand_in
+            return stand_in
         return torch.empty(a.shape, dtype=a.dtype, device="meta")
     if isinstance(a, NumberProxy):
         return a.value
@@ -425,6 +441,7 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     if any(d.device_mesh is not mesh_obj for d in dts):
         raise DTensorRefused(f"{what} on DTensors of different device meshes")
     by_local: dict[int, DTensorProxy] = {}
+    _SCALARS.clear()
     margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local) for a in flat], spec)
     cap = _Capture()
     try:
@@ -436,7 +453,7 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
         raise DTensorRefused(f"{what} on a DTensor: DTensor (on meta tensors) raised {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
     if not cap.ops:
-        raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
+        return _without_op(meta_out, margs, mkwargs, flat, what)
     if len(cap.ops) > 1:
         if inplace:
             raise DTensorRefused(f"the in-place op {name} on a DTensor, which DTensor runs as {len(cap.ops)} ATen "
@@ -468,6 +485,20 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
         _wrap_outputs(meta_out, out, mesh_obj, what)      # the shard's shape checked against DTensor's
         return args[0]
     return _wrap_outputs(meta_out, out, mesh_obj, what)
+
+
+def _without_op(meta_out: Any, margs: tuple, mkwargs: dict, flat: list, what: str) -> Any:
+    """A call ``DTensor`` answered without an ATen op: metadata (``is_sparse``,
+    ``is_complex()``, no tensor in the answer) is that answer; an argument
+    handed back (``conj()`` of a real tensor, ``to`` its own dtype) is that
+    argument's proxy."""
+    out_flat = pytree.tree_leaves(meta_out)
+    if not any(isinstance(o, torch.Tensor) for o in out_flat):
+        return meta_out
+    by_meta = {id(m): a for m, a in zip(pytree.tree_leaves((margs, mkwargs)), flat, strict=True)}
+    if isinstance(meta_out, torch.Tensor) and id(meta_out) in by_meta:
+        return by_meta[id(meta_out)]
+    raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
 
 
 # ATen ops DTensor adds that change nothing in a trace without gradients (``zeros_like`` detaches its result)
@@ -554,6 +585,10 @@ def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[in
         new = new_flat[i]
         if type(old).__name__ == "DTensorSpec":
             p = by_local.get(id(info.local_args[i]))
+            if p is None and id(info.local_args[i]) in _SCALARS:     # a plain 0-d tensor DTensor replicated
+                if any(not pl.is_replicate() for pl in new.placements):
+                    raise DTensorRefused(f"{op}: a plain 0-d tensor DTensor would redistribute")
+                continue
             if p is None:
                 raise DTensorRefused(f"{op}: an argument DTensor made inside the call")
             if old != new:

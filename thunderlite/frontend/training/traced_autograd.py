@@ -35,7 +35,13 @@ from thunderlite.core import dtypes, pytree
 from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, free_proxies
+from thunderlite.distributed import in_step
+from thunderlite.distributed.ddp import unused_refused
+from thunderlite.distributed.dtensor import DTensorProxy
+from thunderlite.distributed.in_step import DataParallel
+from thunderlite.distributed.views import moves_grad_into
 from thunderlite.frontend.epilogue import Write
+from thunderlite.frontend.provenance import Prov
 from thunderlite.interpreter import interpret
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
@@ -76,11 +82,16 @@ class TracedAutograd:
         self.input_hooks: dict[str, list] = {}   # input name -> (hook, reads) the program registered on it
         self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
         self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
+        self.data_parallel: dict[int, tuple] = {}  # id(model) -> (DataParallel, synced) called since its backward
+        self.dtensor_grads: dict[int, tuple] = {}  # id(DTensor) -> (its proxy, its .grad now: DTensorProxy or None)
+        self.dtensor_entry: dict[int, Any] = {}    # id(DTensor) -> its .grad when the call began
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
         """``proxy.grad``: the program's value for an input, None for a value the
         program made (a non-leaf's ``.grad`` is None in eager)."""
+        if type(proxy) is DTensorProxy:
+            return self._dtensor_grad(proxy)
         if proxy.name in self.grads:
             return self.grads[proxy.name]
         inp = self.state.input_by_name(proxy.name)
@@ -101,8 +112,46 @@ class TracedAutograd:
                 self.entry_grads[name] = self.state.enter(prov, grad)
         return self.entry_grads[name]
 
+    def _dtensor_grad(self, p: DTensorProxy) -> Any:
+        """``.grad`` of a ``DTensor``: the program's value for one it reads from
+        outside (a sharded model's parameter: its view leaf's gradients land there),
+        None for one it made."""
+        if p.source is None:
+            return None
+        key = id(p.source[1])
+        if key in self.dtensor_grads:
+            return self.dtensor_grads[key][1]
+        return self._dtensor_entry_grad(p)
+
+    def _dtensor_entry_grad(self, p: DTensorProxy) -> Any:
+        prov, t = p.source
+        if id(t) not in self.dtensor_entry:
+            grad = t.grad
+            if grad is None:
+                self.state.add_guard(prov.attr("grad"), "eq", None)
+                self.dtensor_entry[id(t)] = None
+            else:
+                self.dtensor_entry[id(t)] = self.state.enter(prov.attr("grad"), grad)
+        return self.dtensor_entry[id(t)]
+
+    def _set_dtensor_grad(self, p: DTensorProxy, value: Any) -> None:
+        if p.source is None:
+            raise NotImplementedError(f"thunderlite: assigning .grad of a DTensor made inside the jitted function "
+                                      f"is not supported{self._where()}")
+        if value is not None:
+            if type(value) is not DTensorProxy:
+                raise TypeError(f"assigned grad of a DTensor expected to be a DTensor or None but got "
+                                f"{type(value).__name__}")
+            if tuple(value.shape) != tuple(p.shape) or value.dtype != p.dtype:
+                raise RuntimeError("assigned grad has data of a different size or type")
+        self._dtensor_entry_grad(p)
+        self.dtensor_grads[id(p.source[1])] = (p, value)
+
     def set_grad(self, proxy: TensorProxy, value: Any) -> None:
         """``proxy.grad = value`` inside the program."""
+        if type(proxy) is DTensorProxy:
+            self._set_dtensor_grad(proxy, value)
+            return
         inp = self.state.input_by_name(proxy.name)
         if inp is None or inp.prov is None:
             raise NotImplementedError(f"thunderlite: assigning .grad of {proxy.name}, a tensor made inside the "
@@ -126,6 +175,9 @@ class TracedAutograd:
                 continue
             inp = self.state.input_by_name(name)
             out.append(Write("attr", inp.prov, "grad", value))
+        for key, (p, value) in self.dtensor_grads.items():
+            if value is not self.dtensor_entry.get(key):
+                out.append(Write("attr", p.source[0], "grad", value))
         return out
 
     # --- backward ---------------------------------------------------------------------------
@@ -144,8 +196,13 @@ class TracedAutograd:
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
+        averaged = self._average_data_parallel(reached)
         for a, g in reached:
-            self._accumulate(a, g, fresh)
+            if a.name in averaged:
+                self.grads[a.name] = averaged[a.name]
+                self.gradient_of[averaged[a.name].name] = self._describe(a)
+            else:
+                self._accumulate(a, g, fresh)
         for a, _ in reversed(reached):
             self._post_accumulate_hooks(a)
 
@@ -178,6 +235,53 @@ class TracedAutograd:
         fresh = self._fresh(result)
         result = [g if g is None or g.name in fresh else self._call(torch.Tensor.clone, g) for g in result]
         return tuple(result)
+
+    # --- data-parallel models called in the program -------------------------------------------
+    def note_data_parallel(self, dp: DataParallel, synced: bool) -> None:
+        """A data-parallel model was called (``synced``: not under ``no_sync()``)."""
+        before = self.data_parallel.get(id(dp.model))
+        self.data_parallel[id(dp.model)] = (dp, synced or (before is not None and before[1]))
+
+    def _average_data_parallel(self, reached: list) -> dict[str, TensorProxy]:
+        """The new ``.grad`` of each parameter of a data-parallel model this backward
+        reaches, averaged across ranks as DDP's reducer does where a forward since
+        the model's last backward ran synced (distributed/in_step.py); a model
+        whose parameters the backward does not reach waits for its own."""
+        by_id = {}
+        for a, g in reached:
+            inp = self.state.input_by_name(a.name)
+            if inp is not None:
+                by_id[id(inp.value)] = (a, g)
+        out: dict[str, TensorProxy] = {}
+        for key, (dp, synced) in list(self.data_parallel.items()):
+            trained = dp.trained()
+            mine = [by_id[i] for i in trained if i in by_id]
+            if not mine:
+                continue
+            del self.data_parallel[key]
+            if not synced:
+                continue
+            unused = [n for i, n in trained.items() if i not in by_id]
+            if unused:
+                raise NotImplementedError(f"{unused_refused(unused)}{self._where()}")
+            grads, made = in_step.reduce_gradients(self.trace, [(a, g, self.grad_of(a)) for a, g in mine], dp,
+                                                   self._call)
+            self.last_backward = self.last_backward + made
+            out.update(grads)
+        return out
+
+    def _outer_data_parallel(self) -> None:
+        """Data-parallel models called with no backward inside the program after the
+        call: the compiled backward averages their gradients (``DDPTransform``)."""
+        for dp, _ in self.data_parallel.values():
+            tr = in_step.outer_transform(dp)
+            if tr not in self.state.transforms and tr not in self.state.module_transforms:
+                self.state.module_transforms.append(tr)
+        self.data_parallel = {}
+
+    def _describe(self, leaf: TensorProxy) -> str:
+        inp = self.state.input_by_name(leaf.name)
+        return inp.prov.describe() if inp is not None and inp.prov is not None else leaf.name
 
     # --- the differentiation ------------------------------------------------------------------
     def _differentiate(self, outs: list, cots: list, retain: bool, wrt,
@@ -441,7 +545,36 @@ class TracedAutograd:
     def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:
         inp = self.state.input_by_name(leaf.name)
         for hook in self._guarded_hooks(inp, "_post_accumulate_grad_hooks"):
-            interpret(hook, self.hooks)(leaf)
+            target = moves_grad_into(hook)
+            if target is not None:
+                self._into_dtensor(leaf, *target)
+            else:
+                interpret(hook, self.hooks)(leaf)
+
+    def _into_dtensor(self, leaf: TensorProxy, module: torch.nn.Module, name: str) -> None:
+        """The hook of a sharded model's view leaf (distributed/views.py), traced: the
+        leaf's gradient moves into its ``DTensor`` parameter's ``.grad`` (a ``DTensor``
+        of the same placements, in the parameter's dtype), added in place to one
+        that exists; the leaf's ``.grad`` is None again."""
+        g = self.grads.get(leaf.name)
+        if g is None:
+            return
+        mprov = self.state.prov_of.get(id(module))
+        if mprov is None:
+            mprov = Prov.object(module)
+            self.state.note(module, mprov)
+        param = self.state.enter(mprov.attr(name, "_parameters"), module._parameters[name])
+        if g.dtype != param.dtype:
+            g = self._call(torch.Tensor.to, g, param.dtype)
+        cur = self._dtensor_grad(param)
+        if cur is None:
+            new = DTensorProxy(g, param.device_mesh, param.placements, param.shape, param.stride())
+        else:
+            self._call(torch.Tensor.add_, cur.local, g)
+            new = cur
+        self._dtensor_entry_grad(param)
+        self.dtensor_grads[id(module._parameters[name])] = (param, new)
+        self.grads[leaf.name] = None
 
     def _refuse_escaping_retained(self, result: Any) -> None:
         """A value the program made with a ``.grad`` that the caller sees (returned or
@@ -473,7 +606,10 @@ class TracedAutograd:
 
     def returned(self, result: Any) -> Any:
         """The program's result with each tensor that still requires grad made
-        eager's tensor whose graph the program's backward used (graph_used)."""
+        eager's tensor whose graph the program's backward used (graph_used).
+        (Data-parallel models whose backward is outside the program get their
+        transform here: the tracing has ended.)"""
+        self._outer_data_parallel()
         if not self.used:
             return result
         self._refuse_escaping_retained(result)
