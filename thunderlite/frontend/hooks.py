@@ -29,8 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
-from thunderlite.distributed import dtensor
-from thunderlite.distributed import in_step
+from thunderlite.distributed import dtensor, in_step
 from thunderlite.distributed.stand_in import stand_in
 from thunderlite.distributed.views import ViewModule
 from thunderlite.frontend import autocast
