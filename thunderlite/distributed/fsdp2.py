@@ -235,7 +235,10 @@ def fsdp_state_hooks(m: torch.nn.Module) -> list:
 
 class FSDP2Transform(Transform):
     """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after
-    forward; gathers each FSDP module's parameters as one prefetch group."""
+    forward; gathers each FSDP module's parameters as one prefetch group. Also
+    for a backward inside the program (a whole training step: ``in_step``)."""
+
+    in_step = True
 
     def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str], trained: dict[int, str]):
         self._ids = {id(p) for p in leaves}

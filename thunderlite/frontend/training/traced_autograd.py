@@ -48,6 +48,7 @@ from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks
+from thunderlite.transforms.user import apply_after_autodiff
 
 _SECOND_BACKWARD = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -316,7 +317,8 @@ class TracedAutograd:
         defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
-                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names])
+                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names],
+                                  after_split=self._after_split())
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
@@ -338,6 +340,18 @@ class TracedAutograd:
         for v in kept:
             self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
         return args, inl.grads, result
+
+    def _after_split(self):
+        """The transforms of the sharded models the program called whose
+        ``after_autodiff`` also serves a backward inside the program (``in_step``:
+        FSDP2's re-gathers), bound to the inputs so far; None without any."""
+        step = [t for t in self.state.module_transforms if getattr(t, "in_step", False)]
+        if not step:
+            return None
+        values = {inp.proxy.name: inp.value for inp in self.state.inputs}
+        for t in step:
+            t.bind_inputs(values)
+        return lambda forward, backward: apply_after_autodiff(step, forward, backward)
 
     def _partition(self, segment: list[BoundSymbol], graph: set[str]) -> tuple[list, list, list]:
         """``segment`` as (markers that stay as they are, the leaf updates before

@@ -43,6 +43,7 @@ Two front doors, one per caller:
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -300,13 +301,15 @@ def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
 
 def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outputs: list[TensorProxy],
                     cotangents: list[TensorProxy], *, names, defined: set[str] | frozenset = frozenset(),
-                    wrt_values=()) -> InlinedBackward:
+                    wrt_values=(), after_split: Callable | None = None) -> InlinedBackward:
     """Differentiate ``outputs`` (computed by ``bsyms`` from ``args``) against
     ``cotangents`` with respect to the ``args`` that ``mask`` selects and to
     ``wrt_values`` (values ``bsyms`` compute). ``names``: the host trace's name
     pool; ``defined``: names the host defines before ``bsyms`` (see the module
     docstring). The backward's values do not require grad (it is not itself
-    differentiated: ``create_graph=False``)."""
+    differentiated: ``create_graph=False``). ``after_split(forward, backward)``
+    rewrites the pair before it is inlined, keeping their interfaces (the
+    transforms' ``after_autodiff``: FSDP2 re-gathers resharded parameters)."""
     program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
     outs, wrt_values = program.output       # the values' newest names after the program's writes
     program = program.with_bound_symbols("", program.bound_symbols[:-1])
@@ -322,6 +325,9 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
                    and any(a.requires_grad for a in b.tensor_args())), "")
         raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
                            f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
+    if after_split is not None:
+        fwd, bwd = after_split(split.forward, split.backward)
+        split = dataclasses.replace(split, forward=fwd, backward=bwd)
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
