@@ -306,10 +306,15 @@ def _refuse_grad(local: TensorProxy, what: str) -> None:
 # --- redistribution as collectives on the local tensor ----------------------------------------
 def redistribute_local(t: TensorProxy, src: Any, dst: Any, mesh: _Mesh, global_shape: tuple) -> TensorProxy:
     """The local tensor of placement ``dst`` from the local tensor ``t`` of ``src`` (1-D mesh)."""
+    from torch.distributed.tensor import Partial
     if src == dst:
         return t
     if mesh.world == 1 and not src.is_partial() and not dst.is_partial():
         return t            # one rank: its shard is the whole tensor
+    p = getattr(src, "norm_type", None) if src.is_partial() else None
+    if p is not None:       # a partial p-norm (``_NormPartial``: vector_norm of shards): x^p, summed, ^(1/p)
+        reduced = redistribute_local(t ** p, Partial(src.reduce_op), dst, mesh, global_shape)
+        return reduced ** (1.0 / p)
     if dst.is_replicate():
         if src.is_shard():
             return _gather_shards(t, _dim(src, t), mesh, global_shape)
@@ -417,7 +422,12 @@ def _meta_value(a: Any, by_local: dict) -> Any:
         return torch.empty(a.shape, dtype=a.dtype, device="meta")
     if isinstance(a, NumberProxy):
         return a.value
+    if isinstance(a, torch.device) and a.type != "meta" and a == _DEVICE[0]:
+        return torch.device("meta")       # the DTensors' own device: on the meta run, theirs is meta
     return a
+
+
+_DEVICE: list = [None]        # the device of the current call's DTensors (``dispatch``)
 
 
 def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, what: str,
@@ -438,10 +448,11 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
             _refuse_grad(a.local if isinstance(a, DTensorProxy) else a, f"{what} on a tensor that requires grad")
     dts = [a for a in flat if isinstance(a, DTensorProxy)]
     mesh_obj = dts[0].device_mesh
-    if any(d.device_mesh is not mesh_obj for d in dts):
+    if any(d.device_mesh is not mesh_obj and d.device_mesh != mesh_obj for d in dts):   # equal meshes: eager mixes them
         raise DTensorRefused(f"{what} on DTensors of different device meshes")
     by_local: dict[int, DTensorProxy] = {}
     _SCALARS.clear()
+    _DEVICE[0] = torch.device(dts[0].device)
     margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local) for a in flat], spec)
     cap = _Capture()
     try:
