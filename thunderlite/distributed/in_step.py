@@ -73,13 +73,15 @@ def data_parallel(model: torch.nn.Module) -> DataParallel:
     return DataParallel(model, model.module, name, world, caps, ignore)
 
 
-def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, TensorProxy | None]],
+def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, TensorProxy | None, bool]],
                      dp: DataParallel, call: Callable) -> tuple[dict[str, TensorProxy], list]:
     """After a backward recorded into ``trace``: ``grads`` holds (parameter leaf,
-    this backward's gradient, its ``.grad`` before it or None) for the
-    parameters of ``dp`` the backward reached. Returns each leaf's new ``.grad``
-    (by name) and the symbols recorded (part of that backward). ``call`` records
-    a torch callable into the trace (the jit's lookaside)."""
+    this backward's gradient, its ``.grad`` before it or None, whether that
+    ``.grad`` is the caller's tensor) for the parameters of ``dp`` the backward
+    reached. Returns each leaf's new ``.grad`` (by name: the caller's tensor
+    written in place, as the reducer copies into it, else the average itself)
+    and the symbols recorded (part of that backward). ``call`` records a torch
+    callable into the trace (the jit's lookaside)."""
     bsyms = trace.bound_symbols
     n0 = len(bsyms)
     produced = {p.name: k for k, b in enumerate(bsyms) for p in b.proxy_outs()}
@@ -89,18 +91,18 @@ def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, Ten
     for bucket in plan_buckets([grads[order[k]][1] for k in range(len(order))], dp.caps):
         members = [grads[order[k]] for k in bucket]
         start = len(bsyms)
-        values = [g if cur is None else call(torch.add, cur, g) for _, g, cur in members]
+        values = [g if cur is None else call(torch.add, cur, g) for _, g, cur, _ in members]
         averaged = average_bucket(values, dp.group, dp.world)
         issue = next(k for k in range(start, len(bsyms)) if bsyms[k].sym.id == d.all_reduce.id)
-        last = max(produced.get(g.name, n0 - 1) for _, g, _ in members)
+        last = max(produced.get(g.name, n0 - 1) for _, g, _, _ in members)
         hoisted.setdefault(min(last, n0 - 1), []).extend(bsyms[start:issue + 1])
         del bsyms[start:issue + 1]
-        for (leaf, _, cur), avg in zip(members, averaged, strict=True):
-            if cur is None:
-                result[leaf.name] = avg
-            else:
+        for (leaf, _, cur, callers), avg in zip(members, averaged, strict=True):
+            if callers:
                 call(torch.Tensor.copy_, cur, avg)
                 result[leaf.name] = cur
+            else:
+                result[leaf.name] = avg
     made = bsyms[n0:]
     moved = [b for k in sorted(hoisted) for b in hoisted[k]]
     out = []

@@ -265,11 +265,17 @@ class TracedAutograd:
             unused = [n for i, n in trained.items() if i not in by_id]
             if unused:
                 raise NotImplementedError(f"{unused_refused(unused)}{self._where()}")
-            grads, made = in_step.reduce_gradients(self.trace, [(a, g, self.grad_of(a)) for a, g in mine], dp,
+            grads, made = in_step.reduce_gradients(self.trace, [self._reduced(a, g) for a, g in mine], dp,
                                                    self._call)
             self.last_backward = self.last_backward + made
             out.update(grads)
         return out
+
+    def _reduced(self, leaf: TensorProxy, g: TensorProxy) -> tuple:
+        """What ``in_step.reduce_gradients`` needs of one parameter: its leaf, this
+        backward's gradient, its ``.grad`` now, and whether that is the caller's."""
+        cur = self.grad_of(leaf)
+        return leaf, g, cur, cur is not None and cur is self.entry_grads.get(leaf.name)
 
     def _outer_data_parallel(self) -> None:
         """Data-parallel models called with no backward inside the program after the
