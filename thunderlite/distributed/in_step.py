@@ -74,14 +74,16 @@ def data_parallel(model: torch.nn.Module) -> DataParallel:
 
 
 def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, TensorProxy | None, bool]],
-                     dp: DataParallel, call: Callable) -> tuple[dict[str, TensorProxy], list]:
+                     dp: DataParallel, call: Callable) -> tuple[dict[str, TensorProxy], list, list]:
     """After a backward recorded into ``trace``: ``grads`` holds (parameter leaf,
     this backward's gradient, its ``.grad`` before it or None, whether that
     ``.grad`` is the caller's tensor) for the parameters of ``dp`` the backward
     reached. Returns each leaf's new ``.grad`` (by name: the caller's tensor
     written in place, as the reducer copies into it, else the average itself)
-    and the symbols recorded (part of that backward). ``call`` records a torch
-    callable into the trace (the jit's lookaside)."""
+    and the symbols recorded (part of that backward): those placed among the
+    backward's (each bucket's all-reduce, after its last gradient), and those
+    left at the end of the trace. ``call`` records a torch callable into the
+    trace (the jit's lookaside)."""
     bsyms = trace.bound_symbols
     n0 = len(bsyms)
     produced = {p.name: k for k, b in enumerate(bsyms) for p in b.proxy_outs()}
@@ -111,7 +113,7 @@ def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, Ten
         out.extend(hoisted.get(k, ()))
     bsyms[:] = out + made
     trace.writes += 1
-    return result, moved + made
+    return result, moved, made
 
 
 # torch's DDP -> the DDPModule whose transform averages its gradients in a compiled backward

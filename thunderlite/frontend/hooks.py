@@ -29,7 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
-from thunderlite.distributed import dtensor, in_step
+from thunderlite.distributed import dtensor, fsdp2, in_step
 from thunderlite.distributed.stand_in import stand_in
 from thunderlite.distributed.views import ViewModule
 from thunderlite.frontend import autocast
@@ -151,6 +151,9 @@ class TracingHooks(InterpreterHooks):
             view = stand_in(fn)
             if view is not None:
                 return self._calling_stand_in(view)
+        if fsdp2.is_set_gradient_sync(fn):
+            owner = getattr(fn, "__self__", None)
+            return self._set_gradient_sync if owner is None else functools.partial(self._set_gradient_sync, owner)
         if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
             if fn is dtensor.dtensor_type().from_local:
                 return self.recording(self._dtensor_from_local)
@@ -362,6 +365,25 @@ class TracingHooks(InterpreterHooks):
             if tr not in self.state.transforms and tr not in self.state.module_transforms:
                 self.state.module_transforms.append(tr)
         return lambda *args, **kwargs: call_past_lookaside(view, args, kwargs)
+
+    def _set_gradient_sync(self, module: torch.nn.Module, requires_gradient_sync: bool, *,
+                           recurse: bool = True) -> None:
+        """FSDP2's ``set_requires_gradient_sync`` inside a jitted function: its
+        groups' flags are written as the program's (read by its backward,
+        training/traced_autograd.py; written back after the call)."""
+        flag = bool(requires_gradient_sync)
+        for pg in fsdp2.sync_groups(module, recurse):
+            for name in ("reduce_grads", "all_reduce_grads"):
+                self.read_attr(pg, name)
+                self.store_attr(pg, name, flag)
+
+    def read_attr(self, obj: Any, name: str) -> Any:
+        """``obj.name`` as the program sees it (written earlier in the call, or
+        read and guarded), ``obj`` an object from outside the call reached
+        through code thunderlite runs itself (found by identity if it has no path)."""
+        if id(obj) not in self.state.prov_of:
+            self.state.note(obj, Prov.object(obj))
+        return self.load_attr(obj, name, getattr(obj, name))
 
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's

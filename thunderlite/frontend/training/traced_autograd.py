@@ -34,8 +34,9 @@ import torch
 from thunderlite.core import dtypes, pytree
 from thunderlite.core.aliasing import may_view
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.retrace import rename_bsym
 from thunderlite.core.symbol import BoundSymbol, free_proxies
-from thunderlite.distributed import in_step
+from thunderlite.distributed import fsdp2, in_step
 from thunderlite.distributed.ddp import unused_refused
 from thunderlite.distributed.dtensor import DTensorProxy
 from thunderlite.distributed.in_step import DataParallel
@@ -48,7 +49,6 @@ from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
 from thunderlite.transforms.autodiff.inline import GRAPH_USED, NotInlinable, graph_of, inline_backward
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.autodiff.tensor_hooks import apply_hooks
-from thunderlite.transforms.user import apply_after_autodiff
 
 _SECOND_BACKWARD = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they have "
@@ -86,6 +86,8 @@ class TracedAutograd:
         self.data_parallel: dict[int, tuple] = {}  # id(model) -> (DataParallel, synced) called since its backward
         self.dtensor_grads: dict[int, tuple] = {}  # id(DTensor) -> (its proxy, its .grad now: DTensorProxy or None)
         self.dtensor_entry: dict[int, Any] = {}    # id(DTensor) -> its .grad when the call began
+        self.unsharded: dict[str, TensorProxy] = {}  # FSDP2 leaf -> its gradient not reduce-scattered yet
+        self.backward_start = 0                  # where the last backward's symbols begin
 
     # --- .grad ------------------------------------------------------------------------------
     def grad_of(self, proxy: TensorProxy) -> Any:
@@ -193,6 +195,7 @@ class TracedAutograd:
             raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
                                       f"function (not a leaf) is not supported{self._where()}")
         args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), (), leaves=only is None)
+        grads = self._gradient_sync(args, grads)
         grads = self._leaf_hooks(args, grads, only)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
@@ -265,9 +268,10 @@ class TracedAutograd:
             unused = [n for i, n in trained.items() if i not in by_id]
             if unused:
                 raise NotImplementedError(f"{unused_refused(unused)}{self._where()}")
-            grads, made = in_step.reduce_gradients(self.trace, [self._reduced(a, g) for a, g in mine], dp,
-                                                   self._call)
-            self.last_backward = self.last_backward + made
+            grads, hoisted, made = in_step.reduce_gradients(self.trace, [self._reduced(a, g) for a, g in mine],
+                                                            dp, self._call)
+            self.start += len(hoisted)            # placed inside the backward (issues after their gradients)
+            self.last_backward = self.last_backward + hoisted + made
             out.update(grads)
         return out
 
@@ -276,6 +280,60 @@ class TracedAutograd:
         backward's gradient, its ``.grad`` now, and whether that is the caller's."""
         cur = self.grad_of(leaf)
         return leaf, g, cur, cur is not None and cur is self.entry_grads.get(leaf.name)
+
+    def _gradient_sync(self, args: list, grads: list) -> list:
+        """FSDP2's ``set_requires_gradient_sync(False)`` as its backward honours it:
+        a view leaf whose group does not sync now keeps its gradient unsharded
+        and unreduced (its reduce-scatter, and what follows it, taken out of this
+        backward; the leaf gets none), added to the next synced backward's
+        reduce-scatter input, so one reduce-scatter averages the accumulated sum,
+        as FSDP2's does."""
+        out = list(grads)
+        bsyms = self.trace.bound_symbols
+        for i, (a, g) in enumerate(zip(args, grads, strict=True)):
+            inp = self.state.input_by_name(a.name) if g is not None else None
+            pg = fsdp2.group_of_leaf(inp.value) if inp is not None else None
+            if pg is None:
+                continue
+            synced = bool(self.hooks.read_attr(pg, "reduce_grads"))
+            pending = self.unsharded.get(a.name)
+            if synced and pending is None:
+                continue
+            found = fsdp2.gradient_reduce_scatters(bsyms, g, self.backward_start)
+            if found is None:
+                raise NotImplementedError(
+                    f"thunderlite: set_requires_gradient_sync(False) of an FSDP2 model whose parameter "
+                    f"{self._describe(a)} is not reduce-scattered once (a parameter shared by several modules) "
+                    f"is not supported{self._where()}")
+            (rs,), chain = found
+            x = bsyms[rs].args[0]
+            if not synced:
+                self.unsharded[a.name] = x if pending is None else self._call(torch.add, pending, x)
+                gone = {id(bsyms[k]) for k in chain}
+                bsyms[:] = [b for b in bsyms if id(b) not in gone]
+                self.start -= len(gone)           # all in the backward, before the next graph's symbols
+                self.last_backward = [b for b in self.last_backward if id(b) not in gone]
+                out[i] = None
+            else:
+                total = self._call(torch.add, x, pending)
+                adder = bsyms.pop()
+                at = next(k for k in range(len(bsyms)) if bsyms[k] is bsyms[rs])
+                bsyms[at] = rename_bsym(bsyms[at], {x.name: total})
+                bsyms.insert(at, adder)
+                self.start += 1
+                self.last_backward = [*self.last_backward, adder]
+                del self.unsharded[a.name]
+            self.trace.writes += 1
+        return out
+
+    def _refuse_unsynced_left(self) -> None:
+        if self.unsharded:
+            names = [self._describe(self.state.input_by_name(n).proxy) for n in self.unsharded]
+            raise NotImplementedError(
+                f"thunderlite: set_requires_gradient_sync(False) of an FSDP2 model leaves the unreduced gradients "
+                f"of {names[:4]}{' ...' if len(names) > 4 else ''} pending when the jitted function returns: they "
+                "live in the compiled program only. Set it back to True before the last backward() inside the "
+                "function (a whole accumulation step in one jitted function).")
 
     def _outer_data_parallel(self) -> None:
         """Data-parallel models called with no backward inside the program after the
@@ -331,6 +389,7 @@ class TracedAutograd:
         self.trace.bound_symbols[self.start:] = flags + prefix + inl.forward + inl.backward
         self.trace.writes += 1
         self.start = len(self.trace.bound_symbols)
+        self.backward_start = self.start - len(inl.backward)
         if not retain:      # the leaves stay: a later graph starts from them anew
             inputs = {inp.proxy.name for inp in self.state.inputs}
             self.freed |= graph - inputs - set(self.made)
@@ -348,16 +407,21 @@ class TracedAutograd:
         return args, inl.grads, result
 
     def _after_split(self):
-        """The transforms of the sharded models the program called whose
-        ``after_autodiff`` also serves a backward inside the program (``in_step``:
-        FSDP2's re-gathers), bound to the inputs so far; None without any."""
-        step = [t for t in self.state.module_transforms if getattr(t, "in_step", False)]
+        """The ``after_inline_autodiff`` of the transforms of the sharded models the
+        program called (FSDP2's re-gathers), bound to the inputs so far; None
+        without any."""
+        step = [t for t in self.state.module_transforms if hasattr(t, "after_inline_autodiff")]
         if not step:
             return None
         values = {inp.proxy.name: inp.value for inp in self.state.inputs}
         for t in step:
             t.bind_inputs(values)
-        return lambda forward, backward: apply_after_autodiff(step, forward, backward)
+
+        def after(forward, backward):
+            for t in step:
+                forward, backward = t.after_inline_autodiff(forward, backward)
+            return forward, backward
+        return after
 
     def _partition(self, segment: list[BoundSymbol], graph: set[str]) -> tuple[list, list, list]:
         """``segment`` as (markers that stay as they are, the leaf updates before
@@ -630,6 +694,7 @@ class TracedAutograd:
         (Data-parallel models whose backward is outside the program get their
         transform here: the tracing has ended.)"""
         self._outer_data_parallel()
+        self._refuse_unsynced_left()
         if not self.used:
             return result
         self._refuse_escaping_retained(result)
