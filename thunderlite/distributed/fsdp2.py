@@ -266,7 +266,7 @@ class FSDP2Transform(Transform):
 
     def after_autodiff(self, forward, backward):
         """The compiled backward of a program (run after it, through autograd)."""
-        unsynced = sorted({u for u, pg in self._groups.items() if not pg.reduce_grads})
+        unsynced = sorted({u or "the root" for u, pg in self._groups.items() if not pg.reduce_grads})
         if unsynced:
             _refuse(f"set_requires_gradient_sync(False) (on {shown(unsynced)}) with the backward outside the "
                     "jitted function", "its unsharded gradients would have to outlive the compiled backward; put "

@@ -21,3 +21,79 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 def test_two_ranks_whole_steps_match_single_process():
     _spawn(w.whole_steps_match_single_process)
+
+
+@pytest.fixture
+def mesh(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (1,))
+
+
+def test_what_a_step_cannot_honour_is_refused_at_the_first_call_by_name(one_rank_group):
+    """torch's DDP options a trace does not honour, and a parameter the backward
+    leaves without gradient (torch's ``find_unused_parameters`` case), refused
+    at the call inside the step with the option and the user's line."""
+    DDP = torch.nn.parallel.DistributedDataParallel
+    x, y = torch.randn(4, 8), torch.randn(4, 5)
+    bn = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.BatchNorm1d(5))
+    with pytest.raises(NotImplementedError, match=r"broadcast_buffers=True.*\(at .*loss = F\.mse_loss\(model\(x\), y\)"):
+        thunderlite.jit(w.step)(DDP(bn), torch.optim.SGD(bn.parameters(), lr=0.1), x, y)
+    hooked = DDP(w.net())
+    hooked.register_comm_hook(None, lambda state, bucket: None)
+    with pytest.raises(NotImplementedError, match=r"communication hook \(register_comm_hook\)"):
+        thunderlite.jit(w.step)(hooked, torch.optim.SGD(hooked.parameters(), lr=0.1), x, y)
+
+    class Unused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(8, 5), torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.used(x)
+    m = Unused()
+    with pytest.raises(NotImplementedError, match=r"\['unused.weight', 'unused.bias'\].*find_unused_parameters"):
+        thunderlite.jit(w.step)(DDP(m), torch.optim.SGD(m.parameters(), lr=0.1), x, y)
+
+
+def _one_rank_fsdp2(mesh) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+    m = w.net()
+    for k in (0, 2, 4):
+        fully_shard(m[k], mesh=mesh)
+    return fully_shard(m, mesh=mesh)
+
+
+def test_fsdp2_gradient_sync_off_must_end_inside_the_step(mesh):
+    """FSDP2's ``set_requires_gradient_sync(False)`` keeps unsharded gradients in
+    the program: left off when the jitted function returns, or with the
+    backward outside it, it is refused naming the option."""
+    x, y = torch.randn(4, 8), torch.randn(4, 5)
+    m = _one_rank_fsdp2(mesh)
+
+    def micro_step(model, x, y):
+        model.set_requires_gradient_sync(False)
+        F.mse_loss(model(x), y).backward()
+    with pytest.raises(NotImplementedError, match=r"set_requires_gradient_sync\(False\).*pending when the jitted "
+                       r"function returns"):
+        thunderlite.jit(micro_step)(m, x, y)
+    assert all(pg.reduce_grads for pg in (m[0]._get_fsdp_state()._fsdp_param_groups)), "a refused call wrote"
+    m.set_requires_gradient_sync(False)
+    with pytest.raises(NotImplementedError, match=r"set_requires_gradient_sync\(False\) \(on .*\) with the backward "
+                       r"outside the jitted function"):
+        thunderlite.jit(lambda x, y: F.mse_loss(m(x), y))(x, y)
+
+
+def test_one_rank_step_over_fsdp2_accumulates_as_eager(mesh):
+    """On one rank the reduce-scatters are the identity: the step with
+    ``set_requires_gradient_sync(False)`` for the first micro-batch equals the
+    unsharded model's, and the flags come back as the step left them; the trace
+    has one reduce-scatter per parameter."""
+    m, ref = _one_rank_fsdp2(mesh), w.net()
+    opt, ropt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    jstep = thunderlite.jit(w.fsdp2_accumulation_step)
+    xs, ys = w._batches(3, True)
+    for s in range(2):
+        torch.testing.assert_close(jstep(m, opt, xs[s], ys[s]).full_tensor(),
+                                   w.accumulation_step(ref, ropt, xs[s], ys[s]))
+    w._same_params(m, ref, "one rank")
+    assert str(thunderlite.last_traces(jstep)[-1]).count("dist.reduce_scatter(") == 6
