@@ -204,7 +204,7 @@ class DDPModule(torch.nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = old
-            if old:
+            if old and not torch.compiler.is_compiling():   # traced: the program's backward averages (in_step.py)
                 self._average_after_next_backward()
 
     def _average_after_next_backward(self) -> None:

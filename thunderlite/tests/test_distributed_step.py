@@ -36,7 +36,8 @@ def test_what_a_step_cannot_honour_is_refused_at_the_first_call_by_name(one_rank
     DDP = torch.nn.parallel.DistributedDataParallel
     x, y = torch.randn(4, 8), torch.randn(4, 5)
     bn = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.BatchNorm1d(5))
-    with pytest.raises(NotImplementedError, match=r"broadcast_buffers=True.*\(at .*loss = F\.mse_loss\(model\(x\), y\)"):
+    with pytest.raises(NotImplementedError,
+                       match=r"broadcast_buffers=True.*\(at .*loss = F\.mse_loss\(model\(x\), y\)"):
         thunderlite.jit(w.step)(DDP(bn), torch.optim.SGD(bn.parameters(), lr=0.1), x, y)
     hooked = DDP(w.net())
     hooked.register_comm_hook(None, lambda state, bucket: None)
@@ -97,3 +98,32 @@ def test_one_rank_step_over_fsdp2_accumulates_as_eager(mesh):
                                    w.accumulation_step(ref, ropt, xs[s], ys[s]))
     w._same_params(m, ref, "one rank")
     assert str(thunderlite.last_traces(jstep)[-1]).count("dist.reduce_scatter(") == 6
+
+
+def test_thunderlite_ddp_no_sync_inside_a_step(one_rank_group):
+    """``thunderlite.distributed.ddp(m)`` called by a step with its own
+    ``no_sync()`` inside: the program averages the accumulated gradients once
+    (one all-reduce), and leaving the block registers none of the hooks that
+    average after an eager backward."""
+    from thunderlite.distributed import ddp
+    m, ref = w.net(), w.net()
+    model = ddp(m)
+
+    def step(model, opt, xs, ys):
+        with model.no_sync():
+            F.mse_loss(model(xs[0]), ys[0]).backward()
+        F.mse_loss(model(xs[1]), ys[1]).backward()
+        opt.step()
+        opt.zero_grad()
+    opt, ropt = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    jstep = thunderlite.jit(step)
+    xs, ys = w._batches(4, True)
+    for s in range(2):
+        jstep(model, opt, xs[s], ys[s])
+        for i in range(2):
+            F.mse_loss(ref(xs[s][i]), ys[s][i]).backward()
+        ropt.step()
+        ropt.zero_grad()
+    w._same_params(m, ref, "ddp(m) no_sync")
+    assert not model._pending_hooks and model.require_backward_grad_sync
+    assert str(thunderlite.last_traces(jstep)[-1]).count("dist.all_reduce(") == 1

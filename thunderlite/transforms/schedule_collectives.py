@@ -12,7 +12,8 @@ dependencies, write-after-read edges, grad-mode barriers) in which:
   reads the gathered value (or a view or cast of it) together with anything
   else, so the gathers of a linear layer's weight and bias, read by its
   ``linear``, form one group. Groups are numbered in trace order of their
-  first use, and group ``k`` is issued only once the gathers group ``k - 1``
+  first use (a unit gathered again, a whole step's re-gathers in its backward,
+  forms a group per time), and group ``k`` is issued only once the gathers group ``k - 1``
   needs first have been waited for: while a group is computed with, only the
   next one is in flight, as FSDP2 prefetches one layer ahead. This bounds
   the forward's memory and the backward's re-gathers
