@@ -383,13 +383,14 @@ class _Capture(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list = []
+        self.scalars: dict[int, torch.Tensor] = {}   # the 0-d CPU stand-ins of plain scalars (``_meta_value``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dt = dtensor_type()
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(isinstance(a, dt) for a in leaves):
-            if not all(id(a) in _SCALARS for a in leaves if isinstance(a, torch.Tensor)):
+            if not all(id(a) in self.scalars for a in leaves if isinstance(a, torch.Tensor)):
                 self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
             return func(*args, **kwargs)      # (reading a plain scalar's number: the local op takes the tensor)
         dispatcher = dt._op_dispatcher
@@ -403,11 +404,9 @@ class _Capture(TorchDispatchMode):
         return out
 
 
-# id -> the 0-d CPU stand-ins of plain traced scalars made for the current meta run (``_meta_value``)
-_SCALARS: dict[int, torch.Tensor] = {}
-
-
-def _meta_value(a: Any, by_local: dict) -> Any:
+def _meta_value(a: Any, by_local: dict, scalars: dict, device: torch.device) -> Any:
+    """The meta run's stand-in for an argument; ``scalars`` gets (by id) those of
+    plain 0-d CPU tensors, ``device`` is the ``DTensor`` s' own device."""
     if isinstance(a, DTensorProxy):
         m = _meta(a)
         by_local[id(m._local_tensor)] = a
@@ -417,17 +416,14 @@ def _meta_value(a: Any, by_local: dict) -> Any:
             # a 0-d CPU tensor (an optimizer's step size): DTensor replicates it, or reads it as a
             # number (``value=``), which a meta tensor cannot give
             stand_in = torch.ones((), dtype=a.dtype)
-            _SCALARS[id(stand_in)] = stand_in
+            scalars[id(stand_in)] = stand_in
             return stand_in
         return torch.empty(a.shape, dtype=a.dtype, device="meta")
     if isinstance(a, NumberProxy):
         return a.value
-    if isinstance(a, torch.device) and a.type != "meta" and a == _DEVICE[0]:
+    if isinstance(a, torch.device) and a.type != "meta" and a == device:
         return torch.device("meta")       # the DTensors' own device: on the meta run, theirs is meta
     return a
-
-
-_DEVICE: list = [None]        # the device of the current call's DTensors (``dispatch``)
 
 
 def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, what: str,
@@ -451,10 +447,9 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     if any(d.device_mesh is not mesh_obj and d.device_mesh != mesh_obj for d in dts):   # equal meshes: eager mixes them
         raise DTensorRefused(f"{what} on DTensors of different device meshes")
     by_local: dict[int, DTensorProxy] = {}
-    _SCALARS.clear()
-    _DEVICE[0] = torch.device(dts[0].device)
-    margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local) for a in flat], spec)
     cap = _Capture()
+    device = torch.device(dts[0].device)
+    margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local, cap.scalars, device) for a in flat], spec)
     try:
         with cap:
             meta_out = torch_fn(*margs, **mkwargs)
@@ -469,13 +464,13 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
         if inplace:
             raise DTensorRefused(f"the in-place op {name} on a DTensor, which DTensor runs as {len(cap.ops)} ATen "
                                  "ops")
-        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
+        return _replay_aten(cap, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     op, _, _, info, sharding, _ = cap.ops[0]
     if info is None:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched {op} without a DTensor argument")
-    targets, rewrites = _targets(op, info, sharding, by_local)
+    targets, rewrites = _targets(op, info, sharding, by_local, cap.scalars)
     if rewrites and not inplace:        # the ATen op itself, with the sizes propagation gives the shards
-        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
+        return _replay_aten(cap, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     if inplace:
         written = args[0]
         if id(written) in targets or rewrites or not isinstance(meta_out, dtensor_type()) \
@@ -520,7 +515,7 @@ def _identity(t: TensorProxy) -> TensorProxy:
     return t
 
 
-def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
+def _replay_aten(cap: _Capture, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
                  mkwargs: dict, what: str) -> Any:
     """A torch call ``DTensor`` runs as several ATen ops (``F.linear``: ``t`` and
     ``mm``): each op replayed in order as its ``torch.<op>`` namesake's symbol on
@@ -531,6 +526,7 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     dt = dtensor_type()
     known = dict(by_local)         # id(meta local tensor) -> DTensorProxy (inputs, then results)
     made: dict[int, Any] = {}      # id(meta plain tensor result) -> its proxy
+    ops = cap.ops
     for func, args, kwargs, info, sharding, out in ops:
         name = func.overloadpacket.__name__
         sym = _identity if name in _PASS_THROUGH else (symbol_for(getattr(torch, name, None))
@@ -538,7 +534,7 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
         if info is None or sym is None:
             raise DTensorRefused(f"{what} on a DTensor, which DTensor runs as {len(ops)} ATen ops (" +
                                  ", ".join(str(o[0]) for o in ops) + f"): {func} cannot be replayed")
-        targets, rewrites = _targets(func, info, sharding, known)
+        targets, rewrites = _targets(func, info, sharding, known, cap.scalars)
         if rewrites:
             if info.args_tree_spec is None:
                 args = tuple(rewrites.get(i, a) for i, a in enumerate(args))
@@ -579,7 +575,8 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     return pytree.tree_map(final, meta_out)
 
 
-def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[int, tuple], dict[int, Any]]:
+def _targets(op: Any, info: Any, sharding: Any, by_local: dict,
+             scalars: dict) -> tuple[dict[int, tuple], dict[int, Any]]:
     """id(DTensorProxy) -> the placements propagation wants it in before ``op``;
     and the non-tensor arguments it rewrites for the shards (a view's sizes are
     the local ones), by position among the op's (flattened) arguments."""
@@ -596,7 +593,7 @@ def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[in
         new = new_flat[i]
         if type(old).__name__ == "DTensorSpec":
             p = by_local.get(id(info.local_args[i]))
-            if p is None and id(info.local_args[i]) in _SCALARS:     # a plain 0-d tensor DTensor replicated
+            if p is None and id(info.local_args[i]) in scalars:     # a plain 0-d tensor DTensor replicated
                 if any(not pl.is_replicate() for pl in new.placements):
                     raise DTensorRefused(f"{op}: a plain 0-d tensor DTensor would redistribute")
                 continue
