@@ -251,11 +251,10 @@ class TracedAutograd:
         reaches, averaged across ranks as DDP's reducer does where a forward since
         the model's last backward ran synced (distributed/in_step.py); a model
         whose parameters the backward does not reach waits for its own."""
-        by_id = {}
-        for a, g in reached:
-            inp = self.state.input_by_name(a.name)
-            if inp is not None:
-                by_id[id(inp.value)] = (a, g)
+        if not self.data_parallel:
+            return {}
+        inputs = {inp.proxy.name: inp for inp in self.state.inputs}
+        by_id = {id(inputs[a.name].value): (a, g) for a, g in reached if a.name in inputs}
         out: dict[str, TensorProxy] = {}
         for key, (dp, synced) in list(self.data_parallel.items()):
             trained = dp.trained()
@@ -290,8 +289,9 @@ class TracedAutograd:
         as FSDP2's does."""
         out = list(grads)
         bsyms = self.trace.bound_symbols
+        inputs = {inp.proxy.name: inp for inp in self.state.inputs}
         for i, (a, g) in enumerate(zip(args, grads, strict=True)):
-            inp = self.state.input_by_name(a.name) if g is not None else None
+            inp = inputs.get(a.name) if g is not None else None
             pg = fsdp2.group_of_leaf(inp.value) if inp is not None else None
             if pg is None:
                 continue
