@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from thunderlite.core import dtypes, pytree
-from thunderlite.core.aliasing import may_view
+from thunderlite.core.aliasing import may_view, writes
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.retrace import rename_bsym
-from thunderlite.core.symbol import BoundSymbol, free_proxies
+from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
 from thunderlite.distributed import fsdp2, in_step
 from thunderlite.distributed.ddp import unused_refused
 from thunderlite.distributed.dtensor import DTensorProxy
@@ -83,6 +83,7 @@ class TracedAutograd:
         self.input_hooks: dict[str, list] = {}   # input name -> (hook, reads) the program registered on it
         self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
         self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
+        self._written: tuple[int, dict[str, TensorProxy]] = (-1, {})  # (trace length, write result -> written)
         self.data_parallel: dict[int, tuple] = {}  # id(model) -> (DataParallel, synced) called since its backward
         self.dtensor_grads: dict[int, tuple] = {}  # id(DTensor) -> (its proxy, its .grad now: DTensorProxy or None)
         self.dtensor_entry: dict[int, Any] = {}    # id(DTensor) -> its .grad when the call began
@@ -90,11 +91,33 @@ class TracedAutograd:
         self.backward_start = 0                  # where the last backward's symbols begin
 
     # --- .grad ------------------------------------------------------------------------------
+    def tensor_of(self, proxy: TensorProxy) -> TensorProxy:
+        """The tensor object ``proxy`` stands for: an in-place op's result names the
+        tensor it wrote (``p -= x`` rebinds ``p`` to the write's value, where eager's
+        ``__isub__`` returns ``p`` itself), so its ``.grad`` is that tensor's."""
+        n = len(self.trace.bound_symbols)
+        if self._written[0] != n:
+            found = {}
+            for top in self.trace.bound_symbols:
+                for b in walk(top):
+                    for dst, new in writes(b):
+                        if new is not None and new.shape == dst.shape and new.dtype == dst.dtype:
+                            found[new.name] = dst
+            self._written = (n, found)
+        found = self._written[1]
+        seen = set()
+        while proxy.name in found and proxy.name not in seen and proxy.name not in self.grads \
+                and proxy.name not in self.value_grads and self.state.input_by_name(proxy.name) is None:
+            seen.add(proxy.name)
+            proxy = found[proxy.name]
+        return proxy
+
     def grad_of(self, proxy: TensorProxy) -> Any:
         """``proxy.grad``: the program's value for an input, None for a value the
         program made (a non-leaf's ``.grad`` is None in eager)."""
         if type(proxy) is DTensorProxy:
             return self._dtensor_grad(proxy)
+        proxy = self.tensor_of(proxy)
         if proxy.name in self.grads:
             return self.grads[proxy.name]
         inp = self.state.input_by_name(proxy.name)
@@ -155,6 +178,7 @@ class TracedAutograd:
         if type(proxy) is DTensorProxy:
             self._set_dtensor_grad(proxy, value)
             return
+        proxy = self.tensor_of(proxy)
         inp = self.state.input_by_name(proxy.name)
         if inp is None or inp.prov is None:
             raise NotImplementedError(f"thunderlite: assigning .grad of {proxy.name}, a tensor made inside the "
