@@ -13,6 +13,14 @@ the epilogue writes the final value back. Once a backward ran, the program
 needs no autograd: it runs under ``no_grad``, and a returned tensor that
 requires grad is eager's tensor whose graph was used (``autodiff.graph_used``).
 
+Over torch's distributed models (docs/architecture.md §15, "The whole
+training step") the backward also does their communication: a DDP model's
+gradients are averaged in buckets (``distributed/in_step.py``), an FSDP2
+or tensor-parallel view leaf's gradient lands in its ``DTensor`` parameter's
+``.grad`` (a ``DTensorProxy``, read and set like a tensor's), and FSDP2's
+``set_requires_gradient_sync(False)`` keeps gradients unsharded until the
+next synced backward.
+
 Eager's errors keep eager's words and name the user's line: a second backward
 through a graph freed by the first, ``element 0 of tensors does not require
 grad``, ``grad can be implicitly created only for scalar outputs``, an unused
