@@ -254,18 +254,29 @@ _TORCH_DDP_REFUSED = {
 }
 
 
-def torch_ddp_options(model: torch.nn.parallel.DistributedDataParallel, refuse: Callable[[str, str], None]
-                      ) -> tuple[Any, tuple[int, ...], frozenset[str]]:
+def syncs_buffers(model: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether torch's DDP broadcasts ``model``'s buffers from rank 0 before forwards."""
+    syncs = getattr(model, "forward_sync_buffers", None)          # torch >= 2.13; before: broadcast_buffers
+    syncs = getattr(model, "broadcast_buffers", True) if syncs is None else syncs
+    return bool(syncs) and any(True for _ in model.module.buffers())
+
+
+def torch_ddp_options(model: torch.nn.parallel.DistributedDataParallel, refuse: Callable[[str, str], None],
+                      broadcasts: bool = False) -> tuple[Any, tuple[int, ...], frozenset[str]]:
     """(process group, bucket caps in bytes as ``plan_buckets`` takes them, names
     of the parameters DDP ignores) of torch's ``model``, after ``refuse(option,
     why)`` for each option that changes results and that a trace does not honour:
     buffers broadcast before every forward (``broadcast_buffers`` /
-    ``forward_sync_buffers`` with buffers), a communication hook, DDP's
-    ``mixed_precision``."""
-    syncs = getattr(model, "forward_sync_buffers", None)          # torch >= 2.13; before: broadcast_buffers
-    syncs = getattr(model, "broadcast_buffers", True) if syncs is None else syncs
-    if syncs and any(True for _ in model.module.buffers()):
-        refuse("broadcast_buffers=True (forward_sync_buffers)", _TORCH_DDP_REFUSED["broadcast_buffers"])
+    ``forward_sync_buffers`` with buffers; unless the caller ``broadcasts``
+    them, but not through a buffer hook or under a ``Join``), a communication
+    hook, DDP's ``mixed_precision``."""
+    if syncs_buffers(model):
+        if not broadcasts:
+            refuse("broadcast_buffers=True (forward_sync_buffers)", _TORCH_DDP_REFUSED["broadcast_buffers"])
+        if hasattr(model, "buffer_hook"):
+            refuse("a buffer communication hook (_register_buffer_comm_hook)", "syncs buffers through the hook")
+        if getattr(getattr(model, "_join_config", None), "enable", False):
+            refuse("a Join context with broadcast_buffers=True", "broadcasts buffers from a rank agreed at run time")
     if getattr(model, "_comm_hooks", None):
         refuse("a communication hook (register_comm_hook)", "reduces gradients through the user's hook")
     if getattr(model, "mixed_precision", None) is not None:

@@ -20,8 +20,11 @@ before the optimizer (or clipping) reads those gradients.
 A forward run under ``no_sync()`` (``require_backward_grad_sync`` False,
 read when the model is called, as DDP reads it) records nothing: its
 backward accumulates the local gradients, and the next synced backward
-averages the sum, as DDP does. Options a trace does not honour are refused at
-the call by name (``ddp.torch_ddp_options``).
+averages the sum, as DDP does. torch's DDP broadcasting buffers
+(``broadcast_buffers``, the default) broadcasts them from rank 0 before a
+forward that follows a synced one (or the first), as its ``_pre_forward``
+does (``TracingHooks._calling_data_parallel``). Options a trace does not
+honour are refused at the call by name (``ddp.torch_ddp_options``).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.distributed.ddp import DDPModule, average_bucket, plan_buckets, torch_ddp_options
+from thunderlite.distributed.ddp import DDPModule, average_bucket, plan_buckets, syncs_buffers, torch_ddp_options
 from thunderlite.torch.ops import distributed as d
 
 
@@ -46,6 +49,7 @@ class DataParallel:
     world: int
     caps: tuple[int, ...]          # bucket caps in bytes (ddp.plan_buckets)
     ignore: frozenset[str]         # parameters left unreduced
+    buffers: tuple = ()            # buffers torch's DDP broadcasts from rank 0 before a forward
 
     def trained(self) -> dict[int, str]:
         """id(parameter) -> name, for the parameters whose gradients are averaged."""
@@ -58,6 +62,7 @@ def is_data_parallel(module: Any) -> bool:
 
 def data_parallel(model: torch.nn.Module) -> DataParallel:
     """The ``DataParallel`` of ``model``, refusing (by option) what the step cannot honour."""
+    buffers: tuple = ()
     if isinstance(model, DDPModule):
         tr = model._thunderlite_transforms[0]
         group, caps, ignore = tr.group, tr.caps, model.ignore
@@ -68,9 +73,11 @@ def data_parallel(model: torch.nn.Module) -> DataParallel:
                 f"torch's DDP {why}, which the compiled program would not do. Use DistributedDataParallel("
                 "thunderlite.jit(m)) (thunderlite compiles the module, torch's DDP communicates), with the "
                 "backward and the optimizer outside the jitted function.")
-        group, caps, ignore = torch_ddp_options(model, refuse)
+        group, caps, ignore = torch_ddp_options(model, refuse, broadcasts=True)
+        if syncs_buffers(model):
+            buffers = tuple(model.modules_buffers)
     name, world = d.group_of(group)
-    return DataParallel(model, model.module, name, world, caps, ignore)
+    return DataParallel(model, model.module, name, world, caps, ignore, buffers)
 
 
 def reduce_gradients(trace: Any, grads: list[tuple[TensorProxy, TensorProxy, TensorProxy | None, bool]],

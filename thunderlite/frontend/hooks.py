@@ -412,13 +412,20 @@ class TracingHooks(InterpreterHooks):
             dp = in_step.data_parallel(model)
         except NotImplementedError as e:
             raise NotImplementedError(f"{e} (at {self._where()})") from None
-        synced = self.load_attr(model, "require_backward_grad_sync", model.require_backward_grad_sync)
-        self.autograd.note_data_parallel(dp, bool(synced))
+        synced = bool(self.load_attr(model, "require_backward_grad_sync", model.require_backward_grad_sync))
+        self.autograd.note_data_parallel(dp, synced)
         inner = dp.module
 
         def call(*args, **kwargs):
+            if dp.buffers and self.read_attr(model, "require_forward_param_sync"):
+                broadcast = self.lookaside(torch.distributed.broadcast)    # DDP's _pre_forward buffer sync
+                for b in dp.buffers:
+                    broadcast(self.state.enter(self.state.prov_of.get(id(b)), b), 0, group=model.process_group)
             special = self.lookaside(inner)
-            return special(*args, **kwargs) if special is not None else call_past_lookaside(inner, args, kwargs)
+            out = special(*args, **kwargs) if special is not None else call_past_lookaside(inner, args, kwargs)
+            if dp.buffers:
+                self.store_attr(model, "require_forward_param_sync", synced)      # as DDP's _post_forward
+            return out
         return call
 
     def _drop_requires_grad(self, start: int) -> None:

@@ -161,6 +161,32 @@ def _ddp_steps(rank: int, world: int) -> None:
     assert len(issues) == buckets, f"the no_sync micro-batch all-reduced: {len(issues)} vs {buckets} buckets"
 
 
+def _ddp_buffers_step(rank: int, world: int) -> None:
+    """A BatchNorm model under torch's DDP with its default ``broadcast_buffers``:
+    rank 0's running statistics broadcast before each forward, as DDP does.
+    Against eager DDP on the same ranks (each rank's batch statistics differ,
+    so one process is not the reference): parameters and buffers."""
+    DDP = torch.nn.parallel.DistributedDataParallel
+
+    def bn_net():
+        torch.manual_seed(0)
+        # no bias before the norm: its gradient is rounding noise, which AdamW turns into full-size steps
+        return torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 5))
+    m, e = bn_net(), bn_net()
+    model, eager = DDP(m), DDP(e)
+    o, eo = _adamw(m.parameters()), _adamw(e.parameters())
+    jstep = thunderlite.jit(step)
+    xs, ys = _batches(6, False)
+    for s in range(3):
+        x, y = _share(xs[s], rank, world), _share(ys[s], rank, world)
+        jstep(model, o, x, y)
+        step(eager, eo, x, y)
+    for (n, a), b in zip([*m.named_parameters(), *m.named_buffers()], [*e.parameters(), *e.buffers()], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=lambda msg, n=n: f"DDP buffers {n}: {msg}")
+    assert str(thunderlite.last_traces(jstep)[-1]).count("dist.broadcast(") == 3     # mean, var, batches seen
+
+
 def _fsdp2_steps(rank: int, world: int) -> None:
     """A model sharded by ``fully_shard`` per layer and at the root, called by a
     jitted step (``reshard_after_forward`` True and False): SGD and AdamW, then
@@ -226,5 +252,6 @@ def whole_steps_match_single_process(rank: int, world: int, store: str) -> None:
     """DDP, FSDP2 and tensor parallelism inside one jitted training step: one spawn."""
     with _group(rank, world, store):
         _ddp_steps(rank, world)
+        _ddp_buffers_step(rank, world)
         _fsdp2_steps(rank, world)
         _tp_steps(rank, world)

@@ -30,15 +30,17 @@ def mesh(one_rank_group):
 
 
 def test_what_a_step_cannot_honour_is_refused_at_the_first_call_by_name(one_rank_group):
-    """torch's DDP options a trace does not honour, and a parameter the backward
-    leaves without gradient (torch's ``find_unused_parameters`` case), refused
-    at the call inside the step with the option and the user's line."""
+    """torch's DDP options a trace does not honour (buffers synced by a hook, a
+    gradient communication hook), and a parameter the backward leaves without
+    gradient (torch's ``find_unused_parameters`` case), refused at the call
+    inside the step with the option and the user's line."""
     DDP = torch.nn.parallel.DistributedDataParallel
     x, y = torch.randn(4, 8), torch.randn(4, 5)
-    bn = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.BatchNorm1d(5))
+    bn = DDP(torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.BatchNorm1d(5)))
+    bn._register_buffer_comm_hook(None, lambda state, buffers: None)
     with pytest.raises(NotImplementedError,
-                       match=r"broadcast_buffers=True.*\(at .*loss = F\.mse_loss\(model\(x\), y\)"):
-        thunderlite.jit(w.step)(DDP(bn), torch.optim.SGD(bn.parameters(), lr=0.1), x, y)
+                       match=r"buffer communication hook.*\(at .*loss = F\.mse_loss\(model\(x\), y\)"):
+        thunderlite.jit(w.step)(bn, torch.optim.SGD(bn.parameters(), lr=0.1), x, y)
     hooked = DDP(w.net())
     hooked.register_comm_hook(None, lambda state, bucket: None)
     with pytest.raises(NotImplementedError, match=r"communication hook \(register_comm_hook\)"):
