@@ -142,8 +142,10 @@ def average_bucket(values: list[TensorProxy], group: str, world: int) -> list[Te
     their flattened concatenation (recorded into the current trace); every
     result in memory of its own (the division is the copy out of the bucket)."""
     flat = [prims.reshape(v, (v.numel(),)) for v in values]
-    joined = symbol_for(torch.cat)(flat, 0) if len(flat) > 1 else flat[0]
-    reduced = d.wait(d.all_reduce(joined, "sum", group))
+    if len(flat) > 1:           # the concatenation is read by nothing else: reduced in place
+        reduced = d.wait(d.all_reduce(symbol_for(torch.cat)(flat, 0), "sum", group, True))
+    else:
+        reduced = d.wait(d.all_reduce(flat[0], "sum", group))
     out, start = [], 0
     mul = symbol_for(torch.mul)
     for v in values:
