@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import reprlib
+import threading
 import time
 import types
 import warnings
@@ -79,6 +80,9 @@ class ThunderliteFunction:
         self._candidate: CompiledEntry | None = None
         self._armings = 0
         self.info = CacheInfo()
+        # misses (lookup, compile, store) run one at a time: threads racing a first call wait and
+        # find the entry the first one made; hits take no lock (docs/architecture.md §3, threads)
+        self._lock = threading.RLock()
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -89,17 +93,18 @@ class ThunderliteFunction:
         if out is not MISS:
             self.info.hits += 1
             return out
-        entry = self._entries.get(self._key_fn(args, kwargs))
+        key_fn = self._key_fn       # read once: another thread's miss may replace it meanwhile
+        entry = self._entries.get(key_fn(args, kwargs))
         if entry is not None:
             out = entry.fn(args, kwargs)
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
-                self._arm(entry, args, kwargs)
+                self._arm(entry, key_fn, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
 
-    def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    def _arm(self, entry: CompiledEntry, key_fn: Callable, args: tuple, kwargs: dict) -> None:
         """An entry the key path served twice in a row gets a fast guard
         (``cache.FastGuard``): the next calls like this one skip the key.
         A call served by another entry disarms it, so calls alternating between
@@ -115,7 +120,7 @@ class ThunderliteFunction:
         if self._armings >= MAX_ARMINGS:
             return
         self._armings += 1
-        guard = self._keys.fast_guard(self._key_fn)
+        guard = self._keys.fast_guard(key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
 
     def __get__(self, obj, objtype=None):
@@ -123,7 +128,7 @@ class ThunderliteFunction:
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
-        with gc_paused():        # a miss makes thousands of short-lived objects (compile.gc_paused)
+        with self._lock, gc_paused():     # a miss makes thousands of short-lived objects (compile.gc_paused)
             return self._miss(args, kwargs)
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
