@@ -18,6 +18,7 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
 import threading
@@ -47,6 +48,7 @@ from thunderlite.frontend.caching.entries import (
 from thunderlite.frontend.compile import compile_call, gc_paused
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.frontend.module_surface import CompiledCalls, forward_signature, is_method_of, signed_forward
 from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
@@ -235,21 +237,31 @@ def _no_fast_guard(args: tuple, kwargs: dict) -> object:
 
 
 def _call_module(module: torch.nn.Module, *args, **kwargs):
-    return module(*args, **kwargs)
+    # below nn.Module.__call__'s _compiled_call_impl, where module_surface routes the model's calls here
+    return module._call_impl(*args, **kwargs)
 
 
 class ThunderliteModule(torch.nn.Module):
     """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
     modes as the original (which it holds as ``_model``); ``forward`` runs the
-    compiled program, which calls the module's ``__call__`` (so hooks run)."""
+    compiled program, which calls the module's ``__call__`` (so hooks run).
+    ``forward`` and the module carry the model's forward signature, and the
+    model's own methods reached through it (``generate``) call the compiled
+    program (``frontend/module_surface.py``)."""
 
     def __init__(self, model: torch.nn.Module, **jit_options):
         super().__init__()
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
-        self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
-        self.__dict__["_jitted"].__name__ = type(model).__name__      # named so in progress and reports
+        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
+        jitted.__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
+        call = functools.partial(jitted, model)
+        self.__dict__["forward"] = signed_forward(self, model, call)
+        self.__dict__["_routes"] = CompiledCalls(model, call)
+        sig = forward_signature(model)
+        if sig is not None:
+            self.__dict__["__signature__"] = sig
 
     def forward(self, *args, **kwargs):
         return self._jitted(self._model_ref, *args, **kwargs)
@@ -258,7 +270,10 @@ class ThunderliteModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_modules"]["_model"], name)
+            value = getattr(self.__dict__["_modules"]["_model"], name)
+        if is_method_of(value, self.__dict__["_model_ref"]):
+            return self.__dict__["_routes"].method(value)
+        return value
 
     def __getitem__(self, idx):
         return self._model[idx]
