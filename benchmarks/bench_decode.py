@@ -25,14 +25,16 @@ Variants (each its own copy of the model):
 Each variant first runs the loop once with a fresh cache: its tokens must
 equal eager's and its last logits be close to eager's (checked before any
 timing), and the compiles of that run are counted (thunderlite: cache misses;
-torch.compile: graphs dynamo compiled). Then ``--rounds`` timed rounds, the
-variants interleaved within each round, reuse each variant's cache after
-``cache.reset()`` (a new cache object is a new key for thunderlite: see
-docs/architecture.md §3). A round times the decode steps only (not the
-prefill); the table shows the median per-token time over rounds, tokens per
-second, the median per-round ratio to eager (load that drifts moves all
-variants of a round alike), and compiles in the first run, with ``+N`` for
-any compile during the timed rounds.
+torch.compile: graphs dynamo compiled). The timed runs reuse each variant's
+cache after ``cache.reset()`` (a new cache object is a new key for
+thunderlite: see docs/architecture.md §3); a reset cache is not in a fresh
+one's state (a static cache stays initialized), so one untimed run after a
+reset comes first, its compiles shown as ``+N after reset``. Then
+``--rounds`` timed rounds, the variants interleaved within each round; a
+round times the decode steps only (not the prefill). The table shows the
+median per-token time over rounds, tokens per second, the median per-round
+ratio to eager (load that drifts moves all variants of a round alike), and
+the compiles (``+N timed``: any during the timed rounds).
 """
 from __future__ import annotations
 
@@ -81,6 +83,8 @@ class Variant:
         self.compiles = compiles
         self.cache = None
         self.first_compiles = 0
+        self.reset_compiles = 0
+        self.timed_compiles = 0
         self.per_token: list[float] = []
         self.ratios: list[float] = []
 
@@ -109,7 +113,7 @@ def variants(base: torch.nn.Module, cuda: bool) -> list[Variant]:
     return out
 
 
-def decode(call: Callable, cache, prompt: torch.Tensor, tokens: int, sync: Callable, timed: bool = False):
+def decode(call: Callable, cache, prompt: torch.Tensor, tokens: int, sync: Callable):
     """Greedy decoding: (tokens, last logits, seconds of the decode steps)."""
     out = call(input_ids=prompt, cache=cache, use_cache=True)
     nxt = out.logits[:, -1:].argmax(-1)
@@ -145,24 +149,30 @@ def run_case(transformers, model_name: str, kind: str, tokens: int, rounds: int,
                 raise AssertionError(f"{model_name}/{kind}/{v.name}: tokens differ from eager's")
             torch.testing.assert_close(logits, expected[1], atol=2e-3, rtol=2e-3,
                                        msg=lambda m, v=v: f"{model_name}/{kind}/{v.name}: logits: {m}")
-        after_first = [v.compiles() for v in vs]
+        for v in vs:            # the same cache after reset(): its state may differ from a fresh one's
+            before = v.compiles()
+            v.cache.reset()
+            decode(v.call, v.cache, prompt, tokens, sync)
+            v.reset_compiles = v.compiles() - before
         for _ in range(rounds):
             times = {}
             for v in vs:
                 v.cache.reset()
-                _, _, secs = decode(v.call, v.cache, prompt, tokens, sync, timed=True)
+                before = v.compiles()
+                _, _, secs = decode(v.call, v.cache, prompt, tokens, sync)
+                v.timed_compiles += v.compiles() - before
                 times[v.name] = secs / (tokens - 1)
             for v in vs:
                 v.per_token.append(times[v.name])
                 v.ratios.append(times[v.name] / times["eager"])
     rows = []
-    for v, n0 in zip(vs, after_first, strict=True):
+    for v in vs:
         per_token = statistics.median(v.per_token)
-        later = v.compiles() - n0
+        compiles = "-" if v.name == "eager" else str(v.first_compiles) + (
+            f" +{v.reset_compiles} after reset" if v.reset_compiles else "") + (
+            f" +{v.timed_compiles} timed" if v.timed_compiles else "")
         rows.append(dict(model=model_name, cache=kind, variant=v.name, ms=per_token * 1e3,
-                         tok_s=1.0 / per_token, ratio=statistics.median(v.ratios),
-                         compiles="-" if v.name == "eager" else f"{v.first_compiles}"
-                         + (f" (+{later})" if later else "")))
+                         tok_s=1.0 / per_token, ratio=statistics.median(v.ratios), compiles=compiles))
     return rows
 
 

@@ -144,3 +144,20 @@ def test_a_method_that_raises_removes_the_route():
     ids = torch.randint(1, VOCAB, (1, 4))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, jm(ids).logits)
+
+
+def test_generate_with_one_reused_static_cache_stops_compiling():
+    # each generate() makes its cache anew unless given one, and an object argument is keyed by its
+    # identity: a server reuses one cache (reset between requests) so later generates compile nothing
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=24)
+    misses = []
+    for seed in range(3):
+        ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(seed))
+        cache.reset()
+        got = jm.generate(ids, max_new_tokens=4, do_sample=False, cache=cache)
+        assert torch.equal(got, ref.generate(ids, max_new_tokens=4, do_sample=False))
+        misses.append(thunderlite.cache_info(jm)["misses"])
+    assert misses[2] == misses[1]       # the third request compiled nothing
+

@@ -73,6 +73,19 @@ def test_first_calls_shape_dtype_changes_and_recompiles_race(cache, dynamic):
     assert info["misses"] >= 1 and info["hits"] >= 1
 
 
+def test_the_garbage_collector_is_on_again_after_compiles_overlapped():
+    import gc
+    assert gc.isenabled()
+    fns = [thunderlite.jit(lambda a, k=k: (a * k).cos().sum()) for k in range(THREADS)]
+
+    def work(i):
+        for r in range(3):
+            a = torch.randn(3 + r, 2)
+            torch.testing.assert_close(fns[i](a), (a * i).cos().sum())
+    race(work)
+    assert gc.isenabled()
+
+
 def test_identical_first_calls_compile_once_or_twice_and_agree():
     jf = thunderlite.jit(lambda a: (a.sin() * 2).sum(0))
     a = torch.randn(6, 5)
@@ -211,3 +224,13 @@ def test_made_once_gives_every_racing_thread_the_first_value():
         got[i] = made_once(table, "k", make)
     race(work)
     assert len(made) == 1 and all(g is made[0] for g in got)
+
+
+def test_a_symbolic_dims_key_never_equals_a_static_key():
+    # found by the gradients race: a thread waiting for the miss lock met the entry compiled for
+    # exactly (2, 5) among the alternates of the symbolic key of a (5, 5) call, and ran it
+    from thunderlite.frontend.caching.keys import ALL_DIMS, dynamic_shape
+    assert dynamic_shape(torch.Size([5, 5]), {0}) != torch.Size([2, 5])
+    assert dynamic_shape(torch.Size([2, 5]), ALL_DIMS) != torch.Size([2, 2])
+    assert dynamic_shape(torch.Size([1, 7]), {0, 1}) == dynamic_shape(torch.Size([1, 9]), {0, 1})
+    assert dynamic_shape(torch.Size([1, 7]), {0, 1}) != dynamic_shape(torch.Size([2, 7]), {0, 1})
