@@ -12,7 +12,11 @@ parameters, and HF ``generate`` calls ``self(...)`` once per token. So:
   the model's ``_compiled_call_impl`` (the hook ``nn.Module.compile`` uses,
   which ``nn.Module.__call__`` calls instead of ``_call_impl`` when set) is the
   jitted call. The compiled program calls ``module._call_impl`` itself, below
-  that hook, so it never meets its own route.
+  that hook, so it never meets its own route. Where torch.compile is loaded
+  the route is ``torch.compiler.disable``d: a method that compiles the model's
+  ``__call__`` (HF ``generate`` does for static caches on GPUs) gets a graph
+  break there, and the jitted call runs as it is instead of being traced by
+  dynamo.
 
 Example::
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -84,8 +89,14 @@ class CompiledCalls:
             if self._running == 0:
                 state = self._model.__dict__
                 self._saved = state.get("_compiled_call_impl")
-                state["_compiled_call_impl"] = self._call
+                state["_compiled_call_impl"] = self._route()
             self._running += 1
+
+    def _route(self) -> Callable:
+        # once torch._dynamo is loaded (transformers loads it), a disabled call costs ~2 µs more
+        if "torch._dynamo" in sys.modules and not getattr(self._call, "_torchdynamo_disable", False):
+            self._call = torch.compiler.disable(self._call, reason="a thunderlite-jitted call")
+        return self._call
 
     def _exit(self) -> None:
         with self._lock:

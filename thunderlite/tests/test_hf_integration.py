@@ -160,3 +160,17 @@ def test_generate_with_one_reused_static_cache_stops_compiling():
         misses.append(thunderlite.cache_info(jm)["misses"])
     assert misses[2] == misses[1]       # the third request compiled nothing
 
+
+
+def test_jm_generate_under_hfs_own_torch_compile_of_the_call():
+    # generate() compiles the model's __call__ with torch.compile for static caches on GPUs (forced here on
+    # the CPU, with dynamo's eager backend): the route to the jitted call is a graph break, not traced by dynamo
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    config = transformers.CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
+    got = jm.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static", compile_config=config)
+    assert torch.equal(got, ref.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static"))
+    info = thunderlite.cache_info(jm)
+    assert info["hits"] + info["misses"] == 4
