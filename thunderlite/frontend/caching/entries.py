@@ -43,7 +43,7 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "__weakref__")
+                 "raises", "predication", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -59,6 +59,8 @@ class CompiledEntry:
         self.sym_guards: list = []  # core.symint.SymGuard: what the trace assumed of symbolic sizes
         self.input_names: list = []  # the trace name of each of ``inputs``
         self.gradients: dict = {}    # a whole step's gradients: value name -> its leaf (api.last_gradients)
+        self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran
+        self.predication: list[str] = []  # blocks traced predicated, and those reading their flag (why)
 
 
 class KeyCache:
