@@ -244,6 +244,10 @@ def _call_module(module: torch.nn.Module, *args, **kwargs):
     return module._call_impl(*args, **kwargs)
 
 
+def _call_own_call(module: torch.nn.Module, *args, **kwargs):
+    return module(*args, **kwargs)      # a class with a __call__ of its own: that runs (and no route is set)
+
+
 class ThunderliteModule(torch.nn.Module):
     """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
     modes as the original (which it holds as ``_model``); ``forward`` runs the
@@ -256,12 +260,14 @@ class ThunderliteModule(torch.nn.Module):
         super().__init__()
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
-        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
+        plain = type(model).__call__ is torch.nn.Module.__call__
+        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module if plain else _call_own_call,
+                                                                **jit_options)
         jitted.__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
         call = functools.partial(jitted, model)
         self.__dict__["forward"] = signed_forward(self, model, call)
-        self.__dict__["_routes"] = CompiledCalls(model, call)
+        self.__dict__["_routes"] = CompiledCalls(model, call) if plain else None
         sig = forward_signature(model)
         if sig is not None:
             self.__dict__["__signature__"] = sig
@@ -274,8 +280,9 @@ class ThunderliteModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             value = getattr(self.__dict__["_modules"]["_model"], name)
-        if is_method_of(value, self.__dict__["_model_ref"]):
-            return self.__dict__["_routes"].method(value)
+        routes = self.__dict__["_routes"]
+        if routes is not None and is_method_of(value, self.__dict__["_model_ref"]):
+            return routes.method(value)
         return value
 
     def __getitem__(self, idx):

@@ -174,3 +174,15 @@ def test_jm_generate_under_hfs_own_torch_compile_of_the_call():
     assert torch.equal(got, ref.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static"))
     info = thunderlite.cache_info(jm)
     assert info["hits"] + info["misses"] == 4
+
+
+class _OwnCall(torch.nn.Linear):
+    def __call__(self, x):
+        return super().__call__(x) + 1     # a root module's own __call__ runs under jit as in eager
+
+
+def test_a_module_with_its_own_call_runs_it():
+    m = _OwnCall(3, 2)
+    jm = thunderlite.jit(m)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(jm(x), m(x))
