@@ -41,6 +41,7 @@ _signatures: dict[str, inspect.Signature] = {}
 _when: dict[str, Callable] = {}
 _non_differentiable: set[str] = set()
 _forwards: dict[str, tuple[Callable, Callable | None]] = {}
+_again: set[str] = set()
 
 
 def _sym_id(sym: Symbol | str) -> str:
@@ -62,6 +63,23 @@ def register_vjp(*syms: Symbol | str, when: Callable | None = None) -> Callable[
                 _when[key] = when
         return fn
     return deco
+
+
+def register_differentiable_again(*syms: Symbol | str) -> None:
+    """Symbols whose own rule stays exact when the gradient it records is
+    differentiated again (its backward kernel has a rule of its own, as
+    PyTorch autograd's double backward): a higher-order gradient keeps them
+    whole instead of differentiating their decomposition (autodiff/inline.py)."""
+    for sym in syms:
+        key = _sym_id(sym)
+        check(key in _rules, lambda key=key: f"{key} has no VJP rule to keep", ValueError)
+        _again.add(key)
+
+
+def differentiable_again(bsym) -> bool:
+    """Whether ``bsym`` is differentiated by its own rule also where its gradient
+    is differentiated again (``register_differentiable_again``)."""
+    return bsym.sym.id in _again and has_rule_for(bsym)
 
 
 def register_non_differentiable(*syms: Symbol | str) -> None:

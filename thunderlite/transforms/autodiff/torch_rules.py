@@ -27,6 +27,7 @@ from thunderlite.transforms.autodiff.rules import (
     UNARY_RULES,
     backward_error,
     matmul_vjp,
+    register_differentiable_again,
     register_forward,
     register_vjp,
     reshape_to,
@@ -201,6 +202,11 @@ def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None
     gi, gw, gb = batch_norm_backward(g, input, weight_arg, None if training else running_mean,
                                      None if training else running_var, training, eps, mask)
     return (gi if mask[0] else None), None, None, gw, gb, None, None, None
+
+
+# its kernel's VJP is PyTorch's exact double backward (autodiff/inline.py), and its decomposition
+# would expose the running-statistics update as a write on the gradient path
+register_differentiable_again(lnn.batch_norm)
 
 
 # --- cross entropy -------------------------------------------------------------------------------
