@@ -173,7 +173,11 @@ load it may be scheduling; the CPU time is eager's), torch.compile(step) 1.02 /
 1.05 / 0.95 / 1.12. First call: jit(step) 7 s (DDP) and 10 s (FSDP2) under
 that load, torch.compile(step) 200-260 s. Parameters equal eager's within
 2e-5 after the 14 AdamW steps (torch.compile(step) likewise: both keep the
-step counts as tensors, their bias corrections in float32). BENCH2
+step counts as tensors, their bias corrections in float32). A second run
+(load 6-9; eager and jit(step) only, 16 steps): DDP 1.08 / 1.04 / 1.02 /
+0.73, FSDP2 0.42 / 0.47 / 1.04 / 0.93. Then each gradient bucket was
+all-reduced in place (the functional all-reduce had copied its input): DDP
+1.00 / 1.03 / 0.99 / 0.63 (load 6-9, 16 steps).
 
 ``--scaling`` times the first call of the thunderlite step (a fresh process per
 size) for each number of layers, and counts the Python function calls of a
