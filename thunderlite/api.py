@@ -18,8 +18,10 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
+import threading
 import time
 import types
 import warnings
@@ -48,6 +50,7 @@ from thunderlite.frontend.caching.keys import has_symbolic_numbers
 from thunderlite.frontend.compile import compile_call, gc_paused, run_until_raise
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.frontend.module_surface import CompiledCalls, forward_signature, is_method_of, signed_forward
 from thunderlite.frontend.splits import MAX_PATHS, SplitBudget, after_split
 from thunderlite.transforms.user import check_transforms
 
@@ -93,6 +96,9 @@ class ThunderliteFunction:
         self._candidate: CompiledEntry | None = None
         self._armings = 0
         self.info = CacheInfo()
+        # misses (lookup, compile, store) run one at a time: threads racing a first call wait and
+        # find the entry the first one made; hits take no lock (docs/architecture.md §3, threads)
+        self._lock = threading.RLock()
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -103,17 +109,18 @@ class ThunderliteFunction:
         if out is not MISS:
             self.info.hits += 1
             return out
-        entry = self._entries.get(self._key_fn(args, kwargs))
+        key_fn = self._key_fn       # read once: another thread's miss may replace it meanwhile
+        entry = self._entries.get(key_fn(args, kwargs))
         if entry is not None:
             out = entry.fn(args, kwargs)
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
-                self._arm(entry, args, kwargs)
+                self._arm(entry, key_fn, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
 
-    def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    def _arm(self, entry: CompiledEntry, key_fn: Callable, args: tuple, kwargs: dict) -> None:
         """An entry the key path served twice in a row gets a fast guard
         (``cache.FastGuard``): the next calls like this one skip the key.
         A call served by another entry disarms it, so calls alternating between
@@ -129,7 +136,7 @@ class ThunderliteFunction:
         if self._armings >= MAX_ARMINGS or getattr(entry.fn, "__thunderlite_source__", None) is None:
             return      # a split program's entry runs its pieces' own entries: no fast guard
         self._armings += 1
-        guard = self._keys.fast_guard(self._key_fn)
+        guard = self._keys.fast_guard(key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
 
     def __get__(self, obj, objtype=None):
@@ -137,7 +144,7 @@ class ThunderliteFunction:
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
-        with gc_paused():        # a miss makes thousands of short-lived objects (compile.gc_paused)
+        with self._lock, gc_paused():     # a miss makes thousands of short-lived objects (compile.gc_paused)
             out = self._miss(args, kwargs)
         if out is _RUN_EAGERLY:     # the cache is full (max_entries): eager's answer, nothing kept
             return self.fn(*args, **kwargs)
@@ -286,21 +293,37 @@ _RUN_EAGERLY = object()
 
 
 def _call_module(module: torch.nn.Module, *args, **kwargs):
-    return module(*args, **kwargs)
+    # below nn.Module.__call__'s _compiled_call_impl, where module_surface routes the model's calls here
+    return module._call_impl(*args, **kwargs)
+
+
+def _call_own_call(module: torch.nn.Module, *args, **kwargs):
+    return module(*args, **kwargs)      # a class with a __call__ of its own: that runs (and no route is set)
 
 
 class ThunderliteModule(torch.nn.Module):
     """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
     modes as the original (which it holds as ``_model``); ``forward`` runs the
-    compiled program, which calls the module's ``__call__`` (so hooks run)."""
+    compiled program, which calls the module's ``__call__`` (so hooks run).
+    ``forward`` and the module carry the model's forward signature, and the
+    model's own methods reached through it (``generate``) call the compiled
+    program (``frontend/module_surface.py``)."""
 
     def __init__(self, model: torch.nn.Module, **jit_options):
         super().__init__()
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
-        self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
-        self.__dict__["_jitted"].__name__ = type(model).__name__      # named so in progress and reports
+        plain = type(model).__call__ is torch.nn.Module.__call__
+        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module if plain else _call_own_call,
+                                                                **jit_options)
+        jitted.__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
+        call = functools.partial(jitted, model)
+        self.__dict__["forward"] = signed_forward(self, model, call)
+        self.__dict__["_routes"] = CompiledCalls(model, call) if plain else None
+        sig = forward_signature(model)
+        if sig is not None:
+            self.__dict__["__signature__"] = sig
 
     def forward(self, *args, **kwargs):
         return self._jitted(self._model_ref, *args, **kwargs)
@@ -309,7 +332,11 @@ class ThunderliteModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_modules"]["_model"], name)
+            value = getattr(self.__dict__["_modules"]["_model"], name)
+        routes = self.__dict__["_routes"]
+        if routes is not None and is_method_of(value, self.__dict__["_model_ref"]):
+            return routes.method(value)
+        return value
 
     def __getitem__(self, idx):
         return self._model[idx]

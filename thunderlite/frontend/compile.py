@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -157,21 +158,38 @@ def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
     raise exc
 
 
+class _GCPause:
+    """How many compiles are running, and whether the collector was on before the first."""
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.resume = False
+
+
+_gc_pause = _GCPause()
+
+
 @contextlib.contextmanager
 def gc_paused():
     """No cyclic garbage collection while compiling: a compile makes thousands of
     short-lived objects, and each collection they trigger would walk the
     process's long-lived ones (torch's, the user's) for nothing: on a small
     program that was a third of the first call. What the compile leaves is
-    collected at the next collection after it; refcounting frees the rest."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
+    collected at the next collection after it; refcounting frees the rest.
+    The collector is the process's: compiles running in several threads pause
+    it together, and the last to finish turns it back on (if it was on)."""
+    with _gc_pause.lock:
+        if _gc_pause.running == 0:
+            _gc_pause.resume = gc.isenabled()
+            gc.disable()
+        _gc_pause.running += 1
     try:
         yield
     finally:
-        gc.enable()
+        with _gc_pause.lock:
+            _gc_pause.running -= 1
+            if _gc_pause.running == 0 and _gc_pause.resume:
+                gc.enable()
 
 
 def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, resume: Resume | None,

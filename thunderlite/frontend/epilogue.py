@@ -15,6 +15,7 @@ objects that came from outside are returned as they are.
 from __future__ import annotations
 
 import copy
+import functools
 import types
 from collections import OrderedDict, defaultdict, deque
 from typing import Any
@@ -230,6 +231,10 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is DTensorProxy:   # a DTensor (an optimizer's new state, a .grad): made on the real local result
+        name = f"_W{len(consts)}"
+        consts[name] = functools.partial(dtensor.materialize, x)
+        return f"{name}({env_names[x.local.name]})"
     if t is Made:
         name = f"_W{len(consts)}"
         consts[name] = x.template
