@@ -630,3 +630,25 @@ def test_symbolic_sizes_across_pieces():
             _same(jf(x, y), f(x, y), f"n={n} s={s}")
     info = thunderlite.cache_info(jf)
     assert info["misses"] == 1 and info["splits"]["paths"] == 3, info
+
+
+def test_threads_take_new_paths_at_once():
+    """Calls from several threads that leave the tree at the same split resume
+    one at a time; each gets eager's answer, each path is compiled once."""
+    import threading
+    jf = thunderlite.jit(while_on_norm)
+    jf(torch.ones(3) * 0.1)
+    inputs = [torch.full((3,), float(s)) for s in (0.5, 2.0, 5.0, 9.0) for _ in range(3)]
+    results: dict = {}
+
+    def call(i, x):
+        results[i] = jf(x.clone())
+    threads = [threading.Thread(target=call, args=(i, x)) for i, x in enumerate(inputs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(inputs):
+        _same(results[i], while_on_norm(x.clone()), f"thread {i}")
+    counts = {while_on_norm(x.clone())[1] for x in [torch.ones(3) * 0.1, *inputs]}     # one path per count
+    assert _paths(jf) == len(counts) == 3, thunderlite.cache_info(jf)

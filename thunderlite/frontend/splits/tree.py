@@ -49,6 +49,9 @@ class SplitBudget:
         self.resumed = 0
         self.eager: str | None = None
         self.lock = threading.Lock()
+        # calls that resume run one at a time (as a callable's misses do, api.py): a thread
+        # racing another to the same new value finds the pieces the first one compiled
+        self.resuming = threading.RLock()
 
     def as_dict(self) -> dict:
         return {"paths": self.paths, "resumed": self.resumed, "max_paths": self.max_paths, "eager": self.eager}
@@ -145,10 +148,14 @@ class SplitTree:
                 value = node.decide(asked)
                 env = node.advance(env, exported)
                 values.append(value)
-                node, out = self._child(node, value, args, kwargs, env, miss)
-                if node is None:        # re-interpreted from the start: in the call's grad mode
-                    torch._C._set_grad_enabled(grad)
-                    return self.resume(self, path, values, args, kwargs, env)
+                child, out = self._child(node, value, args, kwargs, env, miss)
+                if child is None:
+                    with self.budget.resuming:
+                        child, out = self._child(node, value, args, kwargs, env, miss)
+                        if child is None:       # re-interpreted from the start: in the call's grad mode
+                            torch._C._set_grad_enabled(grad)
+                            return self.resume(self, path, values, args, kwargs, env)
+                node = child
                 path.append(node)
         finally:
             if torch.is_grad_enabled() is not grad:
