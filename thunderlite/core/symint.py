@@ -50,6 +50,7 @@ from thunderlite.core.symexpr import (
     substitute,
     to_python,
 )
+from thunderlite.core.tracectx import ThreadStack
 
 # --- the environment: atoms, guards, replacements -----------------------------------------
 
@@ -95,11 +96,12 @@ _NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 _FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _SIGNS = {"==": {0}, "!=": {-1, 1}, "<": {-1}, "<=": {-1, 0}, ">": {1}, ">=": {0, 1}}   # of diff, op true
 
-_active: list[ShapeEnv] = []
+_active = ThreadStack()     # the ShapeEnv of the compile this thread runs, innermost last
 
 
 def active_env() -> ShapeEnv | None:
-    return _active[-1] if _active else None
+    stack = _active.items
+    return stack[-1] if stack else None
 
 
 class ShapeEnv:
@@ -118,11 +120,11 @@ class ShapeEnv:
         self.assume_hook: Callable[[NumberProxy, str], None] | None = None
 
     def __enter__(self):
-        _active.append(self)
+        _active.items.append(self)
         return self
 
     def __exit__(self, *exc):
-        _active.remove(self)
+        _active.items.remove(self)
 
     def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> SymInt:
         """A backed symbol (its value is known while tracing) held by ``proxy``."""
@@ -317,9 +319,9 @@ class ShapeEnv:
                 return assumed
             unknown = sorted(n for n in free_atoms(diff) if self.atoms.get(n) and self.atoms[n].hint is None)
             origins = "; ".join(f"{n}: {self.atoms[n].origin}" for n in unknown)
-            raise DataDependentError(
+            raise self._unknown(DataDependentError(
                 f"deciding {to_python(lhs)} {op} {to_python(rhs)} needs a size known only when the program "
-                f"runs ({origins}); thunderlite cannot branch on it while tracing")
+                f"runs ({origins}); thunderlite cannot branch on it while tracing"), unknown)
         result = _OPS[op](a, b)
         self.add_guard(lhs, op if result else _NEGATE[op], rhs)
         if (op == "==" and result) or (op == "!=" and not result):
@@ -327,6 +329,18 @@ class ShapeEnv:
         else:
             self._learn_bound(diff, op if result else _NEGATE[op])
         return result
+
+    def _unknown(self, e: DataDependentError, names) -> DataDependentError:
+        """``e`` naming the trace values of the run-time symbols it needs
+        (``e.unbacked``): a program may split there and ``pin`` them."""
+        e.unbacked = [self.atoms[n].proxy for n in names if n in self.atoms]
+        return e
+
+    def pin(self, name: str, value: int) -> None:
+        """The run-time symbol ``name`` is ``value`` from now on (a split program
+        read it: frontend/splits/): every expression of it is that constant."""
+        self._learn(add(atom(name), const(value), -1))
+        self.specialized.append(f"{name} = {value}: read at a split")
 
     def _assume_size(self, diff: Expr, op: str) -> bool | None:
         """``n + c >= 0`` (or ``n + c < 0``; ``c >= 0`` a constant, ``n`` an
@@ -530,7 +544,9 @@ class SymInt:
         v = evaluate(self.expr, env.hints())
         if v is None:
             origins = "; ".join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)
-            raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs ({origins})")
+            unknown = sorted(n for n in self.atoms() if n in env.atoms and env.atoms[n].hint is None)
+            raise env._unknown(DataDependentError(f"{why} needs the value of {self}, known only when the program "
+                                                  f"runs ({origins})"), unknown)
         env.add_guard(self.expr, "==", const(v), why)
         env.specialized.append(f"{self} = {v}: {why}")
         return v

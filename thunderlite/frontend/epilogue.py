@@ -15,6 +15,7 @@ objects that came from outside are returned as they are.
 from __future__ import annotations
 
 import copy
+import functools
 import types
 from collections import OrderedDict, defaultdict, deque
 from typing import Any
@@ -60,12 +61,30 @@ def collect_writes(state: TraceState) -> list[Write]:
         writes.append(Write("cell", Prov.cell(cell), None, value))
     for m in state.mirror_of.values():
         if m.prov is not None and m.changed():
-            value = dict(m.copy) if isinstance(m.copy, dict) else list(m.copy)
+            value = {k: _kept(v, state) for k, v in m.copy.items()} if isinstance(m.copy, dict) \
+                else [_kept(v, state) for v in m.copy]
             if isinstance(m.copy, (list, dict)):
                 writes.append(Write("replace", m.prov, None, value))
             else:       # a set or a deque: cleared and refilled by its own method
                 writes.append(Write("refill", m.prov, "update" if isinstance(m.copy, set) else "extend", value))
     return writes
+
+
+class Kept:
+    """A list or dict from outside the call that a mirrored container refilled
+    by the epilogue still holds (too big to copy: LBFGS's history): written
+    back as the very object, its item writes its own, never as a copy of
+    what it held while tracing."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+def _kept(v: Any, state: TraceState) -> Any:
+    if type(v) in (list, dict) and id(v) in state.prov_of and id(v) not in state.mirrors_by_copy:
+        return Kept(v)
+    return v
 
 
 def proxies_in(x: Any, out: list, seen: set) -> None:
@@ -83,6 +102,9 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
         return
     if type(x) is DTensorProxy:
         proxies_in(x.local, out, seen)
+        return
+    if type(x) is Made:
+        proxies_in(x.template.value, out, seen)
         return
     seen.add(id(x))
     if isinstance(x, (tuple, list)):
@@ -169,11 +191,54 @@ class Template:
         return new
 
 
+class Made:
+    """A value written back that holds objects the call made with traced values
+    in them (the cache layers HF's ``DynamicCache`` appends on its first update):
+    written as a copy built per call from that call's values (``Template``), as
+    a returned value is; written as it is, they would hold the trace's proxies."""
+    __slots__ = ("template", "names")
+
+    def __init__(self, value: Any, state: TraceState):
+        self.template = Template(value, state)
+        flat: list = []
+        proxies_in(value, flat, set())
+        self.names = [p.name for p in flat]
+
+
+def made_by_call(x: Any, state: TraceState) -> Any:
+    """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
+    return Made(x, state) if _holds_made(x, state, set()) else x
+
+
+def _holds_made(x: Any, state: TraceState, seen: set) -> bool:
+    """Whether ``x`` holds, past plain containers (``value_expr`` spells those), an
+    object the call made with traced values in it."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in state.prov_of or id(x) in seen:
+        return False
+    seen.add(id(x))
+    if t is tuple or t is list:
+        return any(_holds_made(y, state, seen) for y in x)
+    if t is dict:
+        return any(_holds_made(y, state, seen) for y in x.values())
+    flat: list = []
+    proxies_in(x, flat, set())
+    return bool(flat)
+
+
 def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     """Python source for a write-back value: proxies by their output variable."""
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is DTensorProxy:   # a DTensor (an optimizer's new state, a .grad): made on the real local result
+        name = f"_W{len(consts)}"
+        consts[name] = functools.partial(dtensor.materialize, x)
+        return f"{name}({env_names[x.local.name]})"
+    if t is Made:
+        name = f"_W{len(consts)}"
+        consts[name] = x.template
+        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}})"
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
@@ -204,7 +269,7 @@ _FRESH_CONTAINERS = (defaultdict, OrderedDict, deque, set)
 
 def _const_name(x: Any, consts: dict) -> str:
     name = f"_W{len(consts)}"
-    consts[name] = x
+    consts[name] = x.obj if type(x) is Kept else x
     return name
 
 
@@ -218,6 +283,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: s
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
     target = target or w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
+    value = w.value.template.value if type(w.value) is Made else w.value
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
@@ -227,7 +293,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: s
     if w.kind == "item":
         key = key_expr(w.key, roots)
         return [f"del {target}[{key}]" if w.value is DELETED else f"{target}[{key}] = {v}"]
-    if isinstance(w.value, dict):
+    if isinstance(value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":
         return [f"_d = {target}", "_d.clear()", f"_d.{w.key}({v})"]
