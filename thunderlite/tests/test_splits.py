@@ -6,9 +6,7 @@ Python state), with the default and the torchcompile executors."""
 from __future__ import annotations
 
 import copy
-import itertools
 import math
-import random
 import warnings
 
 import pytest
@@ -470,136 +468,6 @@ def test_a_decision_on_number_arguments_alone_does_not_split():
     with pytest.warns(UserWarning, match="symbolic"):
         _same(jf(torch.ones(2), 2.0), torch.ones(2) * 2)
     assert thunderlite.cache_info(jf)["splits"]["paths"] == 0
-
-
-# --- a generated set of training steps with control flow on values ---------------------------------
-
-OPTIMIZERS = {"sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-              "adam": lambda p: torch.optim.Adam(p, lr=0.01),
-              "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
-              "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01)}
-SCHEDULERS = {"none": None, "steplr": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5),
-              "plateau": lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, patience=0)}
-ACCUMULATION = (1, 2)
-CLIPPING = ("none", "norm", "error_if_nonfinite")
-FLOWS = ("none", "skip_nonfinite", "item_logged_and_branched", "while_until_small")
-CHANGES = ("none", "lr_halved", "inf_batch")
-
-
-def _generated(n=16):
-    """``n`` distinct combinations drawn with a fixed seed, every value of each
-    dimension among them, less those where eager itself raises (an infinite
-    gradient clipped with ``error_if_nonfinite`` and not skipped)."""
-    dims = [list(OPTIMIZERS), list(SCHEDULERS), ACCUMULATION, CLIPPING, FLOWS, CHANGES]
-    allowed = [c for c in itertools.product(*dims)
-               if not (c[3] == "error_if_nonfinite" and c[5] == "inf_batch" and c[4] != "skip_nonfinite")]
-    out = random.Random(0).sample(allowed, n)
-    for k, d in enumerate(dims):
-        for v in d:
-            if all(c[k] != v for c in out):
-                out.append(next(c for c in allowed if c[k] == v))
-    return out
-
-
-def _make_step(accum: int, clip: str, flow: str, plateau: bool):
-    def clip_grads(model):
-        if clip == "norm":
-            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        elif clip == "error_if_nonfinite":
-            nn.utils.clip_grad_norm_(model.parameters(), 0.5, error_if_nonfinite=True)
-
-    def losses(model, batches, scale):
-        return [F.cross_entropy(model(x), y) * scale / accum for x, y in batches]
-
-    def step(model, opt, sched, batches, scale, log):
-        opt.zero_grad()
-        parts = losses(model, batches, scale)
-        loss = sum(parts)
-        if flow == "skip_nonfinite":
-            if not torch.isfinite(loss):
-                log.append("skipped")
-                return loss.detach()
-            loss.backward()
-            clip_grads(model)
-            opt.step()
-        elif flow == "item_logged_and_branched":
-            log.append(round(loss.item(), 4))
-            loss.backward()
-            if loss.item() > 1.1:
-                for p in model.parameters():
-                    p.grad.mul_(0.5)
-            clip_grads(model)
-            opt.step()
-        elif flow == "while_until_small":
-            n = 0
-            loss.backward()
-            clip_grads(model)
-            opt.step()
-            while n < 2 and loss > 0.9:
-                opt.zero_grad()
-                loss = sum(losses(model, batches, scale))
-                loss.backward()
-                clip_grads(model)
-                opt.step()
-                n += 1
-            log.append(n)
-        else:
-            loss.backward()
-            clip_grads(model)
-            opt.step()
-        if sched is not None:
-            sched.step(loss.item()) if plateau else sched.step()
-        return loss.detach()
-    return step
-
-
-def _calls(accum: int, change: str, calls: int = 4):
-    g = torch.Generator().manual_seed(5)
-    out = []
-    for i in range(calls):
-        batches = [(torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(accum)]
-        scale = torch.tensor(float("inf") if change == "inf_batch" and i == 2 else 1.0)
-        out.append((batches, scale))
-    return out
-
-
-GENERATED = _generated()
-
-
-@pytest.mark.parametrize("combo", GENERATED, ids=["-".join(map(str, c)) for c in GENERATED])
-def test_generated_training_steps_equal_eager(combo):
-    _run_generated(combo, None)
-
-
-@pytest.mark.parametrize("combo", GENERATED[::5], ids=["-".join(map(str, c)) for c in GENERATED[::5]])
-def test_generated_training_steps_equal_eager_torchcompile(combo):
-    _run_generated(combo, EXECUTORS["torchcompile"])
-
-
-def _run_generated(combo, executors):
-    opt_name, sched_name, accum, clip, flow, change = combo
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-    ref = copy.deepcopy(model)
-    opt, ref_opt = OPTIMIZERS[opt_name](model.parameters()), OPTIMIZERS[opt_name](ref.parameters())
-    make_sched = SCHEDULERS[sched_name]
-    sched, ref_sched = (make_sched(opt), make_sched(ref_opt)) if make_sched else (None, None)
-    step = _make_step(accum, clip, flow, sched_name == "plateau")
-    jstep = thunderlite.jit(step, executors=executors)
-    for i, (batches, scale) in enumerate(_calls(accum, change)):
-        if change == "lr_halved" and i == 2:
-            for o in (opt, ref_opt):
-                for group in o.param_groups:
-                    group["lr"] *= 0.5
-        log, ref_log = [], []
-        got = jstep(model, opt, sched, copy.deepcopy(batches), scale.clone(), log)
-        want = step(ref, ref_opt, ref_sched, copy.deepcopy(batches), scale.clone(), ref_log)
-        where = f"{combo} call {i}"
-        _same(got, want, where)
-        _same(log, ref_log, f"{where}: log")
-        _same_state(_state(model, opt), _state(ref, ref_opt), where)
-        if sched is not None:
-            _same(sched.state_dict(), ref_sched.state_dict(), f"{where}: scheduler")
 
 
 def test_inside_a_torch_func_transform_it_still_raises_naming_the_line():
