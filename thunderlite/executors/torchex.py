@@ -397,6 +397,8 @@ class ViewFolding:
     """What ``transforms/fold_views.py`` needs to know about this executor's symbols."""
 
     reshape_symbol = _RESHAPE
+    view_symbols = frozenset({_BROADCAST, _RESHAPE})
+    """A trace without these has nothing to fold (checked first: the pass costs a first call nothing then)."""
 
     @staticmethod
     def broadcast_of(bsym: BoundSymbol) -> tuple[TensorProxy, tuple] | None:

@@ -197,6 +197,9 @@ def fold_views(trace: Trace, facts) -> Trace:
     """``trace`` with broadcasts and reshapes folded into their readers where
     that is exact (module docstring); ``facts``: the torch executor's
     ``ViewFolding``. Returns ``trace`` itself when nothing folds."""
+    views = facts.view_symbols
+    if not any(b.sym in views for b in trace.bound_symbols):
+        return trace
     folder = _Folder(trace, facts)
     out = folder.run()
     if not folder.changed and len(out) == len(trace.bound_symbols):
