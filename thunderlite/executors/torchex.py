@@ -20,7 +20,7 @@ from operator import itemgetter
 import torch
 
 from thunderlite.core import dtypes, prims
-from thunderlite.core.aliasing import aten_name, torch_overloads
+from thunderlite.core.aliasing import aten_name, aten_schemas
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.executors.base import OperatorExecutor, torch_path
@@ -378,8 +378,8 @@ def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
 
 @functools.cache
 def _has_out_overload(fn) -> bool:
-    overloads = torch_overloads(aten_name(fn) or "")
-    return overloads is not None and any(o._overloadname == "out" for o in overloads)
+    schemas = aten_schemas(aten_name(fn) or "")
+    return schemas is not None and any(o.overload_name == "out" for o in schemas)
 
 
 # --- views folded into the torch calls that read them (transforms/fold_views.py) -----------
