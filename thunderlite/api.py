@@ -18,8 +18,10 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
+import threading
 import time
 import types
 import warnings
@@ -35,6 +37,7 @@ from thunderlite.distributed.fsdp2 import from_torch_fsdp2, is_fully_shard, refu
 from thunderlite.distributed.tp import from_torch_tp, uses_tensor_parallel
 from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.triton.executor import kernel_sources
+from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import (
     CacheInfo,
     CompiledEntry,
@@ -43,15 +46,19 @@ from thunderlite.frontend.caching.entries import (
     reads_only,
     user_stacklevel,
 )
-from thunderlite.frontend.compile import compile_call, gc_paused
+from thunderlite.frontend.caching.keys import has_symbolic_numbers
+from thunderlite.frontend.compile import compile_call, gc_paused, run_until_raise
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.frontend.module_surface import CompiledCalls, forward_signature, is_method_of, signed_forward
 from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
 # entries kept per key that differ only in prologue guards (a module flag, a global):
 # the most recent ones, so a value that changes on every call cannot grow the cache
 MAX_ALTERNATES = 8
+# compiled entries a jitted callable keeps by default (``jit(..., max_entries=)``): past it, misses run eagerly
+MAX_ENTRIES = 8
 # fast guards made in a row for one entry (a change of global state the key does
 # not hold, such as the thread count, re-arms it; calls its guard always refuses do not)
 MAX_ARMINGS = 2
@@ -61,24 +68,31 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None, dynamic: bool | None = None):
+                 progress: bool | None = None, dynamic: bool | None = None, max_entries: int | None = MAX_ENTRIES):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic={dynamic!r} must be None (automatic), True or False")
+        if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
+            raise ValueError(f"max_entries={max_entries!r} must be a positive int, or None for no bound")
         self.fn = fn
         self.progress = progress
         self.executors = executors
         self.transforms = check_transforms(transforms)
         self.cache_mode = cache
         self.dynamic = dynamic
+        self.max_entries = max_entries
         self._keys = self._key_cache(parameter_names(fn))
+        self._auto = self._path_dynamic()
         self._key_fn = self._keys.no_key
         self._entries: dict = {}
         self._fast: Callable = _no_fast_guard
         self._candidate: CompiledEntry | None = None
         self._armings = 0
         self.info = CacheInfo()
+        # misses (lookup, compile, store) run one at a time: threads racing a first call wait and
+        # find the entry the first one made; hits take no lock (docs/architecture.md §3, threads)
+        self._lock = threading.RLock()
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -89,17 +103,18 @@ class ThunderliteFunction:
         if out is not MISS:
             self.info.hits += 1
             return out
-        entry = self._entries.get(self._key_fn(args, kwargs))
+        key_fn = self._key_fn       # read once: another thread's miss may replace it meanwhile
+        entry = self._entries.get(key_fn(args, kwargs))
         if entry is not None:
             out = entry.fn(args, kwargs)
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
-                self._arm(entry, args, kwargs)
+                self._arm(entry, key_fn, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
 
-    def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    def _arm(self, entry: CompiledEntry, key_fn: Callable, args: tuple, kwargs: dict) -> None:
         """An entry the key path served twice in a row gets a fast guard
         (``cache.FastGuard``): the next calls like this one skip the key.
         A call served by another entry disarms it, so calls alternating between
@@ -115,7 +130,7 @@ class ThunderliteFunction:
         if self._armings >= MAX_ARMINGS:
             return
         self._armings += 1
-        guard = self._keys.fast_guard(self._key_fn)
+        guard = self._keys.fast_guard(key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
 
     def __get__(self, obj, objtype=None):
@@ -123,8 +138,11 @@ class ThunderliteFunction:
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
-        with gc_paused():        # a miss makes thousands of short-lived objects (compile.gc_paused)
-            return self._miss(args, kwargs)
+        with self._lock, gc_paused():     # a miss makes thousands of short-lived objects (compile.gc_paused)
+            out = self._miss(args, kwargs)
+        if out is _RUN_EAGERLY:     # the cache is full (max_entries): eager's answer, nothing kept
+            return self.fn(*args, **kwargs)
+        return out
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
         self._fast = _no_fast_guard
@@ -141,8 +159,16 @@ class ThunderliteFunction:
                     self._armings = 0
                     return out
         prev = self.info.last_key(key)
-        self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
-        if prev is not None and self.dynamic is None and self.cache_mode == "constant values":
+        stale = self._entries.get(key)
+        self.info.record_miss(self._keys, key, stale, args, kwargs)
+        if self.max_entries is not None and self.info.entries >= self.max_entries:
+            self.info.cache_full(self.max_entries)
+            return _RUN_EAGERLY
+        if stale is not None and self._auto is not None:
+            learned = self._auto.learn_from_miss(stale, args, kwargs)
+            if learned is not None:
+                self.info.last_miss_reason += f"; {learned} symbolic from now on"
+        if prev is not None and self.dynamic is not False and self.cache_mode == "constant values":
             key_fn, key = self._automatic_dynamic(key_fn, prev, key, args, kwargs)
         symbolic = self.cache_mode == "symbolic values"
         try:
@@ -154,6 +180,9 @@ class ThunderliteFunction:
                           "specializing on number values from now on", stacklevel=user_stacklevel())
             self._reset("constant values")
             return self._miss(args, kwargs)
+        if entry.raises is not None:      # the program raised its own exception: nothing to cache
+            self.last = entry
+            run_until_raise(entry, args, kwargs)
         if entry.sym_guards is None:      # symbolic sizes failed: compiled for these sizes
             key = self._key_fn(args, kwargs)
             self.info.note_key(key)
@@ -170,37 +199,59 @@ class ThunderliteFunction:
         return KeyCache(symbolic_numbers=self.cache_mode == "symbolic values", names=names,
                         symbolic_sizes=self.dynamic is True or self.cache_mode == "symbolic values")
 
+    def _path_dynamic(self) -> PathDynamic | None:
+        """Automatic dynamic sizes and floats of values read through paths (None: ``dynamic=False``)."""
+        all_sizes = self.dynamic is True or self.cache_mode == "symbolic values"
+        return PathDynamic(all_sizes) if self.dynamic is not False or all_sizes else None
+
     def _automatic_dynamic(self, key_fn, prev: tuple, key: tuple, args: tuple, kwargs: dict):
         """A recompile caused by new sizes makes those dims symbolic (as
-        torch.compile does), so the next sizes reuse one trace."""
-        changed = self._keys.changed_dims(key_fn, prev, key)
-        if not changed:
+        torch.compile does), and one caused by a new float value makes that
+        float a trace input, so the next sizes and values reuse one trace."""
+        changed = self._keys.changed_dims(key_fn, prev, key) if self.dynamic is None else {}
+        numbers = self._keys.changed_numbers(key_fn, prev, key)
+        if not changed and not numbers:
             return key_fn, key
-        dims = self._keys.describe_dims(key_fn, changed)
-        key_fn = self._keys.mark_dynamic(key_fn, changed)
+        if changed:
+            self.info.last_miss_reason += f"; {self._keys.describe_dims(key_fn, changed)} symbolic from now on"
+            key_fn = self._keys.mark_dynamic(key_fn, changed)
+        if numbers:
+            names = self._keys.describe_numbers(key_fn, numbers)
+            verb = "is a trace input" if len(names) == 1 else "are trace inputs"
+            self.info.last_miss_reason += f"; {' and '.join(names)} {verb} from now on"
+            key_fn = self._keys.mark_numbers(key_fn, numbers)
         self._key_fn = key_fn
         key = key_fn(args, kwargs)
         self.info.note_key(key)
-        self.info.last_miss_reason += f"; {dims} symbolic from now on"
         return key_fn, key
 
     def _compile(self, key_fn, args: tuple, kwargs: dict, symbolic: bool) -> CompiledEntry:
-        sig = self._keys.signature_of(key_fn)
-        dynamic = self._keys.dynamic_of(sig)
-        options = dict(executors=self.executors, symbolic_numbers=symbolic, transforms=self.transforms,
-                       progress=self.progress, name=self.__name__)
-        if not dynamic:
-            return compile_call(self.fn, args, kwargs, sig, **options)
+        raw = self._keys.signature_of(key_fn)
+        sig = self._keys.traced_signature(raw)
+        dynamic = self._keys.dynamic_of(raw)
+        numbers = not symbolic and has_symbolic_numbers(sig)     # floats made trace inputs automatically
+        options = dict(executors=self.executors, symbolic_numbers=symbolic or numbers, transforms=self.transforms,
+                       progress=self.progress, name=self.__name__, auto=self._auto)
         try:
-            return compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
-        except Exception as e:  # noqa: BLE001 - symbolic sizes must never break a program that compiles
-            why = f"{type(e).__name__}: {e}".split("\n")[0]
-        # what failed with symbolic sizes compiles for these sizes; this signature stays static
-        self._key_fn = self._keys.make_static(key_fn)
-        entry = compile_call(self.fn, args, kwargs, sig, **options)
+            entry = compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
+        except Exception as e:
+            paths = self._auto.make_static() if self._auto is not None else set()
+            if not (dynamic or numbers or paths):
+                raise
+            why = f"{type(e).__name__}: {e}".split("\n")[0]   # symbolic values must never break a program
+        else:
+            if entry.learned is not None:
+                self.info.last_miss_reason += f"; {entry.learned}: symbolic from now on"
+            return entry
+        # what failed with symbolic sizes or numbers compiles for these values; they stay static
+        if dynamic:
+            key_fn = self._key_fn = self._keys.make_static(key_fn)
+        if numbers:
+            key_fn = self._key_fn = self._keys.make_numbers_static(key_fn)
+        entry = compile_call(self.fn, args, kwargs, self._keys.traced_signature(raw), **options)
         entry.sym_guards = None
-        self.info.last_miss_reason += f"; compiled for these sizes (symbolic sizes failed: {why})"
-        if self.dynamic is True:
+        self.info.last_miss_reason += f"; compiled for these sizes and values (symbolic ones failed: {why})"
+        if self.dynamic is True and dynamic and not numbers:    # floats made inputs automatically fall back silently
             warnings.warn(f"thunderlite: symbolic sizes failed for this program ({why}); compiling for the "
                           "sizes of each call", stacklevel=user_stacklevel())
         return entry
@@ -219,6 +270,7 @@ class ThunderliteFunction:
         self._fast, self._candidate, self._armings = _no_fast_guard, None, 0
         self.cache_mode = cache
         self._keys = self._key_cache(self._keys.names)
+        self._auto = self._path_dynamic()
         self._key_fn = self._keys.no_key
         self._entries.clear()
         self.info.entries = 0
@@ -229,22 +281,41 @@ def _no_fast_guard(args: tuple, kwargs: dict) -> object:
     return MISS
 
 
+_RUN_EAGERLY = object()
+
+
 def _call_module(module: torch.nn.Module, *args, **kwargs):
-    return module(*args, **kwargs)
+    # below nn.Module.__call__'s _compiled_call_impl, where module_surface routes the model's calls here
+    return module._call_impl(*args, **kwargs)
+
+
+def _call_own_call(module: torch.nn.Module, *args, **kwargs):
+    return module(*args, **kwargs)      # a class with a __call__ of its own: that runs (and no route is set)
 
 
 class ThunderliteModule(torch.nn.Module):
     """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
     modes as the original (which it holds as ``_model``); ``forward`` runs the
-    compiled program, which calls the module's ``__call__`` (so hooks run)."""
+    compiled program, which calls the module's ``__call__`` (so hooks run).
+    ``forward`` and the module carry the model's forward signature, and the
+    model's own methods reached through it (``generate``) call the compiled
+    program (``frontend/module_surface.py``)."""
 
     def __init__(self, model: torch.nn.Module, **jit_options):
         super().__init__()
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
-        self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
-        self.__dict__["_jitted"].__name__ = type(model).__name__      # named so in progress and reports
+        plain = type(model).__call__ is torch.nn.Module.__call__
+        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module if plain else _call_own_call,
+                                                                **jit_options)
+        jitted.__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
+        call = functools.partial(jitted, model)
+        self.__dict__["forward"] = signed_forward(self, model, call)
+        self.__dict__["_routes"] = CompiledCalls(model, call) if plain else None
+        sig = forward_signature(model)
+        if sig is not None:
+            self.__dict__["__signature__"] = sig
 
     def forward(self, *args, **kwargs):
         return self._jitted(self._model_ref, *args, **kwargs)
@@ -253,7 +324,11 @@ class ThunderliteModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_modules"]["_model"], name)
+            value = getattr(self.__dict__["_modules"]["_model"], name)
+        routes = self.__dict__["_routes"]
+        if routes is not None and is_method_of(value, self.__dict__["_model_ref"]):
+            return routes.method(value)
+        return value
 
     def __getitem__(self, idx):
         return self._model[idx]
@@ -283,7 +358,8 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False):
+        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False,
+        max_entries: int | None = MAX_ENTRIES):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -295,9 +371,17 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     ``progress``: a compile that takes more than ~2 s shows its stage and symbol
     count on stderr; None (default) when stderr is a terminal, False never, True always.
     ``dynamic``: None (default) makes a tensor dim symbolic after a recompile
-    caused by its size changing; True makes every size of the tensor arguments
-    symbolic from the first call (as ``cache='symbolic values'`` does); False
-    compiles for each new size.
+    caused by its size changing, wherever the tensor comes from (an argument,
+    an attribute or item of one such as a KV cache's keys, a module buffer, a
+    global, a closure cell; parameters stay static), and a float (an argument
+    or read through such a path) a trace input after a recompile caused by its
+    value changing; True makes every size of those tensors symbolic from the
+    first call (as ``cache='symbolic values'`` does); False compiles for each
+    new size and value.
+    ``max_entries``: how many compiled entries the callable keeps (default 8;
+    None: no bound). Past it, a call no entry accepts runs eagerly (eager's
+    answer, counted in ``cache_info``'s ``eager_calls``), with one warning
+    naming what kept recompiling and how to stop it.
     ``cudagraphs``: run the static parts of the final traces (forward and
     backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
     ``transforms``); what stays outside, and why, is in ``examine``."""
@@ -324,10 +408,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*(transforms or ()), CUDAGraphs()]
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic)
+                                 dynamic=dynamic, max_entries=max_entries)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic)
+                               dynamic=dynamic, max_entries=max_entries)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -384,7 +468,8 @@ def last_prologue_traces(jfn) -> list[Trace]:
 
 
 def cache_info(jfn) -> dict:
-    """hits, misses, entries, the reason of the last miss, the cache mode."""
+    """hits, misses, entries, eager_calls (misses run eagerly past ``max_entries``),
+    the reason of the last miss, the cache mode."""
     j = _jitted(jfn)
     return {**j.info.as_dict(), "cache_mode": j.cache_mode}
 

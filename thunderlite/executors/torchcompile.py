@@ -44,6 +44,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tables_lock
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
 from thunderlite.executors.torchex import torch_executor
@@ -135,9 +136,10 @@ class TorchCompileExecutor(FusionExecutor):
             sub = claim_executors(sub, [torch_executor])
             compiled = self._compile(sub, region)
             compiled.__thunderlite_trace__ = sub
-            if len(self._artifacts) >= MAX_ARTIFACTS:
-                self._artifacts.pop(next(iter(self._artifacts)))
-            self._artifacts[key] = compiled
+            with tables_lock:       # another thread's compile may have made this region meanwhile: first wins
+                if key not in self._artifacts and len(self._artifacts) >= MAX_ARTIFACTS:
+                    self._artifacts.pop(next(iter(self._artifacts)))
+                compiled = self._artifacts.setdefault(key, compiled)
         sym = self.fusion_symbol(name, compiled)
         return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
@@ -367,8 +369,18 @@ class BoxedRegion:
         layout = (*map(_stride, box), *map(_offset, box), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
         compiled = self._by_layout.get(layout)
         if compiled is None:
-            compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
+            compiled = self._compile_layout(layout, box)
         return compiled(box)
+
+    def _compile_layout(self, layout: tuple, box: list):
+        """Compiled under torch's own compile lock (Inductor's state is per
+        process): threads calling a new layout at once compile it once."""
+        from torch._dynamo.convert_frame import compile_lock
+        with compile_lock:
+            compiled = self._by_layout.get(layout)
+            if compiled is None:
+                compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
+        return compiled
 
     @property
     def compilations(self) -> int:

@@ -28,7 +28,7 @@ from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
 from thunderlite.frontend.caching.entries import TORCH_GUARDS
-from thunderlite.frontend.caching.keys import alias_pattern
+from thunderlite.frontend.caching.keys import alias_pattern, dynamic_shape
 from thunderlite.frontend.epilogue import Write, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
@@ -133,7 +133,14 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
 
 def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
     t = inp.value
-    return (f"not isinstance({v}, _Tensor) or {v}.shape != {_const(consts, t.shape)} or "
+    if type(t) is float:    # a float read through a path as a trace input (caching/automatic.py)
+        return f"type({v}) is not float"
+    if inp.dims:    # symbolic dims (caching/automatic.py): "0, 1 or more", as the key has them for arguments
+        shape = (f"_dynamic_shape({v}.shape, {_const(consts, inp.dims)}) != "
+                 f"{_const(consts, dynamic_shape(t.shape, inp.dims))}")
+    else:
+        shape = f"{v}.shape != {_const(consts, t.shape)}"
+    return (f"not isinstance({v}, _Tensor) or {shape} or "
             f"{v}.dtype is not {_const(consts, t.dtype)} or {v}.device != {_const(consts, t.device)} or "
             f"{v}.requires_grad is not {t.requires_grad}")
 
@@ -176,8 +183,8 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
-                 _rebuild=rebuild, _alias_pattern=alias_pattern, _write_verdict=write_verdict,
-                 _inference_mode=torch.is_inference_mode_enabled, _no_grad=torch.no_grad,
+                 _rebuild=rebuild, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
+                 _write_verdict=write_verdict, _inference_mode=torch.is_inference_mode_enabled, _no_grad=torch.no_grad,
                  __builtins__=__builtins__)
     globs.update({name: obj for name, obj in roots.values()})
     fn = codegen.compile_source(src, "entry", globs)
@@ -212,8 +219,18 @@ def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra
         return [f"  return {call}"]
     lines = [f"  out, extras = {call}" if output != "direct" else f"  out = {call}"]
     env_names = {name: f"extras[{i}]" for i, name in enumerate(extra_names)}
+    # every object written is found before the first write: a write replacing an
+    # attribute (``self._state = {}``) must not redirect another write reaching
+    # the old value through that attribute (the old dict's items, as in eager)
+    targets = {}
+    if len(writes) > 1:
+        for w in writes:
+            if isinstance(w.target, Prov) and w.target.kind not in ("global", "cell") and w.target not in targets:
+                targets[w.target] = f"_w{len(targets)}"
+                lines.append(f"  {targets[w.target]} = {w.target.expr(roots)}")
     for w in writes:
-        lines += ["  " + s for s in write_source(w, env_names, consts, roots)]
+        target = targets.get(w.target) if isinstance(w.target, Prov) else None
+        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target)]
     lines.append("  return _rebuild(out)" if output == "rebuild" else "  return out")
     return lines
 
@@ -228,7 +245,7 @@ _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
           for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
-                       "strides", "size")}
+                       "strides", "size", "type")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -242,9 +259,12 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"
         trc.bound_symbols.append(_UNPACK.bind(where, output=inp.proxy))
-        if inp.guard_meta:
+        if inp.guard_meta and type(inp.value) is float:
+            trc.bound_symbols.append(_CHECK["type"].bind(inp.proxy, "float", output=None))
+        elif inp.guard_meta:
             t = inp.value
-            trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, tuple(t.shape), t.dtype, t.device,
+            shape = tuple(inp.proxy.shape if inp.dims else t.shape)
+            trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, shape, t.dtype, t.device,
                                                         t.requires_grad, output=None))
     for g in sym_guards or ():
         trc.bound_symbols.append(_CHECK["size"].bind(g.python(), output=None))

@@ -15,7 +15,9 @@ objects that came from outside are returned as they are.
 from __future__ import annotations
 
 import copy
+import functools
 import types
+from collections import OrderedDict, defaultdict, deque
 from typing import Any
 
 import torch
@@ -25,7 +27,7 @@ from thunderlite.core.symexpr import evaluate
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed import dtensor
 from thunderlite.distributed.dtensor import DTensorProxy
-from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.provenance import Prov, key_expr
 from thunderlite.frontend.state import DELETED, TraceState
 
 _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, bytes, type(Ellipsis))
@@ -82,6 +84,9 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
         return
     if type(x) is DTensorProxy:
         proxies_in(x.local, out, seen)
+        return
+    if type(x) is Made:
+        proxies_in(x.template.value, out, seen)
         return
     seen.add(id(x))
     if isinstance(x, (tuple, list)):
@@ -168,11 +173,54 @@ class Template:
         return new
 
 
+class Made:
+    """A value written back that holds objects the call made with traced values
+    in them (the cache layers HF's ``DynamicCache`` appends on its first update):
+    written as a copy built per call from that call's values (``Template``), as
+    a returned value is; written as it is, they would hold the trace's proxies."""
+    __slots__ = ("template", "names")
+
+    def __init__(self, value: Any, state: TraceState):
+        self.template = Template(value, state)
+        flat: list = []
+        proxies_in(value, flat, set())
+        self.names = [p.name for p in flat]
+
+
+def made_by_call(x: Any, state: TraceState) -> Any:
+    """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
+    return Made(x, state) if _holds_made(x, state, set()) else x
+
+
+def _holds_made(x: Any, state: TraceState, seen: set) -> bool:
+    """Whether ``x`` holds, past plain containers (``value_expr`` spells those), an
+    object the call made with traced values in it."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in state.prov_of or id(x) in seen:
+        return False
+    seen.add(id(x))
+    if t is tuple or t is list:
+        return any(_holds_made(y, state, seen) for y in x)
+    if t is dict:
+        return any(_holds_made(y, state, seen) for y in x.values())
+    flat: list = []
+    proxies_in(x, flat, set())
+    return bool(flat)
+
+
 def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     """Python source for a write-back value: proxies by their output variable."""
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is DTensorProxy:   # a DTensor (an optimizer's new state, a .grad): made on the real local result
+        name = f"_W{len(consts)}"
+        consts[name] = functools.partial(dtensor.materialize, x)
+        return f"{name}({env_names[x.local.name]})"
+    if t is Made:
+        name = f"_W{len(consts)}"
+        consts[name] = x.template
+        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}})"
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
@@ -185,20 +233,39 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
                                for k, v in x.items()) + "}"
     if t in (int, bool, str, type(None)):
         return repr(x)
+    if t in _FRESH_CONTAINERS:      # made by the program: a new one per call, as eager makes
+        items = "{" + ", ".join(f"{value_expr(k, env_names, consts)}: {value_expr(v, env_names, consts)}"
+                                for k, v in x.items()) + "}" if isinstance(x, dict) else \
+            "[" + ", ".join(value_expr(y, env_names, consts) for y in x) + "]"
+        make = _const_name(t, consts)
+        if t is defaultdict:
+            return f"{make}({value_expr(x.default_factory, env_names, consts)}, {items})"
+        if t is deque:
+            return f"{make}({items}, {x.maxlen!r})"
+        return f"{make}({items})"
+    return _const_name(x, consts)
+
+
+_FRESH_CONTAINERS = (defaultdict, OrderedDict, deque, set)
+
+
+def _const_name(x: Any, consts: dict) -> str:
     name = f"_W{len(consts)}"
     consts[name] = x
     return name
 
 
-def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[str]:
-    """Source lines applying one write-back."""
+def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: str | None = None) -> list[str]:
+    """Source lines applying one write-back; ``target``: a variable already holding
+    the object written (read before any write of the call: ``run_and_write``)."""
     if w.kind == "global":
         g = roots.setdefault(id(w.target), (f"_G{len(roots)}", w.target))[0]
         if w.value is DELETED:
             return [f"del {g}[{w.key!r}]"]
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
-    target = w.target.expr(roots)
+    target = target or w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
+    value = w.value.template.value if type(w.value) is Made else w.value
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
@@ -206,8 +273,9 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
     if w.kind == "cell":
         return [f"del {target}" if w.value is DELETED else f"{target} = {v}"]
     if w.kind == "item":
-        return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
-    if isinstance(w.value, dict):
+        key = key_expr(w.key, roots)
+        return [f"del {target}[{key}]" if w.value is DELETED else f"{target}[{key}] = {v}"]
+    if isinstance(value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":
         return [f"_d = {target}", "_d.clear()", f"_d.{w.key}({v})"]

@@ -29,8 +29,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
-from thunderlite.distributed import dtensor
-from thunderlite.distributed.ddp import DDPModule
+from thunderlite.distributed import dtensor, fsdp2, in_step
 from thunderlite.distributed.stand_in import stand_in
 from thunderlite.distributed.views import ViewModule
 from thunderlite.frontend import autocast
@@ -38,6 +37,7 @@ from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
+from thunderlite.frontend.training import predicated
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
     MISSING,
@@ -107,6 +107,7 @@ class TracingHooks(InterpreterHooks):
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
         self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
+        self.predicating: list = []               # blocks of `if` being traced predicated (innermost last)
 
     # --- source lines ----------------------------------------------------------------------
     _located_frames: tuple | None = None        # the interpreted frames last_location was made from
@@ -152,14 +153,16 @@ class TracingHooks(InterpreterHooks):
             view = stand_in(fn)
             if view is not None:
                 return self._calling_stand_in(view)
+        if fsdp2.is_set_gradient_sync(fn):
+            owner = getattr(fn, "__self__", None)
+            return self._set_gradient_sync if owner is None else functools.partial(self._set_gradient_sync, owner)
         if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
             if fn is dtensor.dtensor_type().from_local:
                 return self.recording(self._dtensor_from_local)
             raise self.dtensor_refused(fn)
-        if isinstance(fn, (torch.nn.parallel.DistributedDataParallel, DDPModule)) and self.grad_enabled \
-                and fn.require_backward_grad_sync \
+        if in_step.is_data_parallel(fn) and self.grad_enabled \
                 and not any(t in self.state.transforms for t in getattr(fn, "_thunderlite_transforms", ())):
-            raise self.ddp_refused(fn)
+            return self._calling_data_parallel(fn)
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym, torch_fn=fn)
@@ -182,6 +185,8 @@ class TracingHooks(InterpreterHooks):
                     "the jitted function and pass the value in, or time the call from outside.")
         if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
             owner = fn.__self__
+            if self.predicating:
+                self.predicating[-1].writes_object(owner)
             if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
                 raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
@@ -284,6 +289,8 @@ class TracingHooks(InterpreterHooks):
         """A torch C function with no symbol: opaque when it touches proxies or
         creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
         def call(*args, **kwargs):
+            if dtensor.has_dtensor(args, kwargs):      # DTensor's answer (metadata: ``torch.is_complex``), or
+                return dtensor.dispatch(fn, call, args, kwargs, getattr(fn, "__name__", str(fn)))  # local calls
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
             # a real tensor among the arguments joins the trace (``_capture_constants``):
@@ -363,6 +370,25 @@ class TracingHooks(InterpreterHooks):
                 self.state.module_transforms.append(tr)
         return lambda *args, **kwargs: call_past_lookaside(view, args, kwargs)
 
+    def _set_gradient_sync(self, module: torch.nn.Module, requires_gradient_sync: bool, *,
+                           recurse: bool = True) -> None:
+        """FSDP2's ``set_requires_gradient_sync`` inside a jitted function: its
+        groups' flags are written as the program's (read by its backward,
+        training/traced_autograd.py; written back after the call)."""
+        flag = bool(requires_gradient_sync)
+        for pg in fsdp2.sync_groups(module, recurse):
+            for name in ("reduce_grads", "all_reduce_grads"):
+                self.read_attr(pg, name)
+                self.store_attr(pg, name, flag)
+
+    def read_attr(self, obj: Any, name: str) -> Any:
+        """``obj.name`` as the program sees it (written earlier in the call, or
+        read and guarded), ``obj`` an object from outside the call reached
+        through code thunderlite runs itself (found by identity if it has no path)."""
+        if id(obj) not in self.state.prov_of:
+            self.state.note(obj, Prov.object(obj))
+        return self.load_attr(obj, name, getattr(obj, name))
+
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
         dispatcher, FSDP's hooks swap parameters: a trace of proxies would do
@@ -374,25 +400,33 @@ class TracingHooks(InterpreterHooks):
             "thunderlite.jit or called by a jitted function; otherwise run the DTensor code eagerly and jit the "
             "functions of its local tensors.")
 
-    def ddp_refused(self, module: torch.nn.Module) -> NotImplementedError:
-        """A data-parallel module called inside a jitted function (not given to
-        ``jit`` whole) while gradients are to be averaged: nothing in the
-        compiled program would average them. torch's DDP prepares its reducer
-        in forward with calls a compiled program does not replay and reduces
-        in C++ autograd hooks; ``thunderlite.distributed.ddp``'s all-reduce is
-        inserted by the jit compiling it whole."""
-        if isinstance(module, DDPModule):
-            what, why = ("thunderlite.distributed.ddp module", "its gradient all-reduce is inserted by "
-                         "thunderlite.jit(ddp(m)) compiling it whole")
-        else:
-            what, why = ("torch's DistributedDataParallel", "its reducer is prepared in forward by calls the "
-                         "compiled program does not replay and averages in autograd hooks (C++) a backward "
-                         "inside the program does not run")
-        return NotImplementedError(
-            f"{what} called inside a jitted function at {self._where()}: {why}, so the gradients would not be "
-            "averaged across ranks. Compile the model itself and call it from eager code: "
-            "thunderlite.jit(DistributedDataParallel(m)), DistributedDataParallel(thunderlite.jit(m)) or "
-            "thunderlite.jit(ddp(m)); inside a jitted function it runs under torch.no_grad() or no_sync().")
+    def _calling_data_parallel(self, model: torch.nn.Module) -> Callable:
+        """A data-parallel model (torch's DDP, ``ddp(m)``) called inside a jitted
+        function with grad enabled: the wrapped module runs, and the call is
+        noted with DDP's ``require_backward_grad_sync`` as read now (guarded;
+        ``no_sync()`` inside the program writes it), so that the program's own
+        backward averages the gradients as DDP's reducer does
+        (``distributed/in_step.py``), or, for a backward after the call, the
+        compiled backward does (``DDPTransform``)."""
+        try:
+            dp = in_step.data_parallel(model)
+        except NotImplementedError as e:
+            raise NotImplementedError(f"{e} (at {self._where()})") from None
+        synced = bool(self.load_attr(model, "require_backward_grad_sync", model.require_backward_grad_sync))
+        self.autograd.note_data_parallel(dp, synced)
+        inner = dp.module
+
+        def call(*args, **kwargs):
+            if dp.buffers and self.read_attr(model, "require_forward_param_sync"):
+                broadcast = self.lookaside(torch.distributed.broadcast)    # DDP's _pre_forward buffer sync
+                for b in dp.buffers:
+                    broadcast(self.state.enter(self.state.prov_of.get(id(b)), b), 0, group=model.process_group)
+            special = self.lookaside(inner)
+            out = special(*args, **kwargs) if special is not None else call_past_lookaside(inner, args, kwargs)
+            if dp.buffers:
+                self.store_attr(model, "require_forward_param_sync", synced)      # as DDP's _post_forward
+            return out
+        return call
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:
@@ -512,7 +546,7 @@ class TracingHooks(InterpreterHooks):
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state
-        w = st.attr_writes.get((id(container), ("item", key))) if is_atom(key) else None
+        w = st.attr_writes.get((id(container), ("item", key))) if _is_path_key(key) else None
         if w is not None:
             if w[1] is DELETED:
                 raise KeyError(key)
@@ -533,6 +567,10 @@ class TracingHooks(InterpreterHooks):
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
         very tensor (an identity guard on the proxy's path)."""
+        if type(key) is dtensor.DTensorProxy and isinstance(container, dict) and key.source is not None:
+            prov, value = key.source         # the DTensor itself (its path guarded by identity when entered)
+            self.state.add_guard(prov, "is", value)
+            return value
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
@@ -571,9 +609,19 @@ class TracingHooks(InterpreterHooks):
     def delete_deref(self, cell) -> bool:
         return self.store_deref(cell, DELETED)
 
+    def predicate(self, value: Any):
+        """``if value:`` on a traced tensor: its blocks predicated when they only
+        write tensors (training/predicated.py), else None (its truth is read)."""
+        return predicated.branch(self, value)
+
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
+        if self.predicating:
+            self.predicating[-1].writes_object(obj)
         if name == "data" and isinstance(obj, TensorProxy):
             assign_data(obj, value)
+            return True
+        if name == "grad" and type(obj) is dtensor.DTensorProxy:
+            self.autograd.set_grad(obj, value)
             return True
         if name == "grad" and (type(obj) is TensorProxy or isinstance(obj, torch.Tensor)):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
@@ -599,7 +647,12 @@ class TracingHooks(InterpreterHooks):
         return self.store_subscr(container, key, DELETED)
 
     def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
-        if id(container) not in self.state.prov_of or not is_atom(key):
+        """An item stored into an outside container (one with a path) waits for the
+        epilogue; a tensor key is the very object (``optimizer.state[p]`` made by the
+        defaultdict's factory for a parameter added since the last call)."""
+        if self.predicating:
+            self.predicating[-1].writes_object(container)
+        if id(container) not in self.state.prov_of or not _is_path_key(key):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True

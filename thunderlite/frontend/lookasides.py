@@ -22,6 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.frontend.training.predicated import grad_scaler_maybe_step
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
 
@@ -162,6 +163,15 @@ class Lookasides:
                                    "protocol at the moment")      # eager's refusal
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
 
+    def dtensor_getattr(self, proxy, name: str):
+        # ``p.grad`` of a DTensor: the program's value, as for a tensor (training/traced_autograd.py);
+        # a DTensor's history is never traced, so it has no grad_fn
+        if name == "grad":
+            return self.hooks.input_grad(proxy)
+        if name == "grad_fn":
+            return None
+        return self.hooks.recording(DTensorProxy.__getattr__)(proxy, name)
+
     def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """``loss.backward()``: autodiff of what the trace computed so far, inlined."""
         self.hooks.autograd.backward(tensor, gradient, retain_graph, create_graph, inputs)
@@ -272,7 +282,8 @@ def _table() -> dict:
                SymInt.__format__):
         table[fn] = recorded(numbers.as_text)
     for fn, name in [(torch.autograd.profiler.record_function, "record_function"),
-                     (TensorProxy.__getattr__, "proxy_getattr"), (torch.autograd.backward, "backward"),
+                     (TensorProxy.__getattr__, "proxy_getattr"), (DTensorProxy.__getattr__, "dtensor_getattr"),
+                     (torch.autograd.backward, "backward"),
                      (torch.autograd.grad, "autograd_grad"), (torch.Tensor.backward, "tensor_backward"),
                      (torch.compiler.is_compiling, "is_compiling"),
                      (torch.overrides.has_torch_function, "has_torch_function"),
@@ -288,6 +299,8 @@ def _table() -> dict:
                      (torch.Tensor._make_subclass, "make_subclass"),
                      (torch.utils.checkpoint.checkpoint, "checkpoint")]:
         table[fn] = _method(name)
+    # GradScaler's skipped step: predicated on its found_inf, no host read (training/predicated.py)
+    table[torch.amp.GradScaler._maybe_opt_step] = lambda self, *a, **k: grad_scaler_maybe_step(self.hooks, *a, **k)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
                   for f, impl in functorch_replacements().items()})
