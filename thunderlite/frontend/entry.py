@@ -55,7 +55,7 @@ class _Paths:
             return v
         if prov.parent is None:
             expr = prov.expr(self.roots)
-            if prov.kind in ("arg", "kwarg"):
+            if prov.kind in ("arg", "kwarg", "split"):
                 return expr
         else:
             base = self.read(prov.parent)
@@ -147,13 +147,16 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
                 output: str, rebuild: Callable | None, extra_names: list[str],
-                alias_guard: AliasGuard | None = None, sym_guards: list | None = None) -> Callable:
+                alias_guard: AliasGuard | None = None, sym_guards: list | None = None,
+                env: bool = False) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
     (``(flat_values, extras)``, turned into the user value by ``rebuild``).
     ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py).
     ``sym_guards``: what the trace assumed of its symbolic sizes (core/symint.py),
-    checked once the size symbols are read."""
+    checked once the size symbols are read. ``env``: a piece of a split program
+    (frontend/splits/), ``entry(args, kwargs, env)``, reading values earlier
+    pieces computed from ``env`` (``Prov.split``)."""
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
@@ -177,7 +180,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
             pro.append(f"    if not ({g.python(var.__getitem__)}): return _MISS")
     if alias_guard is not None:
         pro += ["    " + line for line in alias_guard.lines(call_args.__getitem__, lambda v: _const(consts, v))]
-    lines = ["def entry(args, kwargs):"]
+    lines = ["def entry(args, kwargs, env):" if env else "def entry(args, kwargs):"]
     if pro:
         lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
     lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)

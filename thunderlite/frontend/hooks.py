@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import random
 import sys
 import time
@@ -29,6 +30,7 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
+from thunderlite.core.symint import active_env
 from thunderlite.distributed import dtensor, fsdp2, in_step
 from thunderlite.distributed.stand_in import stand_in
 from thunderlite.distributed.views import ViewModule
@@ -36,6 +38,7 @@ from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
+from thunderlite.frontend.splits import NOT_SPLIT, index_request, native_request, request, size_request
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training import predicated
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
@@ -107,6 +110,7 @@ class TracingHooks(InterpreterHooks):
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
         self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
+        self.splitter = None    # splits.Splitter: where Python needs a traced value (None: refused)
         self.predicating: list = []               # blocks of `if` being traced predicated (innermost last)
 
     # --- source lines ----------------------------------------------------------------------
@@ -133,6 +137,8 @@ class TracingHooks(InterpreterHooks):
             msg = f"{msg} (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else msg
         if "ThunderFX" not in msg and not isinstance(e, OpaqueDataDependentError):
             msg += _DATA_DEPENDENT_HINT
+            if self.splitter is None:
+                msg += " Or leave jit's splits option on (the default): the program is then split there."
         return e if msg == str(e) else type(e)(msg)
 
     def user_location(self, exc: BaseException | None = None) -> tuple | None:
@@ -197,7 +203,23 @@ class TracingHooks(InterpreterHooks):
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
+        if self.splitter is not None and (fn in _PURE_FUNCTIONS or type(fn) is types.BuiltinFunctionType
+                                          and getattr(fn, "__module__", None) in _PURE_MODULES):
+            return self._on_values(fn)
         return None
+
+    def _on_values(self, fn: Callable) -> Callable:
+        """A pure native function that needs a traced value (``math.isclose(n,
+        2.0)``, ``range(n)``) runs on the run-time values, the program split there."""
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except DataDependentError as e:
+                wanted = self.split_value(native_request(fn, args, kwargs))
+                if wanted is NOT_SPLIT:
+                    raise self.located(e) from None
+                return wanted
+        return call
 
     def recording(self, fn: Callable, torch_fn: Callable | None = None) -> Callable:
         """Call ``fn`` natively, stamping the user's line on the symbols it records.
@@ -221,6 +243,11 @@ class TracingHooks(InterpreterHooks):
                 else:
                     out = fn(*args, **kwargs)
             except DataDependentError as e:
+                wanted = self.split_value(request(fn, args, kwargs))
+                if wanted is not NOT_SPLIT:
+                    return wanted
+                if self.pinned(e):
+                    return call(*args, **kwargs)        # the op again, its sizes now known
                 raise self.located(e) from None
             except dtensor.DTensorRefused as e:
                 if str(e).startswith("thunderlite cannot trace"):
@@ -232,6 +259,30 @@ class TracingHooks(InterpreterHooks):
                 grad_mode.requires_grad_(out)     # a factory's new leaf (``zeros_like(x, requires_grad=True)``)
             return out
         return call
+
+    def split_value(self, req) -> Any:
+        """The Python value the program needs (a ``splits.sites`` request), the
+        program split there (frontend/splits/); ``NOT_SPLIT`` where it cannot
+        split: the strict option, inside a composite or a torch.func function."""
+        if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
+            return NOT_SPLIT
+        if self.predicating:        # a block traced predicated reads a value: it reads its flag instead
+            raise self.predicating[-1].refuse(f"it needs a traced value ({req[2]})")
+        return self.splitter.value(*req)
+
+    def pinned(self, e: DataDependentError) -> bool:
+        """An op decided on sizes known only when the program runs: the program
+        splits to read them, and is specialized to their values from then on."""
+        env = active_env()
+        req = size_request(e)
+        if req is None or env is None or all(p.name in env.replacements for p in req[0]):
+            return False            # pinned already: the op needs something else
+        values = self.split_value(req)
+        if values is NOT_SPLIT:
+            return False
+        for p, v in zip(req[0], values, strict=True):
+            env.pin(p.name, v)
+        return True
 
     def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the
@@ -257,10 +308,14 @@ class TracingHooks(InterpreterHooks):
         """``x`` (a returned value, a value written back) with each real tensor in
         its plain containers made a proxy (``unannounced``): a tensor natively run
         code computed from real ones (``sum`` over a container the program holds
-        no copy of) would otherwise leave the call as a trace-time constant."""
+        no copy of) would otherwise leave the call as a trace-time constant.
+        A container that came from outside the call uncopied (too big to mirror:
+        LBFGS's history lists) stays as it is: its item writes are its own."""
         t = type(x)
         if isinstance(x, torch.Tensor) and t is not TensorProxy:
             return self.unannounced(x, how, located=False)      # the program's lines have all run
+        if (t is list or t is dict) and id(x) in self.state.prov_of and id(x) not in self.state.mirrors_by_copy:
+            return x
         if t is tuple or t is list or (isinstance(x, tuple) and hasattr(t, "_make")):
             items = [self.settled(y, how) for y in x]
             if all(a is b for a, b in zip(items, x, strict=True)):
@@ -566,7 +621,11 @@ class TracingHooks(InterpreterHooks):
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
-        very tensor (an identity guard on the proxy's path)."""
+        very tensor (an identity guard on the proxy's path). A traced value
+        indexing a list, tuple or string splits the program there."""
+        if isinstance(container, (list, tuple, str, range)):
+            wanted = self.split_value(index_request(key))
+            return key if wanted is NOT_SPLIT else wanted
         if type(key) is dtensor.DTensorProxy and isinstance(container, dict) and key.source is not None:
             prov, value = key.source         # the DTensor itself (its path guarded by identity when entered)
             self.state.add_guard(prov, "is", value)
@@ -612,7 +671,13 @@ class TracingHooks(InterpreterHooks):
     def predicate(self, value: Any):
         """``if value:`` on a traced tensor: its blocks predicated when they only
         write tensors (training/predicated.py), else None (its truth is read)."""
-        return predicated.branch(self, value)
+        return predicated.branch(self, value) if self.may_predicate() else None
+
+    def may_predicate(self) -> bool:
+        """Predication is tried only before a program's first split: a refused
+        block restarts the compile, which must not run a piece twice; a replay
+        (frontend/splits/) makes the same choices as the interpretation it replays."""
+        return self.splitter is None or not self.splitter.cuts
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
         if self.predicating:
@@ -656,6 +721,11 @@ class TracingHooks(InterpreterHooks):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
+
+
+# native functions without side effects, run on a split's values when they need them
+_PURE_MODULES = frozenset({"math", "cmath"})
+_PURE_FUNCTIONS = frozenset({range, operator.index, operator.truth, operator.not_})
 
 
 def is_stateful_iterator(value: Any) -> bool:

@@ -770,6 +770,22 @@ class TracedAutograd:
         loc = self.hooks.locate()
         return f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
 
+    def freeze(self) -> None:
+        """The program splits here (frontend/splits/): what it recorded so far is
+        a piece that runs before the rest is compiled. A later backward
+        differentiates those symbols as a kept graph (``retained``), their
+        values read from the piece, never recorded again; markers on inputs
+        are noted as ``_partition`` notes them."""
+        segment = self._take_retain_grads(self.trace.bound_symbols[self.start:])
+        for b in segment:
+            if b.sym.id == REGISTER_HOOK_ID and self.state.input_by_name(b.args[0].name) is not None:
+                self.input_hooks.setdefault(b.args[0].name, []).append(
+                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
+        self.retained += [b for b in segment if any(o.requires_grad for o in b.tensor_outs())
+                          or (b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID)
+                              and self.state.input_by_name(b.args[0].name) is None)]
+        self.start = len(self.trace.bound_symbols)
+
     def backward_names(self) -> frozenset[str] | None:
         """The names the program's last backward made (None: it ran none)."""
         if not self.used:
