@@ -606,6 +606,8 @@ class TracingHooks(InterpreterHooks):
             if w[1] is DELETED:
                 raise KeyError(key)
             return w[1]
+        if value is MISSING:        # absent, and not stored by this call: the native lookup decides
+            return value
         parent = st.prov_of.get(id(container))
         if parent is None or not _is_path_key(key):
             return self.unannounced(value, f"read as an item of a {type(container).__name__}") \

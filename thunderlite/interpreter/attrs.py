@@ -240,12 +240,17 @@ def load_subscr(rt, container, key):
         value = _py_item(rt, container, "__getitem__", (container, key))
         if value is not _NATIVE:
             return value
-    if type(container) is not dict and isinstance(container, dict) and key not in container:
-        value = _missing_item(rt, container, key)
-        if value is not _NATIVE:
-            return value
-    value = container[key]
     h = rt.load_subscr
+    if isinstance(container, dict) and key not in container:
+        if h is not None:   # an item this call stored where the hook keeps it (an overlay) first
+            value = h(container, key, MISSING)
+            if value is not MISSING:
+                return value
+        if type(container) is not dict:
+            value = _missing_item(rt, container, key)
+            if value is not _NATIVE:
+                return value
+    value = container[key]
     return value if h is None else h(container, key, value)
 
 

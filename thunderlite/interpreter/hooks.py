@@ -34,7 +34,9 @@ class InterpreterHooks:
       implicit dunders of heap types such as ``type(a).__mul__``, ``__enter__``,
       ``__iter__``); return a callable to run natively instead of ``fn``, or None.
     - ``load_global``/``load_attr``/``load_subscr``/``load_deref``: see (and may replace)
-      values resolved natively; ``load_attr`` gets ``MISSING`` for a failed lookup.
+      values resolved natively; ``load_attr`` gets ``MISSING`` for a failed lookup, and
+      ``load_subscr`` for a key a dict lacks (before a defaultdict's factory or the
+      KeyError), returning ``MISSING`` to let the native lookup decide.
     - ``store_*``/``delete_*``: called before the native write; True means handled.
       ``store_deref``/``delete_deref`` see writes to closure cells (``nonlocal x; x = v``),
       including the frame's own cells (a subclass tells them apart by the cell).

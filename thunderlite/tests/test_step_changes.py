@@ -207,3 +207,43 @@ def test_thunderlite_refusal_leaves_inputs_untouched():
     with pytest.raises(Exception, match="numpy"):
         thunderlite.jit(_unsupported_after_write)(buf, torch.ones(3))
     assert not buf.any()
+
+
+def _two_updates(model, opt, x, y):
+    for _ in range(2):      # the second step reads the state the first made for the new group
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model(x).sum()
+
+
+def test_state_made_for_a_new_group_is_read_back_in_the_same_call():
+    m1 = _net()
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.RMSprop(m1[0].parameters(), lr=1e-2, momentum=0.5)
+    o2 = torch.optim.RMSprop(m2[0].parameters(), lr=1e-2, momentum=0.5)
+    jf = thunderlite.jit(_two_updates)
+    torch.manual_seed(4)
+    for i in range(4):
+        if i == 2:
+            o1.add_param_group({"params": list(m1[2].parameters())})
+            o2.add_param_group({"params": list(m2[2].parameters())})
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        torch.testing.assert_close(jf(m1, o1, x, y), _two_updates(m2, o2, x, y))
+        _assert_same(m1, m2, o1, o2)
+
+
+BIG = {f"k{i}": i for i in range(100)}      # too big to mirror: items stored wait in the overlay
+
+
+def _stores_then_reads(x):
+    BIG["new"] = 7
+    return x * BIG["new"] + BIG.get("k3")
+
+
+def test_an_item_stored_into_an_unmirrored_dict_is_read_back():
+    try:
+        torch.testing.assert_close(thunderlite.jit(_stores_then_reads)(torch.ones(2)), torch.full((2,), 10.0))
+        assert BIG["new"] == 7
+    finally:
+        BIG.pop("new", None)

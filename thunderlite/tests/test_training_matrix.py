@@ -177,11 +177,14 @@ class Run:
 
 
 def _assert_same(a: Run, b: Run) -> None:
+    # gradients a GradScaler scaled (by up to 2**11, and left scaled on parameters outside the
+    # optimizer) keep float32's relative rounding: compared relatively
+    grad_tol = dict(rtol=1e-4, atol=1e-4) if a.scaler is not None else dict(rtol=1e-5, atol=1e-5)
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
         assert (p.grad is None) == (q.grad is None), n
         if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=lambda m, n=n: f"{n}.grad: {m}")
+            torch.testing.assert_close(p.grad, q.grad, **grad_tol, msg=lambda m, n=n: f"{n}.grad: {m}")
         assert p.requires_grad == q.requires_grad, n
     assert len(a.opt.state) == len(b.opt.state)
     for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
@@ -191,8 +194,11 @@ def _assert_same(a: Run, b: Run) -> None:
             torch.testing.assert_close(s1[k], s2[k], rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"state {k}: {m}")
     for g1, g2 in zip(a.opt.param_groups, b.opt.param_groups, strict=True):
         assert g1["lr"] == pytest.approx(g2["lr"])
-    if a.sched is not None:
-        assert a.sched.state_dict() == b.sched.state_dict()
+    if a.sched is not None:     # ReduceLROnPlateau's best loss: a float the fused step rounds once
+        s1, s2 = a.sched.state_dict(), b.sched.state_dict()
+        assert s1.keys() == s2.keys()
+        for k in s1:
+            assert s1[k] == (pytest.approx(s2[k], rel=1e-5) if type(s2[k]) is float else s2[k]), k
     if a.scaler is not None:
         assert a.scaler.get_scale() == b.scaler.get_scale()
         assert a.scaler._growth_tracker.item() == b.scaler._growth_tracker.item()
