@@ -28,7 +28,7 @@ from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
 from thunderlite.frontend.caching.keys import alias_pattern, dynamic_shape
-from thunderlite.frontend.epilogue import Write, write_source
+from thunderlite.frontend.epilogue import Write, object_paths, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
 
@@ -70,7 +70,12 @@ def _const(consts: dict, value: Any) -> str:
 def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     if g.kind == "absent":
         return f"hasattr({paths.read(g.prov.parent)}, {g.prov.key!r})"
+    if g.kind == "distinct":
+        ids = ", ".join(f"id({paths.read(p)})" for p in g.value)
+        return f"len({{{ids}}}) != {len(g.value)}"
     v = paths.read(g.prov)
+    if g.kind == "type":
+        return f"type({v}) is not {_const(consts, g.value)}"
     if g.kind == "is":
         return f"{v} is not {_const(consts, g.value)}"
     if g.kind == "same":
@@ -105,19 +110,28 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
                 output: str, rebuild: Callable | None, extra_names: list[str],
-                alias_guard: AliasGuard | None = None, sym_guards: list | None = None) -> Callable:
+                alias_guard: AliasGuard | None = None, sym_guards: list | None = None,
+                objects: dict | None = None) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
-    (``(flat_values, extras)``, turned into the user value by ``rebuild``).
-    ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py).
-    ``sym_guards``: what the trace assumed of its symbolic sizes (core/symint.py),
-    checked once the size symbols are read."""
+    (``(flat_values, extras)``, turned into the user value by
+    ``rebuild(flat_values, objects_read)``, where ``rebuild.paths`` says which
+    objects to read). ``alias_guard``: storage-sharing and write-verdict checks
+    (alias_guard.py). ``sym_guards``: what the trace assumed of its symbolic
+    sizes (core/symint.py), checked once the size symbols are read.
+    ``objects``: id -> path of the objects from outside each call gives anew
+    (``epilogue.resolvable``): read in the prologue, before anything runs, where
+    the output or a value written back holds them."""
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
     paths = _Paths(pro, roots)
     for g in guards:
         pro.append(f"    if {guard_source(g, paths, consts)}: return _MISS")
+    objects = objects or {}
+    rebuild_paths = getattr(rebuild, "paths", ()) if output == "rebuild" else ()
+    obj_vars = {i: paths.read(p) for w in writes for i, p in _ids_of(object_paths(w.value, objects), objects)}
+    rebuild_vars = [paths.read(p) for p in rebuild_paths]
     call_args = []
     for inp in inputs:
         if inp.prov is None:
@@ -136,7 +150,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     lines = ["def entry(args, kwargs):"]
     if pro:
         lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
-    lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
+    lines += _run_and_write(call_args, writes, output, extra_names, consts, roots, obj_vars, rebuild_vars)
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
                  _rebuild=rebuild, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
@@ -148,8 +162,14 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     return fn
 
 
+def _ids_of(provs: list[Prov], objects: dict):
+    """(id, path) of ``objects`` whose path is among ``provs``."""
+    wanted = set(provs)
+    return [(i, p) for i, p in objects.items() if p in wanted]
+
+
 def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra_names: list[str],
-                   consts: dict, roots: dict) -> list[str]:
+                   consts: dict, roots: dict, obj_vars: dict, rebuild_vars: list[str]) -> list[str]:
     call = f"_comp({', '.join(call_args)})"
     if output == "direct" and not writes:
         return [f"  return {call}"]
@@ -166,8 +186,9 @@ def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra
                 lines.append(f"  {targets[w.target]} = {w.target.expr(roots)}")
     for w in writes:
         target = targets.get(w.target) if isinstance(w.target, Prov) else None
-        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target)]
-    lines.append("  return _rebuild(out)" if output == "rebuild" else "  return out")
+        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target, obj_vars)]
+    resolved = "".join(f"{v}, " for v in rebuild_vars)
+    lines.append(f"  return _rebuild(out, ({resolved}))" if output == "rebuild" else "  return out")
     return lines
 
 
@@ -181,7 +202,7 @@ _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
           for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
-                       "strides", "size", "type")}
+                       "strides", "size", "type", "distinct")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -190,7 +211,8 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
     trc = Trace("prologue", stage="prologue", names=computation.names)
     trc.args = []
     for g in guards:
-        value = g.value.describe() if g.kind == "same" else _printable(g.value)
+        value = (g.value.describe() if g.kind == "same" else tuple(p.describe() for p in g.value)
+                 if g.kind == "distinct" else g.value.__qualname__ if g.kind == "type" else _printable(g.value))
         trc.bound_symbols.append(_CHECK[g.kind].bind(g.prov.describe(), value, output=None))
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"

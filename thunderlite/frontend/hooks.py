@@ -209,6 +209,8 @@ class TracingHooks(InterpreterHooks):
             trc = self.trace
             trc.source = self.locate()
             n = len(trc.bound_symbols)
+            if self.state.objects:      # an object handed to an op is held by the trace as it is
+                self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
                 args, kwargs = self._capture_constants(args, kwargs)
             try:
@@ -290,6 +292,7 @@ class TracingHooks(InterpreterHooks):
         def call(*args, **kwargs):
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
+            self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             # a real tensor among the arguments joins the trace (``_capture_constants``):
             # run here it would be computed, and written, once at trace time (not a
             # generator's state, which fork_rng saves and restores while tracing)
@@ -313,6 +316,7 @@ class TracingHooks(InterpreterHooks):
             name = _numpy_name(fn)
             if _has_proxy(args) or _has_proxy(kwargs.values()):
                 raise self.not_traced(f"{name}(...) on a tensor")
+            self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             out = fn(*args, **kwargs)
             if type(out).__name__ == "ndarray":
                 raise self.not_traced(f"{name}(...)")
@@ -533,10 +537,70 @@ class TracingHooks(InterpreterHooks):
         inside the program, ``p.grad = t``; training/traced_autograd.py)."""
         return self.autograd.grad_of(proxy)
 
+    def native_use(self, what: Any, values: tuple) -> None:
+        """Objects the program reads by path (``TraceState.objects``, keyed by type)
+        handed to native code that may read their identity (``what``: the native
+        callable, or ``is``/``in``/``hash``): the entry then holds for those very
+        objects (an identity guard naming the line). A builtin method's
+        ``__self__`` counts; containers are looked into one level."""
+        objects = self.state.objects
+        if not objects or what is callable or what is print:
+            return
+        if what == "in":
+            self._membership(*values)
+            return
+        owner = getattr(what, "__self__", None) if type(what) is not str else None
+        objclass = getattr(what, "__objclass__", None)
+        if owner is None and (objclass in _BUILTIN_CONTAINERS or objclass is object) and values:
+            owner, values = values[0], values[1:]       # unbound: ``dict.__setitem__(d, k, v)``
+        if owner is not None and id(owner) in objects:
+            self._identity_used(owner, what)
+        if objclass is object and getattr(what, "__name__", None) == "__setattr__":
+            return      # ``super().__setattr__(name, value)`` stores the value
+        kind = (what if type(what) is type else owner if type(owner) is type else
+                next((c for c in type(owner).__mro__ if c in _BUILTIN_CONTAINERS), None))
+        if kind in _BUILTIN_CONTAINERS:
+            values = _compared_by_container(what, kind, values)
+        for v in values:
+            if id(v) in objects:
+                self._identity_used(v, what)
+            elif type(v) in (list, tuple, set, frozenset) and len(v) <= MIRROR_MAX_ITEMS:
+                for y in v:
+                    if id(y) in objects:
+                        self._identity_used(y, what)
+            elif type(v) is dict and len(v) <= MIRROR_MAX_ITEMS:
+                for y in (*v, *v.values()):
+                    if id(y) in objects:
+                        self._identity_used(y, what)
+
+    def _membership(self, item: Any, container: Any) -> None:
+        """``item in container`` run natively: the item is hashed or compared; an
+        element (a dict's key) is compared only with an item of its type, or by
+        an ``__eq__`` of its own (run natively)."""
+        objects = self.state.objects
+        if id(item) in objects:
+            self._identity_used(item, "in")
+        t = type(container)
+        if t not in _CONTAINERS and t not in (tuple, frozenset) or len(container) > MIRROR_MAX_ITEMS:
+            return
+        for y in container:
+            if id(y) in objects and (type(y) is type(item) or type(y).__eq__ is not object.__eq__):
+                self._identity_used(y, "in")
+
+    def _identity_used(self, obj: Any, what: Any) -> None:
+        if id(obj) in self.state.fixed:
+            return
+        how = (f"compared with `{what}`" if what in ("is", "in") else "hashed (a dict key or set item)"
+               if what == "hash" else f"passed to {getattr(what, '__qualname__', None) or what!r}")
+        self.state.identity_used(obj, f"{how} at {self._where()}")
+
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
-        very tensor (an identity guard on the proxy's path)."""
+        very tensor (an identity guard on the proxy's path). An object keyed by
+        type used as a key is hashed: its identity is guarded."""
+        if id(key) in self.state.objects:
+            self._identity_used(key, "hash")
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
@@ -619,6 +683,45 @@ class TracingHooks(InterpreterHooks):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
+
+
+# methods of builtin containers (and their constructors) that only store values or hand them back: of
+# their arguments, only those they hash (a dict's keys) or compare read an object's identity
+_STORING = frozenset({"append", "extend", "insert", "appendleft", "extendleft", "copy", "items", "keys", "values",
+                      "__setitem__", "get", "pop", "setdefault", "update", "__init__", "__new__"})
+
+
+def _compared_by_container(what: Any, kind: type, values: tuple) -> tuple:
+    """Of the arguments of a method (or constructor) of the builtin container
+    type ``kind``, those whose identity it may read: a list stores what
+    ``append``/``extend``/``insert`` take; a dict hashes only keys (the first
+    argument of ``get``/``pop``/``setdefault``/``__setitem__``, a mapping's
+    keys); anything else (``index``, ``remove``, ``count``, a set's methods)
+    compares them all. ``__new__`` ignores or stores them, but a frozenset's."""
+    name = "__init__" if what is kind else getattr(what, "__name__", None)
+    if name not in _STORING or kind is frozenset and name == "__new__":
+        return values
+    if name == "__new__":
+        return ()
+    if issubclass(kind, set):
+        return values
+    if not issubclass(kind, dict):
+        return ()
+    if name in ("get", "pop", "setdefault", "__setitem__"):
+        return values[:1]
+    keys: list = []
+    for v in values:        # a mapping's keys, or the first item of each pair
+        if isinstance(v, dict):
+            keys += v.keys()
+        elif type(v) in (list, tuple):
+            keys += [p[0] if type(p) in (list, tuple) and p else p for p in v]
+        else:
+            keys.append(v)
+    return tuple(keys)
+
+
+_BUILTIN_CONTAINERS = (list, tuple, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set,
+                       frozenset)
 
 
 def is_stateful_iterator(value: Any) -> bool:
