@@ -591,7 +591,8 @@ class TracingHooks(InterpreterHooks):
         if id(obj) in self.state.fixed:
             return
         how = (f"compared with `{what}`" if what in ("is", "in") else "hashed (a dict key or set item)"
-               if what == "hash" else f"passed to {getattr(what, '__qualname__', None) or what!r}")
+               if what == "hash" else f"used as {what}" if type(what) is str
+               else f"passed to {getattr(what, '__qualname__', None) or repr(what)}")
         self.state.identity_used(obj, f"{how} at {self._where()}")
 
     def subscr_key(self, container: Any, key: Any) -> Any:
@@ -600,7 +601,7 @@ class TracingHooks(InterpreterHooks):
         very tensor (an identity guard on the proxy's path). An object keyed by
         type used as a key is hashed: its identity is guarded."""
         if id(key) in self.state.objects:
-            self._identity_used(key, "hash")
+            self._identity_used(key, f"a subscript of a {type(container).__name__}")
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
