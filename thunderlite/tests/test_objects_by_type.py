@@ -205,10 +205,10 @@ def test_the_miss_hint_names_identity_not_a_number():
     assert "pass it as a tensor" not in text and "symbols of the trace" not in text
     # a module is keyed by identity: the hint says so, not "if this number changes"
     jm = thunderlite.jit(lambda x, m: m(x))
+    lins = [torch.nn.Linear(4, 4) for _ in range(4)]       # all alive: no id is reused
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        for _ in range(4):
-            lin = torch.nn.Linear(4, 4)
+        for lin in lins:
             torch.testing.assert_close(jm(x, lin), lin(x))
     text = " ".join(str(w.message) for w in seen)
     assert "keyed by identity" in text and "pass it as a tensor" not in text, text
