@@ -271,6 +271,10 @@ def value_expr(x: Any, env_names: dict, consts: dict, objects: dict | None = Non
     if isinstance(x, Proxy):
         return env_names[x.name]
     objects = objects or {}
+
+    def expr(y):
+        return value_expr(y, env_names, consts, objects)
+
     if id(x) in objects:
         return objects[id(x)]
     t = type(x)
@@ -282,22 +286,20 @@ def value_expr(x: Any, env_names: dict, consts: dict, objects: dict | None = Non
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
-        inner = ", ".join(value_expr(y, env_names, consts, objects) for y in x)
+        inner = ", ".join(expr(y) for y in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"
     if t is list:
-        return "[" + ", ".join(value_expr(y, env_names, consts, objects) for y in x) + "]"
+        return "[" + ", ".join(expr(y) for y in x) + "]"
     if t is dict:
-        return "{" + ", ".join(f"{value_expr(k, env_names, consts, objects)}: {value_expr(v, env_names, consts, objects)}"
-                               for k, v in x.items()) + "}"
+        return "{" + ", ".join(f"{expr(k)}: {expr(v)}" for k, v in x.items()) + "}"
     if t in (int, bool, str, type(None)):
         return repr(x)
     if t in _FRESH_CONTAINERS:      # made by the program: a new one per call, as eager makes
-        items = "{" + ", ".join(f"{value_expr(k, env_names, consts, objects)}: {value_expr(v, env_names, consts, objects)}"
-                                for k, v in x.items()) + "}" if isinstance(x, dict) else \
-            "[" + ", ".join(value_expr(y, env_names, consts, objects) for y in x) + "]"
+        items = "{" + ", ".join(f"{expr(k)}: {expr(v)}" for k, v in x.items()) + "}" if isinstance(x, dict) \
+            else "[" + ", ".join(expr(y) for y in x) + "]"
         make = _const_name(t, consts)
         if t is defaultdict:
-            return f"{make}({value_expr(x.default_factory, env_names, consts, objects)}, {items})"
+            return f"{make}({expr(x.default_factory)}, {items})"
         if t is deque:
             return f"{make}({items}, {x.maxlen!r})"
         return f"{make}({items})"
