@@ -162,6 +162,10 @@ class TracingHooks(InterpreterHooks):
                 and fn.require_backward_grad_sync \
                 and not any(t in self.state.transforms for t in getattr(fn, "_thunderlite_transforms", ())):
             raise self.ddp_refused(fn)
+        if type(fn) in _SLOT_WRAPPERS and fn.__name__ in _WRITE_SLOTS:
+            writer = self._slot_write(fn)
+            if writer is not None:
+                return writer
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym, torch_fn=fn)
@@ -186,7 +190,7 @@ class TracingHooks(InterpreterHooks):
             owner = fn.__self__
             if self.predicating:
                 self.predicating[-1].writes_object(owner)
-            if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
+            if isinstance(owner, _CONTAINERS) and id(owner) in self.state.prov_of:
                 raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
@@ -197,6 +201,37 @@ class TracingHooks(InterpreterHooks):
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
         return None
+
+    def _slot_write(self, fn: Callable) -> Callable | None:
+        """A native ``__setattr__``/``__delattr__``/``__setitem__``/``__delitem__``
+        called on an object from outside the call (``super().__setattr__(k, v)``
+        in a class's own ``__setattr__``, ``dict.__setitem__(d, k, v)``): it goes
+        to the overlay as the program's write, as the statement would; run
+        natively it would leave a traced value in the caller's object (and the
+        next trace reading it would run another trace's value)."""
+        bound = getattr(fn, "__self__", None)
+        if isinstance(bound, type):
+            bound = None
+        prov_of = self.state.prov_of
+        if bound is not None and id(bound) not in prov_of:
+            return None
+        name = fn.__name__
+
+        def write(*args):
+            obj, rest = (bound, args) if bound is not None else (args[0], args[1:])
+            if id(obj) in prov_of:
+                if name == "__setattr__" and self.store_attr(obj, *rest):
+                    return None
+                if name == "__delattr__" and self.delete_attr(obj, *rest):
+                    return None
+                if name == "__setitem__" and self.store_subscr(obj, *rest):
+                    return None
+                if name == "__delitem__" and self.delete_subscr(obj, *rest):
+                    return None
+                if name in ("__setitem__", "__delitem__"):
+                    raise self.container_write_refused(obj, name)
+            return fn(*args)
+        return write
 
     def recording(self, fn: Callable, torch_fn: Callable | None = None) -> Callable:
         """Call ``fn`` natively, stamping the user's line on the symbols it records.
@@ -723,6 +758,11 @@ def _compared_by_container(what: Any, kind: type, values: tuple) -> tuple:
 
 _BUILTIN_CONTAINERS = (list, tuple, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set,
                        frozenset)
+
+
+# native attribute and item writes reached as callables (``super().__setattr__``, ``dict.__setitem__``)
+_SLOT_WRAPPERS = (type(object().__setattr__), type(object.__setattr__))
+_WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delitem__"})
 
 
 def is_stateful_iterator(value: Any) -> bool:

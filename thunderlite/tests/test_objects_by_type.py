@@ -330,3 +330,61 @@ def test_passed_twice_then_two_objects():
     assert jf(boxes[0], boxes[1]) == f(twins[0], twins[1])
     assert jf(boxes[1], boxes[1]) == f(twins[1], twins[1])
     assert [b.calls for b in boxes] == [b.calls for b in twins]
+
+
+# --- native writes into outside objects (a traced value left in the caller's object) -------------
+
+class Registry(dict):
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+
+
+class Record:
+    def __setattr__(self, k, v):
+        super().__setattr__(k, v)
+
+
+class Recorder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.reg = Registry()
+        self.rec = Record()
+
+    def forward(self, x):
+        y = x * 2
+        self.reg["y"] = y                   # Registry.__setitem__ -> dict.__setitem__, natively
+        self.rec.y = y + 1                  # Record.__setattr__ -> object.__setattr__, natively
+        dict.__setitem__(self.reg, "z", y - 1)
+        return y
+
+
+def test_writes_through_native_slots_reach_the_callers_object_as_real_values():
+    # run natively while tracing, these writes left the trace's stand-ins in the caller's objects (a
+    # later trace reading them ran another trace's value: "NameError: name 't17' is not defined")
+    m, ref = Recorder(), Recorder()
+    jm = thunderlite.jit(m)
+    read_back = thunderlite.jit(lambda mod: mod.rec.y * 3 + mod.reg["z"])
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(jm(x), ref(x))
+        for name in ("y", "z"):
+            assert type(m.reg[name]) is torch.Tensor
+            torch.testing.assert_close(m.reg[name], ref.reg[name])
+        assert type(m.rec.y) is torch.Tensor
+        torch.testing.assert_close(m.rec.y, ref.rec.y)
+        torch.testing.assert_close(read_back(m), ref.rec.y * 3 + ref.reg["z"])
+
+
+class Grows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.reg = Registry()
+
+    def forward(self, x):
+        self.reg.update(y=x)
+        return x + 1
+
+
+def test_an_in_place_method_on_an_outside_dict_subclass_is_refused():
+    with pytest.raises(Exception, match="update"):
+        thunderlite.jit(Grows())(torch.randn(2))
