@@ -152,6 +152,33 @@ Per-step CPU time as the median of 40 interleaved rounds' jit / eager ratios
 1.07; Llama 0.91, 0.91 -> 0.80, 0.79. The no_grad cached calls of
 ``bench_overhead.py`` (tiny, MLP) are unchanged (within 1%).
 
+``--distributed`` runs 2 gloo ranks on this machine (spawned; ``--threads``
+per rank, 1 by default): the whole step with AdamW of nanoGPT under torch's
+DDP and under FSDP2 (``fully_shard`` per block and on the root), each rank on
+its half of the global batch: eager, ``jit(step)`` (forward, backward with the
+bucketed all-reduces or the gathers and reduce-scatters, and the optimizer in
+one trace) and ``torch.compile(step)`` (Dynamo breaks the graph at the
+backward and the optimizer), the steps interleaved and each started from a
+barrier. Reported per wrapper: the slowest rank's median step time and CPU
+time (process time: gloo's threads included), the paired ratio, first call,
+parameters after all steps against eager's, and peak memory per rank (a
+second spawn with glibc's mmap threshold pinned, as above). Measured on the
+shared 2-core CPU (2026-12-07, load average 10-13 from other sessions, so a
+step's wall time was 8-10x its CPU time and wall ratios are mostly the
+machine's; ``--steps 12 --dim 256 --layers 2 --seq 128 --batch 8``; time /
+paired / CPU time / peak memory vs eager): DDP jit(step) 1.09 / 1.01 / 1.01 /
+0.76, torch.compile(step) 1.04 / 1.08 / 0.96 / 0.87; FSDP2 jit(step) 0.69 /
+0.71 / 0.99 / 0.84 (the wall-time gain is not explained here: under this
+load it may be scheduling; the CPU time is eager's), torch.compile(step) 1.02 /
+1.05 / 0.95 / 1.12. First call: jit(step) 7 s (DDP) and 10 s (FSDP2) under
+that load, torch.compile(step) 200-260 s. Parameters equal eager's within
+2e-5 after the 14 AdamW steps (torch.compile(step) likewise: both keep the
+step counts as tensors, their bias corrections in float32). A second run
+(load 6-9; eager and jit(step) only, 16 steps): DDP 1.08 / 1.04 / 1.02 /
+0.73, FSDP2 0.42 / 0.47 / 1.04 / 0.93. Then each gradient bucket was
+all-reduced in place (the functional all-reduce had copied its input): DDP
+1.00 / 1.03 / 0.99 / 0.63 (load 6-9, 16 steps).
+
 ``--scaling`` times the first call of the thunderlite step (a fresh process per
 size) for each number of layers, and counts the Python function calls of a
 cached step (forward + backward) to show that they do not grow with the number
@@ -283,6 +310,131 @@ def _whole_step_run(name: str, model: nn.Module, opt):
                 return cs(model, opt, *b)
         return run
     raise ValueError(name)
+
+
+DIST_VARIANTS = ("eager", "jit(step)", "torch.compile(step)")
+DIST_WRAPPERS = ("ddp", "fsdp2")
+
+
+def _wrapped(kind: str, model: nn.Module) -> nn.Module:
+    """``model`` under torch's DDP, or sharded by FSDP2 per block and at the root."""
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+    for blk in model.blocks:
+        fully_shard(blk)
+    return fully_shard(model)
+
+
+def _dist_run(name: str, model: nn.Module, opt):
+    """``run(batch)`` of a distributed variant: the whole step, AdamW."""
+    if name == "eager":
+        return lambda b: whole_step(model, opt, *b)
+    if name == "jit(step)":
+        js = thunderlite.jit(whole_step)
+        return lambda b: js(model, opt, *b)
+    if name == "torch.compile(step)":     # Dynamo breaks the graph at the backward and the optimizer
+        cs = torch.compile(whole_step)
+        return lambda b: cs(model, opt, *b)
+    raise ValueError(name)
+
+
+def _dist_worker(rank: int, world: int, store: str, opts, names: list[str], out: str, peak: bool) -> None:
+    """One gloo rank of ``--distributed``: every variant over each wrapper, the
+    steps interleaved (the same order on every rank: the collectives pair up),
+    each timed from a barrier; rank 0 writes every rank's numbers to ``out``."""
+    import torch.distributed as dist
+    torch.set_num_threads(opts.threads or 1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if any(n in _INDUCTOR for n in names):
+        warm_inductor("cpu")
+    results = {}
+    for kind in opts.wrappers.split(","):
+        torch.manual_seed(0)
+        base = NanoGPT(opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq)
+        g = torch.Generator().manual_seed(1)
+        batch = tuple(torch.randint(0, opts.vocab, (opts.batch, opts.seq), generator=g).chunk(world)[rank]
+                      for _ in range(2))
+        rows = []
+        for name in names:
+            model = _wrapped(kind, copy.deepcopy(base))
+            run = _dist_run(name, model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+            start = time.perf_counter()
+            run(batch)
+            first = time.perf_counter() - start
+            run(batch)
+            rows.append({"name": name, "model": model, "run": run, "first_s": first, "ms": [], "cpu": []})
+        for i in range(opts.steps):
+            k = i % len(rows)
+            for r in rows[k:] + rows[:k]:
+                dist.barrier()
+                start, cpu_start = time.perf_counter(), time.process_time()
+                r["run"](batch)
+                r["ms"].append((time.perf_counter() - start) * 1e3)
+                r["cpu"].append((time.process_time() - cpu_start) * 1e3)
+        for r in rows:
+            r["peak_mb"] = min(peak_step_bytes(r["run"], batch) for _ in range(3)) / 2**20 if peak else 0.0
+            full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in r["model"].parameters()]
+            r["params"] = [p.detach() for p in full]
+        ref = rows[0]["params"]
+        results[kind] = [{"name": r["name"], "first_s": r["first_s"], "ms": r["ms"], "cpu": r["cpu"],
+                          "peak_mb": r["peak_mb"],
+                          "param_diff": max((a - b).abs().max().item()
+                                            for a, b in zip(r["params"], ref, strict=True))}
+                         for r in rows]
+    every = [None] * world
+    dist.all_gather_object(every, results)
+    if rank == 0:
+        Path(out).write_text(json.dumps(every))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _spawn_ranks(opts, names: list[str], peak: bool) -> list[dict]:
+    """Run ``_dist_worker`` on 2 gloo ranks (``peak``: glibc's mmap threshold pinned,
+    for the peak memory; see the module docstring) and return each rank's results."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    old = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    if peak:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"      # read by the ranks' allocator at their start
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "out.json")
+            mp.start_processes(_dist_worker, args=(2, os.path.join(d, "store"), opts, names, out, peak), nprocs=2,
+                               start_method="spawn")
+            return json.loads(Path(out).read_text())
+    finally:
+        if peak:
+            os.environ.pop("MALLOC_MMAP_THRESHOLD_") if old is None else os.environ.update(
+                MALLOC_MMAP_THRESHOLD_=old)
+
+
+def run_distributed(opts, names: list[str]) -> None:
+    """``--distributed``: see the module docstring. A step's time on the slowest
+    rank (its median over the interleaved steps), CPU time likewise, the paired
+    ratio per rank (the larger); peak memory per rank (the larger)."""
+    ranks = _spawn_ranks(opts, names, peak=False)
+    pinned = _spawn_ranks(opts, names, peak=True)
+    for kind in opts.wrappers.split(","):
+        rows = [[rk[kind][i] for rk in ranks] for i in range(len(names))]
+        peaks = [max(rk[kind][i]["peak_mb"] for rk in pinned) for i in range(len(names))]
+        print(f"\nnanoGPT under {'torch DDP' if kind == 'ddp' else 'FSDP2 (fully_shard per block and the root)'}: "
+              f"2 gloo ranks, layers={opts.layers} dim={opts.dim} seq={opts.seq} global batch={opts.batch}, AdamW, "
+              f"torch {torch.__version__}, threads {opts.threads or 1} per rank, {opts.steps} interleaved steps")
+        print(f"{'':<22}{'step ms':>9}{'cpu ms':>9}{'time/eager':>12}{'paired':>8}{'cpu/eager':>11}{'first s':>9}"
+              f"{'param diff':>12}{'peak MB':>9}{'mem/eager':>11}")
+        e_ms = max(statistics.median(r["ms"]) for r in rows[0])
+        e_cpu = max(statistics.median(r["cpu"]) for r in rows[0])
+        for i, per_rank in enumerate(rows):
+            ms = max(statistics.median(r["ms"]) for r in per_rank)
+            cpu = max(statistics.median(r["cpu"]) for r in per_rank)
+            pair = max(paired(r, e) for r, e in zip(per_rank, rows[0], strict=True))
+            first = max(r["first_s"] for r in per_rank)
+            diff = max(r["param_diff"] for r in per_rank)
+            print(f"{names[i]:<22}{ms:>9.1f}{cpu:>9.1f}{ms / e_ms:>12.2f}{pair:>8.2f}{cpu / e_cpu:>11.2f}"
+                  f"{first:>9.1f}{diff:>12.1e}{peaks[i]:>9.1f}{peaks[i] / max(peaks[0], 1e-9):>11.2f}")
 
 
 def warm_inductor(device: str) -> None:
@@ -455,6 +607,11 @@ def main() -> None:
     ap.add_argument("--scaling", default="", help="comma-separated layer counts: compile-time scaling only")
     ap.add_argument("--scaling-point", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pinned", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--distributed", action="store_true",
+                    help="2 gloo ranks on this machine: the whole step (AdamW) of nanoGPT under torch's DDP and "
+                         "FSDP2, eager vs jit(step) vs torch.compile(step); --variants picks among "
+                         + ",".join(DIST_VARIANTS))
+    ap.add_argument("--wrappers", default=",".join(DIST_WRAPPERS), help="with --distributed: ddp,fsdp2")
     opts = ap.parse_args()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -470,6 +627,12 @@ def main() -> None:
         args = _without(sys.argv[1:], ("--scaling", "--layers"))
         for n in opts.scaling.split(","):
             subprocess.run([sys.executable, __file__, *args, "--layers", n, "--scaling-point"], check=True)
+        return
+    if opts.distributed:
+        names = opts.variants.split(",") if opts.variants else list(DIST_VARIANTS)
+        if not any(os.access(os.path.join(p, "g++"), os.X_OK) for p in os.environ.get("PATH", "").split(os.pathsep)):
+            names = [n for n in names if n not in _INDUCTOR]
+        run_distributed(opts, names)
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if opts.whole_step:           # its own variants; --variants picks among them

@@ -51,6 +51,7 @@ from thunderlite.frontend.compile import compile_call, gc_paused, run_until_rais
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
 from thunderlite.frontend.module_surface import CompiledCalls, forward_signature, is_method_of, signed_forward
+from thunderlite.frontend.splits import MAX_PATHS, SplitBudget, after_split
 from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
@@ -68,13 +69,16 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None, dynamic: bool | None = None, max_entries: int | None = MAX_ENTRIES):
+                 progress: bool | None = None, dynamic: bool | None = None, max_entries: int | None = MAX_ENTRIES,
+                 splits: bool | int = True):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic={dynamic!r} must be None (automatic), True or False")
         if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
             raise ValueError(f"max_entries={max_entries!r} must be a positive int, or None for no bound")
+        if type(splits) is not bool and (type(splits) is not int or splits < 1):
+            raise ValueError(f"splits={splits!r} must be True, False or a number of paths (at least 1)")
         self.fn = fn
         self.progress = progress
         self.executors = executors
@@ -82,6 +86,8 @@ class ThunderliteFunction:
         self.cache_mode = cache
         self.dynamic = dynamic
         self.max_entries = max_entries
+        # where Python needs a traced value the program splits (frontend/splits/); False: DataDependentError
+        self.splits = None if splits is False else SplitBudget(MAX_PATHS if splits is True else splits)
         self._keys = self._key_cache(parameter_names(fn))
         self._auto = self._path_dynamic()
         self._key_fn = self._keys.no_key
@@ -127,8 +133,8 @@ class ThunderliteFunction:
             self._fast = _no_fast_guard
             self._armings = 0
             return
-        if self._armings >= MAX_ARMINGS:
-            return
+        if self._armings >= MAX_ARMINGS or getattr(entry.fn, "__thunderlite_source__", None) is None:
+            return      # a split program's entry runs its pieces' own entries: no fast guard
         self._armings += 1
         guard = self._keys.fast_guard(key_fn)
         self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
@@ -183,7 +189,7 @@ class ThunderliteFunction:
         try:
             entry = self._compile(key_fn, args, kwargs, symbolic)
         except (TypeError, DataDependentError) as e:
-            if not symbolic:
+            if not symbolic or after_split(e):
                 raise
             warnings.warn(f"thunderlite: a number argument cannot stay symbolic here ({e}); "
                           "specializing on number values from now on", stacklevel=user_stacklevel())
@@ -198,7 +204,7 @@ class ThunderliteFunction:
             entry.sym_guards = []
         self._store(key, entry)
         self._candidate, self._armings = entry, 0
-        out = entry.fn(args, kwargs)
+        out = entry.run_first(args, kwargs)
         if out is MISS:
             raise RuntimeError("thunderlite: a freshly compiled entry rejected the call it was compiled "
                                "for (a guard reads a value that changes on every read)")
@@ -240,10 +246,12 @@ class ThunderliteFunction:
         dynamic = self._keys.dynamic_of(raw)
         numbers = not symbolic and has_symbolic_numbers(sig)     # floats made trace inputs automatically
         options = dict(executors=self.executors, symbolic_numbers=symbolic or numbers, transforms=self.transforms,
-                       progress=self.progress, name=self.__name__, auto=self._auto)
+                       progress=self.progress, name=self.__name__, auto=self._auto, splits=self.splits)
         try:
             entry = compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
         except Exception as e:
+            if after_split(e):
+                raise       # a piece of the call ran: compiling it again would run that piece twice
             paths = self._auto.make_static() if self._auto is not None else set()
             if not (dynamic or numbers or paths):
                 raise
@@ -368,7 +376,7 @@ class ThunderliteModule(torch.nn.Module):
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
         progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False,
-        max_entries: int | None = MAX_ENTRIES):
+        max_entries: int | None = MAX_ENTRIES, splits: bool | int = True):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -393,7 +401,13 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     naming what kept recompiling and how to stop it.
     ``cudagraphs``: run the static parts of the final traces (forward and
     backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
-    ``transforms``); what stays outside, and why, is in ``examine``."""
+    ``transforms``); what stays outside, and why, is in ``examine``.
+    ``splits``: where Python needs a tensor's value (``if loss > 0``,
+    ``float(t)`` decided on, ``.item()`` formatted or compared), the program
+    is compiled as pieces split there, each path of values seen compiled once
+    (True: at most ``MAX_PATHS`` paths, then the callable runs eagerly, with
+    a warning; a number: that bound); False raises ``DataDependentError``
+    instead, for one trace or nothing."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -417,10 +431,10 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*(transforms or ()), CUDAGraphs()]
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic, max_entries=max_entries)
+                                 dynamic=dynamic, max_entries=max_entries, splits=splits)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic, max_entries=max_entries)
+                               dynamic=dynamic, max_entries=max_entries, splits=splits)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -480,7 +494,8 @@ def cache_info(jfn) -> dict:
     """hits, misses, entries, eager_calls (misses run eagerly past ``max_entries``),
     the reason of the last miss, the cache mode."""
     j = _jitted(jfn)
-    return {**j.info.as_dict(), "cache_mode": j.cache_mode}
+    splits = j.splits.as_dict() if j.splits is not None else None
+    return {**j.info.as_dict(), "cache_mode": j.cache_mode, "splits": splits}
 
 
 def compile_stats(jfn) -> dict:

@@ -125,8 +125,10 @@ def _same_size(a, b, dim: int) -> bool:
     try:
         return a == b
     except DataDependentError as e:
-        raise DataDependentError(f"broadcasting sizes {a} and {b} at dim {dim} needs to know whether they are "
-                                 f"equal or one is 1: {e}") from None
+        err = DataDependentError(f"broadcasting sizes {a} and {b} at dim {dim} needs to know whether they are "
+                                 f"equal or one is 1: {e}")
+        err.unbacked = getattr(e, "unbacked", None)     # the sizes a split program reads (frontend/splits/)
+        raise err from None
 
 
 def _canon_dim(d: int, ndim: int, what: str) -> int:

@@ -299,6 +299,14 @@ class TensorProxy(Proxy):
     def __repr__(self):
         return f"<TensorProxy {self.name}: {self.type_string()}>"
 
+    def __str__(self):
+        return repr(self)
+
+    def __format__(self, spec: str) -> str:
+        # a traced program's own str()/format()/f-string of a tensor reads its values:
+        # the jit looks these up aside (frontend/lookasides.py); thunderlite's code gets the name
+        return format(repr(self), spec)
+
     def replace(self, **changes) -> TensorProxy:
         """A proxy with the same metadata except ``changes`` (a fresh name unless given)."""
         kw = dict(shape=self.shape, dtype=self.dtype, device=self.device,

@@ -319,9 +319,9 @@ class ShapeEnv:
                 return assumed
             unknown = sorted(n for n in free_atoms(diff) if self.atoms.get(n) and self.atoms[n].hint is None)
             origins = "; ".join(f"{n}: {self.atoms[n].origin}" for n in unknown)
-            raise DataDependentError(
+            raise self._unknown(DataDependentError(
                 f"deciding {to_python(lhs)} {op} {to_python(rhs)} needs a size known only when the program "
-                f"runs ({origins}); thunderlite cannot branch on it while tracing")
+                f"runs ({origins}); thunderlite cannot branch on it while tracing"), unknown)
         result = _OPS[op](a, b)
         self.add_guard(lhs, op if result else _NEGATE[op], rhs)
         if (op == "==" and result) or (op == "!=" and not result):
@@ -329,6 +329,18 @@ class ShapeEnv:
         else:
             self._learn_bound(diff, op if result else _NEGATE[op])
         return result
+
+    def _unknown(self, e: DataDependentError, names) -> DataDependentError:
+        """``e`` naming the trace values of the run-time symbols it needs
+        (``e.unbacked``): a program may split there and ``pin`` them."""
+        e.unbacked = [self.atoms[n].proxy for n in names if n in self.atoms]
+        return e
+
+    def pin(self, name: str, value: int) -> None:
+        """The run-time symbol ``name`` is ``value`` from now on (a split program
+        read it: frontend/splits/): every expression of it is that constant."""
+        self._learn(add(atom(name), const(value), -1))
+        self.specialized.append(f"{name} = {value}: read at a split")
 
     def _assume_size(self, diff: Expr, op: str) -> bool | None:
         """``n + c >= 0`` (or ``n + c < 0``; ``c >= 0`` a constant, ``n`` an
@@ -532,7 +544,9 @@ class SymInt:
         v = evaluate(self.expr, env.hints())
         if v is None:
             origins = "; ".join(env.atoms[n].origin for n in sorted(self.atoms()) if n in env.atoms)
-            raise DataDependentError(f"{why} needs the value of {self}, known only when the program runs ({origins})")
+            unknown = sorted(n for n in self.atoms() if n in env.atoms and env.atoms[n].hint is None)
+            raise env._unknown(DataDependentError(f"{why} needs the value of {self}, known only when the program "
+                                                  f"runs ({origins})"), unknown)
         env.add_guard(self.expr, "==", const(v), why)
         env.specialized.append(f"{self} = {v}: {why}")
         return v

@@ -18,7 +18,9 @@ Also ``from_torch_ddp``/``from_data_parallel`` (``ddp.py``),
 ``from_torch_fsdp2`` (``fsdp2.py``) and ``from_torch_tp`` (``tp.py``, over
 ``views.py``): what ``thunderlite.jit`` compiles for torch's own wrappers
 (DDP, FSDP2's ``fully_shard``, ``parallelize_module``), and ``stand_in.py``
-the same views for such a model called inside a jitted function; ``dtensor.py``:
+the same views for such a model called inside a jitted function; ``in_step.py``
+a DDP model called inside one, its gradients averaged by the program's own
+backward (a whole training step); ``dtensor.py``:
 ``DTensor`` s inside traced programs (``DTensorProxy``, used by ``frontend``).
 Its modules may import ``transforms``, the torch language and ``core`` (no
 executor, ``frontend`` or ``api``, which import it).

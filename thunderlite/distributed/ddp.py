@@ -23,7 +23,7 @@ of the next backward after the block. Example::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ class DDPTransform(Transform):
     def __init__(self, module: DDPModule, group: Any, bucket_size_mb: float):
         self.module = module
         self.group = group
-        self.bucket_bytes = int(bucket_size_mb * 2**20)
+        self.caps = (int(bucket_size_mb * 2**20),)   # bucket caps in bytes (plan_buckets)
         self._param_names: set[str] = set()
         self._input_ids: dict[str, int] = {}
 
@@ -60,7 +60,7 @@ class DDPTransform(Transform):
         self._refuse_unused(forward.args, backward.return_bsym.args[0])
         if not self._param_names:
             return forward, backward
-        return forward, _allreduce_grads(backward, forward.args, self._param_names, self.group, self.bucket_bytes)
+        return forward, _allreduce_grads(backward, forward.args, self._param_names, self.group, self.caps)
 
     def _refuse_unused(self, args: list, grads: Any) -> None:
         """A trained parameter this backward gives no gradient: another rank may
@@ -72,16 +72,23 @@ class DDPTransform(Transform):
                    if p.requires_grad and n not in self.module.ignore}
         unused = without_gradient(args, grads, self._input_ids, trained)
         if unused:
-            raise NotImplementedError(
-                f"thunderlite.jit of a data-parallel module: the parameters {shown(unused)} get no gradient in "
-                "this backward (unused, torch's "
-                "find_unused_parameters=True case). Which parameters are used may differ between ranks, and the "
-                "compiled bucketed all-reduce cannot follow that (the ranks' buckets would not match). Use "
-                "DistributedDataParallel(thunderlite.jit(m), find_unused_parameters=True), whose reducer finds "
-                "unused parameters at run time, or set requires_grad=False on parameters that are not trained.")
+            raise unused_refused(unused)
 
 
-def _allreduce_grads(backward: Trace, arg_proxies: list, params: set[str], group: Any, bucket_bytes: int) -> Trace:
+def unused_refused(unused: list[str]) -> NotImplementedError:
+    """The refusal of a backward that leaves the trained parameters ``unused``
+    of a data-parallel module without gradient (see ``DDPTransform._refuse_unused``)."""
+    return NotImplementedError(
+        f"thunderlite.jit of a data-parallel module: the parameters {shown(unused)} get no gradient in "
+        "this backward (unused, torch's "
+        "find_unused_parameters=True case). Which parameters are used may differ between ranks, and the "
+        "compiled bucketed all-reduce cannot follow that (the ranks' buckets would not match). Use "
+        "DistributedDataParallel(thunderlite.jit(m), find_unused_parameters=True), whose reducer finds "
+        "unused parameters at run time, or set requires_grad=False on parameters that are not trained.")
+
+
+def _allreduce_grads(backward: Trace, arg_proxies: list, params: set[str], group: Any,
+                     caps: tuple[int, ...]) -> Trace:
     name, world = d.group_of(group)
     ret = backward.return_bsym
     grads = list(ret.args[0])
@@ -92,42 +99,61 @@ def _allreduce_grads(backward: Trace, arg_proxies: list, params: set[str], group
     body = backward.bound_symbols[:-1]
     produced = {p.name: k for k, b in enumerate(body) for p in b.proxy_outs()}
     slots.sort(key=lambda i: produced.get(grads[i].name, -1))
-    buckets: list[list[int]] = []
-    size = bucket_bytes
-    for i in slots:
-        g = grads[i]
-        nbytes = g.numel() * g.element_size()
-        if size + nbytes > bucket_bytes or g.dtype != grads[buckets[-1][0]].dtype:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(i)
-        size += nbytes
     after: dict[int, list[list[int]]] = {}
-    for bucket in buckets:
-        last = max(produced.get(grads[i].name, -1) for i in bucket)
-        after.setdefault(last, []).append(bucket)
+    for bucket in plan_buckets([grads[i] for i in slots], caps):
+        members = [slots[k] for k in bucket]
+        last = max(produced.get(grads[i].name, -1) for i in members)
+        after.setdefault(last, []).append(members)
     new = backward.from_trace("DDP gradient all-reduce")
-    cat, mul = symbol_for(torch.cat), symbol_for(torch.mul)
+
+    def emit(bucket: list[int]) -> None:
+        for i, avg in zip(bucket, average_bucket([grads[i] for i in bucket], name, world), strict=True):
+            grads[i] = avg
     with tracectx(new):
         for bucket in after.get(-1, []):
-            _bucket(bucket, grads, name, world, cat, mul)
+            emit(bucket)
         for k, b in enumerate(body):
             new.add_bound_symbol(b)
             for bucket in after.get(k, []):
-                _bucket(bucket, grads, name, world, cat, mul)
+                emit(bucket)
         new.set_return(type(ret.args[0])(grads))
     return new
 
 
-def _bucket(bucket: list[int], grads: list, group: str, world: int, cat, mul) -> None:
-    flat = [prims.reshape(grads[i], (grads[i].numel(),)) for i in bucket]
-    joined = cat(flat, 0) if len(flat) > 1 else flat[0]
-    reduced = mul(d.wait(d.all_reduce(joined, "sum", group)), 1.0 / world)
-    start = 0
-    for i in bucket:
-        n = grads[i].numel()
-        grads[i] = prims.reshape(prims.slice_prim(reduced, (start,), (start + n,), (1,)), grads[i].shape)
+def plan_buckets(grads: list[TensorProxy], caps: tuple[int, ...]) -> list[list[int]]:
+    """Positions in ``grads`` (in the order the backward produces them) grouped
+    into buckets as torch's reducer groups them: a bucket takes gradients of one
+    dtype until it holds ``caps[k]`` bytes or more (``k``: its number; the last
+    cap serves every later bucket: DDP's smaller first bucket, then
+    ``bucket_cap_mb``)."""
+    buckets: list[list[int]] = []
+    size, dtype = 0, None
+    for i, g in enumerate(grads):
+        if not buckets or size >= caps[min(len(buckets) - 1, len(caps) - 1)] or g.dtype != dtype:
+            buckets.append([])
+            size, dtype = 0, g.dtype
+        buckets[-1].append(i)
+        size += g.numel() * g.element_size()
+    return buckets
+
+
+def average_bucket(values: list[TensorProxy], group: str, world: int) -> list[TensorProxy]:
+    """Each of ``values`` averaged over the ranks of ``group`` by one all-reduce of
+    their flattened concatenation (recorded into the current trace); every
+    result in memory of its own (the division is the copy out of the bucket)."""
+    flat = [prims.reshape(v, (v.numel(),)) for v in values]
+    if len(flat) > 1:           # the concatenation is read by nothing else: reduced in place
+        reduced = d.wait(d.all_reduce(symbol_for(torch.cat)(flat, 0), "sum", group, True))
+    else:
+        reduced = d.wait(d.all_reduce(flat[0], "sum", group))
+    out, start = [], 0
+    mul = symbol_for(torch.mul)
+    for v in values:
+        n = v.numel()
+        piece = prims.reshape(prims.slice_prim(reduced, (start,), (start + n,), (1,)), v.shape)
+        out.append(mul(piece, 1.0 / world))
         start += n
+    return out
 
 
 class DDPModule(torch.nn.Module):
@@ -180,7 +206,7 @@ class DDPModule(torch.nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = old
-            if old:
+            if old and not torch.compiler.is_compiling():   # traced: the program's backward averages (in_step.py)
                 self._average_after_next_backward()
 
     def _average_after_next_backward(self) -> None:
@@ -230,6 +256,44 @@ _TORCH_DDP_REFUSED = {
 }
 
 
+def syncs_buffers(model: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether torch's DDP broadcasts ``model``'s buffers from rank 0 before forwards."""
+    syncs = getattr(model, "forward_sync_buffers", None)          # torch >= 2.13; before: broadcast_buffers
+    syncs = getattr(model, "broadcast_buffers", True) if syncs is None else syncs
+    return bool(syncs) and any(True for _ in model.module.buffers())
+
+
+def torch_ddp_options(model: torch.nn.parallel.DistributedDataParallel, refuse: Callable[[str, str], None],
+                      broadcasts: bool = False) -> tuple[Any, tuple[int, ...], frozenset[str]]:
+    """(process group, bucket caps in bytes as ``plan_buckets`` takes them, names
+    of the parameters DDP ignores) of torch's ``model``, after ``refuse(option,
+    why)`` for each option that changes results and that a trace does not honour:
+    buffers broadcast before every forward (``broadcast_buffers`` /
+    ``forward_sync_buffers`` with buffers; unless the caller ``broadcasts``
+    them, but not through a buffer hook or under a ``Join``), a communication
+    hook, DDP's ``mixed_precision``."""
+    if syncs_buffers(model):
+        if not broadcasts:
+            refuse("broadcast_buffers=True (forward_sync_buffers)", _TORCH_DDP_REFUSED["broadcast_buffers"])
+        if hasattr(model, "buffer_hook"):
+            refuse("a buffer communication hook (_register_buffer_comm_hook)", "syncs buffers through the hook")
+        if getattr(getattr(model, "_join_config", None), "enable", False):
+            refuse("a Join context with broadcast_buffers=True", "broadcasts buffers from a rank agreed at run time")
+    if getattr(model, "_comm_hooks", None):
+        refuse("a communication hook (register_comm_hook)", "reduces gradients through the user's hook")
+    if getattr(model, "mixed_precision", None) is not None:
+        refuse("mixed_precision", "casts parameters and gradients for communication")
+    cap = int(getattr(model, "bucket_bytes_cap", 25 * 2**20))
+    config = getattr(model, "_bucket_config", None)
+    if config is not None and config.per_bucket_bytes_caps:      # bucket_cap_mb_list, first bucket first
+        caps = tuple(config.per_bucket_bytes_caps)
+    elif config is not None:
+        caps = (min(config.first_bucket_bytes_cap, cap), cap)
+    else:
+        caps = (cap,)
+    return model.process_group, caps, frozenset(getattr(model, "parameters_to_ignore", ()))
+
+
 def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModule:
     """``thunderlite.jit(DistributedDataParallel(m))``: the same training as torch's
     DDP, with its bucketed gradient all-reduce in the backward trace (a
@@ -249,17 +313,10 @@ def from_torch_ddp(model: torch.nn.parallel.DistributedDataParallel) -> DDPModul
             f"thunderlite.jit(DistributedDataParallel(m)) does not support {option}: torch's DDP {why}, "
             "which the compiled program would not do. Use DistributedDataParallel(thunderlite.jit(m)) "
             "(thunderlite compiles the module, torch's DDP communicates), or thunderlite.distributed.ddp(m).")
-    syncs = getattr(model, "forward_sync_buffers", None)          # torch >= 2.13; before: broadcast_buffers
-    syncs = getattr(model, "broadcast_buffers", True) if syncs is None else syncs
-    if syncs and any(True for _ in model.module.buffers()):
-        refuse("broadcast_buffers=True (forward_sync_buffers)", _TORCH_DDP_REFUSED["broadcast_buffers"])
-    if getattr(model, "_comm_hooks", None):
-        refuse("a communication hook (register_comm_hook)", "reduces gradients through the user's hook")
-    if getattr(model, "mixed_precision", None) is not None:
-        refuse("mixed_precision", "casts parameters and gradients for communication")
-    bucket_mb = getattr(model, "bucket_bytes_cap", 25 * 2**20) / 2**20
-    out = DDPModule(model.module, group=model.process_group, bucket_size_mb=bucket_mb, broadcast_from=None,
-                    ignore=frozenset(getattr(model, "parameters_to_ignore", ())))
+    group, caps, ignore = torch_ddp_options(model, refuse)
+    out = DDPModule(model.module, group=group, bucket_size_mb=caps[-1] / 2**20, broadcast_from=None,
+                    ignore=ignore)
+    out._thunderlite_transforms[0].caps = caps
     out.require_backward_grad_sync = model.require_backward_grad_sync
     return out
 

@@ -90,6 +90,7 @@ class DTensorProxy:
         self.shape = torch.Size(shape)
         self._stride = tuple(stride)
         self.where: str | None = None         # how the program reached it, for an input (``of_input``)
+        self.source: tuple | None = None      # (path, DTensor) of an input: its ``.grad`` is the caller's
 
     # --- metadata ---------------------------------------------------------------------------
     @property
@@ -269,13 +270,16 @@ def from_local(local: Any, device_mesh: Any = None, placements: Any = None, *, r
     return DTensorProxy(local, device_mesh, tuple(meta.placements), tuple(meta.shape), meta.stride())
 
 
-def of_input(dtensor: Any, local: TensorProxy, where: str) -> DTensorProxy:
+def of_input(dtensor: Any, local: TensorProxy, where: str, leaf: bool = False) -> DTensorProxy:
     """The proxy of a ``DTensor`` that entered the program (as ``where``), ``local``
-    its local tensor's."""
-    if dtensor.requires_grad and torch.is_grad_enabled():
-        raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires grad: "
-                             f"{_GRAD_HINT}")
-    _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
+    its local tensor's. ``leaf``: ``local`` is the leaf a sharded model's view
+    differentiates (views.leaf_of): what needs the ``DTensor``'s own gradient
+    is refused at the op (``dispatch``), not here."""
+    if not leaf:
+        if dtensor.requires_grad and torch.is_grad_enabled():
+            raise DTensorRefused(f"the DTensor {where} (placements {tuple(dtensor.placements)}), which requires "
+                                 f"grad: {_GRAD_HINT}")
+        _refuse_grad(local, f"the DTensor {where}, whose local tensor requires grad")
     try:
         p = DTensorProxy(local, dtensor.device_mesh, tuple(dtensor.placements), tuple(dtensor.shape),
                          dtensor.stride())
@@ -303,10 +307,15 @@ def _refuse_grad(local: TensorProxy, what: str) -> None:
 # --- redistribution as collectives on the local tensor ----------------------------------------
 def redistribute_local(t: TensorProxy, src: Any, dst: Any, mesh: _Mesh, global_shape: tuple) -> TensorProxy:
     """The local tensor of placement ``dst`` from the local tensor ``t`` of ``src`` (1-D mesh)."""
+    from torch.distributed.tensor import Partial
     if src == dst:
         return t
     if mesh.world == 1 and not src.is_partial() and not dst.is_partial():
         return t            # one rank: its shard is the whole tensor
+    p = getattr(src, "norm_type", None) if src.is_partial() else None
+    if p is not None:       # a partial p-norm (``_NormPartial``: vector_norm of shards): x^p, summed, ^(1/p)
+        reduced = redistribute_local(t ** p, Partial(src.reduce_op), dst, mesh, global_shape)
+        return reduced ** (1.0 / p)
     if dst.is_replicate():
         if src.is_shard():
             return _gather_shards(t, _dim(src, t), mesh, global_shape)
@@ -375,13 +384,16 @@ class _Capture(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list = []
+        self.scalars: dict[int, torch.Tensor] = {}   # the 0-d CPU stand-ins of plain scalars (``_meta_value``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dt = dtensor_type()
-        if not any(isinstance(a, dt) for a in pytree.tree_leaves((args, kwargs))):
-            self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
-            return func(*args, **kwargs)
+        leaves = pytree.tree_leaves((args, kwargs))
+        if not any(isinstance(a, dt) for a in leaves):
+            if not all(id(a) in self.scalars for a in leaves if isinstance(a, torch.Tensor)):
+                self.ops.append((func, args, kwargs, None, None, None))   # no DTensor: refused if replayed
+            return func(*args, **kwargs)      # (reading a plain scalar's number: the local op takes the tensor)
         dispatcher = dt._op_dispatcher
         if func in dispatcher._random_ops or func in dispatcher._custom_op_handlers:
             raise DTensorRefused(f"{func} on a DTensor (DTensor handles it outside sharding propagation: random "
@@ -393,15 +405,25 @@ class _Capture(TorchDispatchMode):
         return out
 
 
-def _meta_value(a: Any, by_local: dict) -> Any:
+def _meta_value(a: Any, by_local: dict, scalars: dict, device: torch.device) -> Any:
+    """The meta run's stand-in for an argument; ``scalars`` gets (by id) those of
+    plain 0-d CPU tensors, ``device`` is the ``DTensor`` s' own device."""
     if isinstance(a, DTensorProxy):
         m = _meta(a)
         by_local[id(m._local_tensor)] = a
         return m
     if isinstance(a, TensorProxy):
+        if a.ndim == 0 and a.device.type == "cpu":
+            # a 0-d CPU tensor (an optimizer's step size): DTensor replicates it, or reads it as a
+            # number (``value=``), which a meta tensor cannot give
+            stand_in = torch.ones((), dtype=a.dtype)
+            scalars[id(stand_in)] = stand_in
+            return stand_in
         return torch.empty(a.shape, dtype=a.dtype, device="meta")
     if isinstance(a, NumberProxy):
         return a.value
+    if isinstance(a, torch.device) and a.type != "meta" and a == device:
+        return torch.device("meta")       # the DTensors' own device: on the meta run, theirs is meta
     return a
 
 
@@ -423,11 +445,12 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
             _refuse_grad(a.local if isinstance(a, DTensorProxy) else a, f"{what} on a tensor that requires grad")
     dts = [a for a in flat if isinstance(a, DTensorProxy)]
     mesh_obj = dts[0].device_mesh
-    if any(d.device_mesh is not mesh_obj for d in dts):
+    if any(d.device_mesh is not mesh_obj and d.device_mesh != mesh_obj for d in dts):   # equal meshes: eager mixes them
         raise DTensorRefused(f"{what} on DTensors of different device meshes")
     by_local: dict[int, DTensorProxy] = {}
-    margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local) for a in flat], spec)
     cap = _Capture()
+    device = torch.device(dts[0].device)
+    margs, mkwargs = pytree.tree_unflatten([_meta_value(a, by_local, cap.scalars, device) for a in flat], spec)
     try:
         with cap:
             meta_out = torch_fn(*margs, **mkwargs)
@@ -437,18 +460,18 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
         raise DTensorRefused(f"{what} on a DTensor: DTensor (on meta tensors) raised {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
     if not cap.ops:
-        raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
+        return _without_op(meta_out, margs, mkwargs, flat, what)
     if len(cap.ops) > 1:
         if inplace:
             raise DTensorRefused(f"the in-place op {name} on a DTensor, which DTensor runs as {len(cap.ops)} ATen "
                                  "ops")
-        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
+        return _replay_aten(cap, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     op, _, _, info, sharding, _ = cap.ops[0]
     if info is None:
         raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched {op} without a DTensor argument")
-    targets, rewrites = _targets(op, info, sharding, by_local)
+    targets, rewrites = _targets(op, info, sharding, by_local, cap.scalars)
     if rewrites and not inplace:        # the ATen op itself, with the sizes propagation gives the shards
-        return _replay_aten(cap.ops, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
+        return _replay_aten(cap, meta_out, by_local, _Mesh(mesh_obj), flat, margs, mkwargs, what)
     if inplace:
         written = args[0]
         if id(written) in targets or rewrites or not isinstance(meta_out, dtensor_type()) \
@@ -471,6 +494,20 @@ def dispatch(torch_fn: Callable, local_fn: Callable, args: tuple, kwargs: dict, 
     return _wrap_outputs(meta_out, out, mesh_obj, what)
 
 
+def _without_op(meta_out: Any, margs: tuple, mkwargs: dict, flat: list, what: str) -> Any:
+    """A call ``DTensor`` answered without an ATen op: metadata (``is_sparse``,
+    ``is_complex()``, no tensor in the answer) is that answer; an argument
+    handed back (``conj()`` of a real tensor, ``to`` its own dtype) is that
+    argument's proxy."""
+    out_flat = pytree.tree_leaves(meta_out)
+    if not any(isinstance(o, torch.Tensor) for o in out_flat):
+        return meta_out
+    by_meta = {id(m): a for m, a in zip(pytree.tree_leaves((margs, mkwargs)), flat, strict=True)}
+    if isinstance(meta_out, torch.Tensor) and id(meta_out) in by_meta:
+        return by_meta[id(meta_out)]
+    raise DTensorRefused(f"{what} on a DTensor: DTensor dispatched no ATen op for it")
+
+
 # ATen ops DTensor adds that change nothing in a trace without gradients (``zeros_like`` detaches its result)
 _PASS_THROUGH = frozenset({"detach", "alias"})
 
@@ -479,7 +516,7 @@ def _identity(t: TensorProxy) -> TensorProxy:
     return t
 
 
-def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
+def _replay_aten(cap: _Capture, meta_out: Any, by_local: dict, mesh: _Mesh, flat: list, margs: tuple,
                  mkwargs: dict, what: str) -> Any:
     """A torch call ``DTensor`` runs as several ATen ops (``F.linear``: ``t`` and
     ``mm``): each op replayed in order as its ``torch.<op>`` namesake's symbol on
@@ -490,6 +527,7 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     dt = dtensor_type()
     known = dict(by_local)         # id(meta local tensor) -> DTensorProxy (inputs, then results)
     made: dict[int, Any] = {}      # id(meta plain tensor result) -> its proxy
+    ops = cap.ops
     for func, args, kwargs, info, sharding, out in ops:
         name = func.overloadpacket.__name__
         sym = _identity if name in _PASS_THROUGH else (symbol_for(getattr(torch, name, None))
@@ -497,7 +535,7 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
         if info is None or sym is None:
             raise DTensorRefused(f"{what} on a DTensor, which DTensor runs as {len(ops)} ATen ops (" +
                                  ", ".join(str(o[0]) for o in ops) + f"): {func} cannot be replayed")
-        targets, rewrites = _targets(func, info, sharding, known)
+        targets, rewrites = _targets(func, info, sharding, known, cap.scalars)
         if rewrites:
             if info.args_tree_spec is None:
                 args = tuple(rewrites.get(i, a) for i, a in enumerate(args))
@@ -538,7 +576,8 @@ def _replay_aten(ops: list, meta_out: Any, by_local: dict, mesh: _Mesh, flat: li
     return pytree.tree_map(final, meta_out)
 
 
-def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[int, tuple], dict[int, Any]]:
+def _targets(op: Any, info: Any, sharding: Any, by_local: dict,
+             scalars: dict) -> tuple[dict[int, tuple], dict[int, Any]]:
     """id(DTensorProxy) -> the placements propagation wants it in before ``op``;
     and the non-tensor arguments it rewrites for the shards (a view's sizes are
     the local ones), by position among the op's (flattened) arguments."""
@@ -555,6 +594,10 @@ def _targets(op: Any, info: Any, sharding: Any, by_local: dict) -> tuple[dict[in
         new = new_flat[i]
         if type(old).__name__ == "DTensorSpec":
             p = by_local.get(id(info.local_args[i]))
+            if p is None and id(info.local_args[i]) in scalars:     # a plain 0-d tensor DTensor replicated
+                if any(not pl.is_replicate() for pl in new.placements):
+                    raise DTensorRefused(f"{op}: a plain 0-d tensor DTensor would redistribute")
+                continue
             if p is None:
                 raise DTensorRefused(f"{op}: an argument DTensor made inside the call")
             if old != new:

@@ -41,6 +41,7 @@ import torch.distributed._functional_collectives as funcol
 
 from thunderlite.distributed.fsdp import SHARD_PREFIX, _AverageGrad, regather_in_backward, shown, without_gradient
 from thunderlite.distributed.views import ViewModule, link_children, local_leaf, view_class, view_of
+from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.user import Transform
 
 
@@ -89,6 +90,9 @@ class RowShard:
 
 
 def _gathered(module: torch.nn.Module, name: str) -> torch.Tensor:
+    # read while tracing, so the compiled program is guarded on the group's gradient sync
+    # (set_requires_gradient_sync): a backward outside the program refuses it unsynced
+    _ = module._fsdp2_groups[name].reduce_grads
     return module._fsdp2_specs[name].unshard(getattr(module, SHARD_PREFIX + name))
 
 
@@ -129,8 +133,6 @@ def _check_group(pg: Any) -> None:
         _refuse("offload_policy=CPUOffloadPolicy()", "it keeps shards on the CPU and steps there")
     if pg.gradient_divide_factor is not None:
         _refuse("set_gradient_divide_factor()", "it changes how gradients are averaged")
-    if not pg.reduce_grads:
-        _refuse("set_requires_gradient_sync(False)", "it accumulates unsharded gradients without reducing them")
     if pg.post_forward_mesh_info not in (None, pg.mesh_info):
         _refuse("reshard_after_forward=<int>", "it reshards to a smaller mesh after forward")
     if not pg.is_sharded:
@@ -182,7 +184,9 @@ def from_torch_fsdp2(model: torch.nn.Module) -> ViewModule:
         if isinstance(m, FSDPModule):
             _mp_hooks(views[id(m)], fully_shard.state(m)._mp_policy)
     trained = {id(leaves[id(p)]): n for n, p in model.named_parameters() if id(p) in leaves and p.requires_grad}
-    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves, units, trained),))
+    groups = {unit: pg for unit, m in model.named_modules() if isinstance(m, FSDPModule)
+              for pg in fully_shard.state(m)._fsdp_param_groups}
+    return ViewModule(model, views[id(model)], (FSDP2Transform(reshard_leaves, units, trained, groups),))
 
 
 def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_leaves: list,
@@ -200,7 +204,7 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
     orig = next(c for c in type(m).__mro__ if not issubclass(c, fsdp_module))
     gathers = {n: property(lambda self, n=n: _gathered(self, n)) for n in params}
     v = view_of(m, view_class(orig, gathers), drop_hooks=isinstance(m, fsdp_module))
-    specs = {}
+    specs, groups = {}, {}
     for name, (fp, pg, unit) in params.items():
         if not len(fp._orig_size):
             _refuse(f"the 0-dim parameter {name!r}", "it cannot be sharded on dim 0")
@@ -212,6 +216,7 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
         leaf = leaves.get(id(m._parameters[name]))
         if leaf is None:
             leaf = leaves[id(m._parameters[name])] = local_leaf(m, name)
+            leaf._fsdp2_group = pg
             units[id(leaf)] = unit
             if pg._reshard_after_forward:
                 reshard_leaves.append(leaf)
@@ -221,7 +226,9 @@ def _view(m: torch.nn.Module, entry: tuple | None, fsdp_module: type, reshard_le
         specs[name] = RowShard(rows=fp._orig_size[0], per=fp.padded_sharded_param_size[0],
                                world=mi.shard_mesh_size, group=mi.shard_process_group,
                                gather_dtype=rd, param_dtype=pd)
+        groups[name] = pg
     v.__dict__["_fsdp2_specs"] = specs
+    v.__dict__["_fsdp2_groups"] = groups
     return v
 
 
@@ -235,9 +242,13 @@ def fsdp_state_hooks(m: torch.nn.Module) -> list:
 
 class FSDP2Transform(Transform):
     """Re-gathers, in the backward, the parameters of groups FSDP2 reshards after
-    forward; gathers each FSDP module's parameters as one prefetch group."""
+    forward; gathers each FSDP module's parameters as one prefetch group. Also
+    for a backward inside the program (a whole training step:
+    ``after_inline_autodiff``)."""
 
-    def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str], trained: dict[int, str]):
+    def __init__(self, leaves: list[torch.nn.Parameter], units: dict[int, str], trained: dict[int, str],
+                 groups: dict[str, Any]):
+        self._groups = groups                 # FSDP module name -> its FSDPParamGroup
         self._ids = {id(p) for p in leaves}
         self._unit_of = units
         self._trained = trained               # id(leaf) -> parameter name, for those requiring grad
@@ -254,6 +265,17 @@ class FSDP2Transform(Transform):
         return self._units
 
     def after_autodiff(self, forward, backward):
+        """The compiled backward of a program (run after it, through autograd)."""
+        unsynced = sorted({u or "the root" for u, pg in self._groups.items() if not pg.reduce_grads})
+        if unsynced:
+            _refuse(f"set_requires_gradient_sync(False) (on {shown(unsynced)}) with the backward outside the "
+                    "jitted function", "its unsharded gradients would have to outlive the compiled backward; put "
+                    "the micro-batches' backward() calls and the optimizer step inside one jitted function")
+        return self.after_inline_autodiff(forward, backward)
+
+    def after_inline_autodiff(self, forward, backward):
+        """Forward and backward of a ``backward()`` inside the program (a whole
+        training step): its gradient sync is the program's (``unsynced_gradient``)."""
         self._refuse_unused(forward.args, backward.return_bsym.args[0])
         if not self._shards:
             return forward, backward
@@ -271,3 +293,45 @@ class FSDP2Transform(Transform):
                     "which parameters are used may differ between ranks, and the compiled program gathers and "
                     "reduce-scatters each parameter where it is used, so the ranks' collectives would not pair up "
                     "(FSDP2 moves whole groups); set requires_grad=False on parameters that are not trained")
+
+
+# --- gradient sync (set_requires_gradient_sync) inside a whole training step ---------------------------
+def is_set_gradient_sync(fn: Any) -> bool:
+    """Whether ``fn`` is ``FSDPModule.set_requires_gradient_sync`` (bound or not)."""
+    cls = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    return cls is not None and getattr(fn, "__func__", fn) is cls.set_requires_gradient_sync
+
+
+def sync_groups(module: torch.nn.Module, recurse: bool = True) -> list[Any]:
+    """The FSDP parameter groups ``module.set_requires_gradient_sync`` sets."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    mods = list(module.modules()) if recurse else [module]
+    return [pg for m in mods if isinstance(m, FSDPModule) for pg in fully_shard.state(m)._fsdp_param_groups]
+
+
+def group_of_leaf(leaf: Any) -> Any:
+    """The FSDP parameter group of a view leaf (its gradient sync), else None."""
+    return getattr(leaf, "_fsdp2_group", None)
+
+
+def gradient_reduce_scatters(bsyms: list, grad: Any, start: int) -> tuple[list[int], list[int]] | None:
+    """Where, among ``bsyms[start:]`` (a backward), a view leaf's gradient ``grad``
+    was reduce-scattered: (the reduce-scatters' indices, the indices of every
+    symbol from them to ``grad``: waits, the average, casts), or None when the
+    gradient is not one chain of one-tensor symbols from one reduce-scatter (a
+    parameter shared by several modules adds two)."""
+    producer = {p.name: k for k in range(start, len(bsyms)) for p in bsyms[k].proxy_outs()}
+    chain: list[int] = []
+    name = grad.name
+    while True:
+        k = producer.get(name)
+        if k is None:
+            return None
+        b = bsyms[k]
+        chain.append(k)
+        if b.sym.id == d.reduce_scatter.id:
+            return [k], chain
+        args = b.tensor_args()
+        if len(args) != 1:
+            return None
+        name = args[0].name

@@ -27,7 +27,7 @@ from thunderlite.distributed.views import ViewModule
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _sharded_by(module: torch.nn.Module) -> str | None:
+def sharded_by(module: torch.nn.Module) -> str | None:
     """"fsdp2" for a module ``fully_shard`` was applied to, "tp" for one
     ``parallelize_module`` gave tensor-parallel hooks, else None; cheap, as it
     runs at every module call while tracing."""
@@ -43,7 +43,7 @@ def stand_in(module: torch.nn.Module) -> ViewModule | None:
     """The view to call instead of ``module``, or None for a module neither
     wrapper sharded. Whatever the view does not translate is refused, by name,
     as ``thunderlite.jit(module)`` refuses it."""
-    kind = _sharded_by(module)
+    kind = sharded_by(module)
     if kind is None:
         return None
     ref = _VIEWS.get(module)

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from thunderlite.core.tracectx import made_once
 
@@ -74,9 +75,35 @@ def local_leaf(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
     param = module._parameters[name]
     leaf = torch.nn.Parameter(param._local_tensor.detach(), requires_grad=param.requires_grad)
     leaf._view_of = (module, name)
+    _LEAF_OF[param] = leaf
     if param.requires_grad:
         leaf.register_post_accumulate_grad_hook(_grad_into(module, name))
     return leaf
+
+
+# DTensor parameter -> its leaf (by identity: tensors compare elementwise)
+_LEAF_OF = WeakIdKeyDictionary()
+
+
+def leaf_of(param: torch.Tensor) -> torch.nn.Parameter | None:
+    """The view leaf standing for the ``DTensor`` parameter ``param`` (on its local
+    shard's storage), or None. A traced program reads that leaf as the
+    ``DTensor``'s local tensor, so the forward's reads and an optimizer's
+    in-place writes are of one trace input."""
+    leaf = _LEAF_OF.get(param)
+    if leaf is None:
+        return None
+    local = param._local_tensor
+    if leaf.data_ptr() != local.data_ptr() or leaf.shape != local.shape or leaf.stride() != local.stride() \
+            or leaf.dtype != local.dtype:
+        return None
+    return leaf
+
+
+def moves_grad_into(hook: Any) -> tuple[torch.nn.Module, str] | None:
+    """(module, name) of the ``DTensor`` parameter a leaf's post-accumulate hook
+    moves the leaf's gradient into (the view's own hook), else None."""
+    return getattr(hook, "_into_dtensor", None)
 
 
 def _grad_into(module: torch.nn.Module, name: str):
@@ -92,6 +119,7 @@ def _grad_into(module: torch.nn.Module, name: str):
                 param.grad = gd
             else:
                 param.grad += gd
+    hook._into_dtensor = (module, name)
     return hook
 
 
@@ -115,9 +143,11 @@ class ViewModule(torch.nn.Module):
         for leaf in self.module.parameters():
             where = getattr(leaf, "_view_of", None)
             if where is not None:
-                local = where[0]._parameters[where[1]]._local_tensor
+                param = where[0]._parameters[where[1]]
+                local = param._local_tensor
                 if leaf.data_ptr() != local.data_ptr() or leaf.shape != local.shape:
                     leaf.data = local.detach()
+                _LEAF_OF[param] = leaf
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

@@ -289,7 +289,7 @@ class DifferentiableProgram:
         box: list = []
         results = _Function.apply(self, box, *flat_args)
         out, unique = box[0]
-        if out is unique[0] and len(unique) == 1:
+        if len(unique) == 1 and out is unique[0]:     # (a program may return no tensor: a number)
             out = results[0]
         else:
             wrapped = {id(t): r for t, r in zip(unique, results, strict=True)}

@@ -43,6 +43,7 @@ from thunderlite.frontend.epilogue import (
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.splits import Resume, SplitBudget, SplitRefused, Splitter, after_split, mark_after_split
 from thunderlite.frontend.state import Input, Mirror, TraceState
 from thunderlite.frontend.training.predicated import NOT_PREDICATED, PredicationRefused, predication_notes
 from thunderlite.interpreter import interpret
@@ -68,40 +69,20 @@ INTERPRETATION_STAGE = "interpretation"
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
                  name: str | None = None, dynamic: dict | None = None,
-                 auto: PathDynamic | None = None) -> CompiledEntry:
+                 auto: PathDynamic | None = None, splits: SplitBudget | None = None) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
     showing progress on stderr when it takes long (frontend/progress.py).
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
     symbolic (core/symint.py); their guards join the prologue. ``auto``: which
     sizes and floats read through paths are symbolic (caching/automatic.py);
     a trace that grows a tensor it read through a path is traced again with
-    the growing dims symbolic."""
-    learned = None
-    with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
-        traces = 1
-        unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
-        while True:
-            if auto is not None:
-                auto.used = set()
-            with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
-                symbolic = env if dynamic or symbolic_numbers or (auto is not None and auto.active()) else None
-                try:
-                    entry = _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
-                                          dynamic, unpredicated, auto, retrace=traces < _MAX_TRACES)
-                except _Grows as e:
-                    learned, traces = e.learned, traces + 1
-                    continue
-                except PredicationRefused as e:
-                    if e.site in unpredicated:
-                        raise
-                    unpredicated[e.site] = e.reason
-                    continue
-                except Exception as e:
-                    for why in unpredicated.values():      # why the flag was read, where reading it failed
-                        e.add_note(f"{NOT_PREDICATED}{why}")
-                    raise
-            entry.learned = learned
-            return entry
+    the growing dims symbolic. ``splits``: the callable's budget of paths
+    where Python needs a traced value (frontend/splits/; None: such a program
+    raises ``DataDependentError``). A split program's first call runs while
+    it is compiled: its output is the entry's ``run_first``."""
+    job = _Job(fn, sig, executors, symbolic_numbers, tuple(transforms), progress,
+               name or getattr(fn, "__qualname__", "function"), dynamic, auto, splits)
+    return job.compile(args, kwargs)
 
 
 _MAX_TRACES = 3     # a growing state is learned whole from one trace: the second one has its dims symbolic
@@ -112,6 +93,55 @@ class _Grows(Exception):
 
     def __init__(self, learned: str):
         self.learned = learned
+
+
+class _Job:
+    """What every compile of one signature shares: the first call's, and the
+    later ones that resume a split program (frontend/splits/); the blocks whose
+    flag is read as eager does (``unpredicated``: site -> why)."""
+
+    def __init__(self, fn, sig, executors, symbolic_numbers, transforms, progress, name, dynamic, auto, splits):
+        self.fn, self.sig, self.executors = fn, sig, executors
+        self.symbolic_numbers, self.transforms, self.progress = symbolic_numbers, transforms, progress
+        self.name, self.dynamic, self.auto, self.splits = name, dynamic, auto, splits
+        self.unpredicated: dict = {}
+
+    def compile(self, args: tuple, kwargs: dict, resume: Resume | None = None):
+        """A predicated block refused restarts the compile with that site
+        reading its flag (training/predicated.py), a growing state with its
+        dims symbolic; never once a piece of a split program ran
+        (frontend/splits/: it would run twice)."""
+        learned = None
+        auto = self.auto
+        with compile_progress(self.name, self.progress), gc_paused():
+            traces = 1
+            while True:
+                if auto is not None:
+                    auto.used = set()
+                with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
+                    symbolic = env if self.dynamic or self.symbolic_numbers or (auto is not None and auto.active()) \
+                        else None
+                    try:
+                        entry = _compile_call(self, args, kwargs, symbolic, resume, retrace=traces < _MAX_TRACES)
+                    except _Grows as e:
+                        learned, traces = e.learned, traces + 1
+                        continue
+                    except PredicationRefused as e:
+                        if e.site in self.unpredicated or after_split(e):
+                            raise
+                        self.unpredicated[e.site] = e.reason
+                        continue
+                    except Exception as e:
+                        for why in self.unpredicated.values():      # why the flag was read, where reading it failed
+                            e.add_note(f"{NOT_PREDICATED}{why}")
+                        raise
+                if resume is None:
+                    entry.learned = learned
+                return entry
+
+    def resume(self, tree, path, values, args: tuple, kwargs: dict, env: dict) -> Any:
+        """The rest of a call whose path left its split program's tree: compiled, run, its output."""
+        return self.compile(args, kwargs, Resume(tree, path, values, env))
 
 
 def _own_error(e: BaseException) -> bool:
@@ -170,18 +200,20 @@ def gc_paused():
                 gc.enable()
 
 
-def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
-                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
-                  unpredicated: dict | None = None, auto: PathDynamic | None = None,
-                  retrace: bool = False) -> CompiledEntry:
+def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, resume: Resume | None,
+                  retrace: bool = False):
+    fn, transforms, auto = job.fn, job.transforms, job.auto
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
-    state.unpredicated = unpredicated or {}
+    state.unpredicated = job.unpredicated
     state.shape_env = env
     state.auto = auto
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
+    if job.splits is not None:
+        hooks.splitter = Splitter(hooks, job.splits, lambda t, i, g, s: _compile_piece(job, hooks, t, i, g, s),
+                                  job.resume, fn, args, kwargs, resume, env)
     state.note_closure(fn)
     owner = getattr(fn, "__self__", None)
     if isinstance(fn, types.MethodType) and owner is not None:
@@ -192,66 +224,100 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         else:
             state.note(owner, Prov.object(owner))
     note(INTERPRETATION_STAGE, trace)
-    with tracectx(trace):
-        pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
-        raises = None
-        try:
-            result = _interpret(fn, hooks, pargs, pkwargs)
-        except Exception as e:
-            if _own_error(e) or not _wrote_anything(trace, state):
-                raise
-            raises, result = e, None
-        _check_not_lazy(fn, result)
+    try:
+        with tracectx(trace):
+            pargs, pkwargs = proxy_arguments(state, args, kwargs, job.sig, _param_names(fn), job.dynamic)
+            raises = None
+            try:
+                result = _interpret(fn, hooks, pargs, pkwargs)
+            except Exception as e:
+                if _own_error(e) or not _wrote_anything(trace, state):
+                    raise
+                raises, result = e, None
+            _check_not_lazy(fn, result)
+            result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
+            piece = hooks.splitter.tail() if hooks.splitter is not None and hooks.splitter.cuts else trace
+            _check_hook_functions(piece, state)
+            writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(piece, state)
+                      + _rebound_inputs(piece, state))
+            for w in writes:
+                w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
+            state.guard_distinct({id(obj) for obj, _ in state.attr_writes.values()}
+                                 | {i for i, m in state.mirror_of.items() if m.prov is not None and m.changed()})
+            ran = hooks.splitter is not None and hooks.splitter.ran     # tracing again would run a piece twice
+            grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace and not ran else None
+            if grows is not None:
+                raise _Grows(grows)
+            extras: list[Proxy] = []
+            for w in writes:
+                proxies_in(w.value, extras, set())
+            mode, ret, rebuild = _output_plan(result, extras, state)
+            if piece is trace:
+                trace.args = [inp.proxy for inp in state.inputs]
+                trace.set_return(ret)
+                inputs, guards, sym_guards = state.inputs, state.guards, list(env.guards) if env is not None else []
+            else:
+                inputs, guards, sym_guards = hooks.splitter.seal_tail(piece, ret)
+        piece.header_comments += predication_notes(state)
+        trace.pass_time_ms = (time.perf_counter() - start) * 1e3
+        compiled = _compile_piece(job, hooks, piece, inputs, guards, sym_guards, writes, mode, rebuild,
+                                  [p.name for p in extras])
+        compiled.raises = raises
+        if piece is trace:
+            return compiled
+        if raises is not None:        # the program's own exception after a split: the rest, then the raise
+            hooks.splitter.run_last(compiled)
+            raise raises
+        out, entry = hooks.splitter.finish(compiled)
+        return out if resume is not None else entry
+    except BaseException as e:
+        if hooks.splitter is not None and hooks.splitter.ran:
+            mark_after_split(e)
+        raise
+
+
+def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[Input], guards: list,
+                   sym_guards: list, writes: list[Write] | None = None, mode: str = "direct",
+                   rebuild: Callable | None = None, extra_names: list[str] | None = None) -> CompiledEntry:
+    """The pipeline and the entry function of ``trace`` (a whole program, or a
+    piece of a split one: ``writes`` None), whose arguments are ``inputs``."""
+    start = time.perf_counter()
+    state = hooks.state
+    piece = trace is not state.trace
+    if piece and writes is None:
         _check_hook_functions(trace, state)
-        result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
-        writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
-                  + _rebound_inputs(trace, state))
-        for w in writes:
-            w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
-        state.guard_distinct({id(obj) for obj, _ in state.attr_writes.values()}
-                             | {i for i, m in state.mirror_of.items() if m.prov is not None and m.changed()})
-        grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace else None
-        if grows is not None:
-            raise _Grows(grows)
-        extras: list[Proxy] = []
-        for w in writes:
-            proxies_in(w.value, extras, set())
-        mode, ret, rebuild = _output_plan(result, extras, state)
-        trace.args = [inp.proxy for inp in state.inputs]
-        trace.set_return(ret)
-    trace.header_comments += predication_notes(state)
-    trace.pass_time_ms = (time.perf_counter() - start) * 1e3
-    groups = _input_alias_groups(state.inputs)
+        if _input_hooks(trace, state):
+            raise SplitRefused("thunderlite cannot split a program after register_hook()/retain_grad() on one of "
+                               "its inputs (the hook is registered when the call ends)")
+    groups = _input_alias_groups(inputs)
     _check_growing_resizes(trace, groups)
-    transforms = (*transforms, *state.module_transforms)
+    transforms = (*job.transforms, *state.module_transforms)
     if transforms:
-        values = {inp.proxy.name: inp.value for inp in state.inputs}
+        values = {inp.proxy.name: inp.value for inp in inputs}
         for tr in transforms:
             tr.bind_inputs(values)
     traces = [trace]
-    comp, backward, strided = run_pipeline(trace, traces, groups, executors, transforms,
-                                           refused_writes(state.inputs), _input_strides(state.inputs),
+    comp, backward, strided = run_pipeline(trace, traces, groups, job.executors, transforms,
+                                           refused_writes(inputs), _input_strides(inputs),
                                            own_backward=hooks.autograd.backward_names())
     if torch._C._is_any_autocast_enabled():
         comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
-    alias_guard = plan_alias_guard(state.inputs, written_inputs(trace, groups), strided,
+    alias_guard = plan_alias_guard(inputs, written_inputs(trace, groups), strided,
                                    getattr(comp, "placed_inputs", ()))
-    sym_guards = list(env.guards) if env is not None else []
-    entry = build_entry(state.inputs, state.guards, writes, comp, mode, rebuild, [p.name for p in extras],
-                        alias_guard, sym_guards, resolvable(state))
+    entry = build_entry(inputs, guards, writes or [], comp, mode, rebuild, extra_names or [], alias_guard,
+                        sym_guards, env=piece, objects=resolvable(state))
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
-    total = (time.perf_counter() - start) * 1e3
-    prologue = prologue_trace(state.inputs, state.guards, trace, alias_guard, sym_guards)
-    compiled = CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(state.guards))
+    total = (time.perf_counter() - start) * 1e3 + (trace.pass_time_ms or 0.0)
+    prologue = prologue_trace(inputs, guards, trace, alias_guard, sym_guards)
+    compiled = CompiledEntry(entry, traces, backward, [prologue], stage_ms, total, list(guards))
     compiled.sym_guards = sym_guards
     compiled.alias_guard = alias_guard
-    compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in state.inputs]
-    compiled.input_names = [inp.proxy.name for inp in state.inputs]
-    compiled.gradients = hooks.autograd.gradient_of
-    compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in state.inputs
+    compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in inputs]
+    compiled.input_names = [inp.proxy.name for inp in inputs]
+    compiled.gradients = dict(hooks.autograd.gradient_of)
+    compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in inputs
                             if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
                             and not isinstance(inp.value, torch.nn.Parameter)]
-    compiled.raises = raises
     compiled.predication = predication_notes(state)
     return compiled
 

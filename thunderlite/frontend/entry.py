@@ -50,7 +50,7 @@ class _Paths:
             return v
         if prov.parent is None:
             expr = prov.expr(self.roots)
-            if prov.kind in ("arg", "kwarg"):
+            if prov.kind in ("arg", "kwarg", "split"):
                 return expr
         else:
             base = self.read(prov.parent)
@@ -111,14 +111,16 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
                 output: str, rebuild: Callable | None, extra_names: list[str],
                 alias_guard: AliasGuard | None = None, sym_guards: list | None = None,
-                objects: dict | None = None) -> Callable:
+                env: bool = False, objects: dict | None = None) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
     (``(flat_values, extras)``, turned into the user value by
     ``rebuild(flat_values, objects_read)``, where ``rebuild.paths`` says which
     objects to read). ``alias_guard``: storage-sharing and write-verdict checks
     (alias_guard.py). ``sym_guards``: what the trace assumed of its symbolic
-    sizes (core/symint.py), checked once the size symbols are read.
+    sizes (core/symint.py), checked once the size symbols are read. ``env``: a
+    piece of a split program (frontend/splits/), ``entry(args, kwargs, env)``,
+    reading values earlier pieces computed from ``env`` (``Prov.split``).
     ``objects``: id -> path of the objects from outside each call gives anew
     (``epilogue.resolvable``): read in the prologue, before anything runs, where
     the output or a value written back holds them."""
@@ -147,7 +149,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
             pro.append(f"    if not ({g.python(var.__getitem__)}): return _MISS")
     if alias_guard is not None:
         pro += ["    " + line for line in alias_guard.lines(call_args.__getitem__, lambda v: _const(consts, v))]
-    lines = ["def entry(args, kwargs):"]
+    lines = ["def entry(args, kwargs, env):" if env else "def entry(args, kwargs):"]
     if pro:
         lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
     lines += _run_and_write(call_args, writes, output, extra_names, consts, roots, obj_vars, rebuild_vars)

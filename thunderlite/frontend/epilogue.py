@@ -19,6 +19,7 @@ written back resolve such objects the same way.
 from __future__ import annotations
 
 import copy
+import functools
 import types
 from collections import OrderedDict, defaultdict, deque
 from typing import Any
@@ -64,12 +65,30 @@ def collect_writes(state: TraceState) -> list[Write]:
         writes.append(Write("cell", Prov.cell(cell), None, value))
     for m in state.mirror_of.values():
         if m.prov is not None and m.changed():
-            value = dict(m.copy) if isinstance(m.copy, dict) else list(m.copy)
+            value = {k: _kept(v, state) for k, v in m.copy.items()} if isinstance(m.copy, dict) \
+                else [_kept(v, state) for v in m.copy]
             if isinstance(m.copy, (list, dict)):
                 writes.append(Write("replace", m.prov, None, value))
             else:       # a set or a deque: cleared and refilled by its own method
                 writes.append(Write("refill", m.prov, "update" if isinstance(m.copy, set) else "extend", value))
     return writes
+
+
+class Kept:
+    """A list or dict from outside the call that a mirrored container refilled
+    by the epilogue still holds (too big to copy: LBFGS's history): written
+    back as the very object, its item writes its own, never as a copy of
+    what it held while tracing."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+def _kept(v: Any, state: TraceState) -> Any:
+    if type(v) in (list, dict) and id(v) in state.prov_of and id(v) not in state.mirrors_by_copy:
+        return Kept(v)
+    return v
 
 
 def proxies_in(x: Any, out: list, seen: set) -> None:
@@ -278,6 +297,10 @@ def value_expr(x: Any, env_names: dict, consts: dict, objects: dict | None = Non
     if id(x) in objects:
         return objects[id(x)]
     t = type(x)
+    if t is DTensorProxy:   # a DTensor (an optimizer's new state, a .grad): made on the real local result
+        name = f"_W{len(consts)}"
+        consts[name] = functools.partial(dtensor.materialize, x)
+        return f"{name}({env_names[x.local.name]})"
     if t is Made:
         name = f"_W{len(consts)}"
         consts[name] = x.template
@@ -311,7 +334,7 @@ _FRESH_CONTAINERS = (defaultdict, OrderedDict, deque, set)
 
 def _const_name(x: Any, consts: dict) -> str:
     name = f"_W{len(consts)}"
-    consts[name] = x
+    consts[name] = x.obj if type(x) is Kept else x
     return name
 
 

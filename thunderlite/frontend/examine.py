@@ -37,6 +37,7 @@ class Examination:
         self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
+        self.splits: list[str] = []     # where the program split (frontend/splits/): line, why, value seen
         self.kernels: list[str] = []     # calls with a fused ATen path: how they were taken and why; who ran them
         self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
@@ -73,6 +74,9 @@ class Examination:
             lines += [f"    {line}" for line in self.kernels]
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
         lines += [f"  {line}" for line in self.predication]
+        if self.splits:
+            lines.append(f"  split into {len(self.splits) + 1} pieces where Python needs a traced value:")
+            lines += [f"    {line}" for line in self.splits]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -83,9 +87,10 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     opaque: list[str] = []
     claimed: dict[str, int] = {}
     n = 0
-    if entry is not None:
-        first, final = entry.traces[0], entry.traces[-1]
-        n = len(first.bound_symbols)
+    pieces = entry.pieces() if hasattr(entry, "pieces") else [entry] if entry is not None else []
+    for piece in pieces:
+        first, final = piece.traces[0], piece.traces[-1]
+        n += len(first.bound_symbols)
         for bsym in first.bound_symbols:
             if Tag.OPAQUE in bsym.sym.tags:
                 opaque.append(bsym.sym.name)
@@ -98,12 +103,15 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report = Examination(opaque, claimed, skipped_executors(executors), error, elapsed_ms, n, unused)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
-        report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
+        report.cudagraphs = _cudagraph_notes([f for p in pieces for f in (p.traces[-1], *p.backward_traces[-1:])])
         fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
-        report.kernels = _kernel_notes(entry, fusing)
-        report.predication = list(entry.predication)
+        report.kernels = [line for p in pieces for line in _kernel_notes(p, fusing)]
+        report.predication = list(dict.fromkeys(n for p in pieces for n in p.predication))
     if error is not None:
         report.predication += [n for n in getattr(error, "__notes__", ()) if n.startswith(NOT_PREDICATED)]
+    if hasattr(entry, "splits"):
+        report.splits = [f"at {site.file}:{site.line} ({site.code.strip()}): {site.what}; the value was {value!r}"
+                         for site, value in entry.splits()]
     return report
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import random
 import sys
 import time
@@ -29,14 +30,15 @@ import torch
 
 from thunderlite.core.proxies import DataDependentError, TensorProxy, _BoundMethod
 from thunderlite.core.symbol import SourceLine, Symbol
-from thunderlite.distributed import dtensor
-from thunderlite.distributed.ddp import DDPModule
+from thunderlite.core.symint import active_env
+from thunderlite.distributed import dtensor, fsdp2, in_step
 from thunderlite.distributed.stand_in import stand_in
 from thunderlite.distributed.views import ViewModule
 from thunderlite.frontend import autocast
 from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_aware_builtins
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
+from thunderlite.frontend.splits import NOT_SPLIT, index_request, native_request, request, size_request
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
 from thunderlite.frontend.training import predicated
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
@@ -108,6 +110,7 @@ class TracingHooks(InterpreterHooks):
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
         self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
+        self.splitter = None    # splits.Splitter: where Python needs a traced value (None: refused)
         self.predicating: list = []               # blocks of `if` being traced predicated (innermost last)
 
     # --- source lines ----------------------------------------------------------------------
@@ -134,6 +137,8 @@ class TracingHooks(InterpreterHooks):
             msg = f"{msg} (at {loc[0]}:{loc[1]}: {loc[2]})" if loc else msg
         if "ThunderFX" not in msg and not isinstance(e, OpaqueDataDependentError):
             msg += _DATA_DEPENDENT_HINT
+            if self.splitter is None:
+                msg += " Or leave jit's splits option on (the default): the program is then split there."
         return e if msg == str(e) else type(e)(msg)
 
     def user_location(self, exc: BaseException | None = None) -> tuple | None:
@@ -154,14 +159,16 @@ class TracingHooks(InterpreterHooks):
             view = stand_in(fn)
             if view is not None:
                 return self._calling_stand_in(view)
+        if fsdp2.is_set_gradient_sync(fn):
+            owner = getattr(fn, "__self__", None)
+            return self._set_gradient_sync if owner is None else functools.partial(self._set_gradient_sync, owner)
         if not isinstance(fn, type) and (getattr(fn, "__module__", None) or "").startswith(_DTENSOR_MODULES):
             if fn is dtensor.dtensor_type().from_local:
                 return self.recording(self._dtensor_from_local)
             raise self.dtensor_refused(fn)
-        if isinstance(fn, (torch.nn.parallel.DistributedDataParallel, DDPModule)) and self.grad_enabled \
-                and fn.require_backward_grad_sync \
+        if in_step.is_data_parallel(fn) and self.grad_enabled \
                 and not any(t in self.state.transforms for t in getattr(fn, "_thunderlite_transforms", ())):
-            raise self.ddp_refused(fn)
+            return self._calling_data_parallel(fn)
         if type(fn) in _SLOT_WRAPPERS and fn.__name__ in _WRITE_SLOTS:
             writer = self._slot_write(fn)
             if writer is not None:
@@ -200,6 +207,9 @@ class TracingHooks(InterpreterHooks):
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
+        if self.splitter is not None and (fn in _PURE_FUNCTIONS or type(fn) is types.BuiltinFunctionType
+                                          and getattr(fn, "__module__", None) in _PURE_MODULES):
+            return self._on_values(fn)
         return None
 
     def _slot_write(self, fn: Callable) -> Callable | None:
@@ -233,6 +243,19 @@ class TracingHooks(InterpreterHooks):
             return fn(*args)
         return write
 
+    def _on_values(self, fn: Callable) -> Callable:
+        """A pure native function that needs a traced value (``math.isclose(n,
+        2.0)``, ``range(n)``) runs on the run-time values, the program split there."""
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except DataDependentError as e:
+                wanted = self.split_value(native_request(fn, args, kwargs))
+                if wanted is NOT_SPLIT:
+                    raise self.located(e) from None
+                return wanted
+        return call
+
     def recording(self, fn: Callable, torch_fn: Callable | None = None) -> Callable:
         """Call ``fn`` natively, stamping the user's line on the symbols it records.
         ``torch_fn``: the torch callable ``fn`` stands for, which a call on
@@ -257,6 +280,11 @@ class TracingHooks(InterpreterHooks):
                 else:
                     out = fn(*args, **kwargs)
             except DataDependentError as e:
+                wanted = self.split_value(request(fn, args, kwargs))
+                if wanted is not NOT_SPLIT:
+                    return wanted
+                if self.pinned(e):
+                    return call(*args, **kwargs)        # the op again, its sizes now known
                 raise self.located(e) from None
             except dtensor.DTensorRefused as e:
                 if str(e).startswith("thunderlite cannot trace"):
@@ -268,6 +296,30 @@ class TracingHooks(InterpreterHooks):
                 grad_mode.requires_grad_(out)     # a factory's new leaf (``zeros_like(x, requires_grad=True)``)
             return out
         return call
+
+    def split_value(self, req) -> Any:
+        """The Python value the program needs (a ``splits.sites`` request), the
+        program split there (frontend/splits/); ``NOT_SPLIT`` where it cannot
+        split: the strict option, inside a composite or a torch.func function."""
+        if req is None or self.splitter is None or not self.splitter.allowed(req[0]):
+            return NOT_SPLIT
+        if self.predicating:        # a block traced predicated reads a value: it reads its flag instead
+            raise self.predicating[-1].refuse(f"it needs a traced value ({req[2]})")
+        return self.splitter.value(*req)
+
+    def pinned(self, e: DataDependentError) -> bool:
+        """An op decided on sizes known only when the program runs: the program
+        splits to read them, and is specialized to their values from then on."""
+        env = active_env()
+        req = size_request(e)
+        if req is None or env is None or all(p.name in env.replacements for p in req[0]):
+            return False            # pinned already: the op needs something else
+        values = self.split_value(req)
+        if values is NOT_SPLIT:
+            return False
+        for p, v in zip(req[0], values, strict=True):
+            env.pin(p.name, v)
+        return True
 
     def unannounced(self, t: torch.Tensor, how: str, located: bool = True) -> TensorProxy:
         """The proxy of a real tensor met where no path leads (``how``): one the
@@ -293,10 +345,14 @@ class TracingHooks(InterpreterHooks):
         """``x`` (a returned value, a value written back) with each real tensor in
         its plain containers made a proxy (``unannounced``): a tensor natively run
         code computed from real ones (``sum`` over a container the program holds
-        no copy of) would otherwise leave the call as a trace-time constant."""
+        no copy of) would otherwise leave the call as a trace-time constant.
+        A container that came from outside the call uncopied (too big to mirror:
+        LBFGS's history lists) stays as it is: its item writes are its own."""
         t = type(x)
         if isinstance(x, torch.Tensor) and t is not TensorProxy:
             return self.unannounced(x, how, located=False)      # the program's lines have all run
+        if (t is list or t is dict) and id(x) in self.state.prov_of and id(x) not in self.state.mirrors_by_copy:
+            return x
         if t is tuple or t is list or (isinstance(x, tuple) and hasattr(t, "_make")):
             items = [self.settled(y, how) for y in x]
             if all(a is b for a, b in zip(items, x, strict=True)):
@@ -325,6 +381,8 @@ class TracingHooks(InterpreterHooks):
         """A torch C function with no symbol: opaque when it touches proxies or
         creates tensors, otherwise run as it is (``torch.is_grad_enabled()``...)."""
         def call(*args, **kwargs):
+            if dtensor.has_dtensor(args, kwargs):      # DTensor's answer (metadata: ``torch.is_complex``), or
+                return dtensor.dispatch(fn, call, args, kwargs, getattr(fn, "__name__", str(fn)))  # local calls
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
             self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
@@ -406,6 +464,25 @@ class TracingHooks(InterpreterHooks):
                 self.state.module_transforms.append(tr)
         return lambda *args, **kwargs: call_past_lookaside(view, args, kwargs)
 
+    def _set_gradient_sync(self, module: torch.nn.Module, requires_gradient_sync: bool, *,
+                           recurse: bool = True) -> None:
+        """FSDP2's ``set_requires_gradient_sync`` inside a jitted function: its
+        groups' flags are written as the program's (read by its backward,
+        training/traced_autograd.py; written back after the call)."""
+        flag = bool(requires_gradient_sync)
+        for pg in fsdp2.sync_groups(module, recurse):
+            for name in ("reduce_grads", "all_reduce_grads"):
+                self.read_attr(pg, name)
+                self.store_attr(pg, name, flag)
+
+    def read_attr(self, obj: Any, name: str) -> Any:
+        """``obj.name`` as the program sees it (written earlier in the call, or
+        read and guarded), ``obj`` an object from outside the call reached
+        through code thunderlite runs itself (found by identity if it has no path)."""
+        if id(obj) not in self.state.prov_of:
+            self.state.note(obj, Prov.object(obj))
+        return self.load_attr(obj, name, getattr(obj, name))
+
     def dtensor_refused(self, fn: Callable) -> NotImplementedError:
         """DTensor code runs its sharding propagation and collectives inside torch's
         dispatcher, FSDP's hooks swap parameters: a trace of proxies would do
@@ -417,25 +494,33 @@ class TracingHooks(InterpreterHooks):
             "thunderlite.jit or called by a jitted function; otherwise run the DTensor code eagerly and jit the "
             "functions of its local tensors.")
 
-    def ddp_refused(self, module: torch.nn.Module) -> NotImplementedError:
-        """A data-parallel module called inside a jitted function (not given to
-        ``jit`` whole) while gradients are to be averaged: nothing in the
-        compiled program would average them. torch's DDP prepares its reducer
-        in forward with calls a compiled program does not replay and reduces
-        in C++ autograd hooks; ``thunderlite.distributed.ddp``'s all-reduce is
-        inserted by the jit compiling it whole."""
-        if isinstance(module, DDPModule):
-            what, why = ("thunderlite.distributed.ddp module", "its gradient all-reduce is inserted by "
-                         "thunderlite.jit(ddp(m)) compiling it whole")
-        else:
-            what, why = ("torch's DistributedDataParallel", "its reducer is prepared in forward by calls the "
-                         "compiled program does not replay and averages in autograd hooks (C++) a backward "
-                         "inside the program does not run")
-        return NotImplementedError(
-            f"{what} called inside a jitted function at {self._where()}: {why}, so the gradients would not be "
-            "averaged across ranks. Compile the model itself and call it from eager code: "
-            "thunderlite.jit(DistributedDataParallel(m)), DistributedDataParallel(thunderlite.jit(m)) or "
-            "thunderlite.jit(ddp(m)); inside a jitted function it runs under torch.no_grad() or no_sync().")
+    def _calling_data_parallel(self, model: torch.nn.Module) -> Callable:
+        """A data-parallel model (torch's DDP, ``ddp(m)``) called inside a jitted
+        function with grad enabled: the wrapped module runs, and the call is
+        noted with DDP's ``require_backward_grad_sync`` as read now (guarded;
+        ``no_sync()`` inside the program writes it), so that the program's own
+        backward averages the gradients as DDP's reducer does
+        (``distributed/in_step.py``), or, for a backward after the call, the
+        compiled backward does (``DDPTransform``)."""
+        try:
+            dp = in_step.data_parallel(model)
+        except NotImplementedError as e:
+            raise NotImplementedError(f"{e} (at {self._where()})") from None
+        synced = bool(self.load_attr(model, "require_backward_grad_sync", model.require_backward_grad_sync))
+        self.autograd.note_data_parallel(dp, synced)
+        inner = dp.module
+
+        def call(*args, **kwargs):
+            if dp.buffers and self.read_attr(model, "require_forward_param_sync"):
+                broadcast = self.lookaside(torch.distributed.broadcast)    # DDP's _pre_forward buffer sync
+                for b in dp.buffers:
+                    broadcast(self.state.enter(self.state.prov_of.get(id(b)), b), 0, group=model.process_group)
+            special = self.lookaside(inner)
+            out = special(*args, **kwargs) if special is not None else call_past_lookaside(inner, args, kwargs)
+            if dp.buffers:
+                self.store_attr(model, "require_forward_param_sync", synced)      # as DDP's _post_forward
+            return out
+        return call
 
     def _drop_requires_grad(self, start: int) -> None:
         for bsym in self.trace.bound_symbols[start:]:
@@ -633,10 +718,18 @@ class TracingHooks(InterpreterHooks):
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
-        very tensor (an identity guard on the proxy's path). An object keyed by
-        type used as a key is hashed: its identity is guarded."""
+        very tensor (an identity guard on the proxy's path). A traced value
+        indexing a list, tuple or string splits the program there. An object
+        keyed by type used as a key is hashed: its identity is guarded."""
         if id(key) in self.state.objects:
             self._identity_used(key, f"a subscript of a {type(container).__name__}")
+        if isinstance(container, (list, tuple, str, range)):
+            wanted = self.split_value(index_request(key))
+            return key if wanted is NOT_SPLIT else wanted
+        if type(key) is dtensor.DTensorProxy and isinstance(container, dict) and key.source is not None:
+            prov, value = key.source         # the DTensor itself (its path guarded by identity when entered)
+            self.state.add_guard(prov, "is", value)
+            return value
         if type(key) is not TensorProxy or not isinstance(container, dict):
             return key
         inp = self.state.input_by_name(key.name)
@@ -678,13 +771,22 @@ class TracingHooks(InterpreterHooks):
     def predicate(self, value: Any):
         """``if value:`` on a traced tensor: its blocks predicated when they only
         write tensors (training/predicated.py), else None (its truth is read)."""
-        return predicated.branch(self, value)
+        return predicated.branch(self, value) if self.may_predicate() else None
+
+    def may_predicate(self) -> bool:
+        """Predication is tried only before a program's first split: a refused
+        block restarts the compile, which must not run a piece twice; a replay
+        (frontend/splits/) makes the same choices as the interpretation it replays."""
+        return self.splitter is None or not self.splitter.cuts
 
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
         if self.predicating:
             self.predicating[-1].writes_object(obj)
         if name == "data" and isinstance(obj, TensorProxy):
             assign_data(obj, value)
+            return True
+        if name == "grad" and type(obj) is dtensor.DTensorProxy:
+            self.autograd.set_grad(obj, value)
             return True
         if name == "grad" and (type(obj) is TensorProxy or isinstance(obj, torch.Tensor)):
             self.autograd.set_grad(obj if type(obj) is TensorProxy else self.unannounced(obj, "whose .grad was set"),
@@ -763,6 +865,10 @@ _BUILTIN_CONTAINERS = (list, tuple, dict, collections.OrderedDict, collections.d
 # native attribute and item writes reached as callables (``super().__setattr__``, ``dict.__setitem__``)
 _SLOT_WRAPPERS = (type(object().__setattr__), type(object.__setattr__))
 _WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delitem__"})
+
+# native functions without side effects, run on a split's values when they need them
+_PURE_MODULES = frozenset({"math", "cmath"})
+_PURE_FUNCTIONS = frozenset({range, operator.index, operator.truth, operator.not_})
 
 
 def is_stateful_iterator(value: Any) -> bool:

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from thunderlite.core.proxies import NumberProxy, TensorProxy
+from thunderlite.core.proxies import DataDependentError, NumberProxy, TensorProxy
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.frontend.splits import NOT_SPLIT, request
 from thunderlite.frontend.training.predicated import grad_scaler_maybe_step
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
@@ -32,6 +33,9 @@ _CREATION_NAMES = frozenset({
     "full_like", "rand_like", "randn_like", "randint_like", "normal", "scalar_tensor",
     "empty_strided", "tril_indices", "triu_indices", "bernoulli", "multinomial",
 })
+
+
+_TENSOR_TO_NUMBER = (int, float, complex)
 
 
 def is_creation_fn(fn: Callable) -> bool:
@@ -84,12 +88,41 @@ class Lookasides:
         """``fn`` (``int``, ``round``, ``math.sqrt``...) as the program calls it, or
         its traced version (recorded with the user's line) when an argument is a
         traced number (``max([a, b])``: an item of its one list or tuple)."""
+        if (fn is max or fn is min) and _compares_tensors(args, kwargs):
+            # eager compares the tensors with < or > and takes one by its truth value
+            return interpret(_max if fn is max else _min, self.hooks)(*args, **kwargs)
         if any(numbers.is_traced(a) for a in args):
-            return self.hooks.recording(traced)(*args, **kwargs)
+            try:
+                return self.hooks.recording(traced)(*args, **kwargs)
+            except DataDependentError:
+                if (fn is max or fn is min) and self.hooks.splitter is not None:
+                    # numbers of mixed types: Python returns one of them as it is, picked by comparing
+                    return interpret(_max if fn is max else _min, self.hooks)(*args, **kwargs)
+                raise
+        if fn in _TENSOR_TO_NUMBER and len(args) == 1 and not kwargs and type(args[0]) is TensorProxy \
+                and self.hooks.splitter is not None:
+            # ``float(loss)``: the tensor's one element as a traced number (``item()``), like eager's;
+            # the strict option (``jit(splits=False)``) keeps refusing it, as before splits
+            number = self.hooks.lookaside(torch.Tensor.item)(args[0])
+            return self.hooks.recording(traced)(number)
         if (fn is max or fn is min) and len(args) == 1 and not kwargs and type(args[0]) in (list, tuple) \
                 and any(numbers.is_traced(a) for a in args[0]):
             return self.hooks.recording(traced)(*args[0])
         return call_past_lookaside(fn, args, kwargs)
+
+    def truth_of(self, fn: Callable, *args, **kwargs):
+        """``bool(x)``, ``any(xs)``, ``all(xs)`` as the interpreter runs them, so a
+        tensor's or a traced number's truth value splits the program
+        (frontend/splits/) instead of being asked of a proxy from C."""
+        if kwargs:
+            return call_past_lookaside(fn, args, kwargs)
+        return interpret(_TRUTH[fn], self.hooks)(*args)
+
+    def tensor_text(self, fn: Callable, *args):
+        """The program's ``str``/``repr``/``format`` of a tensor: its values, as
+        eager prints them (the program split there); otherwise the proxy's name."""
+        wanted = self.hooks.split_value(request(fn, args, {}))
+        return fn(*args) if wanted is NOT_SPLIT else wanted
 
     def recorded(self, traced: Callable, *args, **kwargs):
         """``traced`` recorded with the user's line."""
@@ -162,6 +195,15 @@ class Lookasides:
                 raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
                                    "protocol at the moment")      # eager's refusal
         return self.hooks.recording(TensorProxy.__getattr__)(proxy, name)
+
+    def dtensor_getattr(self, proxy, name: str):
+        # ``p.grad`` of a DTensor: the program's value, as for a tensor (training/traced_autograd.py);
+        # a DTensor's history is never traced, so it has no grad_fn
+        if name == "grad":
+            return self.hooks.input_grad(proxy)
+        if name == "grad_fn":
+            return None
+        return self.hooks.recording(DTensorProxy.__getattr__)(proxy, name)
 
     def tensor_backward(self, tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """``loss.backward()``: autodiff of what the trace computed so far, inlined."""
@@ -245,6 +287,64 @@ class Lookasides:
         when the program calls it: most programs call none of the ~90 ops."""
         return foreach_lookaside(fn, self.hooks.lookaside)(*args, **kwargs)
 
+def _bool(x=False, /):
+    return True if x else False
+
+
+def _any(iterable, /):
+    for x in iterable:
+        if x:
+            return True
+    return False
+
+
+def _all(iterable, /):
+    for x in iterable:
+        if not x:
+            return False
+    return True
+
+
+_TRUTH = {bool: _bool, any: _any, all: _all}
+_NO_DEFAULT = object()
+
+
+def _extremum(better: Callable):
+    """Python's ``max``/``min`` (first best item; ``key``, ``default``) written
+    out, for the interpreter to run when it compares tensors."""
+    def pick(*args, key=None, default=_NO_DEFAULT):
+        items = args[0] if len(args) == 1 else args
+        best = best_key = _NO_DEFAULT
+        for item in items:
+            k = item if key is None else key(item)
+            if best is _NO_DEFAULT or better(k, best_key):
+                best, best_key = item, k
+        if best is _NO_DEFAULT:
+            if default is not _NO_DEFAULT:
+                return default
+            raise ValueError(f"{'max' if better is _gt else 'min'}() iterable argument is empty")
+        return best
+    return pick
+
+
+def _gt(a, b):
+    return a > b
+
+
+def _lt(a, b):
+    return a < b
+
+
+_max, _min = _extremum(_gt), _extremum(_lt)
+
+
+def _compares_tensors(args: tuple, kwargs: dict) -> bool:
+    """``max``/``min`` whose items include a tensor (a list or tuple of them, or
+    several arguments): their comparisons' truth values need the data."""
+    items = args[0] if len(args) == 1 and type(args[0]) in (list, tuple) else args
+    return len(args) >= 1 and any(type(x) is TensorProxy for x in items)
+
+
 def _method(name: str) -> Callable:
     """The replacement calling ``Lookasides.<name>`` on the call's instance."""
     attr = Lookasides.__dict__[name]
@@ -273,7 +373,8 @@ def _table() -> dict:
                SymInt.__format__):
         table[fn] = recorded(numbers.as_text)
     for fn, name in [(torch.autograd.profiler.record_function, "record_function"),
-                     (TensorProxy.__getattr__, "proxy_getattr"), (torch.autograd.backward, "backward"),
+                     (TensorProxy.__getattr__, "proxy_getattr"), (DTensorProxy.__getattr__, "dtensor_getattr"),
+                     (torch.autograd.backward, "backward"),
                      (torch.autograd.grad, "autograd_grad"), (torch.Tensor.backward, "tensor_backward"),
                      (torch.compiler.is_compiling, "is_compiling"),
                      (torch.overrides.has_torch_function, "has_torch_function"),
@@ -289,6 +390,10 @@ def _table() -> dict:
                      (torch.Tensor._make_subclass, "make_subclass"),
                      (torch.utils.checkpoint.checkpoint, "checkpoint")]:
         table[fn] = _method(name)
+    for fn in _TRUTH:
+        table[fn] = (lambda fn: lambda self, *a, **k: self.truth_of(fn, *a, **k))(fn)
+    for fn in (TensorProxy.__str__, TensorProxy.__repr__, TensorProxy.__format__):
+        table[fn] = (lambda fn: lambda self, *a: self.tensor_text(fn, *a))(fn)
     # GradScaler's skipped step: predicated on its found_inf, no host read (training/predicated.py)
     table[torch.amp.GradScaler._maybe_opt_step] = lambda self, *a, **k: grad_scaler_maybe_step(self.hooks, *a, **k)
     # torch.func transforms as trace computations (functorch/apis.py)

@@ -18,7 +18,7 @@ from typing import Any
 
 
 class Prov:
-    """A path: ``kind`` is one of arg, kwarg, attr, item, global, cell, root.
+    """A path: ``kind`` is one of arg, kwarg, attr, item, global, cell, object, split.
 
     ``root`` objects (globals dicts, cells) are bound by name in the generated
     prologue; ``module_slot`` names the ``nn.Module`` dict (``_parameters``,
@@ -54,6 +54,12 @@ class Prov:
         """An object held by the jitted callable itself (the ``self`` of a bound method)."""
         return Prov("object", None, None, root=obj)
 
+    @staticmethod
+    def split(name: str) -> Prov:
+        """A value an earlier piece of a split program computed (frontend/splits/):
+        the entry of the next piece reads it from ``env``, by its trace name."""
+        return Prov("split", None, name)
+
     def attr(self, name: str, module_slot: str | None = None) -> Prov:
         return Prov("attr", self, name, module_slot=module_slot)
 
@@ -81,6 +87,8 @@ class Prov:
             return f"{_root_name(self.root, roots, 'C')}.cell_contents"
         if k == "object":
             return _root_name(self.root, roots, "O")
+        if k == "split":
+            return f"env[{self.key!r}]"
         return self.child_expr(self.parent.expr(roots), roots)
 
     def child_expr(self, base: str, roots: dict) -> str:
@@ -107,6 +115,8 @@ class Prov:
             return "a closure variable"
         if k == "object":
             return f"the bound {type(self.root).__name__}"
+        if k == "split":
+            return f"{self.key}, computed before a split"
         base = self.parent.describe()
         if k == "attr":
             return f"{base}.{self.key}"

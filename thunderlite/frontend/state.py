@@ -24,6 +24,8 @@ import torch
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed import dtensor
+from thunderlite.distributed.stand_in import sharded_by, stand_in
+from thunderlite.distributed.views import leaf_of
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user
@@ -130,10 +132,20 @@ class TraceState:
             self.prov_of[id(obj)] = prov
             self._alive.append(obj)
 
-    def register_module_tree(self, module: torch.nn.Module, prov: Prov) -> None:
+    def register_module_tree(self, module: torch.nn.Module, prov: Prov, views: bool = True) -> None:
         """Give every submodule, parameter and buffer of ``module`` its path, so
-        values reached by iteration (``for layer in self.layers``) keep provenance."""
+        values reached by iteration (``for layer in self.layers``) keep provenance.
+        The outermost modules FSDP2 or tensor parallelism sharded get their view now
+        (``views``; distributed/stand_in.py), so that their ``DTensor`` parameters,
+        wherever the program reads them first (an optimizer's ``zero_grad``), stand
+        on the view's leaves (``views.leaf_of``)."""
         self.note(module, prov)
+        if views and sharded_by(module) is not None:
+            views = False
+            try:
+                stand_in(module)
+            except NotImplementedError:
+                pass                      # refused by name where the program calls it
         for name, p in module._parameters.items():
             if p is not None:
                 self.note(p, prov.attr(name, "_parameters"))
@@ -142,7 +154,7 @@ class TraceState:
                 self.note(b, prov.attr(name, "_buffers"))
         for name, sub in module._modules.items():
             if sub is not None and id(sub) not in self.prov_of:
-                self.register_module_tree(sub, prov.attr(name, "_modules"))
+                self.register_module_tree(sub, prov.attr(name, "_modules"), views)
 
     def add_guard(self, prov: Prov, kind: str, value: Any, why: str | None = None) -> None:
         g = self._guarded.get(prov)
@@ -244,11 +256,22 @@ class TraceState:
             raise dtensor.DTensorRefused(
                 f"thunderlite cannot trace a DTensor (placements {tuple(t.placements)}) the program reached "
                 "without a path the next call could take again: pass it as an argument or a module attribute")
-        local = self.tensor_input(t._local_tensor, prov.attr("_local_tensor"), guard_meta=True,
-                                  name=f"{name}_local" if name else None, symbolic_dims=())   # sizes: the spec's
-        self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
-        self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
-        p = dtensor.of_input(t, local, prov.describe())
+        leaf = leaf_of(t)
+        if leaf is not None:
+            # a parameter a sharded model's view reads as a leaf: that leaf is its local
+            # tensor (one trace input for the forward's reads and an optimizer's writes);
+            # the DTensor is guarded by identity (its leaf is then this one)
+            self.add_guard(prov, "is", t)
+            if id(leaf) not in self.prov_of and id(leaf) not in self.proxy_of:
+                self.note(leaf, Prov.object(leaf))
+            local = self.tensor_input(leaf, None, symbolic_dims=())
+        else:
+            local = self.tensor_input(t._local_tensor, prov.attr("_local_tensor"), guard_meta=True,
+                                      name=f"{name}_local" if name else None, symbolic_dims=())  # sizes: the spec's
+            self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
+            self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
+        p = dtensor.of_input(t, local, prov.describe(), leaf=leaf is not None)
+        p.source = (prov, t)
         self.proxy_of[id(t)] = p
         self._alive.append(t)
         return p

@@ -116,6 +116,13 @@ def source_locations() -> list[tuple[str, int]]:
     return [(f.code.co_filename, f.lineno) for f in thread_state().frames]
 
 
+def active_frames() -> list:
+    """The active interpreted frames of this thread, outermost first: what a
+    caller inspecting the program's live values walks (their stacks, locals,
+    cells)."""
+    return list(thread_state().frames)
+
+
 def interpreted_functions() -> list:
     """The function objects of the interpreted frames, innermost first (None for
     frames without one, a class body or ``exec``'d code)."""

@@ -158,6 +158,10 @@ def _diff(prev: list[dict] | None, cur: list[dict]) -> list[list]:
     return [list(op) for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()]
 
 
+# a split program's pieces (frontend/splits/) head their traces with where they split and why
+PIECE_NOTE = "piece "
+
+
 def stage_data(group: str, traces: list[Trace], sources: SourceTable, decomps: DecompTable,
                stage_ms: dict | None = None) -> list[dict]:
     """One dict per stage of ``traces``: its rows, and the diff to the stage before."""
@@ -171,7 +175,10 @@ def stage_data(group: str, traces: list[Trace], sources: SourceTable, decomps: D
         ms = trc.pass_time_ms
         if ms is None and stage_ms:
             ms = stage_ms.get(trc.stage)
-        out.append({"id": f"{group}-{i}", "group": group, "index": i, "stage": trc.stage or trc.name,
+        piece = next((c for c in trc.header_comments if c.startswith(PIECE_NOTE)), "")
+        stage = trc.stage or trc.name
+        out.append({"id": f"{group}-{i}", "group": group, "index": i,
+                    "stage": f"{piece.split(':', 1)[0]} · {stage}" if piece else stage, "note": piece,
                     "name": trc.name, "args": args, "ms": ms, "rows": rows, "diff": _diff(prev_rows, rows),
                     "regions": list(dict.fromkeys(r["region"] for r in rows if r["region"]))})
         prev_rows = rows

@@ -159,7 +159,8 @@ def test_a_library_counter_advanced_while_tracing_is_not_refused():
 def test_value_methods_of_an_item_number_need_its_value():
     """``float.is_integer()`` and ``math.isclose`` on an ``.item()`` number answer
     from its value, unknown while tracing: the data-dependence error names the
-    user's line (as ``bool()`` of it does), never an internal AttributeError."""
+    user's line (as ``bool()`` of it does), never an internal AttributeError;
+    by default the program splits there."""
     from thunderlite.core.proxies import DataDependentError
 
     def f(x):
@@ -175,10 +176,14 @@ def test_value_methods_of_an_item_number_need_its_value():
         return x * 2
     with pytest.raises(DataDependentError, match=r"\.is_integer\(\) needs its value.*"
                                                  r"test_access_path_guards.py:\d+: if v.is_integer\(\)"):
-        thunderlite.jit(f)(torch.ones(2))
+        thunderlite.jit(f, splits=False)(torch.ones(2))
     with pytest.raises(DataDependentError, match=r"needs its value.*"
                                                  r"test_access_path_guards.py:\d+: if math.isclose\(v, 2.0\)"):
-        thunderlite.jit(g)(torch.ones(2))
+        thunderlite.jit(g, splits=False)(torch.ones(2))
+    for fn in (f, g):       # by default the program splits there
+        jfn = thunderlite.jit(fn)
+        for x in (torch.ones(2), torch.full((2,), 0.75), torch.ones(2)):
+            torch.testing.assert_close(jfn(x), fn(x))
 
 
 @pytest.mark.parametrize("which", ["input", "intermediate"])

@@ -1560,7 +1560,7 @@ def test_program_matches_eager_under_fusion(executor, name):
 
 
 # ----------------------------------------------------------------------------------------------
-# refused by design: each raises naming the user's line (and ThunderFX runs it)
+# a value needed while tracing: split there; with splits=False each raises naming the user's line
 
 def _branch_on_item(x):
     total = x.sum().item()
@@ -1606,15 +1606,20 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_what_needs_a_value_while_tracing_is_refused_and_thunderfx_runs_it(name):
-    """``thunderlite.jit`` records no Python branch or text on a number known only
-    when the program runs: it raises ``DataDependentError`` naming the line, and
-    points at ThunderFX, which splits the graph there and matches eager."""
+def test_what_needs_a_value_while_tracing_splits_or_is_refused_and_thunderfx_runs_it(name):
+    """A Python branch or text on a number known only when the program runs:
+    by default the program splits there (frontend/splits/) and matches eager on
+    calls that take different paths; with ``splits=False`` it raises
+    ``DataDependentError`` naming the line. ThunderFX splits the graph there
+    and matches eager too."""
     from thunderlite.core.proxies import DataDependentError
     fn, match = REFUSALS[name]
     x = torch.tensor([0.5, -1.25, 2.0, 3.5])
     with pytest.raises(DataDependentError, match=match):
-        thunderlite.jit(fn)(x)
+        thunderlite.jit(fn, splits=False)(x)
+    jfn = thunderlite.jit(fn)
+    for xi in (x, -x, x):
+        _same(jfn(xi), fn(xi), f"{name} split")
     torch._dynamo.reset()
     try:
         compiled = torch.compile(fn, backend="thunderlite")

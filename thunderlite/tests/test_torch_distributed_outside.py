@@ -334,14 +334,17 @@ def _ddp_refusals(rank, world) -> None:
 
 
 def _ddp_inside_jitted_functions(rank, world) -> None:
-    """The model called from a jitted function rather than given to ``jit``.
-    Regressions (each silently left gradients unaveraged): torch's DDP
-    prepares its reducer in forward by calls the compiled program did not
-    replay (from the first cache hit on, no all-reduce) and reduces in C++
-    hooks a backward inside the program does not run; a
-    ``thunderlite.distributed.ddp`` module reduces only under the jit
-    compiling it whole. Both refused while gradients are to be averaged,
-    naming the ways out; under ``no_grad`` they are compiled."""
+    """The model called from a jitted function rather than given to ``jit``: a
+    loss function (the backward after the call: the compiled backward averages
+    the gradients, as ``jit(DDP(m))``'s) and a step with ``loss.backward()``
+    inside (the program averages them, as DDP's reducer; the whole step with the
+    optimizer is test_distributed_step.py's): gradients equal one process on the
+    whole batch, for torch's DDP and ``thunderlite.distributed.ddp``. Regressions:
+    both once left the gradients unaveraged (torch's DDP prepares its reducer in
+    forward by calls the compiled program does not replay and reduces in C++
+    hooks a backward inside the program does not run; ``ddp(m)`` reduced only
+    under the jit compiling it whole), then were refused. Under ``no_grad``
+    they are compiled."""
     from thunderlite.distributed import ddp
     DDP = torch.nn.parallel.DistributedDataParallel
 
@@ -353,13 +356,20 @@ def _ddp_inside_jitted_functions(rank, world) -> None:
         loss.backward()
         return loss
 
-    x, y = torch.randn(4, 12), torch.randn(4, 3)
+    batches = _batches(5, [(8, 12), (8, 12)], (3,))
     for fn in (loss_of, step):
-        for wrap, what in ((lambda m: DDP(m, broadcast_buffers=False), "torch's DistributedDataParallel"),
-                           (ddp, "thunderlite.distributed.ddp module")):
-            _raises(NotImplementedError, f"{what} called inside a jitted function at .*model\\(x\\).*"
-                    r"thunderlite.jit\(DistributedDataParallel\(m\)\)", thunderlite.jit(fn), wrap(_seeded(LNGeluMLP)),
-                    x, y)
+        for wrap, what in ((lambda m: DDP(m, broadcast_buffers=False), "torch's DDP"), (ddp, "ddp(m)")):
+            net, ref = _seeded(LNGeluMLP), _seeded(LNGeluMLP)
+            model, jf = wrap(net), thunderlite.jit(fn)
+            for x, y in batches:
+                net.zero_grad()
+                ref.zero_grad()
+                out = jf(model, x.chunk(world)[rank], y.chunk(world)[rank])
+                if fn is loss_of:
+                    out.backward()
+                _mse(ref(x), y).backward()
+                _compare_grads(net, ref, f"{what} called by a jitted {fn.__name__}", atol=1e-5)
+    x, y = batches[0]
     for wrap in (lambda m: DDP(m, broadcast_buffers=False), ddp):
         model, ref = wrap(_seeded(LNGeluMLP)), _seeded(LNGeluMLP)
         with torch.no_grad():                 # no gradient to average: compiled
@@ -493,11 +503,18 @@ def _fsdp2_against_one_process(rank, world, reshard: bool, opt, clip) -> None:
     assert list(sd) == list(rsd), (what, list(sd), list(rsd))
     for (k, v), rv in zip(sd.items(), rsd.values(), strict=True):
         _close(_full(v), rv, f"{what} state_dict {k}", atol=1e-5)
-    # the optimizer step jitted on its own meets the DTensors themselves and their gradients: refused
-    # naming which one
-    from thunderlite.distributed.dtensor import DTensorRefused
-    _raises(DTensorRefused, r"the \.grad of the DTensor .*param_groups\[0\]\['params'\]\[0\]: gradients of DTensors",
-            thunderlite.jit(_sgd(model.parameters()).step))
+    # the optimizer step jitted on its own: the DTensors, their gradients and momentum buffers traced
+    # (the local shards), equal to the eager step
+    x, y = batches[0]
+    _mse(model(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+    _mse(ref(x), y).backward()
+    jopt, ropt = _sgd(model.parameters()), _sgd(ref.parameters())
+    jstep = thunderlite.jit(jopt.step)
+    for _ in range(2):
+        jstep()
+        ropt.step()
+    _compare_params(net, ref, f"{what} jit(optimizer.step)", atol=1e-5)
+    assert all(isinstance(jopt.state[p]["momentum_buffer"], DTensor) for p in net.parameters() if p.grad is not None)
 
 
 def _fsdp2_mixed_precision(rank, world) -> None:

@@ -1623,13 +1623,64 @@ def hook_on_intermediate_across_a_retained_graph():
     return step, (torch.randn(3, requires_grad=True),), [(), ()]
 
 
+@case
+def batchnorm_cumulative_average():
+    """``BatchNorm1d(momentum=None)``: ``1 / float(num_batches_tracked)`` splits the step (frontend/splits/)."""
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=None), nn.ReLU(), nn.Linear(5, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step, (model, opt), _data()
+
+
+@case
+def plateau_scheduler_on_the_loss():
+    """``ReduceLROnPlateau.step(loss)`` compares ``float(loss)`` with its best value: a split per outcome."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+
+    def step(model, opt, sched, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step(loss)
+        return loss.item()
+    return step, (model, opt, sched), _data(calls=4)
+
+
+@case
+def clip_error_if_nonfinite_and_skip_a_nonfinite_step():
+    """``clip_grad_norm_(error_if_nonfinite=True)`` reads the norm, ``if torch.isfinite(loss): opt.step()``
+    skips a step: both split the step; one call's loss is infinite (the other path)."""
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step(model, opt, x, y, scale):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y) * scale
+        if torch.isfinite(loss):
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.4, error_if_nonfinite=True)
+            opt.step()
+        return loss.detach().nan_to_num(-1.0)
+    calls = [(x, y, torch.tensor(float("inf") if i == 2 else 1.0)) for i, (x, y) in enumerate(_data(calls=4))]
+    return step, (model, opt), calls
+
+
 # Inductor compiles each region of each program: a representative set runs with torchcompile on
 # every test run (the file stays fast); THUNDERLITE_OUTSIDE_ALL=1 runs every program with it.
 TORCHCOMPILE_CASES = ["cnn_batchnorm_sgd_momentum_steplr", "fused_adamw_head_and_sgd_body", "lm_adamw_cosine",
                       "lm_tied_weights_adamw", "frozen_layer_and_param_groups", "grad_accumulation_micro_batches",
                       "clip_norm_returned", "gan_two_optimizers", "hooks_on_parameters_before_and_inside",
                       "leaves_made_inside_with_requires_grad", "per_sample_grads_vmap",
-                      "shape_inplace_on_input_then_train"]
+                      "shape_inplace_on_input_then_train", "clip_error_if_nonfinite_and_skip_a_nonfinite_step"]
 _RUNS = [(n, "default") for n in CASES] + [(n, "torchcompile") for n in CASES
                                            if n in TORCHCOMPILE_CASES or os.environ.get("THUNDERLITE_OUTSIDE_ALL")]
 
@@ -1692,10 +1743,10 @@ def test_requires_grad_on_input_after_reading_it_is_refused():
         thunderlite.jit(step)(torch.randn(3))
 
 
-def test_batchnorm_cumulative_average_is_refused_with_the_line():
+def test_batchnorm_cumulative_average_is_refused_with_the_strict_option():
     """``BatchNorm1d(momentum=None)`` computes ``1 / float(num_batches_tracked)``:
-    a Python number from a tensor's value, which thunderlite does not follow
-    (data-dependent); refused with the user's line."""
+    a Python number from a tensor's value. ``jit(splits=False)`` refuses it with
+    the user's line; by default the step splits there (``batchnorm_cumulative_average``)."""
     model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=None), nn.ReLU(), nn.Linear(5, 3))
 
     def step(model, x, y):
@@ -1703,7 +1754,7 @@ def test_batchnorm_cumulative_average_is_refused_with_the_line():
         loss.backward()
         return loss.detach()
     with pytest.raises(DataDependentError, match=r"float\(tensor\).*loss = F\.cross_entropy\(model\(x\), y\)"):
-        thunderlite.jit(step)(model, *_data(calls=1)[0])
+        thunderlite.jit(step, splits=False)(model, *_data(calls=1)[0])
 
 
 def test_two_heads_without_retain_graph_raise_eagers_error():
@@ -1718,11 +1769,12 @@ def test_two_heads_without_retain_graph_raise_eagers_error():
         thunderlite.jit(step)(*args)
 
 
-def test_data_dependent_python_in_a_step_is_refused_with_the_line():
+def test_data_dependent_python_in_a_step_is_refused_with_the_strict_option():
     """``ReduceLROnPlateau.step(loss)`` compares ``float(loss)`` with its best
     value, ``clip_grad_norm_(error_if_nonfinite=True)`` raises on the norm's
-    value: Python control flow on a tensor's value, which a trace cannot
-    follow (DataDependentError with the user's line)."""
+    value: Python control flow on a tensor's value. ``jit(splits=False)``
+    refuses it (DataDependentError with the user's line); by default the step
+    splits there (``plateau_scheduler_on_the_loss``, ``clip_error_if_nonfinite``)."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
@@ -1737,9 +1789,9 @@ def test_data_dependent_python_in_a_step_is_refused_with_the_line():
         F.cross_entropy(model(x), y).backward()
         return nn.utils.clip_grad_norm_(model.parameters(), 0.4, error_if_nonfinite=True)
     with pytest.raises(DataDependentError, match=r"sched\.step\(loss\)"):
-        thunderlite.jit(plateau)(model, opt, sched, *_data(calls=1)[0])
+        thunderlite.jit(plateau, splits=False)(model, opt, sched, *_data(calls=1)[0])
     with pytest.raises(DataDependentError, match=r"error_if_nonfinite=True"):
-        thunderlite.jit(clip)(model, *_data(calls=1)[0])
+        thunderlite.jit(clip, splits=False)(model, *_data(calls=1)[0])
 
 
 def test_new_parameter_inside_is_refused_clearly():

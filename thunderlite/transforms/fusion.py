@@ -12,7 +12,8 @@ What constrains the order:
 - data dependencies (after ``update_aliases`` these carry every
   write-then-read order);
 - write-after-read edges (``update_aliases.ordering_edges``): a read of the
-  value a write overwrites stays before the write;
+  value a write overwrites stays before the write; a collective reads its
+  input until its wait, so such a write also follows that wait;
 - symbols with effects outside the trace (``Tag.RANDOM``, ``Tag.DONT_DCE``)
   keep their relative order, so random numbers match eager PyTorch;
 - nothing moves across a ``Tag.ORDER_BARRIER`` (a grad-mode switch: what runs
@@ -35,6 +36,7 @@ from thunderlite.core.proxies import Proxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
+from thunderlite.torch.ops import distributed as d
 from thunderlite.transforms.aliasing.update_aliases import has_tag_deep, ordering_edges
 
 CanFuse = Callable[[BoundSymbol], bool]
@@ -71,9 +73,26 @@ def dependencies(trace: Trace, input_alias_groups=None,
             if key in last_in_chain:
                 preds[i].add(last_in_chain[key])
             last_in_chain[key] = i
+    waits = _waits_of_issues(bsyms)
     for reader, writer in ordering_edges(trace, input_alias_groups):
         preds[writer].add(reader)
+        preds[writer].update(w for w in waits.get(reader, ()) if w != writer)
     return preds
+
+
+def _waits_of_issues(bsyms: list[BoundSymbol]) -> dict[int, list[int]]:
+    """A collective issue (``dist.all_gather``...) reads its input until its wait
+    completes (c10d's work reads it on its own thread): issue index -> the
+    indices of its waits, so a write into what it reads comes after them."""
+    issues = {d.ISSUES[k].id for k in range(len(d.ISSUES))}
+    issued: dict[str, int] = {}
+    out: dict[int, list[int]] = {}
+    for i, b in enumerate(bsyms):
+        if b.sym.id in issues:
+            issued.update((p.name, i) for p in b.proxy_outs())
+        elif b.sym.id == d.wait.id and b.args and isinstance(b.args[0], Proxy) and b.args[0].name in issued:
+            out.setdefault(issued[b.args[0].name], []).append(i)
+    return out
 
 
 def _schedule(bsyms: list[BoundSymbol], preds: list[set[int]], can_fuse: CanFuse) -> list[int]:

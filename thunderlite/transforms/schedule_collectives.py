@@ -12,7 +12,8 @@ dependencies, write-after-read edges, grad-mode barriers) in which:
   reads the gathered value (or a view or cast of it) together with anything
   else, so the gathers of a linear layer's weight and bias, read by its
   ``linear``, form one group. Groups are numbered in trace order of their
-  first use, and group ``k`` is issued only once the gathers group ``k - 1``
+  first use (a unit gathered again, a whole step's re-gathers in its backward,
+  forms a group per time), and group ``k`` is issued only once the gathers group ``k - 1``
   needs first have been waited for: while a group is computed with, only the
   next one is in flight, as FSDP2 prefetches one layer ahead. This bounds
   the forward's memory and the backward's re-gathers
@@ -95,10 +96,12 @@ def gather_uses(body: list[BoundSymbol], succs: list[list[int]]) -> dict[int, in
     return uses
 
 
-def _unit(body: list[BoundSymbol], g: int, producer: dict[str, int], units: dict[str, str]) -> str | None:
+def _unit(body: list[BoundSymbol], g: int, producer: dict[str, int],
+          units: dict[str, str]) -> tuple[str, frozenset[str]] | None:
     """The unit of the trace inputs gather ``g`` is computed from, when they
-    all belong to one (and no other collective lies on the way)."""
+    all belong to one (and no other collective lies on the way), with those inputs."""
     found: set[str] = set()
+    roots: set[str] = set()
     stack, seen = [p.name for p in body[g].proxy_args()], set()
     while stack:
         name = stack.pop()
@@ -108,25 +111,35 @@ def _unit(body: list[BoundSymbol], g: int, producer: dict[str, int], units: dict
         k = producer.get(name)
         if name in units:                 # an input, or unpacked from the saved values in a backward
             found.add(units[name])
+            roots.add(name)
         elif k is None:
             return None
         elif body[k].sym.id in _ISSUES or body[k].sym.id == _WAIT:
             return None
         else:
             stack.extend(p.name for p in body[k].proxy_args())
-    return found.pop() if len(found) == 1 else None
+    return (found.pop(), frozenset(roots)) if len(found) == 1 else None
 
 
 def prefetch_groups(body: list[BoundSymbol], uses: dict[int, int],
                     units: dict[str, str] | None = None) -> list[list[int]]:
     """The all-gathers (indices; ``uses``: from ``gather_uses``) grouped by use,
     or by unit where ``units`` names the unit of every input a gather reads, in
-    the order of their groups' first uses (ties: trace order)."""
+    the order of their groups' first uses (ties: trace order). A unit gathered
+    again (a whole training step: the forward's gathers, then the backward's
+    re-gathers of what was resharded) forms a group per time: the ``n``-th
+    gather of the same inputs joins the unit's ``n``-th group."""
     producer = {p.name: k for k, b in enumerate(body) for p in b.proxy_outs()} if units else {}
     by_key: dict[tuple, list[int]] = {}
+    times: dict[tuple, int] = {}          # (unit, inputs) -> gathers of them so far
     for g in sorted(uses):
-        unit = _unit(body, g, producer, units) if units else None
-        by_key.setdefault(("unit", unit) if unit is not None else ("use", uses[g]), []).append(g)
+        found = _unit(body, g, producer, units) if units else None
+        if found is not None:
+            n = times[found] = times.get(found, -1) + 1
+            key: tuple = ("unit", found[0], n)
+        else:
+            key = ("use", uses[g])
+        by_key.setdefault(key, []).append(g)
     return sorted(by_key.values(), key=lambda group: (min(uses[g] for g in group), group[0]))
 
 

@@ -70,6 +70,11 @@ class CompiledEntry:
         self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran
         self.predication: list[str] = []  # blocks traced predicated, and those reading their flag (why)
 
+    def run_first(self, args: tuple, kwargs: dict):
+        """Run the call this entry was compiled for (a split program's ran while
+        it was compiled: frontend/splits/tree.py)."""
+        return self.fn(args, kwargs)
+
 
 class KeyCache:
     """signature -> generated key function. ``symbolic_sizes``: every size of a

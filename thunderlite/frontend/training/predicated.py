@@ -142,7 +142,9 @@ class Branch:
         # The collector is paused while compiling (compile.gc_paused), so every
         # object made from now on stays in its youngest generation: one found
         # there that was not there now was made by the block.
-        self.young_before = {id(o) for o in gc.get_objects(0)}
+        # held while the block is traced: an object freed meanwhile would hand its id to one the block makes
+        self.young_alive = gc.get_objects(0)
+        self.young_before = {id(o) for o in self.young_alive}
         self.young_now: set[int] = set()
         self.hooks.predicating.append(self)
         self.spans.append((len(self.hooks.state.trace.bound_symbols), self.keep))
@@ -187,6 +189,7 @@ class Branch:
         if self.hooks.predicating and self.hooks.predicating[-1] is self:
             self.hooks.predicating.pop()
             self.young_before = self.young_now = set()
+            self.young_alive = []
 
 
 def branch(hooks, value: Any) -> Branch | None:
@@ -209,7 +212,8 @@ def grad_scaler_maybe_step(hooks, scaler, optimizer, optimizer_state, *args, **k
     site = ("GradScaler.step", id(optimizer))
     found = list(optimizer_state["found_inf_per_device"].values())
     original = type(scaler)._maybe_opt_step
-    if site in hooks.state.unpredicated or not found or not all(type(f) is TensorProxy for f in found):
+    if site in hooks.state.unpredicated or not hooks.may_predicate() or not found \
+            or not all(type(f) is TensorProxy for f in found):
         return call_past_lookaside(original, (scaler, optimizer, optimizer_state, *args), kwargs)
     total = found[0]
     for f in found[1:]:

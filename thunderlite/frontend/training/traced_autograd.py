@@ -13,6 +13,14 @@ the epilogue writes the final value back. Once a backward ran, the program
 needs no autograd: it runs under ``no_grad``, and a returned tensor that
 requires grad is eager's tensor whose graph was used (``autodiff.graph_used``).
 
+Over torch's distributed models (docs/architecture.md §15, "The whole
+training step") the backward also does their communication: a DDP model's
+gradients are averaged in buckets (``distributed/in_step.py``), an FSDP2
+or tensor-parallel view leaf's gradient lands in its ``DTensor`` parameter's
+``.grad`` (a ``DTensorProxy``, read and set like a tensor's), and FSDP2's
+``set_requires_gradient_sync(False)`` keeps gradients unsharded until the
+next synced backward.
+
 Eager's errors keep eager's words and name the user's line: a second backward
 through a graph freed by the first, ``element 0 of tensors does not require
 grad``, ``grad can be implicitly created only for scalar outputs``, an unused
@@ -40,8 +48,15 @@ import torch
 from thunderlite.core import dtypes, pytree
 from thunderlite.core.aliasing import may_view, writes
 from thunderlite.core.proxies import TensorProxy
+from thunderlite.core.retrace import rename_bsym
 from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
+from thunderlite.distributed import fsdp2, in_step
+from thunderlite.distributed.ddp import unused_refused
+from thunderlite.distributed.dtensor import DTensorProxy
+from thunderlite.distributed.in_step import DataParallel
+from thunderlite.distributed.views import moves_grad_into
 from thunderlite.frontend.epilogue import Write
+from thunderlite.frontend.provenance import Prov
 from thunderlite.interpreter import interpret
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, written
@@ -105,6 +120,11 @@ class TracedAutograd:
         self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
         self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
         self._written: tuple[int, dict[str, TensorProxy]] = (-1, {})  # (trace length, write result -> written)
+        self.data_parallel: dict[int, tuple] = {}  # id(model) -> (DataParallel, synced) called since its backward
+        self.dtensor_grads: dict[int, tuple] = {}  # id(DTensor) -> (its proxy, its .grad now: DTensorProxy or None)
+        self.dtensor_entry: dict[int, Any] = {}    # id(DTensor) -> its .grad when the call began
+        self.unsharded: dict[str, TensorProxy] = {}  # FSDP2 leaf -> its gradient not reduce-scattered yet
+        self.backward_start = 0                  # where the last backward's symbols begin
 
     # --- .grad ------------------------------------------------------------------------------
     def tensor_of(self, proxy: TensorProxy) -> TensorProxy:
@@ -131,6 +151,8 @@ class TracedAutograd:
     def grad_of(self, proxy: TensorProxy) -> Any:
         """``proxy.grad``: the program's value for an input, None for a value the
         program made (a non-leaf's ``.grad`` is None in eager)."""
+        if type(proxy) is DTensorProxy:
+            return self._dtensor_grad(proxy)
         proxy = self.tensor_of(proxy)
         if proxy.name in self.grads:
             return self.grads[proxy.name]
@@ -152,8 +174,46 @@ class TracedAutograd:
                 self.entry_grads[name] = self.state.enter(prov, grad)
         return self.entry_grads[name]
 
+    def _dtensor_grad(self, p: DTensorProxy) -> Any:
+        """``.grad`` of a ``DTensor``: the program's value for one it reads from
+        outside (a sharded model's parameter: its view leaf's gradients land there),
+        None for one it made."""
+        if p.source is None:
+            return None
+        key = id(p.source[1])
+        if key in self.dtensor_grads:
+            return self.dtensor_grads[key][1]
+        return self._dtensor_entry_grad(p)
+
+    def _dtensor_entry_grad(self, p: DTensorProxy) -> Any:
+        prov, t = p.source
+        if id(t) not in self.dtensor_entry:
+            grad = t.grad
+            if grad is None:
+                self.state.add_guard(prov.attr("grad"), "eq", None)
+                self.dtensor_entry[id(t)] = None
+            else:
+                self.dtensor_entry[id(t)] = self.state.enter(prov.attr("grad"), grad)
+        return self.dtensor_entry[id(t)]
+
+    def _set_dtensor_grad(self, p: DTensorProxy, value: Any) -> None:
+        if p.source is None:
+            raise NotImplementedError(f"thunderlite: assigning .grad of a DTensor made inside the jitted function "
+                                      f"is not supported{self._where()}")
+        if value is not None:
+            if type(value) is not DTensorProxy:
+                raise TypeError(f"assigned grad of a DTensor expected to be a DTensor or None but got "
+                                f"{type(value).__name__}")
+            if tuple(value.shape) != tuple(p.shape) or value.dtype != p.dtype:
+                raise RuntimeError("assigned grad has data of a different size or type")
+        self._dtensor_entry_grad(p)
+        self.dtensor_grads[id(p.source[1])] = (p, value)
+
     def set_grad(self, proxy: TensorProxy, value: Any) -> None:
         """``proxy.grad = value`` inside the program."""
+        if type(proxy) is DTensorProxy:
+            self._set_dtensor_grad(proxy, value)
+            return
         proxy = self.tensor_of(proxy)
         inp = self.state.input_by_name(proxy.name)
         if inp is None or inp.prov is None:
@@ -184,6 +244,9 @@ class TracedAutograd:
                 self.trace.add_top_level(GRAPH_USED.bind(value, True, output=kept))
                 value = kept
             out.append(Write("attr", inp.prov, "grad", value))
+        for key, (p, value) in self.dtensor_grads.items():
+            if value is not self.dtensor_entry.get(key):
+                out.append(Write("attr", p.source[0], "grad", value))
         return out
 
     # --- backward ---------------------------------------------------------------------------
@@ -198,12 +261,18 @@ class TracedAutograd:
                                       f"function (not a leaf) is not supported{self._where()}")
         args, grads, _ = self._differentiate(outs, cots, _retains(retain_graph, create_graph), (),
                                              leaves=only is None, create_graph=bool(create_graph))
+        grads = self._gradient_sync(args, grads, bool(create_graph))
         grads = self._leaf_hooks(args, grads, only)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
+        averaged = self._average_data_parallel(reached, bool(create_graph))
         for a, g in reached:
-            self._accumulate(a, g, fresh, bool(create_graph))
+            if a.name in averaged:
+                self.grads[a.name] = averaged[a.name]
+                self.gradient_of[averaged[a.name].name] = self._describe(a)
+            else:
+                self._accumulate(a, g, fresh, bool(create_graph))
         for a, _ in reversed(reached):
             self._post_accumulate_hooks(a)
 
@@ -236,6 +305,121 @@ class TracedAutograd:
         fresh = self._fresh(result)
         result = [g if g is None or g.name in fresh else self._call(torch.Tensor.clone, g) for g in result]
         return tuple(result)
+
+    # --- data-parallel models called in the program -------------------------------------------
+    def note_data_parallel(self, dp: DataParallel, synced: bool) -> None:
+        """A data-parallel model was called (``synced``: not under ``no_sync()``)."""
+        before = self.data_parallel.get(id(dp.model))
+        self.data_parallel[id(dp.model)] = (dp, synced or (before is not None and before[1]))
+
+    def _average_data_parallel(self, reached: list, create_graph: bool = False) -> dict[str, TensorProxy]:
+        """The new ``.grad`` of each parameter of a data-parallel model this backward
+        reaches, averaged across ranks as DDP's reducer does where a forward since
+        the model's last backward ran synced (distributed/in_step.py); a model
+        whose parameters the backward does not reach waits for its own."""
+        if not self.data_parallel:
+            return {}
+        inputs = {inp.proxy.name: inp for inp in self.state.inputs}
+        by_id = {id(inputs[a.name].value): (a, g) for a, g in reached if a.name in inputs}
+        out: dict[str, TensorProxy] = {}
+        for key, (dp, synced) in list(self.data_parallel.items()):
+            trained = dp.trained()
+            mine = [by_id[i] for i in trained if i in by_id]
+            if not mine:
+                continue
+            del self.data_parallel[key]
+            if not synced:
+                continue
+            unused = [n for i, n in trained.items() if i not in by_id]
+            if unused:
+                raise NotImplementedError(f"{unused_refused(unused)}{self._where()}")
+            if create_graph:
+                raise NotImplementedError(f"thunderlite: backward(create_graph=True) through a data-parallel model "
+                                          f"(its gradients averaged across ranks) is not supported{self._where()}; "
+                                          "torch's DistributedDataParallel does not support double backward either")
+            grads, hoisted, made = in_step.reduce_gradients(self.trace, [self._reduced(a, g) for a, g in mine],
+                                                            dp, self._call)
+            self.start += len(hoisted)            # placed inside the backward (issues after their gradients)
+            self.last_backward = self.last_backward + hoisted + made
+            out.update(grads)
+        return out
+
+    def _reduced(self, leaf: TensorProxy, g: TensorProxy) -> tuple:
+        """What ``in_step.reduce_gradients`` needs of one parameter: its leaf, this
+        backward's gradient, its ``.grad`` now, and whether that is the caller's."""
+        cur = self.grad_of(leaf)
+        return leaf, g, cur, cur is not None and cur is self.entry_grads.get(leaf.name)
+
+    def _gradient_sync(self, args: list, grads: list, create_graph: bool = False) -> list:
+        """FSDP2's ``set_requires_gradient_sync(False)`` as its backward honours it:
+        a view leaf whose group does not sync now keeps its gradient unsharded
+        and unreduced (its reduce-scatter, and what follows it, taken out of this
+        backward; the leaf gets none), added to the next synced backward's
+        reduce-scatter input, so one reduce-scatter averages the accumulated sum,
+        as FSDP2's does."""
+        out = list(grads)
+        bsyms = self.trace.bound_symbols
+        inputs = {inp.proxy.name: inp for inp in self.state.inputs}
+        for i, (a, g) in enumerate(zip(args, grads, strict=True)):
+            inp = inputs.get(a.name) if g is not None else None
+            pg = fsdp2.group_of_leaf(inp.value) if inp is not None else None
+            if pg is None:
+                continue
+            synced = bool(self.hooks.read_attr(pg, "reduce_grads"))
+            pending = self.unsharded.get(a.name)
+            if synced and pending is None:
+                continue
+            if create_graph:
+                raise NotImplementedError(f"thunderlite: backward(create_graph=True) with FSDP2's "
+                                          f"set_requires_gradient_sync(False) is not supported{self._where()}")
+            found = fsdp2.gradient_reduce_scatters(bsyms, g, self.backward_start)
+            if found is None:
+                raise NotImplementedError(
+                    f"thunderlite: set_requires_gradient_sync(False) of an FSDP2 model whose parameter "
+                    f"{self._describe(a)} is not reduce-scattered once (a parameter shared by several modules) "
+                    f"is not supported{self._where()}")
+            (rs,), chain = found
+            x = bsyms[rs].args[0]
+            if not synced:
+                self.unsharded[a.name] = x if pending is None else self._call(torch.add, pending, x)
+                gone = {id(bsyms[k]) for k in chain}
+                bsyms[:] = [b for b in bsyms if id(b) not in gone]
+                self.start -= len(gone)           # all in the backward, before the next graph's symbols
+                self.last_backward = [b for b in self.last_backward if id(b) not in gone]
+                out[i] = None
+            else:
+                total = self._call(torch.add, x, pending)
+                adder = bsyms.pop()
+                at = next(k for k in range(len(bsyms)) if bsyms[k] is bsyms[rs])
+                bsyms[at] = rename_bsym(bsyms[at], {x.name: total})
+                bsyms.insert(at, adder)
+                self.start += 1
+                self.last_backward = [*self.last_backward, adder]
+                del self.unsharded[a.name]
+            self.trace.writes += 1
+        return out
+
+    def _refuse_unsynced_left(self) -> None:
+        if self.unsharded:
+            names = [self._describe(self.state.input_by_name(n).proxy) for n in self.unsharded]
+            raise NotImplementedError(
+                f"thunderlite: set_requires_gradient_sync(False) of an FSDP2 model leaves the unreduced gradients "
+                f"of {names[:4]}{' ...' if len(names) > 4 else ''} pending when the jitted function returns: they "
+                "live in the compiled program only. Set it back to True before the last backward() inside the "
+                "function (a whole accumulation step in one jitted function).")
+
+    def _outer_data_parallel(self) -> None:
+        """Data-parallel models called with no backward inside the program after the
+        call: the compiled backward averages their gradients (``DDPTransform``)."""
+        for dp, _ in self.data_parallel.values():
+            tr = in_step.outer_transform(dp)
+            if tr not in self.state.transforms and tr not in self.state.module_transforms:
+                self.state.module_transforms.append(tr)
+        self.data_parallel = {}
+
+    def _describe(self, leaf: TensorProxy) -> str:
+        inp = self.state.input_by_name(leaf.name)
+        return inp.prov.describe() if inp is not None and inp.prov is not None else leaf.name
 
     # --- the differentiation ------------------------------------------------------------------
     def _differentiate(self, outs: list, cots: list, retain: bool, wrt, leaves: bool = False,
@@ -273,13 +457,14 @@ class TracedAutograd:
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
                                   wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names],
-                                  create_graph=create_graph)
+                                  create_graph=create_graph, after_split=self._after_split())
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
         self.trace.bound_symbols[self.start:] = flags + prefix + inl.forward + inl.backward
         self.trace.writes += 1
         self.start = len(self.trace.bound_symbols)
+        self.backward_start = self.start - len(inl.backward)
         if not retain:      # the leaves stay: a later graph starts from them anew
             inputs = {inp.proxy.name for inp in self.state.inputs}
             self.freed |= graph - inputs - set(self.made)
@@ -297,6 +482,23 @@ class TracedAutograd:
         for v in kept:
             self._retain(v, by_arg[v.name] if v.name in arg_names else next(value_grads))
         return args, inl.grads, result
+
+    def _after_split(self):
+        """The ``after_inline_autodiff`` of the transforms of the sharded models the
+        program called (FSDP2's re-gathers), bound to the inputs so far; None
+        without any."""
+        step = [t for t in self.state.module_transforms if hasattr(t, "after_inline_autodiff")]
+        if not step:
+            return None
+        values = {inp.proxy.name: inp.value for inp in self.state.inputs}
+        for t in step:
+            t.bind_inputs(values)
+
+        def after(forward, backward):
+            for t in step:
+                forward, backward = t.after_inline_autodiff(forward, backward)
+            return forward, backward
+        return after
 
     def _partition(self, segment: list[BoundSymbol], graph: set[str]) -> tuple[list, list, list]:
         """``segment`` as (markers that stay as they are, the leaf updates before
@@ -515,7 +717,36 @@ class TracedAutograd:
     def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:
         inp = self.state.input_by_name(leaf.name)
         for hook in self._guarded_hooks(inp, "_post_accumulate_grad_hooks"):
-            interpret(hook, self.hooks)(leaf)
+            target = moves_grad_into(hook)
+            if target is not None:
+                self._into_dtensor(leaf, *target)
+            else:
+                interpret(hook, self.hooks)(leaf)
+
+    def _into_dtensor(self, leaf: TensorProxy, module: torch.nn.Module, name: str) -> None:
+        """The hook of a sharded model's view leaf (distributed/views.py), traced: the
+        leaf's gradient moves into its ``DTensor`` parameter's ``.grad`` (a ``DTensor``
+        of the same placements, in the parameter's dtype), added in place to one
+        that exists; the leaf's ``.grad`` is None again."""
+        g = self.grads.get(leaf.name)
+        if g is None:
+            return
+        mprov = self.state.prov_of.get(id(module))
+        if mprov is None:
+            mprov = Prov.object(module)
+            self.state.note(module, mprov)
+        param = self.state.enter(mprov.attr(name, "_parameters"), module._parameters[name])
+        if g.dtype != param.dtype:
+            g = self._call(torch.Tensor.to, g, param.dtype)
+        cur = self._dtensor_grad(param)
+        if cur is None:
+            new = DTensorProxy(g, param.device_mesh, param.placements, param.shape, param.stride())
+        else:
+            self._call(torch.Tensor.add_, cur.local, g)
+            new = cur
+        self._dtensor_entry_grad(param)
+        self.dtensor_grads[id(module._parameters[name])] = (param, new)
+        self.grads[leaf.name] = None
 
     def _refuse_escaping_retained(self, result: Any) -> None:
         """A value the program made with a ``.grad`` that the caller sees (returned or
@@ -539,6 +770,22 @@ class TracedAutograd:
         loc = self.hooks.locate()
         return f" (at {loc[0]}:{loc[1]}: {loc[2].strip()})" if loc and loc[2] else ""
 
+    def freeze(self) -> None:
+        """The program splits here (frontend/splits/): what it recorded so far is
+        a piece that runs before the rest is compiled. A later backward
+        differentiates those symbols as a kept graph (``retained``), their
+        values read from the piece, never recorded again; markers on inputs
+        are noted as ``_partition`` notes them."""
+        segment = self._take_retain_grads(self.trace.bound_symbols[self.start:])
+        for b in segment:
+            if b.sym.id == REGISTER_HOOK_ID and self.state.input_by_name(b.args[0].name) is not None:
+                self.input_hooks.setdefault(b.args[0].name, []).append(
+                    (b.args[1], b.args[2] if len(b.args) > 2 else ()))
+        self.retained += [b for b in segment if any(o.requires_grad for o in b.tensor_outs())
+                          or (b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID)
+                              and self.state.input_by_name(b.args[0].name) is None)]
+        self.start = len(self.trace.bound_symbols)
+
     def backward_names(self) -> frozenset[str] | None:
         """The names the program's last backward made (None: it ran none)."""
         if not self.used:
@@ -547,7 +794,11 @@ class TracedAutograd:
 
     def returned(self, result: Any) -> Any:
         """The program's result with each tensor that still requires grad made
-        eager's tensor whose graph the program's backward used (graph_used)."""
+        eager's tensor whose graph the program's backward used (graph_used).
+        (Data-parallel models whose backward is outside the program get their
+        transform here: the tracing has ended.)"""
+        self._outer_data_parallel()
+        self._refuse_unsynced_left()
         if not self.used:
             return result
         self._refuse_escaping_retained(result)

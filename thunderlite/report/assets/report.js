@@ -283,6 +283,7 @@
     }
     view.appendChild(el("div", { "class": "stagehead" }, [
       el("h2", { text: group.label + ": " + s.stage }), el("span", { "class": "sub", text: sub }), controls, regionBox]));
+    if (s.note) view.appendChild(el("div", { "class": "args piece", text: s.note }));
     view.appendChild(el("div", { "class": "args", title: s.args.join("\n"), text: "def " + s.name + "(" + s.args.join(", ") + ")" }));
     var two = !!prev;
     var ncols = two ? 4 : 2;

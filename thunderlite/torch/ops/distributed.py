@@ -41,9 +41,16 @@ def _like(a: TensorProxy, shape=None) -> TensorProxy:
                        requires_grad=a.requires_grad)
 
 
-def _all_reduce_meta(a: TensorProxy, op: str, group: str) -> TensorProxy:
+def _all_reduce_meta(a: TensorProxy, op: str, group: str, consume: bool = False) -> TensorProxy:
     check(op in _REDUCE_OPS.values(), lambda: f"all_reduce: unknown reduce op {op!r}")
     return _like(a)
+
+
+def _all_reduce_impl(a: torch.Tensor, op: str, group: str, consume: bool = False) -> torch.Tensor:
+    """``consume``: the caller's trace reads ``a`` nowhere else (a gradient bucket
+    it just concatenated), so it is reduced in place, without the copy
+    ``all_reduce`` makes of its input."""
+    return (_c10d.all_reduce_ if consume else _c10d.all_reduce)(a, op, group)
 
 
 def _all_gather_meta(a: TensorProxy, world: int, group: str) -> TensorProxy:
@@ -71,7 +78,7 @@ def _collective(name: str, meta: Callable, impl: Callable) -> Symbol:
     return sym
 
 
-all_reduce = _collective("all_reduce", _all_reduce_meta, lambda a, op, group: _c10d.all_reduce(a, op, group))
+all_reduce = _collective("all_reduce", _all_reduce_meta, _all_reduce_impl)
 def _all_gather_impl(a: torch.Tensor, world: int, group: str) -> torch.Tensor:
     """Into an output allocated here (``all_gather_into_tensor_out``: c10d's
     ``_allgather_base``), never through ``all_gather_into_tensor``: on gloo

@@ -290,8 +290,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         var, mean = red.var_mean(x, dims, keepdim=True, correction=0)
         if training and running_mean is not None:
             n = x.numel() // max(x.shape[1] if x.ndim > 1 else 1, 1)     # values per channel
-            new_mean = ew.add(ew.mul(running_mean, 1 - momentum), ew.mul(shapes.reshape(mean, (-1,)), momentum))
-            unbiased = ew.mul(shapes.reshape(var, (-1,)), n / max(n - 1, 1))
+            stat_mean, stat_var = mean, var
+            if type(momentum) not in (int, float) and mean.requires_grad:
+                # a traced momentum (``1 / float(num_batches_tracked)``) records this as its parts:
+                # the running statistics are updated outside autograd, as eager's kernel does
+                stat_mean, stat_var = mean.detach(), var.detach()
+            new_mean = ew.add(ew.mul(running_mean, 1 - momentum), ew.mul(shapes.reshape(stat_mean, (-1,)), momentum))
+            unbiased = ew.mul(shapes.reshape(stat_var, (-1,)), n / max(n - 1, 1))
             new_var = ew.add(ew.mul(running_var, 1 - momentum), ew.mul(unbiased, momentum))
             prims.copy_(convert(new_mean, running_mean.dtype), running_mean)
             prims.copy_(convert(new_var, running_var.dtype), running_var)

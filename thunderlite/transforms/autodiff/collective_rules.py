@@ -15,7 +15,7 @@ def _wait(g, out, a):
 
 
 @register_vjp(d.all_reduce)
-def _all_reduce(g, out, a, op, group):
+def _all_reduce(g, out, a, op, group, consume=False):
     if op not in ("sum", "avg"):
         return (backward_error(a, f"all_reduce with op {op!r} has no gradient in thunderlite (only sum and avg)"),)
     return (d.wait(d.all_reduce(g, op, group)),)

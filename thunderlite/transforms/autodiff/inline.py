@@ -46,6 +46,7 @@ Two front doors, one per caller:
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -308,7 +309,7 @@ def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
 def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outputs: list[TensorProxy],
                     cotangents: list[TensorProxy], *, names,
                     defined: Mapping[str, BoundSymbol] | frozenset = frozenset(), wrt_values=(),
-                    create_graph: bool = False) -> InlinedBackward:
+                    create_graph: bool = False, after_split: Callable | None = None) -> InlinedBackward:
     """Differentiate ``outputs`` (computed by ``bsyms`` from ``args``) against
     ``cotangents`` with respect to the ``args`` that ``mask`` selects and to
     ``wrt_values`` (values ``bsyms`` compute). ``names``: the host trace's name
@@ -317,7 +318,10 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
     grad; with it the backward is differentiable again (``create_graph=True``,
     double backward): composites on the gradient path are differentiated
     through their decompositions, as ``linearize`` does for a nested
-    transform, and the backward's values require grad where their inputs do."""
+    transform, and the backward's values require grad where their inputs do.
+    ``after_split(forward, backward)`` rewrites the pair before it is inlined,
+    keeping their interfaces (the transforms' ``after_autodiff``: FSDP2
+    re-gathers resharded parameters)."""
     program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
     outs, wrt_values = program.output       # the values' newest names after the program's writes
     body = program.bound_symbols[:-1]
@@ -337,6 +341,9 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
                    and any(a.requires_grad for a in b.tensor_args())), "")
         raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
                            f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
+    if after_split is not None:
+        fwd, bwd = after_split(split.forward, split.backward)
+        split = dataclasses.replace(split, forward=fwd, backward=bwd)
     same: dict[str, Proxy] = {}
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
                            defined, names, same)
