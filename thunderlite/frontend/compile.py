@@ -35,6 +35,7 @@ from thunderlite.frontend.epilogue import (
     Template,
     Write,
     collect_writes,
+    guard_held_by_functions,
     is_simple,
     made_by_call,
     proxies_in,
@@ -244,6 +245,7 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
                 w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
             state.guard_distinct({id(obj) for obj, _ in state.attr_writes.values()}
                                  | {i for i, m in state.mirror_of.items() if m.prov is not None and m.changed()})
+            guard_held_by_functions((result, [w.value for w in writes]), state)
             ran = hooks.splitter is not None and hooks.splitter.ran     # tracing again would run a piece twice
             grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace and not ran else None
             if grows is not None:

@@ -253,6 +253,47 @@ def _objects_in(x: Any, objects: dict, found: dict, seen: set) -> None:
             _objects_in(y, objects, found, seen)
 
 
+def guard_held_by_functions(x: Any, state: TraceState, seen: set | None = None) -> None:
+    """A function the call made (a ``lambda``: its closure cells are the
+    call's) that leaves it (returned, written back) is made once, while
+    tracing, and serves every call: an object keyed by type that its cells
+    hold is the one seen while tracing, so the entry holds for that very
+    object. (A bound method is rebuilt on this call's object: ``Template``.)"""
+    seen = set() if seen is None else seen
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in seen or id(x) in state.prov_of:
+        return
+    seen.add(id(x))
+    if t is types.FunctionType:
+        for cell in x.__closure__ or ():
+            if id(cell) in state.external_cells or not _filled(cell):
+                continue        # a cell from outside the call: read through its path when it runs
+            v = cell.cell_contents
+            if id(v) in state.objects:
+                state.identity_used(v, f"held by {x.__qualname__}, a function the call made that outlives it")
+            else:
+                guard_held_by_functions(v, state, seen)
+    elif t is Made:
+        guard_held_by_functions(x.template.value, state, seen)
+    elif isinstance(x, (tuple, list, set, frozenset, deque)):
+        for y in x:
+            guard_held_by_functions(y, state, seen)
+    elif isinstance(x, dict):
+        for y in x.values():
+            guard_held_by_functions(y, state, seen)
+    elif _is_plain_object(x):
+        for y in vars(x).values():
+            guard_held_by_functions(y, state, seen)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
 def object_paths(x: Any, objects: dict) -> list[Prov]:
     """The paths of the objects from outside (``objects``: ``resolvable``) that a
     value written back holds: the entry reads them before anything runs."""

@@ -388,3 +388,19 @@ class Grows(torch.nn.Module):
 def test_an_in_place_method_on_an_outside_dict_subclass_is_refused():
     with pytest.raises(Exception, match="update"):
         thunderlite.jit(Grows())(torch.randn(2))
+
+
+def returns_a_closure(x, box):
+    return x + 1, lambda: box.t * 2
+
+
+def test_a_returned_function_holding_the_object_keeps_it_by_identity():
+    # the lambda is made once, while tracing: it holds that call's object, so the entry holds for it only
+    boxes, _ = _twins(3)
+    jf = thunderlite.jit(returns_a_closure)
+    x = torch.randn(4)
+    for box in (*boxes, boxes[0]):
+        _, fn = jf(x, box)
+        torch.testing.assert_close(fn(), box.t * 2)
+    assert "held by returns_a_closure.<locals>.<lambda>" in _info(jf)["last_miss_reason"] \
+        or _info(jf)["misses"] == 3
