@@ -266,3 +266,33 @@ def test_forward_returns_the_calls_own_cache():
             torch.testing.assert_close(out.logits, expected.logits)
             torch.testing.assert_close(mine.layers[1].keys, theirs.layers[1].keys)
     assert thunderlite.cache_info(jm)["misses"] == 1
+
+
+def test_generates_from_many_threads_with_fresh_caches():
+    # a server: several threads generate at once through one jitted model, each with its own new cache;
+    # every result is eager's, and the entries compiled serve them all (objects keyed by type)
+    import threading
+    import traceback
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    kw = dict(do_sample=False, max_new_tokens=5)
+    prompts = [torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    expected = [ref.generate(p, **kw) for p in prompts]
+    errors: list[str] = []
+    start = threading.Barrier(4)
+
+    def work(i):
+        try:
+            start.wait()
+            for j in (i, i + 4):
+                assert torch.equal(jm.generate(prompts[j], **kw), expected[j]), j
+        except BaseException:   # noqa: BLE001 - every failure of every thread is reported
+            errors.append(traceback.format_exc())
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    info = thunderlite.cache_info(jm)
+    assert info["eager_calls"] == 0 and info["misses"] <= 3, info
