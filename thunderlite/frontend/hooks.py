@@ -666,7 +666,7 @@ class TracingHooks(InterpreterHooks):
         objects = self.state.objects
         if not objects or what is callable or what is print:
             return
-        if what == "in":
+        if type(what) is str and what == "in":
             self._membership(*values)
             return
         owner = getattr(what, "__self__", None) if type(what) is not str else None
@@ -684,11 +684,11 @@ class TracingHooks(InterpreterHooks):
         for v in values:
             if id(v) in objects:
                 self._identity_used(v, what)
-            elif type(v) in (list, tuple, set, frozenset) and len(v) <= MIRROR_MAX_ITEMS:
+            elif type(v) in (list, tuple, set, frozenset):
                 for y in v:
                     if id(y) in objects:
                         self._identity_used(y, what)
-            elif type(v) is dict and len(v) <= MIRROR_MAX_ITEMS:
+            elif type(v) is dict:
                 for y in (*v, *v.values()):
                     if id(y) in objects:
                         self._identity_used(y, what)
@@ -700,8 +700,7 @@ class TracingHooks(InterpreterHooks):
         objects = self.state.objects
         if id(item) in objects:
             self._identity_used(item, "in")
-        t = type(container)
-        if t not in _CONTAINERS and t not in (tuple, frozenset) or len(container) > MIRROR_MAX_ITEMS:
+        if not isinstance(container, (*_CONTAINERS, tuple, frozenset)):
             return
         for y in container:
             if id(y) in objects and (type(y) is type(item) or type(y).__eq__ is not object.__eq__):
@@ -710,9 +709,11 @@ class TracingHooks(InterpreterHooks):
     def _identity_used(self, obj: Any, what: Any) -> None:
         if id(obj) in self.state.fixed:
             return
-        how = (f"compared with `{what}`" if what in ("is", "in") else "hashed (a dict key or set item)"
-               if what == "hash" else f"used as {what}" if type(what) is str
-               else f"passed to {getattr(what, '__qualname__', None) or repr(what)}")
+        if type(what) is str:
+            how = {"is": "compared with `is`", "in": "compared with `in`",
+                   "hash": "hashed (a dict key or set item)"}.get(what, f"used as {what}")
+        else:
+            how = f"passed to {getattr(what, '__qualname__', None) or repr(what)}"
         self.state.identity_used(obj, f"{how} at {self._where()}")
 
     def subscr_key(self, container: Any, key: Any) -> Any:

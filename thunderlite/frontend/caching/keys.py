@@ -150,7 +150,6 @@ class KeyGen:
         self.parts: list[str] = []
         self.labels: list[str] = []
         self.tensors: list[str] = []
-        self.objects: list[str] = []     # the paths of P leaves
         self.consts: dict[str, Any] = {}
         self.n = 0
 
@@ -206,7 +205,7 @@ class KeyGen:
             self.part(f"id({v})", f"the object passed as {path}")
             self.values.append((v, kind))
         elif kind == "P":       # its type is checked above; what the program reads of it, in the prologue
-            self.objects.append(path)
+            pass
         elif kind in ("tuple", "list"):
             self.check(f"len({v}) != {len(node[2])}")
             for i, child in enumerate(node[2]):
