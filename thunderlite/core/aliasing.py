@@ -184,6 +184,20 @@ def torch_overloads(name: str) -> list | None:
     return found or None
 
 
+@functools.cache
+def aten_schemas(name: str) -> tuple | None:
+    """The schemas of ``torch_overloads(name)``, read in one call without
+    making their ``OpOverload`` objects (a new op's facts are read on the
+    first call of every program using it), or None."""
+    if not name.isidentifier():
+        return None
+    # takes a tensor: "Tensor" among its arguments, read off the printed schema (one
+    # string, where asking each argument's type makes a Python object per argument)
+    found = tuple(s for s in torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+                  if "Tensor" in str(s).partition("(")[2].rpartition(") -> ")[0])
+    return found or None
+
+
 def aten_name(fn: Callable) -> str | None:
     """The ATen op a torch callable binds: its name, with Python's dunder
     spellings undone (``__iadd__`` is ``add_``, ``__radd__`` is ``add``)."""
@@ -192,10 +206,10 @@ def aten_name(fn: Callable) -> str | None:
         return None
     if name.startswith("__") and name.endswith("__") and len(name) > 4:
         core = name[2:-2]
-        if torch_overloads(name) is None:
-            if core.startswith("i") and torch_overloads(core[1:] + "_") is not None:
+        if aten_schemas(name) is None:
+            if core.startswith("i") and aten_schemas(core[1:] + "_") is not None:
                 return core[1:] + "_"
-            if core.startswith("r") and torch_overloads(core[1:]) is not None:
+            if core.startswith("r") and aten_schemas(core[1:]) is not None:
                 return core[1:]
             return core
     return name
@@ -205,10 +219,8 @@ def aten_name(fn: Callable) -> str | None:
 def schema_aliases(name: str) -> SchemaAliases | None:
     """``SchemaAliases`` of ``torch.ops.aten.<name>`` (all overloads), or None
     when ATen has no op of that name."""
-    overloads = torch_overloads(name)
-    if overloads is None:
-        return None
-    return SchemaAliases(o._schema for o in overloads)
+    schemas = aten_schemas(name)
+    return None if schemas is None else SchemaAliases(schemas)
 
 
 def callable_aliases(fn: Callable) -> SchemaAliases | None:

@@ -16,6 +16,13 @@ def leaves(x: Any) -> Iterator[Any]:
     return iter(out)
 
 
+def leaf_list(x: Any, out: list | None = None) -> list:
+    """The leaves of ``x`` (as ``leaves``) appended to ``out`` (a new list by default)."""
+    out = [] if out is None else out
+    _collect(x, out)
+    return out
+
+
 def _collect(x: Any, out: list) -> None:
     # exact type checks first and no hasattr: a leaf is usually a proxy, whose
     # missing-attribute lookup goes through the (slow) torch attribute fallback

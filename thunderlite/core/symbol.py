@@ -128,10 +128,10 @@ class BoundSymbol:
     def flat_args(self) -> list:
         c = self._flat_args
         if c is None or c[0] is not self.args or c[1] is not self.kwargs:
-            out = list(pytree.leaves(self.args))
+            out = pytree.leaf_list(self.args)
             if self.kwargs:
-                out.extend(pytree.leaves(self.kwargs))
-            if any(type(a) is SymInt for a in out):
+                pytree.leaf_list(self.kwargs, out)
+            if SymInt in map(type, out):
                 # a symbolic size reads the trace values (size symbols) it is made of
                 out.extend(p for a in out if type(a) is SymInt for p in a.proxies())
             self._flat_args = c = (self.args, self.kwargs, out)
@@ -140,7 +140,7 @@ class BoundSymbol:
     def flat_outs(self) -> list:
         c = self._flat_outs
         if c is None or c[0] is not self.output:
-            self._flat_outs = c = (self.output, list(pytree.leaves(self.output)))
+            self._flat_outs = c = (self.output, pytree.leaf_list(self.output))
         return list(c[1])
 
     def proxy_args(self) -> list[Proxy]:
@@ -169,7 +169,9 @@ class BoundSymbol:
         symbol, several times per compile."""
         c = self._deep_tags
         if c is None or c[0] is not self.sym or c[1] is not self.subsymbols:
-            tags = frozenset(self.sym.tags).union(*(s.deep_tags() for s in self.subsymbols))
+            tags = self.sym.tags        # a frozenset (Symbol.__init__)
+            if self.subsymbols:
+                tags = tags.union(*[s.deep_tags() for s in self.subsymbols])
             self._deep_tags = c = (self.sym, self.subsymbols, tags)
         return c[2]
 

@@ -126,6 +126,8 @@ class _Function(torch.autograd.Function):
             if program.split.saved_other[i].name not in reached:
                 skip_graph(saved_other[i])
         result = program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
+        if program.grads_all_given and len(reached) == len(result):
+            return (None, None, *result)        # every argument reached and given a gradient: as it is
         return (None, None, *program.as_eager_grads(result, reached))
 
 
@@ -184,6 +186,10 @@ class DifferentiableProgram:
         self.forward_fn = fwd_stages[-1].python_callable()
         self.graph_slots = [i for i, p in enumerate(split.saved_other) if getattr(p, "name", None) in split.graphs]
         self.backward_fn = bwd_stages[-1].python_callable()
+        # every argument's gradient is a value of the backward (none is a constant None): a call
+        # whose output gradients reach all arguments hands the backward's result on as it is
+        ret = bwd_stages[-1].output
+        self.grads_all_given = isinstance(ret, (tuple, list)) and all(r is not None for r in ret)
         saved = {p.name for p in split.saved_tensors}
         self.unsaved_args = [i for i, a in enumerate(trace.args) if type(a) is TensorProxy and a.name not in saved]
         self._eager_fn = None

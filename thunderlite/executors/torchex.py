@@ -20,7 +20,7 @@ from operator import itemgetter
 import torch
 
 from thunderlite.core import dtypes, prims
-from thunderlite.core.aliasing import aten_name, torch_overloads
+from thunderlite.core.aliasing import aten_name, aten_schemas
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tracectx import made_once
@@ -377,5 +377,59 @@ def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
 
 @functools.cache
 def _has_out_overload(fn) -> bool:
-    overloads = torch_overloads(aten_name(fn) or "")
-    return overloads is not None and any(o._overloadname == "out" for o in overloads)
+    schemas = aten_schemas(aten_name(fn) or "")
+    return schemas is not None and any(o.overload_name == "out" for o in schemas)
+
+
+# --- views folded into the torch calls that read them (transforms/fold_views.py) -----------
+# A broadcast feeding only elementwise torch calls is what torch's own broadcasting does inside
+# those calls: the expand (a Python call and a view per symbol) is dropped, and a reshape of a
+# reshape reads the first one's input. The pass asks this executor which symbols are which.
+
+_BROADCAST = _IMPLEMENTED[prims.broadcast_in_dim]
+_RESHAPE = _IMPLEMENTED[prims.reshape]
+_BROADCASTING_NAMES = frozenset(prims.BINARY + prims.TERNARY + ["where"])
+_BROADCASTING = frozenset(_IMPLEMENTED[getattr(prims, n)] for n in _BROADCASTING_NAMES)
+
+
+class ViewFolding:
+    """What ``transforms/fold_views.py`` needs to know about this executor's symbols."""
+
+    reshape_symbol = _RESHAPE
+    view_symbols = frozenset({_BROADCAST, _RESHAPE})
+    """A trace without these has nothing to fold (checked first: the pass costs a first call nothing then)."""
+
+    @staticmethod
+    def broadcast_of(bsym: BoundSymbol) -> tuple[TensorProxy, tuple] | None:
+        """For a broadcast this executor runs as a view (``expand``): its
+        input and the input's shape at the output's rank (1 in each new dim)."""
+        if bsym.sym is not _BROADCAST or bsym.kwargs:
+            return None
+        a, shape, dims = bsym.args
+        if type(a) is not TensorProxy:
+            return None
+        aligned = [1] * len(shape)
+        for d, size in zip(dims, a.shape, strict=True):
+            aligned[d] = size
+        return a, tuple(aligned)
+
+    @staticmethod
+    def reshape_of(bsym: BoundSymbol) -> tuple[TensorProxy, tuple] | None:
+        """For a reshape this executor runs as ``torch.reshape``: its input and shape."""
+        if bsym.sym is not _RESHAPE or bsym.kwargs or type(bsym.args[0]) is not TensorProxy:
+            return None
+        return bsym.args[0], tuple(bsym.args[1])
+
+    @staticmethod
+    def broadcasts_operands(bsym: BoundSymbol) -> bool:
+        """Whether ``bsym`` runs as a torch function that broadcasts all its
+        tensor operands alike (a prim's ``torch.mul``, ``torch.where``, or a
+        torch-language ``torch.mul`` of elementwise prims; not ``masked_fill``,
+        whose first operand sets the shape)."""
+        if bsym.sym in _BROADCASTING:
+            return not bsym.subsymbols
+        return (bsym.sym.executor is ex and aten_name(bsym.sym.torch_fn) in _BROADCASTING_NAMES
+                and _elementwise_torch_call(bsym))
+
+
+view_folding = ViewFolding()

@@ -24,7 +24,7 @@ from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
 from thunderlite.executors.autograd_function import make_differentiable
 from thunderlite.executors.registry import resolve_executors
-from thunderlite.executors.torchex import writes_out
+from thunderlite.executors.torchex import view_folding, writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
 from thunderlite.frontend.caching.automatic import PathDynamic
@@ -59,6 +59,7 @@ from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.dce import dce
 from thunderlite.transforms.del_last_used import del_last_used
+from thunderlite.transforms.fold_views import fold_views
 from thunderlite.transforms.reuse_buffers import reuse_buffers
 from thunderlite.transforms.schedule_collectives import schedule_collectives
 from thunderlite.transforms.user import apply_after_autodiff, apply_hook, prefetch_units
@@ -693,13 +694,14 @@ def _makes_leaves(trace: Trace) -> bool:
 
 
 def finalize(trace: Trace, executors: list, groups, steps: list | None = None, transforms: tuple = ()) -> Trace:
-    """The execution transform, the alias/DCE re-run it may need, the user
+    """The execution transform, the alias/DCE re-run it may need, fold_views, the user
     transforms' ``after_claiming``, del_last_used, box_inputs."""
     steps = [] if steps is None else steps
     t = _record(steps, _step(claim_executors, trace, executors, input_alias_groups=groups), trace)
     t = _record(steps, _step(update_aliases, t, groups), t)
     t = _record(steps, _step(dce, t, groups), t)
     t = _record(steps, _step(schedule_collectives, t, groups, prefetch_units(transforms)), t)
+    t = _record(steps, _step(fold_views, t, view_folding), t)
     t = apply_hook(transforms, "after_claiming", t, steps)
     t = _record(steps, _step(del_last_used, t), t)
     return _record(steps, _step(box_inputs, t), t)

@@ -27,6 +27,7 @@ from thunderlite.core import codegen
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
+from thunderlite.frontend.caching.entries import TORCH_GUARDS
 from thunderlite.frontend.caching.keys import alias_pattern, dynamic_shape
 from thunderlite.frontend.epilogue import Write, object_paths, write_source
 from thunderlite.frontend.provenance import Prov
@@ -37,14 +38,18 @@ _LOOKUP_ERRORS = (AttributeError, KeyError, IndexError, TypeError)
 
 
 class _Paths:
-    """Assigns a local variable to each provenance path read (shared prefixes once)."""
+    """Assigns a local variable to each provenance path read (shared prefixes
+    once). ``uses``: how often each path is read, directly or as the parent of
+    another; a path read once by a check that names it once is read inside
+    that check instead (no variable: a cache hit runs every check)."""
 
-    def __init__(self, lines: list[str], roots: dict):
+    def __init__(self, lines: list[str], roots: dict, uses: dict[Prov, int] | None = None):
         self.lines = lines
         self.roots = roots
+        self.uses = uses or {}
         self.var: dict[Prov, str] = {}
 
-    def read(self, prov: Prov) -> str:
+    def read(self, prov: Prov, once: bool = False) -> str:
         v = self.var.get(prov)
         if v is not None:
             return v
@@ -55,10 +60,47 @@ class _Paths:
         else:
             base = self.read(prov.parent)
             expr = prov.child_expr(base, self.roots)
+        if once and self.uses.get(prov, 0) <= 1:
+            return expr
         v = f"v{len(self.var)}"
         self.var[prov] = v
         self.lines.append(f"    {v} = {expr}")
         return v
+
+
+def _count_uses(provs) -> dict[Prov, int]:
+    uses: dict[Prov, int] = {}
+
+    def count(p: Prov) -> None:
+        n = uses.get(p, 0)
+        uses[p] = n + 1
+        if n == 0 and p.parent is not None:
+            count(p.parent)          # each path read once makes its parent read once more
+    for p in provs:
+        count(p)
+    return uses
+
+
+def _guard_provs(guards: list[Guard], inputs: list[Input]):
+    for g in guards:
+        if g.kind == "absent":
+            yield g.prov.parent
+            continue
+        yield g.prov
+        if g.kind == "same":
+            yield g.value
+        elif g.kind == "distinct":
+            yield from g.value
+    for inp in inputs:
+        if inp.prov is not None:
+            yield inp.prov
+
+
+_MODULE_HOOK_DICTS = frozenset({"_backward_hooks", "_backward_pre_hooks", "_forward_hooks", "_forward_pre_hooks",
+                                "_global_backward_hooks", "_global_backward_pre_hooks", "_global_forward_hooks",
+                                "_global_forward_pre_hooks"})
+"""A module's hook dicts (and torch's global ones): ``Module._call_impl`` reads
+them by truthiness only, so a guard that they stay empty checks just that."""
 
 
 def _const(consts: dict, value: Any) -> str:
@@ -73,23 +115,25 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     if g.kind == "distinct":
         ids = ", ".join(f"id({paths.read(p)})" for p in g.value)
         return f"len({{{ids}}}) != {len(g.value)}"
-    v = paths.read(g.prov)
     if g.kind == "type":
-        return f"type({v}) is not {_const(consts, g.value)}"
+        return f"type({paths.read(g.prov, once=True)}) is not {_const(consts, g.value)}"
     if g.kind == "is":
-        return f"{v} is not {_const(consts, g.value)}"
+        return f"{paths.read(g.prov, once=True)} is not {_const(consts, g.value)}"
     if g.kind == "same":
-        return f"{v} is not {paths.read(g.value)}"
+        return f"{paths.read(g.prov, once=True)} is not {paths.read(g.value, once=True)}"
+    if g.kind == "keys" and not g.value and g.prov.key in _MODULE_HOOK_DICTS:
+        return paths.read(g.prov, once=True)
+    if g.kind not in ("len", "type_len", "keys") and (g.value is None or type(g.value) is bool):
+        return f"{paths.read(g.prov, once=True)} is not {g.value!r}"
+    v = paths.read(g.prov)
     if g.kind == "len":
         return f"type({v}) is not list or len({v}) != {g.value}"
     if g.kind == "type_len":
         return f"type({v}) is not {_const(consts, g.value[0])} or len({v}) != {g.value[1]}"
     if g.kind == "keys":
-        if not g.value:     # a module's hooks, nearly always none: the cheapest check
+        if not g.value:
             return f"not isinstance({v}, dict) or {v}"
         return f"not isinstance({v}, dict) or tuple({v}) != {_const(consts, g.value)}"
-    if g.value is None or type(g.value) is bool:
-        return f"{v} is not {g.value!r}"
     return f"type({v}) is not {_const(consts, type(g.value))} or {v} != {_const(consts, g.value)}"
 
 
@@ -127,14 +171,17 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
-    paths = _Paths(pro, roots)
+    objects = objects or {}
+    rebuild_paths = list(getattr(rebuild, "paths", ()) if output == "rebuild" else ())
+    written_objects = [ip for w in writes for ip in _ids_of(object_paths(w.value, objects), objects)]
+    paths = _Paths(pro, roots, _count_uses([*_guard_provs(guards, inputs), *rebuild_paths,
+                                            *(p for _, p in written_objects)]))
     for g in guards:
         pro.append(f"    if {guard_source(g, paths, consts)}: return _MISS")
-    objects = objects or {}
-    rebuild_paths = getattr(rebuild, "paths", ()) if output == "rebuild" else ()
-    obj_vars = {i: paths.read(p) for w in writes for i, p in _ids_of(object_paths(w.value, objects), objects)}
+    obj_vars = {i: paths.read(p) for i, p in written_objects}
     rebuild_vars = [paths.read(p) for p in rebuild_paths]
     call_args = []
+    meta: list[tuple[str, str, torch.Tensor]] = []
     for inp in inputs:
         if inp.prov is None:
             call_args.append(_const(consts, inp.value))
@@ -143,6 +190,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
         call_args.append(v)
         if inp.guard_meta:
             pro.append(f"    if {tensor_guard_source(inp, v, consts)}: return _MISS")
+            meta.append((pro[-1], v, inp.value))
     if sym_guards:
         var = {inp.proxy.name: a for inp, a in zip(inputs, call_args, strict=True)}
         for g in sym_guards:
@@ -161,6 +209,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     globs.update({name: obj for name, obj in roots.values()})
     fn = codegen.compile_source(src, "entry", globs)
     fn.__thunderlite_source__ = src
+    fn.__thunderlite_tensor_guard__ = _tensor_guard(meta)
     return fn
 
 
@@ -168,6 +217,25 @@ def _ids_of(provs: list[Prov], objects: dict):
     """(id, path) of ``objects`` whose path is among ``provs``."""
     wanted = set(provs)
     return [(i, p) for i, p in objects.items() if p in wanted]
+
+
+def _tensor_guard(meta: list[tuple[str, str, torch.Tensor]]) -> tuple | None:
+    """For the fast guard (caching/entries.py: ``FastGuard``): the lines checking
+    the metadata of tensors read through paths (a module's parameters), and one
+    line checking them all at once with torch's C++ ``TensorGuards`` built from
+    the tensors this entry was compiled for, with the function it calls. That
+    check is stricter (exact type, dispatch keys), which only a fast guard may
+    be: a call it refuses takes the key path, whose entry checks each tensor as
+    before. None with fewer than two such tensors or without torch's guards."""
+    meta = [(line, v, t) for line, v, t in meta if type(t) in (torch.Tensor, torch.nn.Parameter)
+            and t.layout == torch.strided]
+    if len(meta) < 2 or TORCH_GUARDS is None:
+        return None
+    tensors = [t for _, _, t in meta]
+    check = TORCH_GUARDS[0](*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                            dynamic_dims_strides=[[None] * t.dim() for t in tensors]).check
+    names = ", ".join(v for _, v, _ in meta)
+    return [line for line, _, _ in meta], f"    if not _tensor_meta({names}): return _MISS", check
 
 
 def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra_names: list[str],

@@ -5,6 +5,9 @@ import dis
 import weakref
 
 from .frame import UNBOUND, limit
+from .instructions import instructions
+
+_JUMPS = [op in dis.hasjrel or op in getattr(dis, "hasjabs", ()) for op in range(512)]
 
 
 class Instr:
@@ -44,14 +47,6 @@ def _unsupported(name):
     return op_unsupported
 
 
-def _lines(code):
-    table = {}
-    for start, end, line in code.co_lines():
-        for off in range(start, end, 2):
-            table[off] = line
-    return table
-
-
 def _localsplus_names(code):
     cells = tuple(c for c in code.co_cellvars if c not in code.co_varnames)
     return code.co_varnames + cells + code.co_freevars
@@ -63,30 +58,36 @@ def decode(code, table):
     if hit is not None:
         return hit
     dec = Decoded(code)
-    lines = _lines(code)
+    spans = [span for span in code.co_lines() if span[0] < span[1]]    # (start, end, line), in order
+    nspans = len(spans)
+    j = 0
     instrs = []
     index_of = {}
-    raw = [d for d in dis.get_instructions(code) if d.opname != "CACHE"]
+    raw = instructions(code)
+    last = len(raw) - 1
     pending = []  # offsets of elided no-ops: they resolve to the next kept instruction
-    for k, d in enumerate(raw):
-        fn = table.handlers[d.opcode] or _unsupported(d.opname)
-        if getattr(fn, "elidable", False) and k + 1 < len(raw):
-            pending.append(d.offset)
+    for k, (offset, opcode, opname, arg, argval) in enumerate(raw):
+        fn = table.handlers[opcode] or _unsupported(opname)
+        if k < last and getattr(fn, "elidable", False):
+            pending.append(offset)
             continue
         ins = Instr()
         ins.index = len(instrs)
-        ins.opname = d.opname
-        ins.arg = d.arg
-        ins.argval = d.argval
-        ins.offset = d.offset
-        ins.line = lines.get(d.offset) or code.co_firstlineno
+        ins.opname = opname
+        ins.arg = arg
+        ins.argval = argval
+        ins.offset = offset
+        while j < nspans and spans[j][0] <= offset:
+            j += 1
+        span = spans[j - 1] if j else None
+        ins.line = (span[2] if span is not None and span[1] > offset else None) or code.co_firstlineno
         ins.fn = fn
-        ins.target = d.argval if d.opcode in dis.hasjrel or d.opcode in dis.hasjabs else None
-        ins.raw_next = (raw[k + 1].opname, raw[k + 1].arg) if k + 1 < len(raw) else (None, None)
+        ins.target = argval if _JUMPS[opcode] else None
+        ins.raw_next = raw[k + 1][2:4] if k < last else (None, None)
         for off in pending:
             index_of[off] = ins.index
         pending.clear()
-        index_of[d.offset] = ins.index
+        index_of[offset] = ins.index
         instrs.append(ins)
     for ins in instrs:
         if ins.target is not None:

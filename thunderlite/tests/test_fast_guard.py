@@ -4,6 +4,8 @@ key. Every change the key would see must still reach another entry (or a
 compile), and every call must still equal eager."""
 from __future__ import annotations
 
+import linecache
+
 import pytest
 import torch
 
@@ -216,3 +218,66 @@ def test_calls_the_fast_guard_always_refuses_do_not_re_arm_it_each_time():
         torch.testing.assert_close(jf(x, x), tiny(x, x))
     assert jf._fast is armed
     assert thunderlite.cache_info(jf)["misses"] == 1
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "requires_grad", "plain_tensor", "same_meta"])
+def test_parameters_are_checked_at_once_on_the_fast_path(change):
+    """A module's parameters are checked by one C++ call on the fast path
+    (entry._tensor_guard): a parameter with other metadata misses it and the
+    key path's own checks decide; one with the same metadata is served."""
+    m = _TwoLayers()
+    jm = thunderlite.jit(m)
+    x = torch.randn(3, 4)
+    _warm(jm, x)
+    src = "".join(linecache.getlines(jm._jitted._fast.__code__.co_filename))
+    assert "_tensor_meta(" in src and "isinstance(" not in src.split("try:")[1]
+    w = m.a.weight
+    new = {"shape": lambda: torch.nn.Parameter(torch.randn(5, 4)),
+           "dtype": lambda: torch.nn.Parameter(w.detach().double()),
+           "requires_grad": lambda: torch.nn.Parameter(w.detach().clone(), requires_grad=False),
+           "plain_tensor": lambda: w.detach().clone(),
+           "same_meta": lambda: torch.nn.Parameter(torch.randn(4, 4))}[change]()
+    if change == "shape":
+        m.a.bias = torch.nn.Parameter(torch.randn(5))
+        m.b.weight = torch.nn.Parameter(torch.randn(2, 5))
+    if change == "plain_tensor":
+        del m.a.weight
+    m.a.weight = new
+    if change == "dtype":
+        m.a.bias = torch.nn.Parameter(m.a.bias.detach().double())
+        m.b.double()
+        x = x.double()
+    expected = m(x)
+    torch.testing.assert_close(jm(x), expected)
+    torch.testing.assert_close(jm(x), expected)
+    misses = thunderlite.cache_info(jm)["misses"]
+    assert misses == (1 if change == "same_meta" else 2)
+
+
+def test_hooks_registered_after_arming_run():
+    """A module's hook dicts are checked by truthiness (as Module._call_impl reads them)."""
+    m = _TwoLayers()
+    jm = thunderlite.jit(m)
+    x = torch.randn(3, 4)
+    _warm(jm, x)
+    seen = []
+    handle = m.b.register_forward_hook(lambda mod, args, out: seen.append(out.shape) or out * 2)
+    torch.testing.assert_close(jm(x), m(x))
+    assert seen
+    handle.remove()
+    torch.testing.assert_close(jm(x), m(x))
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: None)
+    try:
+        torch.testing.assert_close(jm(x), m(x))
+    finally:
+        pre.remove()
+    assert thunderlite.cache_info(jm)["misses"] >= 2

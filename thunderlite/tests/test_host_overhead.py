@@ -29,6 +29,8 @@ def _check(fn, *args):
     jfn = thunderlite.jit(fn)
     got = jfn(*jit_args)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    if isinstance(expected, tuple):         # several outputs: the gradient of their sum
+        expected, got = sum(e.sum() for e in expected), sum(g.sum() for g in got)
     if expected.requires_grad:
         expected.sum().backward()
         got.sum().backward()
@@ -37,14 +39,71 @@ def _check(fn, *args):
     return _code(jfn)
 
 
-def test_broadcasts_print_as_expand():
+def test_broadcasts_fold_into_elementwise_calls():
+    """A broadcast read by elementwise calls is what torch's broadcasting does
+    in them (transforms/fold_views.py): no expand is left, a broadcast into
+    leading dims becomes its reshape, and the reshapes around a reduction's
+    gradient collapse."""
     def f(x, w, v):
         # w: trailing-aligned broadcast; v[:, None]: a broadcast into leading dims (reshape + expand)
         return x * w + x * v.unsqueeze(-1).expand(2, 3, 4) + x.sum(-1, keepdim=True)
     code = _check(f, torch.randn(2, 3, 4, requires_grad=True), torch.randn(4, requires_grad=True),
                   torch.randn(2, 3, requires_grad=True))
     assert "torchex.broadcast_in_dim" not in code
+    assert "expand(" not in code
+    assert "torch.mul(x, w)" in code
+
+
+def test_broadcasts_read_otherwise_print_as_expand():
+    """A broadcast a matmul reads (it does not broadcast its operands alike) stays an expand."""
+    def f(x, w):
+        return torch.matmul(w.expand(2, 4, 4), x)
+    code = _check(f, torch.randn(2, 4, 3, requires_grad=True), torch.randn(4, 4, requires_grad=True))
+    assert "torchex.broadcast_in_dim" not in code
     assert "torch.Tensor.expand(" in code
+
+
+@pytest.mark.parametrize("case", ["zero_dim_promotes", "both_sides", "masked_fill", "returned", "where"])
+def test_folds_only_where_exact(case):
+    """Folds that would change a dtype, a shape or what the caller sees are
+    not made; results equal eager's bit for bit either way."""
+    x, y = torch.randn(2, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    if case == "zero_dim_promotes":
+        # a 0-d float64 expanded is a dimensioned tensor: it promotes the float32 operand
+        code = _check(lambda a, s: a * s.expand(2, 3), x, torch.tensor(2.0, dtype=torch.float64))
+        assert "expand(" in code
+    elif case == "both_sides":
+        # each operand is broadcast: one may fold, not both (the result would shrink)
+        code = _check(lambda a, b: a.sum(0).expand(2, 3) * b.expand(2, 3), x, y)
+        assert code.split("def backward")[0].count("expand(") == 1
+    elif case == "masked_fill":
+        # masked_fill's first operand sets the shape (its decomposition's where broadcasts alike)
+        _check(lambda a, b: b.expand(2, 3).masked_fill(a > 0, 1.0) + a, x, y)
+        _check(lambda a, b: b.expand(2, 3).masked_fill(a > 0, 1.0), x.detach(), y.detach())
+    elif case == "returned":
+        # the caller gets the expanded view itself (a view of b, as eager's)
+        code = _check(lambda a, b: (b.expand(2, 3), a * b.expand(2, 3)), x, y)
+        assert "torch.Tensor.expand(b, (2, 3))" in code
+    else:
+        code = _check(lambda a, b: torch.where(a > 0, b.expand(2, 3), a), x, y)
+        assert "expand(" not in code.split("def backward")[0]
+
+
+def test_reshape_chains_read_the_first_input():
+    """A reshape of a reshape that only split dims or added 1s reads the first
+    one's input; a reshape back to that input's shape is that input."""
+    from thunderlite.transforms.fold_views import splits_only
+    assert splits_only((32, 128), (2, 16, 128)) and splits_only((2, 16), (2, 16, 1))
+    assert splits_only((2, 1, 16), (2, 16)) and not splits_only((2, 16, 8), (2, 128))
+    assert not splits_only((6, 4), (4, 6))
+
+    def f(x, w):
+        h = (x.reshape(2, 3, 4) * w).reshape(6, 4)
+        return h.reshape(2, 3, 4).reshape(6, 4).reshape(24)
+    code = _check(f, torch.randn(6, 4, requires_grad=True), torch.randn(4, requires_grad=True))
+    forward = code.split("def backward")[0]
+    # h.reshape(2, 3, 4).reshape(6, 4) is h; merging dims (6, 4) -> (24,) stays a reshape of its own
+    assert forward.count("torch.reshape(") == 3 and forward.count("(2, 3, 4)") == 1
 
 
 def test_sums_print_as_torch_sum_with_dtype():

@@ -27,9 +27,9 @@ from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, has_tag_deep, writes_memory, written
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, writes_memory, written
 
-_ALWAYS_KEEP = (Tag.DONT_DCE, Tag.RETURN, Tag.RANDOM)
+_ALWAYS_KEEP = frozenset({Tag.DONT_DCE, Tag.RETURN, Tag.RANDOM})
 
 
 def _visible_roots(trace: Trace, groups: AliasGroups) -> set[str]:
@@ -48,10 +48,11 @@ def _keep(bsym: BoundSymbol, live: set[str], groups: AliasGroups | None, observe
           keep_writes: bool = False) -> bool:
     """``observed``: alias groups the caller sees or a kept later symbol reads
     (``groups`` is None for a trace that writes nothing)."""
-    if any(has_tag_deep(bsym, t) for t in _ALWAYS_KEEP):
+    if not _ALWAYS_KEEP.isdisjoint(bsym.deep_tags()):
         return True
-    if any(p.name in live for p in bsym.proxy_outs()):
-        return True
+    for p in bsym.proxy_outs():
+        if p.name in live:
+            return True
     if groups is None:
         return False
     if keep_writes and written(bsym):

@@ -36,9 +36,9 @@ from thunderlite.transforms.aliasing.update_aliases import writes_memory
 try:        # torch's C++ guards (dynamo's): every torch this package supports has them
     from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-    _TORCH_GUARDS: tuple | None = (_TensorGuards, _GlobalStateGuard)
+    TORCH_GUARDS: tuple | None = (_TensorGuards, _GlobalStateGuard)
 except ImportError:
-    _TORCH_GUARDS = None
+    TORCH_GUARDS = None
 
 REPEATED_MISSES_TO_WARN = 3
 # key functions of a signature kept after it changed (dims made symbolic, floats made inputs): their entries stay found
@@ -231,16 +231,35 @@ class FastGuard:
 
     def arm(self, args: tuple, kwargs: dict, entry: Callable, sharing: bool) -> Callable:
         head, _, body = entry.__thunderlite_source__.partition("\n")
-        src = "\n".join(["def fast(args, kwargs):", *self.checks, body])
         globs = {**entry.__globals__, **self.consts, **self.setup(args, kwargs), "_sharing": sharing}
+        tensor_guard = getattr(entry, "__thunderlite_tensor_guard__", None)
+        if tensor_guard is not None:        # the tensors read through paths, checked in one C++ call
+            lines, check_line, globs["_tensor_meta"] = tensor_guard
+            body = _with_lines_replaced(body, set(lines), check_line)
+        src = "\n".join(["def fast(args, kwargs):", *self.checks, body])
         return codegen.compile_source(src, "fast", globs)
+
+
+def _with_lines_replaced(body: str, lines: set[str], line: str) -> str:
+    """``body`` without ``lines``, and ``line`` where the last of them was
+    (``body`` itself unless every one of them is there)."""
+    out = []
+    left = set(lines)
+    for text in body.split("\n"):
+        if text in left:
+            left.discard(text)
+            if not left:
+                out.append(line)
+            continue
+        out.append(text)
+    return body if left else "\n".join(out)
 
 
 def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None:
     """The ``FastGuard`` of a signature, or None where the key cannot be
     checked this way: symbolic sizes, numbers kept symbolic, or a torch
     without these guards."""
-    if _TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
+    if TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
         return None
     g = walk_signature(sig, None, KeyGen(fail="_MISS"))
     if any(kind == "DT" for _, kind in g.values):
@@ -266,8 +285,8 @@ def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None
     setup_src = "\n".join(["def setup(args, kwargs):", *(f"  {r}" for r in g.reads),
                            f"  return {{{', '.join(made)}}}"]) + "\n"
     consts = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern)
-    setup = codegen.compile_source(setup_src, "setup", dict(consts, _TensorGuards=_TORCH_GUARDS[0],
-                                                           _GlobalStateGuard=_TORCH_GUARDS[1],
+    setup = codegen.compile_source(setup_src, "setup", dict(consts, _TensorGuards=TORCH_GUARDS[0],
+                                                           _GlobalStateGuard=TORCH_GUARDS[1],
                                                            __builtins__=__builtins__))
     # TensorGuards checks a tensor's exact type itself; an empty kwargs is falsy
     lines = [line.replace("len(kwargs) != 0", "kwargs") for line in g.lines if line not in g.tensor_type_checks]
