@@ -164,6 +164,15 @@ class ThunderliteFunction:
                     self.last = self._candidate = entry
                     self._armings = 0
                     return out
+            # an entry compiled before some of this signature's dims became symbolic holds for its exact key
+            for older in self._keys.older_key_fns(key_fn):
+                old_key = older(args, kwargs)
+                entry = self._entries.get(old_key) if old_key is not None else None
+                out = entry.fn(args, kwargs) if entry is not None else MISS
+                if out is not MISS:
+                    self.info.hits += 1
+                    self.last = entry
+                    return out
         prev = self.info.last_key(key)
         stale = self._entries.get(key)
         self.info.record_miss(self._keys, key, stale, args, kwargs)

@@ -31,7 +31,16 @@ from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, made_by_call, proxies_in
+from thunderlite.frontend.epilogue import (
+    Template,
+    Write,
+    collect_writes,
+    guard_held_by_functions,
+    is_simple,
+    made_by_call,
+    proxies_in,
+    resolvable,
+)
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
@@ -235,6 +244,9 @@ def _compile_call(job: _Job, args: tuple, kwargs: dict, env: ShapeEnv | None, re
                       + _rebound_inputs(piece, state))
             for w in writes:
                 w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
+            state.guard_distinct({id(obj) for obj, _ in state.attr_writes.values()}
+                                 | {i for i, m in state.mirror_of.items() if m.prov is not None and m.changed()})
+            guard_held_by_functions((result, [w.value for w in writes]), state)
             ran = hooks.splitter is not None and hooks.splitter.ran     # tracing again would run a piece twice
             grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace and not ran else None
             if grows is not None:
@@ -296,7 +308,7 @@ def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[In
     alias_guard = plan_alias_guard(inputs, written_inputs(trace, groups), strided,
                                    getattr(comp, "placed_inputs", ()))
     entry = build_entry(inputs, guards, writes or [], comp, mode, rebuild, extra_names or [], alias_guard,
-                        sym_guards, env=piece)
+                        sym_guards, env=piece, objects=resolvable(state))
     stage_ms = {t.stage: t.pass_time_ms for t in traces if t.pass_time_ms is not None}
     total = (time.perf_counter() - start) * 1e3 + (trace.pass_time_ms or 0.0)
     prologue = prologue_trace(inputs, guards, trace, alias_guard, sym_guards)
@@ -369,6 +381,8 @@ def _stable(value: Any, state: TraceState, nested: bool = True) -> bool:
     if type(value) in VALUE_TYPES or isinstance(value, (TensorProxy, NumberProxy)):
         return True
     if id(value) in state.prov_of:
+        # an object keyed by type: the hook, made once, holds this call's object
+        state.identity_used(value, "held by a tensor hook the program registered")
         return id(value) not in state.mirrors_by_copy
     if isinstance(value, types.FunctionType):
         return nested and all(_stable(v, state, nested=False) for _, v in _held_by(value, state))
@@ -532,11 +546,18 @@ def _arg_value(state: TraceState, node: tuple, value: Any, prov: Prov, name: str
                              f"{prov.describe()}): advanced while tracing, the compiled program would not advance it "
                              "again. Pass the items (a list or tuple) instead.")
     if isinstance(value, torch.nn.Module):
+        if id(value) in state.prov_of:      # passed twice: the key holds its identity, twice
+            return value
         state.register_module_tree(value, prov)
+    elif kind == "P":       # keyed by its type (keys.py): its identity is guarded if the program uses it
+        state.note_object(value, prov, keyed="type")
+    elif isinstance(value, types.FunctionType):
+        state.note(value, prov)
+        state.note_closure(value)     # nonlocal writes to its cells are replayed
+    elif kind == "O" and not isinstance(value, (type, types.BuiltinFunctionType, types.MethodType)):
+        state.note_object(value, prov, keyed="identity")
     else:
         state.note(value, prov)
-        if isinstance(value, types.FunctionType):
-            state.note_closure(value)     # nonlocal writes to its cells are replayed
     return value
 
 
@@ -592,8 +613,9 @@ def _output_plan(result: Any, extras: list[Proxy], state: TraceState):
     template = Template(result, state)
     names = [p.name for p in flat]
 
-    def rebuild(values):
-        return template.build(dict(zip(names, values, strict=True)))
+    def rebuild(values, resolved):
+        return template.build(dict(zip(names, values, strict=True)), resolved)
+    rebuild.paths = template.paths
     return "rebuild", (tuple(flat), tuple(extras)), rebuild
 
 

@@ -29,7 +29,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
 from thunderlite.frontend.caching.entries import TORCH_GUARDS
 from thunderlite.frontend.caching.keys import alias_pattern, dynamic_shape
-from thunderlite.frontend.epilogue import Write, write_source
+from thunderlite.frontend.epilogue import Write, object_paths, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
 
@@ -89,6 +89,8 @@ def _guard_provs(guards: list[Guard], inputs: list[Input]):
         yield g.prov
         if g.kind == "same":
             yield g.value
+        elif g.kind == "distinct":
+            yield from g.value
     for inp in inputs:
         if inp.prov is not None:
             yield inp.prov
@@ -110,6 +112,11 @@ def _const(consts: dict, value: Any) -> str:
 def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
     if g.kind == "absent":
         return f"hasattr({paths.read(g.prov.parent)}, {g.prov.key!r})"
+    if g.kind == "distinct":
+        ids = ", ".join(f"id({paths.read(p)})" for p in g.value)
+        return f"len({{{ids}}}) != {len(g.value)}"
+    if g.kind == "type":
+        return f"type({paths.read(g.prov, once=True)}) is not {_const(consts, g.value)}"
     if g.kind == "is":
         return f"{paths.read(g.prov, once=True)} is not {_const(consts, g.value)}"
     if g.kind == "same":
@@ -148,21 +155,31 @@ def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
 def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], comp: Callable,
                 output: str, rebuild: Callable | None, extra_names: list[str],
                 alias_guard: AliasGuard | None = None, sym_guards: list | None = None,
-                env: bool = False) -> Callable:
+                env: bool = False, objects: dict | None = None) -> Callable:
     """Generate the entry function. ``output``: 'direct' (the computation returns
     the user value), 'extras' (it returns ``(user_value, extras)``), or 'rebuild'
-    (``(flat_values, extras)``, turned into the user value by ``rebuild``).
-    ``alias_guard``: storage-sharing and write-verdict checks (alias_guard.py).
-    ``sym_guards``: what the trace assumed of its symbolic sizes (core/symint.py),
-    checked once the size symbols are read. ``env``: a piece of a split program
-    (frontend/splits/), ``entry(args, kwargs, env)``, reading values earlier
-    pieces computed from ``env`` (``Prov.split``)."""
+    (``(flat_values, extras)``, turned into the user value by
+    ``rebuild(flat_values, objects_read)``, where ``rebuild.paths`` says which
+    objects to read). ``alias_guard``: storage-sharing and write-verdict checks
+    (alias_guard.py). ``sym_guards``: what the trace assumed of its symbolic
+    sizes (core/symint.py), checked once the size symbols are read. ``env``: a
+    piece of a split program (frontend/splits/), ``entry(args, kwargs, env)``,
+    reading values earlier pieces computed from ``env`` (``Prov.split``).
+    ``objects``: id -> path of the objects from outside each call gives anew
+    (``epilogue.resolvable``): read in the prologue, before anything runs, where
+    the output or a value written back holds them."""
     consts: dict = {}
     roots: dict = {}
     pro: list[str] = []
-    paths = _Paths(pro, roots, _count_uses(_guard_provs(guards, inputs)))
+    objects = objects or {}
+    rebuild_paths = list(getattr(rebuild, "paths", ()) if output == "rebuild" else ())
+    written_objects = [ip for w in writes for ip in _ids_of(object_paths(w.value, objects), objects)]
+    paths = _Paths(pro, roots, _count_uses([*_guard_provs(guards, inputs), *rebuild_paths,
+                                            *(p for _, p in written_objects)]))
     for g in guards:
         pro.append(f"    if {guard_source(g, paths, consts)}: return _MISS")
+    obj_vars = {i: paths.read(p) for i, p in written_objects}
+    rebuild_vars = [paths.read(p) for p in rebuild_paths]
     call_args = []
     meta: list[tuple[str, str, torch.Tensor]] = []
     for inp in inputs:
@@ -183,7 +200,7 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     lines = ["def entry(args, kwargs, env):" if env else "def entry(args, kwargs):"]
     if pro:
         lines += ["  try:", *pro, "  except _LOOKUP_ERRORS:", "    return _MISS"]
-    lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
+    lines += _run_and_write(call_args, writes, output, extra_names, consts, roots, obj_vars, rebuild_vars)
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
                  _rebuild=rebuild, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
@@ -194,6 +211,12 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     fn.__thunderlite_source__ = src
     fn.__thunderlite_tensor_guard__ = _tensor_guard(meta)
     return fn
+
+
+def _ids_of(provs: list[Prov], objects: dict):
+    """(id, path) of ``objects`` whose path is among ``provs``."""
+    wanted = set(provs)
+    return [(i, p) for i, p in objects.items() if p in wanted]
 
 
 def _tensor_guard(meta: list[tuple[str, str, torch.Tensor]]) -> tuple | None:
@@ -216,7 +239,7 @@ def _tensor_guard(meta: list[tuple[str, str, torch.Tensor]]) -> tuple | None:
 
 
 def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra_names: list[str],
-                   consts: dict, roots: dict) -> list[str]:
+                   consts: dict, roots: dict, obj_vars: dict, rebuild_vars: list[str]) -> list[str]:
     call = f"_comp({', '.join(call_args)})"
     if output == "direct" and not writes:
         return [f"  return {call}"]
@@ -233,8 +256,9 @@ def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra
                 lines.append(f"  {targets[w.target]} = {w.target.expr(roots)}")
     for w in writes:
         target = targets.get(w.target) if isinstance(w.target, Prov) else None
-        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target)]
-    lines.append("  return _rebuild(out)" if output == "rebuild" else "  return out")
+        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target, obj_vars)]
+    resolved = "".join(f"{v}, " for v in rebuild_vars)
+    lines.append(f"  return _rebuild(out, ({resolved}))" if output == "rebuild" else "  return out")
     return lines
 
 
@@ -248,7 +272,7 @@ _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
           for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
-                       "strides", "size", "type")}
+                       "strides", "size", "type", "distinct")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -257,7 +281,8 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
     trc = Trace("prologue", stage="prologue", names=computation.names)
     trc.args = []
     for g in guards:
-        value = g.value.describe() if g.kind == "same" else _printable(g.value)
+        value = (g.value.describe() if g.kind == "same" else tuple(p.describe() for p in g.value)
+                 if g.kind == "distinct" else g.value.__qualname__ if g.kind == "type" else _printable(g.value))
         trc.bound_symbols.append(_CHECK[g.kind].bind(g.prov.describe(), value, output=None))
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"

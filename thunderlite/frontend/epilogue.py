@@ -9,8 +9,12 @@ entry function writes the real tensors where eager would have.
 
 ``Template`` rebuilds the user's return value from the computation's flat
 outputs when it holds objects a trace cannot print (an HF ``ModelOutput``, a
-``DynamicCache``): objects created during tracing are copied afresh per call,
-objects that came from outside are returned as they are.
+``DynamicCache``): objects created during tracing are copied afresh per call;
+objects that came from outside are the call's own: an object keyed by type
+(an HF cache passed in, ``TraceState.objects``) is read through its path on
+each call (``resolvable``: the entry reads it in its prologue and hands it
+over), anything else is returned as it is (its identity is guarded). Values
+written back resolve such objects the same way.
 """
 from __future__ import annotations
 
@@ -135,17 +139,29 @@ def is_simple(x: Any) -> bool:
     return False
 
 
+def resolvable(state: TraceState) -> dict[int, Prov]:
+    """id -> path of the objects from outside that the epilogue must read
+    through their paths on each call (keyed by type, identity unused)."""
+    return {i: prov for i, (_, prov) in state.objects.items() if i not in state.fixed}
+
+
 class Template:
-    """Rebuilds a traced value with proxies replaced by runtime values."""
+    """Rebuilds a traced value with proxies replaced by runtime values.
+    ``paths``: the paths of the objects from outside it holds that each call
+    gives anew (``resolvable``); ``build`` takes their values in that order."""
 
     def __init__(self, value: Any, state: TraceState):
         self.value = value
         # objects from outside are returned as they are (ids stay valid: the
         # template itself references every object it will meet)
         self.external = set(state.prov_of)
+        found: dict[int, Prov] = {}
+        _objects_in(value, resolvable(state), found, set())
+        self.ids = tuple(found)
+        self.paths = tuple(found.values())
 
-    def build(self, env: dict) -> Any:
-        return self._build(self.value, env, {})
+    def build(self, env: dict, resolved: tuple = ()) -> Any:
+        return self._build(self.value, env, dict(zip(self.ids, resolved, strict=True)))
 
     def _build(self, x: Any, env: dict, memo: dict) -> Any:
         if isinstance(x, Proxy):
@@ -153,12 +169,16 @@ class Template:
         if type(x) is SymInt:
             return evaluate(x.expr, env)
         t = type(x)
-        if t in _ATOMS or id(x) in self.external:
+        if t in _ATOMS:
+            return x
+        if id(x) in memo:       # built already, or an object from outside given anew by this call
+            return memo[id(x)]
+        if id(x) in self.external:
             return x
         if t is DTensorProxy:
             return dtensor.materialize(x, env[x.local.name])
-        if id(x) in memo:
-            return memo[id(x)]
+        if t is types.MethodType and id(x.__self__) in self.external:    # ``cache.update``: of this call's cache
+            return types.MethodType(x.__func__, self._build(x.__self__, env, memo))
         if t is tuple:
             return tuple(self._build(y, env, memo) for y in x)
         if isinstance(x, tuple) and hasattr(x, "_fields"):
@@ -193,9 +213,11 @@ class Template:
 
 class Made:
     """A value written back that holds objects the call made with traced values
-    in them (the cache layers HF's ``DynamicCache`` appends on its first update):
+    in them (the cache layers HF's ``DynamicCache`` appends on its first update),
+    or holding objects from outside that each call gives anew (``resolvable``):
     written as a copy built per call from that call's values (``Template``), as
-    a returned value is; written as it is, they would hold the trace's proxies."""
+    a returned value is; written as it is, they would hold the trace's proxies
+    or objects."""
     __slots__ = ("template", "names")
 
     def __init__(self, value: Any, state: TraceState):
@@ -205,8 +227,84 @@ class Made:
         self.names = [p.name for p in flat]
 
 
+def _objects_in(x: Any, objects: dict, found: dict, seen: set) -> None:
+    """The objects of ``objects`` (id -> path) that ``x`` holds, past containers,
+    objects' attributes and bound methods, into ``found``."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in seen:
+        return
+    seen.add(id(x))
+    if id(x) in objects:
+        found[id(x)] = objects[id(x)]
+        return
+    if t is Made:
+        found.update(zip(x.template.ids, x.template.paths, strict=True))
+        return
+    if t is types.MethodType:
+        _objects_in(x.__self__, objects, found, seen)
+    elif isinstance(x, (tuple, list, set, frozenset, deque)):
+        for y in x:
+            _objects_in(y, objects, found, seen)
+    elif isinstance(x, dict):
+        for y in (*x, *x.values()):
+            _objects_in(y, objects, found, seen)
+    if _is_plain_object(x):
+        for y in vars(x).values():
+            _objects_in(y, objects, found, seen)
+
+
+def guard_held_by_functions(x: Any, state: TraceState, seen: set | None = None) -> None:
+    """A function the call made (a ``lambda``: its closure cells are the
+    call's) that leaves it (returned, written back) is made once, while
+    tracing, and serves every call: an object keyed by type that its cells
+    hold is the one seen while tracing, so the entry holds for that very
+    object. (A bound method is rebuilt on this call's object: ``Template``.)"""
+    seen = set() if seen is None else seen
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in seen or id(x) in state.prov_of:
+        return
+    seen.add(id(x))
+    if t is types.FunctionType:
+        for cell in x.__closure__ or ():
+            if id(cell) in state.external_cells or not _filled(cell):
+                continue        # a cell from outside the call: read through its path when it runs
+            v = cell.cell_contents
+            if id(v) in state.objects:
+                state.identity_used(v, f"held by {x.__qualname__}, a function the call made that outlives it")
+            else:
+                guard_held_by_functions(v, state, seen)
+    elif t is Made:
+        guard_held_by_functions(x.template.value, state, seen)
+    elif isinstance(x, (tuple, list, set, frozenset, deque)):
+        for y in x:
+            guard_held_by_functions(y, state, seen)
+    elif isinstance(x, dict):
+        for y in x.values():
+            guard_held_by_functions(y, state, seen)
+    elif _is_plain_object(x):
+        for y in vars(x).values():
+            guard_held_by_functions(y, state, seen)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def object_paths(x: Any, objects: dict) -> list[Prov]:
+    """The paths of the objects from outside (``objects``: ``resolvable``) that a
+    value written back holds: the entry reads them before anything runs."""
+    found: dict[int, Prov] = {}
+    _objects_in(x, objects, found, set())
+    return list(found.values())
+
+
 def made_by_call(x: Any, state: TraceState) -> Any:
-    """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
+    """``x``, or a ``Made`` when it holds traced values, or objects each call
+    gives anew, inside objects the call made."""
     return Made(x, state) if _holds_made(x, state, set()) else x
 
 
@@ -223,13 +321,22 @@ def _holds_made(x: Any, state: TraceState, seen: set) -> bool:
         return any(_holds_made(y, state, seen) for y in x.values())
     flat: list = []
     proxies_in(x, flat, set())
-    return bool(flat)
+    return bool(flat) or bool(object_paths(x, resolvable(state)))
 
 
-def value_expr(x: Any, env_names: dict, consts: dict) -> str:
-    """Python source for a write-back value: proxies by their output variable."""
+def value_expr(x: Any, env_names: dict, consts: dict, objects: dict | None = None) -> str:
+    """Python source for a write-back value: proxies by their output variable,
+    objects from outside given anew by each call (``objects``: id -> the
+    variable the entry read it into) by that variable."""
     if isinstance(x, Proxy):
         return env_names[x.name]
+    objects = objects or {}
+
+    def expr(y):
+        return value_expr(y, env_names, consts, objects)
+
+    if id(x) in objects:
+        return objects[id(x)]
     t = type(x)
     if t is DTensorProxy:   # a DTensor (an optimizer's new state, a .grad): made on the real local result
         name = f"_W{len(consts)}"
@@ -238,26 +345,25 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     if t is Made:
         name = f"_W{len(consts)}"
         consts[name] = x.template
-        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}})"
+        resolved = "".join(f"{objects[i]}, " for i in x.template.ids)
+        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}}, ({resolved}))"
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
-        inner = ", ".join(value_expr(y, env_names, consts) for y in x)
+        inner = ", ".join(expr(y) for y in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"
     if t is list:
-        return "[" + ", ".join(value_expr(y, env_names, consts) for y in x) + "]"
+        return "[" + ", ".join(expr(y) for y in x) + "]"
     if t is dict:
-        return "{" + ", ".join(f"{value_expr(k, env_names, consts)}: {value_expr(v, env_names, consts)}"
-                               for k, v in x.items()) + "}"
+        return "{" + ", ".join(f"{expr(k)}: {expr(v)}" for k, v in x.items()) + "}"
     if t in (int, bool, str, type(None)):
         return repr(x)
     if t in _FRESH_CONTAINERS:      # made by the program: a new one per call, as eager makes
-        items = "{" + ", ".join(f"{value_expr(k, env_names, consts)}: {value_expr(v, env_names, consts)}"
-                                for k, v in x.items()) + "}" if isinstance(x, dict) else \
-            "[" + ", ".join(value_expr(y, env_names, consts) for y in x) + "]"
+        items = "{" + ", ".join(f"{expr(k)}: {expr(v)}" for k, v in x.items()) + "}" if isinstance(x, dict) \
+            else "[" + ", ".join(expr(y) for y in x) + "]"
         make = _const_name(t, consts)
         if t is defaultdict:
-            return f"{make}({value_expr(x.default_factory, env_names, consts)}, {items})"
+            return f"{make}({expr(x.default_factory)}, {items})"
         if t is deque:
             return f"{make}({items}, {x.maxlen!r})"
         return f"{make}({items})"
@@ -273,16 +379,18 @@ def _const_name(x: Any, consts: dict) -> str:
     return name
 
 
-def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: str | None = None) -> list[str]:
+def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: str | None = None,
+                 objects: dict | None = None) -> list[str]:
     """Source lines applying one write-back; ``target``: a variable already holding
-    the object written (read before any write of the call: ``run_and_write``)."""
+    the object written (read before any write of the call: ``run_and_write``);
+    ``objects``: see ``value_expr``."""
     if w.kind == "global":
         g = roots.setdefault(id(w.target), (f"_G{len(roots)}", w.target))[0]
         if w.value is DELETED:
             return [f"del {g}[{w.key!r}]"]
-        return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
+        return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts, objects)}"]
     target = target or w.target.expr(roots)
-    v = value_expr(w.value, env_names, consts)
+    v = value_expr(w.value, env_names, consts, objects)
     value = w.value.template.value if type(w.value) is Made else w.value
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]

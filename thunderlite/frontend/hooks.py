@@ -169,6 +169,10 @@ class TracingHooks(InterpreterHooks):
         if in_step.is_data_parallel(fn) and self.grad_enabled \
                 and not any(t in self.state.transforms for t in getattr(fn, "_thunderlite_transforms", ())):
             return self._calling_data_parallel(fn)
+        if type(fn) in _SLOT_WRAPPERS and fn.__name__ in _WRITE_SLOTS:
+            writer = self._slot_write(fn)
+            if writer is not None:
+                return writer
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym, torch_fn=fn)
@@ -193,7 +197,7 @@ class TracingHooks(InterpreterHooks):
             owner = fn.__self__
             if self.predicating:
                 self.predicating[-1].writes_object(owner)
-            if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
+            if isinstance(owner, _CONTAINERS) and id(owner) in self.state.prov_of:
                 raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
             return self._torch_builtin(fn)
@@ -207,6 +211,37 @@ class TracingHooks(InterpreterHooks):
                                           and getattr(fn, "__module__", None) in _PURE_MODULES):
             return self._on_values(fn)
         return None
+
+    def _slot_write(self, fn: Callable) -> Callable | None:
+        """A native ``__setattr__``/``__delattr__``/``__setitem__``/``__delitem__``
+        called on an object from outside the call (``super().__setattr__(k, v)``
+        in a class's own ``__setattr__``, ``dict.__setitem__(d, k, v)``): it goes
+        to the overlay as the program's write, as the statement would; run
+        natively it would leave a traced value in the caller's object (and the
+        next trace reading it would run another trace's value)."""
+        bound = getattr(fn, "__self__", None)
+        if isinstance(bound, type):
+            bound = None
+        prov_of = self.state.prov_of
+        if bound is not None and id(bound) not in prov_of:
+            return None
+        name = fn.__name__
+
+        def write(*args):
+            obj, rest = (bound, args) if bound is not None else (args[0], args[1:])
+            if id(obj) in prov_of:
+                if name == "__setattr__" and self.store_attr(obj, *rest):
+                    return None
+                if name == "__delattr__" and self.delete_attr(obj, *rest):
+                    return None
+                if name == "__setitem__" and self.store_subscr(obj, *rest):
+                    return None
+                if name == "__delitem__" and self.delete_subscr(obj, *rest):
+                    return None
+                if name in ("__setitem__", "__delitem__"):
+                    raise self.container_write_refused(obj, name)
+            return fn(*args)
+        return write
 
     def _on_values(self, fn: Callable) -> Callable:
         """A pure native function that needs a traced value (``math.isclose(n,
@@ -232,6 +267,8 @@ class TracingHooks(InterpreterHooks):
             trc = self.trace
             trc.source = self.locate()
             n = len(trc.bound_symbols)
+            if self.state.objects:      # an object handed to an op is held by the trace as it is
+                self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             if _has_tensor(args) or (kwargs and _has_tensor(kwargs.values())):
                 args, kwargs = self._capture_constants(args, kwargs)
             try:
@@ -348,6 +385,7 @@ class TracingHooks(InterpreterHooks):
                 return dtensor.dispatch(fn, call, args, kwargs, getattr(fn, "__name__", str(fn)))  # local calls
             if getattr(fn, "__name__", "") == "numpy" and (_has_proxy(args) or _has_proxy((fn.__self__,))):
                 raise self.not_traced("Tensor.numpy()")
+            self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             # a real tensor among the arguments joins the trace (``_capture_constants``):
             # run here it would be computed, and written, once at trace time (not a
             # generator's state, which fork_rng saves and restores while tracing)
@@ -371,6 +409,7 @@ class TracingHooks(InterpreterHooks):
             name = _numpy_name(fn)
             if _has_proxy(args) or _has_proxy(kwargs.values()):
                 raise self.not_traced(f"{name}(...) on a tensor")
+            self.native_use(fn, (*args, *kwargs.values()) if kwargs else args)
             out = fn(*args, **kwargs)
             if type(out).__name__ == "ndarray":
                 raise self.not_traced(f"{name}(...)")
@@ -620,11 +659,73 @@ class TracingHooks(InterpreterHooks):
         inside the program, ``p.grad = t``; training/traced_autograd.py)."""
         return self.autograd.grad_of(proxy)
 
+    def native_use(self, what: Any, values: tuple) -> None:
+        """Objects the program reads by path (``TraceState.objects``, keyed by type)
+        handed to native code that may read their identity (``what``: the native
+        callable, or ``is``/``in``/``hash``): the entry then holds for those very
+        objects (an identity guard naming the line). A builtin method's
+        ``__self__`` counts; containers are looked into one level."""
+        objects = self.state.objects
+        if not objects or what is callable or what is print:
+            return
+        if type(what) is str and what == "in":
+            self._membership(*values)
+            return
+        owner = getattr(what, "__self__", None) if type(what) is not str else None
+        objclass = getattr(what, "__objclass__", None)
+        if owner is None and (objclass in _BUILTIN_CONTAINERS or objclass is object) and values:
+            owner, values = values[0], values[1:]       # unbound: ``dict.__setitem__(d, k, v)``
+        if owner is not None and id(owner) in objects:
+            self._identity_used(owner, what)
+        if objclass is object and getattr(what, "__name__", None) == "__setattr__":
+            return      # ``super().__setattr__(name, value)`` stores the value
+        kind = (what if type(what) is type else owner if type(owner) is type else
+                next((c for c in type(owner).__mro__ if c in _BUILTIN_CONTAINERS), None))
+        if kind in _BUILTIN_CONTAINERS:
+            values = _compared_by_container(what, kind, values)
+        for v in values:
+            if id(v) in objects:
+                self._identity_used(v, what)
+            elif type(v) in (list, tuple, set, frozenset):
+                for y in v:
+                    if id(y) in objects:
+                        self._identity_used(y, what)
+            elif type(v) is dict:
+                for y in (*v, *v.values()):
+                    if id(y) in objects:
+                        self._identity_used(y, what)
+
+    def _membership(self, item: Any, container: Any) -> None:
+        """``item in container`` run natively: the item is hashed or compared; an
+        element (a dict's key) is compared only with an item of its type, or by
+        an ``__eq__`` of its own (run natively)."""
+        objects = self.state.objects
+        if id(item) in objects:
+            self._identity_used(item, "in")
+        if not isinstance(container, (*_CONTAINERS, tuple, frozenset)):
+            return
+        for y in container:
+            if id(y) in objects and (type(y) is type(item) or type(y).__eq__ is not object.__eq__):
+                self._identity_used(y, "in")
+
+    def _identity_used(self, obj: Any, what: Any) -> None:
+        if id(obj) in self.state.fixed:
+            return
+        if type(what) is str:
+            how = {"is": "compared with `is`", "in": "compared with `in`",
+                   "hash": "hashed (a dict key or set item)"}.get(what, f"used as {what}")
+        else:
+            how = f"passed to {getattr(what, '__qualname__', None) or repr(what)}"
+        self.state.identity_used(obj, f"{how} at {self._where()}")
+
     def subscr_key(self, container: Any, key: Any) -> Any:
         """A tensor proxy used as a key into a real dict (``optimizer.state[p]``)
         looks up the tensor it stands for; the entry then holds only for that
         very tensor (an identity guard on the proxy's path). A traced value
-        indexing a list, tuple or string splits the program there."""
+        indexing a list, tuple or string splits the program there. An object
+        keyed by type used as a key is hashed: its identity is guarded."""
+        if id(key) in self.state.objects:
+            self._identity_used(key, f"a subscript of a {type(container).__name__}")
         if isinstance(container, (list, tuple, str, range)):
             wanted = self.split_value(index_request(key))
             return key if wanted is NOT_SPLIT else wanted
@@ -724,6 +825,49 @@ class TracingHooks(InterpreterHooks):
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True
 
+
+# methods of builtin containers (and their constructors) that only store values or hand them back: of
+# their arguments, only those they hash (a dict's keys) or compare read an object's identity
+_STORING = frozenset({"append", "extend", "insert", "appendleft", "extendleft", "copy", "items", "keys", "values",
+                      "__setitem__", "get", "pop", "setdefault", "update", "__init__", "__new__"})
+
+
+def _compared_by_container(what: Any, kind: type, values: tuple) -> tuple:
+    """Of the arguments of a method (or constructor) of the builtin container
+    type ``kind``, those whose identity it may read: a list stores what
+    ``append``/``extend``/``insert`` take; a dict hashes only keys (the first
+    argument of ``get``/``pop``/``setdefault``/``__setitem__``, a mapping's
+    keys); anything else (``index``, ``remove``, ``count``, a set's methods)
+    compares them all. ``__new__`` ignores or stores them, but a frozenset's."""
+    name = "__init__" if what is kind else getattr(what, "__name__", None)
+    if name not in _STORING or kind is frozenset and name == "__new__":
+        return values
+    if name == "__new__":
+        return ()
+    if issubclass(kind, set):
+        return values
+    if not issubclass(kind, dict):
+        return ()
+    if name in ("get", "pop", "setdefault", "__setitem__"):
+        return values[:1]
+    keys: list = []
+    for v in values:        # a mapping's keys, or the first item of each pair
+        if isinstance(v, dict):
+            keys += v.keys()
+        elif type(v) in (list, tuple):
+            keys += [p[0] if type(p) in (list, tuple) and p else p for p in v]
+        else:
+            keys.append(v)
+    return tuple(keys)
+
+
+_BUILTIN_CONTAINERS = (list, tuple, dict, collections.OrderedDict, collections.defaultdict, collections.deque, set,
+                       frozenset)
+
+
+# native attribute and item writes reached as callables (``super().__setattr__``, ``dict.__setitem__``)
+_SLOT_WRAPPERS = (type(object().__setattr__), type(object.__setattr__))
+_WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delitem__"})
 
 # native functions without side effects, run on a split's values when they need them
 _PURE_MODULES = frozenset({"math", "cmath"})

@@ -31,8 +31,7 @@ from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user
 
 MIRROR_MAX_ITEMS = 64
-# items that make a tuple read from outside worth copying (``TraceState.tuple_copy``)
-_STATEFUL = (torch.Tensor, torch.nn.Module, list, dict, tuple)
+_CONTAINER_TYPES = (list, dict, OrderedDict, defaultdict, deque, set)
 DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>", "__slots__": ()})()
 """The overlay value of an attribute or item the program deleted."""
 
@@ -54,13 +53,18 @@ class Guard:
     """``kind`` is 'eq' (value equality), 'is' (identity), 'len', 'keys',
     'same' (the path yields the very object ``value``, another path, yields), or
     'absent' (the path's last attribute does not exist: ``hasattr`` is False),
-    or 'type_len' (``value`` is ``(type, length)``: a tuple, a deque)."""
-    __slots__ = ("prov", "kind", "value")
+    or 'type_len' (``value`` is ``(type, length)``: a tuple, a deque), 'type'
+    (an object the program reads by its attributes: ``type(v) is value``), or
+    'distinct' (``value``: the paths, ``prov`` among them, of objects of one
+    type, one of them written, that must stay distinct objects).
+    ``why``: for an 'is' guard on an object, the line that used its identity."""
+    __slots__ = ("prov", "kind", "value", "why")
 
-    def __init__(self, prov: Prov, kind: str, value: Any):
+    def __init__(self, prov: Prov, kind: str, value: Any, why: str | None = None):
         self.prov = prov
         self.kind = kind
         self.value = value
+        self.why = why
 
 
 class Mirror:
@@ -89,8 +93,12 @@ class TraceState:
         self.trace = trace
         self.inputs: list[Input] = []
         self.guards: list[Guard] = []
-        self._guarded: set = set()
+        self._guarded: dict[Prov, Guard] = {}
         self.prov_of: dict[int, Prov] = {}       # id(object) -> where it came from
+        # objects with a path (not tensors, containers, modules, functions, types): id -> (object, path);
+        # guarded by type, not identity, unless the program uses their identity (``identity_used``)
+        self.objects: dict[int, tuple] = {}
+        self.fixed: set[int] = set()        # ids of those whose identity is guarded (or keyed)
         self.proxy_of: dict[int, TensorProxy] = {}  # id(tensor) -> its proxy
         self.input_of: dict[int, Input] = {}       # id(tensor) -> its Input
         self.mirror_of: dict[int, Mirror] = {}    # id(original container) -> mirror
@@ -148,12 +156,61 @@ class TraceState:
             if sub is not None and id(sub) not in self.prov_of:
                 self.register_module_tree(sub, prov.attr(name, "_modules"), views)
 
-    def add_guard(self, prov: Prov, kind: str, value: Any) -> None:
-        if prov in self._guarded:
+    def add_guard(self, prov: Prov, kind: str, value: Any, why: str | None = None) -> None:
+        g = self._guarded.get(prov)
+        if g is not None:
+            if g.kind == "type" and kind != "type":     # an object's type guard gives way to a stronger one
+                g.kind, g.value, g.why = kind, value, why
+                self._alive.append(value)
             return
-        self._guarded.add(prov)
-        self.guards.append(Guard(prov, kind, value))
+        g = self._guarded[prov] = Guard(prov, kind, value, why)
+        self.guards.append(g)
         self._alive.append(value)
+
+    # --- objects: keyed by type, by identity where the program uses it ----------------------
+    def note_object(self, obj: Any, prov: Prov, keyed: str | None = None) -> None:
+        """An object reached by ``prov`` that the program reads through its
+        attributes and items: every call may hand another object of its type
+        (guarded here by type, or ``keyed``: 'type' or 'identity', by the key
+        of the argument it is), until the program uses its identity
+        (``identity_used``). Met again by another path, that path must keep
+        giving the same object."""
+        first = self.prov_of.get(id(obj))
+        if first is not None:
+            if first != prov:
+                self.add_guard(prov, "same", first)
+            return
+        self.note(obj, prov)
+        self.objects[id(obj)] = (obj, prov)
+        if keyed == "identity":
+            self.fixed.add(id(obj))
+        elif keyed is None:
+            self.add_guard(prov, "type", type(obj))
+
+    def identity_used(self, obj: Any, why: str) -> None:
+        """The program's result may depend on which object ``obj`` is (``is``,
+        ``id()``, hashing, a dict keyed by it, native code handed it): the
+        entry holds for this very object only (an identity guard)."""
+        entry = self.objects.get(id(obj))
+        if entry is not None and id(obj) not in self.fixed:
+            self.fixed.add(id(obj))
+            self.add_guard(entry[1], "is", obj, why)
+
+    def guard_distinct(self, written: set[int]) -> None:
+        """Objects (and containers the program sees copies of) that the trace
+        held distinct must stay so where one of them is written (``written``:
+        ids): one object reached by two of these paths on a later call would
+        see the write through the other, which the trace read before it. One
+        guard per type with a written object."""
+        found = [(obj, prov) for obj, prov in self.objects.values()]
+        found += [(m.original, m.prov) for m in self.mirror_of.values() if m.prov is not None]
+        by_type: dict[type, list[Prov]] = {}
+        for obj, prov in found:
+            by_type.setdefault(type(obj), []).append(prov)
+        for t in {type(obj) for obj, _ in found if id(obj) in written}:
+            provs = by_type[t]
+            if len(provs) > 1:
+                self.guards.append(Guard(provs[0], "distinct", tuple(provs)))
 
     # --- values entering the program -------------------------------------------------------
     def tensor_input(self, t: torch.Tensor, prov: Prov | None, guard_meta: bool = True,
@@ -300,8 +357,11 @@ class TraceState:
                 self.note_closure(value.__func__)   # its cells outlive the call
             return value
         if isinstance(value, torch.nn.Module):
-            if id(value) not in self.prov_of:
+            first = self.prov_of.get(id(value))
+            if first is None:
                 self.register_module_tree(value, prov)
+            elif first != prov:     # reached by another path: it must keep giving this module
+                self.add_guard(prov, "same", first)
             self.add_guard(self.prov_of[id(value)], "is", value)
             return value
         if (t is list or t is dict or t is OrderedDict or t is defaultdict and _atom_keys(value) or t is deque
@@ -312,16 +372,19 @@ class TraceState:
             # length is guarded, reads by key or index get paths, and changing it in
             # place is refused (TracingHooks.lookaside)
             self.add_guard(prov, "type_len", (t, len(value)))
-        if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS \
-                and any(isinstance(v, _STATEFUL) for v in value):
+        if (t is tuple or hasattr(t, "_make")) and isinstance(value, tuple) and len(value) <= MIRROR_MAX_ITEMS:
             return self.tuple_copy(value, prov)
-        self.note(value, prov)
+        if t in _CONTAINER_TYPES or isinstance(value, tuple):
+            self.note(value, prov)
+        else:
+            self.note_object(value, prov)
         return value
 
     def tuple_copy(self, value: tuple, prov: Prov) -> tuple:
-        """A tuple (or namedtuple) holding tensors, modules or containers, as the
-        program sees it: its items entered through their paths, so unpacking and
-        iterating it (native code, no hooks) hand over proxies, not real tensors.
+        """A tuple (or namedtuple) holding tensors, modules, containers or objects,
+        as the program sees it: its items entered through their paths, so
+        unpacking and iterating it (native code, no hooks) hand over proxies and
+        values with paths, not real tensors or objects nothing guards.
         Guarded by type and length; each item by its own guards."""
         copy = self.tuple_copies.get(id(value))
         if copy is not None:

@@ -82,6 +82,15 @@ def call_no_lookaside(rt, fn, args, kwargs):
     m = py_dunder(t, "__call__")
     if m is not None:
         return call(rt, m, (fn, *args), kwargs)
+    return run_native(rt, fn, args, kwargs)
+
+
+def run_native(rt, fn, args, kwargs=None):
+    """``fn(*args, **kwargs)`` run natively, its arguments shown to the
+    ``native_use`` hook first (native code may read their identity)."""
+    h = rt.native_use
+    if h is not None:
+        h(fn, (*args, *kwargs.values()) if kwargs else args)
     return fn(*args, **kwargs) if kwargs else fn(*args)
 
 
@@ -109,18 +118,18 @@ def instantiate(rt, cls, args, kwargs):
     if type(mcall) is FunctionType:
         return call(rt, mcall, (cls, *args), kwargs)
     if mcall is not type.__call__ or not cls.__flags__ & HEAPTYPE:
-        return cls(*args, **kwargs) if kwargs else cls(*args)
+        return run_native(rt, cls, args, kwargs)
     new = _unwrap_static(lookup(cls, "__new__"))
     init = lookup(cls, "__init__")
     py_new = type(new) is FunctionType
     if not py_new and type(init) is not FunctionType:
-        return cls(*args, **kwargs) if kwargs else cls(*args)
+        return run_native(rt, cls, args, kwargs)
     if py_new:
         obj = call(rt, new, (cls, *args), kwargs)
     elif new is object.__new__:
         obj = object.__new__(cls)
     else:
-        obj = new(cls, *args, **kwargs) if kwargs else new(cls, *args)
+        obj = run_native(rt, new, (cls, *args), kwargs)
     if not isinstance(obj, cls):
         return obj
     init = lookup(type(obj), "__init__")
@@ -128,8 +137,6 @@ def instantiate(rt, cls, args, kwargs):
         r = call(rt, init, (obj, *args), kwargs)
         if r is not None:
             raise TypeError(f"__init__() should return None, not '{type(r).__name__}'")
-    elif kwargs:
-        init(obj, *args, **kwargs)
     else:
-        init(obj, *args)
+        run_native(rt, init, (obj, *args), kwargs)
     return obj

@@ -13,7 +13,7 @@ from .attrs import delete_attr, load_attr, load_subscr, store_attr
 from .calls import CALLABLE_EMULATORS, EMULATORS, call
 from .frame import UNBOUND, thread_state
 from .loop import run_code
-from .operators import EXHAUSTED, format_value, get_iter, next_or_exhausted, to_repr, to_str, truth
+from .operators import EXHAUSTED, format_value, get_iter, length, next_or_exhausted, to_repr, to_str, truth
 
 _NOTGIVEN = object()
 
@@ -267,8 +267,9 @@ def _emulate_one_argument(native, interpreted) -> None:
         return native(*args, **(kwargs or {}))
 
 
-# One-argument conversions and iteration run their Python dunders interpreted.
-for _native, _interpreted in ((str, to_str), (builtins.repr, to_repr), (bool, truth), (builtins.iter, get_iter)):
+# One-argument conversions, iteration and len run their Python dunders interpreted.
+for _native, _interpreted in ((str, to_str), (builtins.repr, to_repr), (bool, truth), (builtins.iter, get_iter),
+                              (builtins.len, length)):
     _emulate_one_argument(_native, _interpreted)
 
 

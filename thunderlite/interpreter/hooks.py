@@ -44,6 +44,11 @@ class InterpreterHooks:
       delete uses (a tracer maps a stand-in value to the object it stands for).
     - ``predicate(value)``: at a conditional jump over a block on a value that is not a
       bool, an object running the block predicated, or None (``predicate.py``).
+    - ``native_use(what, values)``: ``values`` are about to be seen by native code that
+      may depend on their identity: ``what`` is the native callable they are passed to
+      (a builtin method's ``__self__`` among them), or ``"is"`` (an identity comparison
+      with neither side None), ``"in"`` (membership in a native container) or
+      ``"hash"`` (a key or item of a dict or set the program builds). Observe only.
 
     Example::
 
@@ -100,9 +105,13 @@ class InterpreterHooks:
         ``bool(value)``."""
         return None
 
+    def native_use(self, what, values):
+        """``values`` reach native code that may read their identity (see the class docstring)."""
+        return None
+
 
 HOOK_NAMES = (
     "lookaside", "load_global", "store_global", "load_attr", "store_attr", "delete_attr",
     "subscr_key", "load_subscr", "store_subscr", "delete_subscr", "load_deref", "store_deref", "delete_deref",
-    "predicate",
+    "predicate", "native_use",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 
-from .calls import HEAPTYPE, FunctionType, call, lookup, py_dunder
+from .calls import HEAPTYPE, FunctionType, call, lookup, py_dunder, run_native
 
 # NB_* order of BINARY_OP (3.11+); 3.10 opcodes map onto the same indices.
 _BIN = [
@@ -33,9 +33,22 @@ _INAME = [f"__i{b[2]}__" for b in _BIN]
 _SEQ_TYPES = (str, list, tuple, bytes, bytearray)
 
 
+# builtin values whose operators never read an object's identity (other native operands are shown
+# to the ``native_use`` hook: an object a tracer keys by type must not be read unseen)
+_VALUE_TYPES = frozenset({int, float, bool, str, bytes, complex, type(None), tuple, list, dict, set, frozenset})
+
+
+def show_native(rt, fn, *values) -> None:
+    """Show ``values`` (about to be run natively by ``fn``) to ``native_use``
+    unless they are builtin values."""
+    if rt.native_use is not None and not all(type(v) in _VALUE_TYPES for v in values):
+        rt.native_use(fn, values)
+
+
 def binary_op(rt, a, b, k):
     """a <op k> b for k in 0..25 (13.. are in-place)."""
     if not (type(a).__flags__ | type(b).__flags__) & HEAPTYPE:
+        show_native(rt, BINARY_NATIVE[k], a, b)
         return BINARY_NATIVE[k](a, b)
     if k >= 13:
         return _inplace(rt, a, b, k - 13)
@@ -102,6 +115,7 @@ def compare_op(rt, a, b, k):
     """a <cmp k> b for k in 0..5 (lt, le, eq, ne, gt, ge)."""
     ta, tb = type(a), type(b)
     if not (ta.__flags__ | tb.__flags__) & HEAPTYPE:
+        show_native(rt, COMPARE_NATIVE[k], a, b)
         return COMPARE_NATIVE[k](a, b)
     lm = lookup(ta, _CMP_NAME[k])
     rm = lookup(tb, _CMP_NAME[_CMP_SWAP[k]])
@@ -133,6 +147,8 @@ def slot(rt, tp, name):
 def contains(rt, container, item):
     m = slot(rt, type(container), "__contains__")
     if m is None:
+        if rt.native_use is not None:
+            rt.native_use("in", (item, container))
         return item in container
     return bool(truth(rt, call(rt, m, (container, item))))
 
@@ -142,6 +158,7 @@ def contains(rt, container, item):
 def unary(rt, v, name, native):
     m = slot(rt, type(v), name)
     if m is None:
+        show_native(rt, native, v)
         return native(v)
     return call(rt, m, (v,))
 
@@ -152,6 +169,7 @@ def truth(rt, v):
     if t is bool:
         return v
     if not t.__flags__ & HEAPTYPE:
+        show_native(rt, bool, v)
         return bool(v)
     m = lookup(t, "__bool__")
     if type(m) is FunctionType or (m is not None and rt.lookaside is not None):
@@ -169,11 +187,23 @@ def truth(rt, v):
     return bool(v)
 
 
+def length(rt, v):
+    """len(v) with a Python __len__ interpreted (natively its reads would go unseen)."""
+    m = py_dunder(type(v), "__len__")
+    if m is None:
+        return len(v)
+    n = operator.index(call(rt, m, (v,)))
+    if n < 0:
+        raise ValueError("__len__() should return >= 0")
+    return n
+
+
 # ----------------------------------------------------------------------------- iteration
 
 def get_iter(rt, v):
     m = slot(rt, type(v), "__iter__")
     if m is None:
+        show_native(rt, iter, v)
         return iter(v)
     it = call(rt, m, (v,))
     if lookup(type(it), "__next__") is None:
@@ -214,13 +244,13 @@ def to_str(rt, v):
             if not isinstance(r, str):
                 raise TypeError(f"__str__ returned non-string (type {type(r).__name__})")
             return r
-    return str(v)
+    return run_native(rt, str, (v,))
 
 
 def to_repr(rt, v):
     m = py_dunder(type(v), "__repr__")
     if m is None:
-        return repr(v)
+        return run_native(rt, repr, (v,))       # object.__repr__ shows the address
     r = call(rt, m, (v,))
     if not isinstance(r, str):
         raise TypeError(f"__repr__ returned non-string (type {type(r).__name__})")
@@ -240,7 +270,7 @@ def format_value(rt, v, spec):
             return r
         if m is object.__format__ and not spec:
             return to_str(rt, v)
-    return format(v, spec)
+    return run_native(rt, format, (v, spec))
 
 
 def convert(rt, v, which):

@@ -114,15 +114,26 @@ def test_values_and_objects_in_the_key_are_checked():
         return x * k + obj.bias
     class Obj:
         bias = 1.0
+    class Other:
+        bias = 1.0
     o1, o2 = Obj(), Obj()
     x = torch.randn(4)
     jf = thunderlite.jit(f)
     _warm(jf, x, 2, o1)
     assert jf._fast((x, 3, o1), {}) is MISS
     assert jf._fast((x, 2.0, o1), {}) is MISS       # the key checks the type as well as the value
+    assert jf._fast((x, 2, Other()), {}) is MISS    # an object is keyed by its type (keys.keyed_by_type)
+    torch.testing.assert_close(jf._fast((x, 2, o2), {}), f(x, 2, o2))     # what it reads of it: guarded
+    o2.bias = 3.0
     assert jf._fast((x, 2, o2), {}) is MISS
     torch.testing.assert_close(jf(x, 3, o1), f(x, 3, o1))
     torch.testing.assert_close(jf(x, 2, o2), f(x, 2, o2))
+    # a module (or a function) is keyed by identity
+    lin1, lin2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    jg = thunderlite.jit(lambda x, m: m(x))
+    _warm(jg, x, lin1)
+    assert jg._fast((x, lin2), {}) is MISS
+    torch.testing.assert_close(jg(x, lin2), lin2(x))
 
 
 def test_a_writing_program_checks_which_inputs_share_storage():

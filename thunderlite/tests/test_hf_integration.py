@@ -186,3 +186,113 @@ def test_a_module_with_its_own_call_runs_it():
     jm = thunderlite.jit(m)
     x = torch.randn(4, 3)
     torch.testing.assert_close(jm(x), m(x))
+
+
+# --- a fresh cache per generate (issue 33): caches are keyed by type, not identity ---------------------
+
+@pytest.mark.parametrize("way", ["jit(m.forward)", "jit(m).generate"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_ten_generates_with_fresh_caches_compile_prefill_and_decode_once(way, cache):
+    # generate() makes a new DynamicCache/StaticCache per call; the program only reads it through its
+    # attributes, so it is keyed by its type: later generates run the entries the first one compiled
+    ref, model = _llama().eval(), _llama().eval()
+    if way == "jit(m.forward)":
+        model.forward = thunderlite.jit(model.forward)
+        jitted, gen = model.forward, model.generate
+    else:
+        jitted = thunderlite.jit(model)
+        gen = jitted.generate
+    kw = dict(do_sample=False, max_new_tokens=6)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    g = torch.Generator().manual_seed(7)
+    for i in range(10):
+        ids = torch.randint(1, VOCAB, (1, 5), generator=g)
+        assert torch.equal(gen(ids, **kw), ref.generate(ids, **kw)), i
+    info = thunderlite.cache_info(jitted)
+    assert info["misses"] == 2 and info["eager_calls"] == 0, info      # the prompt, then every token
+    assert info["hits"] == 10 * 6 - 2
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_fresh_caches_sampling_a_padded_batch(cache):
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    ids, mask = _padded_batch()
+    kw = dict(do_sample=True, max_new_tokens=5, attention_mask=mask)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    for seed in range(4):
+        torch.manual_seed(seed)
+        expected = ref.generate(ids, **kw)
+        torch.manual_seed(seed)
+        assert torch.equal(jm.generate(ids, **kw), expected), seed
+    info = thunderlite.cache_info(jm)
+    assert info["misses"] <= 3 and info["eager_calls"] == 0, info
+
+
+def test_generate_with_the_callers_cache_leaves_eagers_state_in_it():
+    # the cache the caller passes (a new object per request) ends holding eager's keys and values, and the
+    # output returned with return_dict_in_generate is that very object
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    for seed in range(3):
+        ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(seed))
+        mine, theirs = transformers.DynamicCache(), transformers.DynamicCache()
+        got = jm.generate(ids, max_new_tokens=4, do_sample=False, cache=mine,
+                          return_dict_in_generate=True, output_logits=True)
+        expected = ref.generate(ids, max_new_tokens=4, do_sample=False, cache=theirs,
+                                return_dict_in_generate=True, output_logits=True)
+        assert torch.equal(got.sequences, expected.sequences)
+        for a, b in zip(got.logits, expected.logits, strict=True):
+            torch.testing.assert_close(a, b)
+        assert got.past_key_values is mine
+        for lm, lt in zip(mine.layers, theirs.layers, strict=True):
+            torch.testing.assert_close(lm.keys, lt.keys)
+            torch.testing.assert_close(lm.values, lt.values)
+    assert thunderlite.cache_info(jm)["misses"] == 2
+
+
+def test_forward_returns_the_calls_own_cache():
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for _ in range(3):
+            mine, theirs = transformers.DynamicCache(), transformers.DynamicCache()
+            out = jm(input_ids=ids, cache=mine, use_cache=True)
+            expected = ref(input_ids=ids, cache=theirs, use_cache=True)
+            assert out.past_key_values is mine
+            torch.testing.assert_close(out.logits, expected.logits)
+            torch.testing.assert_close(mine.layers[1].keys, theirs.layers[1].keys)
+    assert thunderlite.cache_info(jm)["misses"] == 1
+
+
+def test_generates_from_many_threads_with_fresh_caches():
+    # a server: several threads generate at once through one jitted model, each with its own new cache;
+    # every result is eager's, and the entries compiled serve them all (objects keyed by type)
+    import threading
+    import traceback
+    ref, model = _llama().eval(), _llama().eval()
+    jm = thunderlite.jit(model)
+    kw = dict(do_sample=False, max_new_tokens=5)
+    prompts = [torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    expected = [ref.generate(p, **kw) for p in prompts]
+    errors: list[str] = []
+    start = threading.Barrier(4)
+
+    def work(i):
+        try:
+            start.wait()
+            for j in (i, i + 4):
+                assert torch.equal(jm.generate(prompts[j], **kw), expected[j]), j
+        except BaseException:   # noqa: BLE001 - every failure of every thread is reported
+            errors.append(traceback.format_exc())
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    info = thunderlite.cache_info(jm)
+    assert info["eager_calls"] == 0 and info["misses"] <= 3, info

@@ -41,6 +41,8 @@ except ImportError:
     TORCH_GUARDS = None
 
 REPEATED_MISSES_TO_WARN = 3
+# key functions of a signature kept after it changed (dims made symbolic, floats made inputs): their entries stay found
+MAX_OLDER_KEY_FNS = 4
 
 
 class CompiledEntry:
@@ -92,6 +94,7 @@ class KeyCache:
         self._static: set[tuple] = set()          # signatures symbolic sizes failed for
         self._numbers: dict[tuple, frozenset] = {}  # signature -> float leaves kept symbolic (automatic)
         self._static_numbers: set[tuple] = set()  # signatures symbolic floats failed for
+        self._older: dict[tuple, list] = {}       # signature -> the key functions it had before, newest first
 
     @staticmethod
     def no_key(args, kwargs):
@@ -105,6 +108,9 @@ class KeyCache:
     def _make(self, sig: tuple) -> Callable:
         sig_id = self._sig_id.setdefault(sig, len(self._sig_id))
         fn = make_key_fn(self.traced_signature(sig), sig_id, self.names, self.dynamic_of(sig))
+        old = self._by_sig.get(sig)
+        if old is not None:
+            self._older[sig] = [old, *self._older.get(sig, ())][:MAX_OLDER_KEY_FNS]
         self._by_sig[sig] = fn
         if sig_id == len(self._fn_by_sig_id):
             self._fn_by_sig_id.append(fn)
@@ -180,6 +186,13 @@ class KeyCache:
         for leaf, ds in dims.items():
             spec[leaf] = frozenset(spec.get(leaf, frozenset()) | ds)
         return self._make(sig)
+
+    def older_key_fns(self, key_fn: Callable) -> list[Callable]:
+        """The key functions ``key_fn``'s signature had before (newest first):
+        the entries stored under their keys hold for exactly those keys (an
+        entry compiled for static sizes before a dim became symbolic: the
+        first prompt's prefill, found again by the next request)."""
+        return self._older.get(self._sig_of[id(key_fn)], [])
 
     def signature_of(self, key_fn: Callable) -> tuple:
         return self._sig_of[id(key_fn)]
@@ -352,7 +365,7 @@ class CacheInfo:
         self._last_key_by_sig[key[0]] = key
         if stale_entry is not None:
             what, reason = _failed_guard(stale_entry, args, kwargs)
-            hint = _hint(what, None, None) if what.endswith(".shape") else (
+            hint = _hint(what, None, None) if what.endswith(".shape") or what == IDENTITY_USED else (
                 "if it changes on every call, pass it to the function as an argument (a tensor for numbers)")
         elif prev is None or len(prev) != len(key):
             what, reason = "signature", "new argument structure or types (a new signature)"
@@ -370,8 +383,19 @@ class CacheInfo:
                           stacklevel=user_stacklevel())
 
 
+IDENTITY_USED = "the identity of an object"
+
+
 def _hint(what: str, old: Any, new: Any) -> str:
     """What fixes a miss of this kind (the key element ``what`` went from ``old`` to ``new``)."""
+    if what == IDENTITY_USED:
+        return ("an object the program only reads (its attributes and items) is keyed by its type, but one "
+                "whose identity the program uses (`is` against another object of its type, `id()`, hashing, a "
+                "dict keyed by it, a native function handed it) compiles an entry per object: pass the same "
+                "object on every call, or compare a field of it instead of the object itself")
+    if what.startswith("the object passed as"):      # keyed by identity: its id is an int, but no number
+        return ("modules, functions and objects of classes not written in Python are keyed by identity, so each "
+                "new one compiles its own entries: pass the same object on every call")
     if what.endswith((".shape", ".dtype", ".device", ".requires_grad")):
         return ("tensor shapes, dtypes and devices are part of the key: with jit(..., dynamic=False) each "
                 "new shape compiles its own entry; leave dynamic=None (the default) to make sizes that "
@@ -383,9 +407,6 @@ def _hint(what: str, old: Any, new: Any) -> str:
     if type(old) in (int, bool, complex) and type(new) in (int, bool, complex):
         return ("if this number changes on every call, pass it as a tensor, or use "
                 "jit(..., cache='symbolic values') so that ints become symbols of the trace")
-    if what.startswith("the object passed as"):
-        return ("objects are keyed by identity, so each new object compiles its own entries: pass the same object "
-                "on every call (an HF cache can be reset and reused)")
     return "each value of it compiles its own entry"
 
 
@@ -406,6 +427,8 @@ def _key_difference(labels: list[str] | None, prev: tuple, key: tuple) -> tuple[
     i = diffs[0]
     label = labels[i] if labels is not None and i < len(labels) else f"key element {i}"
     old, new = prev[i + 1], key[i + 1]
+    if label.startswith("the object passed as"):     # its id: a number, but not one the program computes with
+        return label, f"{label} is another object (keyed by identity)", old, new
     return label, f"{label} changed from {old!r} to {new!r}", old, new
 
 
@@ -413,6 +436,13 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
     """Which of the entry's guards rejected the call (evaluated one by one; slow path only)."""
     for g in entry.guards:
         try:
+            if g.kind == "distinct":
+                objs = [read_path(p, args, kwargs) for p in g.value]
+                if len({id(o) for o in objs}) != len(objs):
+                    names = ", ".join(p.describe() for p in g.value)
+                    return g.prov.describe(), (f"two of {names} are one object now (they were distinct when "
+                                               "compiled, and the program writes one of them)")
+                continue
             if g.kind == "absent":
                 if hasattr(read_path(g.prov.parent, args, kwargs), g.prov.key):
                     return g.prov.describe(), f"{g.prov.describe()} did not exist when compiled and does now"
@@ -422,10 +452,16 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
         if g.kind == "same":
             if now is not read_path(g.value, args, kwargs):
-                return g.prov.describe(), (f"{g.prov.describe()} and {g.value.describe()} were the same tensor "
+                return g.prov.describe(), (f"{g.prov.describe()} and {g.value.describe()} were the same object "
                                            "when compiled and are not now")
             continue
         same = now is g.value if g.kind == "is" else _same_value(g, now)
+        if not same and g.kind == "is" and g.why is not None:
+            return IDENTITY_USED, (f"{g.prov.describe()} is another {type(g.value).__name__} object than when "
+                                   f"compiled, and the program uses its identity: it was {g.why}")
+        if not same and g.kind == "type":
+            return g.prov.describe(), (f"{g.prov.describe()} changed type from {g.value.__qualname__} to "
+                                       f"{type(now).__qualname__}")
         if not same:
             shown = "a different object" if g.kind == "is" else _short(
                 now if g.kind == "eq" else tuple(now) if g.kind == "keys" else
@@ -470,6 +506,8 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
 
 
 def _same_value(g, now: Any) -> bool:
+    if g.kind == "type":
+        return type(now) is g.value
     if g.kind == "len":
         return len(now) == g.value
     if g.kind == "type_len":

@@ -12,7 +12,11 @@ arguments do not have its signature; the slow path then describes them afresh.
 Leaf kinds:
   T  a tensor (key: metadata; a symbolic dim keys only "0, 1 or more")       V  a Python scalar keyed by value
   S  a number kept symbolic (key: type only): floats and, as size symbols, ints
-  O  any other object (key: its identity; its attributes are guarded in the prologue)
+  P  an instance of a plain Python class (``keyed_by_type``: an HF cache, a
+     dataclass): key: its type only. What the program reads of it is guarded in
+     the prologue by path; where the program uses its identity (``is``, ``id``,
+     hashing, native code handed it), the entry guards its identity too
+  O  any other object (a module, a function, a C type's instance; key: its identity)
 
 Example::
 
@@ -22,6 +26,7 @@ Example::
 """
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +61,40 @@ def _describe(x: Any, symbolic: bool) -> tuple:
         return (t.__name__, t, tuple(_describe(y, symbolic) for y in x))
     if t is dict and all(type(k) is str for k in x):
         return ("dict", t, tuple((k, _describe(v, symbolic)) for k, v in x.items()))
-    return ("O", t)
+    return ("P", t) if keyed_by_type(t) else ("O", t)
+
+
+_HEAPTYPE = 1 << 9
+_BY_TYPE: dict[type, bool] = {}
+
+
+def keyed_by_type(t: type) -> bool:
+    """Whether an argument of type ``t`` is keyed by its type rather than its
+    identity: a class written in Python whose every base is one too (its state
+    is its attributes, which the program reads through hooks), that is not a
+    module, an enum, an exception, nor torch's or thunderlite's own."""
+    known = _BY_TYPE.get(t)
+    if known is None:
+        known = _BY_TYPE[t] = all(_python_class(c) for c in t.__mro__) and not issubclass(t, (BaseException, type))
+    return known
+
+
+def _python_class(c: type) -> bool:
+    """``object``, or a class made by a ``class`` statement outside torch and
+    thunderlite: a heap type whose constructors, if it has its own, are Python
+    functions (a pybind11 or C extension class has native ones)."""
+    if c is object:
+        return True
+    if not c.__flags__ & _HEAPTYPE or (c.__module__ or "").startswith(("torch", "thunderlite", "enum")):
+        return False
+    return all(type(c.__dict__.get(name, _no_ctor)) in _PYTHON_CTORS for name in ("__init__", "__new__"))
+
+
+def _no_ctor():
+    pass
+
+
+_PYTHON_CTORS = (types.FunctionType, staticmethod, classmethod)
 
 
 def leaves(sig_node: tuple, value: Any, path: str):
@@ -166,6 +204,8 @@ class KeyGen:
         elif kind == "O":
             self.part(f"id({v})", f"the object passed as {path}")
             self.values.append((v, kind))
+        elif kind == "P":       # its type is checked above; what the program reads of it, in the prologue
+            pass
         elif kind in ("tuple", "list"):
             self.check(f"len({v}) != {len(node[2])}")
             for i, child in enumerate(node[2]):

@@ -52,7 +52,11 @@ def op_compare_op_313(f, ins):
 def op_is_op(f, ins):
     st = f.stack
     b = st.pop()
-    st[-1] = (st[-1] is b) ^ bool(ins.arg)
+    a = st[-1]
+    # objects of different types are never the same: only a comparison within one type can read identity
+    if a is not None and type(a) is type(b) and f.rt.native_use is not None:
+        f.rt.native_use("is", (a, b))
+    st[-1] = (a is b) ^ bool(ins.arg)
 
 
 # CONTAINS_OP (left right -- b)

@@ -21,6 +21,16 @@ def iterate_all(rt, v):
         out.append(x)
 
 
+def _hashed(f, values) -> None:
+    """Keys of a dict or items of a set the program builds, shown to the
+    ``native_use`` hook: hashing may read their identity (strings cannot)."""
+    h = f.rt.native_use
+    if h is not None:
+        keys = tuple(v for v in values if type(v) is not str)
+        if keys:
+            h("hash", keys)
+
+
 # BUILD_TUPLE (values[n] -- tup)
 def op_build_tuple(f, ins):
     st = f.stack
@@ -51,6 +61,7 @@ def op_build_set(f, ins):
     n = ins.arg
     v = set()
     if n:
+        _hashed(f, st[-n:])
         for x in st[-n:]:
             v.add(x)
         del st[-n:]
@@ -65,6 +76,7 @@ def op_build_map(f, ins):
     if n:
         items = st[-2 * n:]
         del st[-2 * n:]
+        _hashed(f, items[::2])
         for i in range(0, 2 * n, 2):
             d[items[i]] = items[i + 1]
     st.append(d)
@@ -114,6 +126,7 @@ def op_list_append(f, ins):
 def op_set_add(f, ins):
     st = f.stack
     v = st.pop()
+    _hashed(f, (v,))
     st[-ins.arg].add(v)
 
 
@@ -122,6 +135,7 @@ def op_map_add(f, ins):
     st = f.stack
     value = st.pop()
     key = st.pop()
+    _hashed(f, (key,))
     st[-ins.arg][key] = value
 
 
@@ -143,6 +157,9 @@ def op_set_update(f, ins):
     v = st.pop()
     if type(v).__flags__ & HEAPTYPE:
         v = iterate_all(f.rt, v)
+    if f.rt.native_use is not None:
+        v = list(v)
+        _hashed(f, v)
     st[-ins.arg].update(v)
 
 
