@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import reprlib
+import threading
 import time
 import types
 import warnings
@@ -43,6 +44,7 @@ from thunderlite.frontend.caching.entries import (
     reads_only,
     user_stacklevel,
 )
+from thunderlite.frontend.caching.tiers import Tiers, policy_of
 from thunderlite.frontend.compile import compile_call, gc_paused
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
@@ -61,7 +63,7 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None, dynamic: bool | None = None):
+                 progress: bool | None = None, dynamic: bool | None = None, tiering=None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
@@ -80,6 +82,9 @@ class ThunderliteFunction:
         self._armings = 0
         self.info = CacheInfo()
         self.last: CompiledEntry | None = None
+        self._tiers = Tiers(policy_of(tiering))
+        self._tier_at = self._tiers.after_calls      # calls of one entry that make it hot (0: never)
+        self._lock = threading.Lock()     # the cache's changes made off the calling thread (tiers.py)
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -88,6 +93,11 @@ class ThunderliteFunction:
         out = self._fast(args, kwargs)
         if out is not MISS:
             self.info.hits += 1
+            entry = self._candidate      # the fast guard's entry
+            if entry is not None:
+                entry.calls += 1
+                if entry.calls == self._tier_at:
+                    self._tiers.due(self, entry, args, kwargs)
             return out
         entry = self._entries.get(self._key_fn(args, kwargs))
         if entry is not None:
@@ -95,6 +105,9 @@ class ThunderliteFunction:
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
+                entry.calls += 1
+                if entry.calls == self._tier_at:
+                    self._tiers.due(self, entry, args, kwargs)
                 self._arm(entry, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
@@ -116,7 +129,31 @@ class ThunderliteFunction:
             return
         self._armings += 1
         guard = self._keys.fast_guard(self._key_fn)
-        self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
+        fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
+        with self._lock:        # not an entry a hot tier replaced meanwhile (``_replace``)
+            if entry is self._candidate:
+                self._fast = fast
+
+    def _replace(self, old: CompiledEntry, new: CompiledEntry) -> bool:
+        """Put ``new`` where the cache holds ``old`` (a hot tier, frontend/caching/tiers.py),
+        from any thread: each call runs one of them whole (the dict and list
+        stores are single steps), and no fast guard keeps serving ``old``.
+        False when ``old`` is no longer in the cache."""
+        with self._lock:
+            alts = self._entries.get(("alternates", old.key)) if old.key is not None else None
+            at = next((i for i, e in enumerate(alts or ()) if e is old), None)
+            if at is None:
+                return False
+            new.calls = old.calls
+            self._fast = _no_fast_guard
+            alts[at] = new
+            if self._entries.get(old.key) is old:
+                self._entries[old.key] = new
+            if self._candidate is old:
+                self._candidate, self._armings = new, 0
+            if self.last is old:
+                self.last = new
+            return True
 
     def __get__(self, obj, objtype=None):
         """``@thunderlite.jit`` on a method: bind like a function (self is an argument)."""
@@ -139,6 +176,9 @@ class ThunderliteFunction:
                     self.info.hits += 1
                     self.last = self._candidate = entry
                     self._armings = 0
+                    entry.calls += 1
+                    if entry.calls == self._tier_at:
+                        self._tiers.due(self, entry, args, kwargs)
                     return out
         prev = self.info.last_key(key)
         self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
@@ -206,7 +246,9 @@ class ThunderliteFunction:
         return entry
 
     def _store(self, key: tuple, entry: CompiledEntry) -> None:
+        self._tiers.start(entry)
         if self.cache_mode != "no caching":
+            entry.key = key
             alts = self._entries.setdefault(("alternates", key), [])
             alts.append(entry)
             dropped = max(0, len(alts) - MAX_ALTERNATES)
@@ -283,7 +325,7 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False):
+        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False, tiering=None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -300,7 +342,12 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     compiles for each new size.
     ``cudagraphs``: run the static parts of the final traces (forward and
     backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
-    ``transforms``); what stays outside, and why, is in ``examine``."""
+    ``transforms``); what stays outside, and why, is in ``examine``.
+    ``tiering``: None (default: ``TierPolicy()``, an entry called 20 times gets
+    its regions compiled by ``torchcompile`` off the calling thread and swapped
+    in), False (off), a number of calls, or a ``thunderlite.TierPolicy``;
+    ``wait_for_tiers`` blocks until the hot tiers under way are in, and
+    ``cache_info``'s ``tiers`` says which tier each entry runs."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -322,12 +369,13 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*own, *(transforms or ())]
     if cudagraphs:
         transforms = [*(transforms or ()), CUDAGraphs()]
+    policy = policy_of(tiering)     # a bad value is refused here, not on the first call
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic)
+                                 dynamic=dynamic, tiering=policy if policy is not None else False)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic)
+                               dynamic=dynamic, tiering=policy if policy is not None else False)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -384,9 +432,34 @@ def last_prologue_traces(jfn) -> list[Trace]:
 
 
 def cache_info(jfn) -> dict:
-    """hits, misses, entries, the reason of the last miss, the cache mode."""
+    """hits, misses, entries, the reason of the last miss, the cache mode, and
+    ``tiers``: per entry its tier ("fast", "compiling", "hot", "fast (final)"
+    with the reason), its calls, and the seconds it took to reach it
+    (frontend/caching/tiers.py; [] with tiering off)."""
     j = _jitted(jfn)
-    return {**j.info.as_dict(), "cache_mode": j.cache_mode}
+    return {**j.info.as_dict(), "cache_mode": j.cache_mode,
+            "tiers": [e.tier.as_dict(e.calls) for e in _current_entries(j) if e.tier is not None]}
+
+
+def _current_entries(j: ThunderliteFunction) -> list[CompiledEntry]:
+    """The entries the cache holds now (the last one compiled, when nothing is cached)."""
+    out = [e for v in list(j._entries.values()) if type(v) is list for e in v]
+    if j.last is not None and not any(e is j.last for e in out):
+        out.append(j.last)
+    return out
+
+
+def last_tier(jfn) -> str:
+    """Which tier the last call's entry runs, in words (the trace report's header)."""
+    entry = _last(jfn)
+    return entry.tier.describe(_jitted(jfn)._tier_at) if entry.tier is not None else "fast (tiering off)"
+
+
+def wait_for_tiers(jfn, timeout: float | None = None) -> bool:
+    """Block until every hot tier of ``jfn`` under way is swapped in (or has
+    stayed fast, with its reason in ``cache_info``); False when ``timeout``
+    seconds passed first. For benchmarks and tests: calls never wait."""
+    return _jitted(jfn)._tiers.wait(timeout)
 
 
 def compile_stats(jfn) -> dict:
@@ -408,12 +481,17 @@ def examine(fn: Callable | torch.nn.Module, *args, executors=None, cudagraphs: b
     """Trace and run ``fn`` once and report what thunderlite did with it: ops
     recorded as opaque torch calls, which executor claimed what, executors
     skipped and why, what stays out of CUDA graphs and why (``cudagraphs=True``,
-    as ``jit`` takes it), and the error if it could not be compiled."""
-    jfn = jit(fn, executors=executors, cudagraphs=cudagraphs)
+    as ``jit`` takes it), which tier the entry runs, and the error if it could
+    not be compiled. ``fn`` may be a function or module ``jit`` returned: it is
+    called once more, and the report is about the entry that call ran (its
+    tier included)."""
+    jitted = isinstance(fn, (ThunderliteFunction, ThunderliteModule))
+    jfn = fn if jitted else jit(fn, executors=executors, cudagraphs=cudagraphs)
     start = time.perf_counter()
     try:
         jfn(*args, **kwargs)
         error = None
     except Exception as e:  # noqa: BLE001 - examine reports failures instead of raising them
         error = e
-    return examine_call(_jitted(jfn), error, (time.perf_counter() - start) * 1e3, executors)
+    j = _jitted(jfn)
+    return examine_call(j, error, (time.perf_counter() - start) * 1e3, j.executors if jitted else executors)

@@ -179,6 +179,18 @@ class DifferentiableProgram:
             epilogue = claim_executors(split.epilogue[0], [torch_executor])
             self._epilogue_fn = epilogue.python_callable()
 
+    def rehearse(self, flat_args: list, resolve: Callable) -> None:
+        """Run the forward and then the backward once as a call does, without
+        autograd, with every symbol's callable from ``resolve`` (on fake tensors:
+        executors/rehearsal.py); a backward's incoming gradients are zeros."""
+        if self._eager_fn is not None:
+            raise NotImplementedError("an eager-mode program's regions run as torch calls while autograd "
+                                      "records them: there is nothing to rehearse")
+        with torch.no_grad():
+            _, saved_tensors, saved_other = self.forward_traces[-1].python_callable(resolve)(*flat_args)
+            grads = [_zeros(p) for p in self.split.grad_args]
+            self.backward_traces[-1].python_callable(resolve)(*saved_tensors, list(saved_other), *grads)
+
     @property
     def stride_inputs(self) -> tuple:
         """Arguments whose strides the compiled program relies on (the caller guards them)."""

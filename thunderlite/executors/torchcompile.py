@@ -331,6 +331,19 @@ class EagerWhenRecording:
     def __call__(self, *args):
         return self.fn(*args) if _as_torch_calls(args, self.writing) else self.compiled(*args)
 
+    def prepare(self, example: list) -> None:
+        """Compile now for inputs like ``example`` (tensors of the layouts a call
+        will pass, and its numbers): ``torch.compile`` compiles on a first call,
+        so ``example`` is run, zeroed first (its values are made up: zeros index
+        in bounds). Nothing to do where calls run the torch calls."""
+        if self.compiled is self.fn or _as_torch_calls(example, self.writing):
+            return
+        with torch.no_grad():
+            for t in example:
+                if isinstance(t, torch.Tensor):
+                    t.zero_()
+        self.compiled(*example)
+
 
 class BoxedRegion:
     """A region compiled by Inductor (``compile_fx``) with the boxed calling
@@ -364,11 +377,24 @@ class BoxedRegion:
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = (*map(_stride, box), *map(_offset, box), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
+        layout = _layout(box, ptrs)
         compiled = self._by_layout.get(layout)
         if compiled is None:
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
         return compiled(box)
+
+    def prepare(self, example: list) -> None:
+        """Compile now for inputs of ``example``'s layout (strides, offsets,
+        storage sharing; their values are not read), unless a call like it runs
+        the torch calls or is compiled already. Safe beside calls from other
+        threads: the layout's code is stored in one step, and a call that finds
+        none yet compiles its own (the same code, from Inductor's caches)."""
+        ptrs = list(map(_data_ptr, map(_storage, example)))
+        if _as_torch_calls(example, self.writing, ptrs):
+            return
+        layout = _layout(example, ptrs)
+        if layout not in self._by_layout:
+            self._by_layout[layout] = _compile_boxed(self.fn, list(example), self.fallbacks)
 
     @property
     def compilations(self) -> int:
@@ -433,6 +459,12 @@ def _places_by_offset(gm) -> bool:
     unbound. Other graphs over inputs at an offset (q, k, v split from one
     projection) compile with one, so Inductor's caches serve them."""
     return any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
+
+
+def _layout(tensors: list, ptrs: list[int]) -> tuple:
+    """What one compilation of a boxed region is specialized to: the inputs'
+    strides and storage offsets, and which share storage (``ptrs``: their storages' addresses)."""
+    return (*map(_stride, tensors), *map(_offset, tensors), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
 
 
 def _sharing(ptrs: list[int]) -> tuple:

@@ -3,7 +3,8 @@
 Reports the torch calls recorded as opaque (no symbol: they run as one torch
 call and block fusion), which executor claimed how many symbols, executors that
 were skipped and why, registered implementations the call did not use and
-why (frontend/unused_impls.py), the cache state, and the error if compiling failed.
+why (frontend/unused_impls.py), the cache state, which tier the entry runs
+(frontend/caching/tiers.py), and the error if compiling failed.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Examination:
         self.unused = unused or []      # (executor, symbol id, reason): implementations the call did not use
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
+        self.tier = ""                  # which tier the entry runs (frontend/caching/tiers.py)
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -56,6 +58,8 @@ class Examination:
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
+        if self.tier:
+            lines.append(f"  tier: {self.tier}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -82,6 +86,7 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
+        report.tier = entry.tier.describe(jfn._tier_at) if entry.tier is not None else "fast (tiering off)"
     return report
 
 

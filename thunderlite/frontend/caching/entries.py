@@ -43,7 +43,7 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "__weakref__")
+                 "calls", "key", "lowering", "tier", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -59,6 +59,10 @@ class CompiledEntry:
         self.sym_guards: list = []  # core.symint.SymGuard: what the trace assumed of symbolic sizes
         self.input_names: list = []  # the trace name of each of ``inputs``
         self.gradients: dict = {}    # a whole step's gradients: value name -> its leaf (api.last_gradients)
+        self.calls = 1               # calls served, the one that compiled it included
+        self.key: tuple | None = None   # its key in the function's cache (None: not stored)
+        self.lowering = None         # compile.Lowering: how its computation was made from the trace
+        self.tier = None             # tiers.Tier: which tier it runs, and since when (None: tiering off)
 
 
 class KeyCache:
@@ -327,14 +331,14 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
     for g in entry.guards:
         try:
             if g.kind == "absent":
-                if hasattr(_read(g.prov.parent, args, kwargs), g.prov.key):
+                if hasattr(read_input(g.prov.parent, args, kwargs), g.prov.key):
                     return g.prov.describe(), f"{g.prov.describe()} did not exist when compiled and does now"
                 continue
-            now = _read(g.prov, args, kwargs)
+            now = read_input(g.prov, args, kwargs)
         except Exception:  # noqa: BLE001 - the path itself no longer exists: that is the reason
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
         if g.kind == "same":
-            if now is not _read(g.value, args, kwargs):
+            if now is not read_input(g.value, args, kwargs):
                 return g.prov.describe(), (f"{g.prov.describe()} and {g.value.describe()} were the same tensor "
                                            "when compiled and are not now")
             continue
@@ -350,7 +354,7 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             return "symbolic size", why
     if entry.alias_guard is not None:
         try:
-            values = [_read(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+            values = [read_input(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
             why = entry.alias_guard.explain(values)
         except Exception:  # noqa: BLE001 - a path that no longer reads: the metadata guard said so
             why = None
@@ -365,7 +369,7 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
     for g in entry.sym_guards:
         names = sorted(g.atoms())
         try:
-            values = {n: _read(paths[n], args, kwargs) for n in names}
+            values = {n: read_input(paths[n], args, kwargs) for n in names}
         except Exception:  # noqa: BLE001 - a path that no longer reads: the key said so
             return None
         if not g.holds(values):
@@ -389,7 +393,8 @@ def _short(v: Any) -> str:
     return r if len(r) < 60 else r[:57] + "..."
 
 
-def _read(prov, args: tuple, kwargs: dict) -> Any:
+def read_input(prov, args: tuple, kwargs: dict) -> Any:
+    """The value at ``prov`` for a call with ``args``/``kwargs`` (as the entry's prologue reads it)."""
     k = prov.kind
     if k == "arg":
         return args[prov.key]
@@ -401,7 +406,7 @@ def _read(prov, args: tuple, kwargs: dict) -> Any:
         return prov.root.cell_contents
     if k == "object":
         return prov.root
-    base = _read(prov.parent, args, kwargs)
+    base = read_input(prov.parent, args, kwargs)
     if k == "attr":
         return getattr(base, prov.module_slot)[prov.key] if prov.module_slot else getattr(base, prov.key)
     return base[prov.key]

@@ -1,0 +1,291 @@
+"""Tiered compilation (frontend/caching/tiers.py): an entry called N times
+gets its regions compiled by torchcompile off the calling thread and swapped
+in. Checked against eager before and after the swap: outputs, gradients,
+written inputs and module state; concurrent calls during the swap; a failing
+hot tier keeps the fast one; ``cache_info``/``examine``/the report show the
+tier. Each hot tier compiles Inductor code (seconds each; Inductor's on-disk
+caches make reruns cheaper)."""
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.core.tags import Tag
+from thunderlite.executors.torchcompile import TorchCompileExecutor
+from thunderlite.extend import get_executor
+
+
+@pytest.fixture(autouse=True)
+def _needs_torchcompile():
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"the hot tier's executor is unavailable: {reason}")
+
+
+def _tier(jfn) -> dict:
+    (tier,) = thunderlite.cache_info(jfn)["tiers"]
+    return tier
+
+
+def _hot_regions(jfn) -> list:
+    finals = [thunderlite.last_traces(jfn)[-1], *thunderlite.last_backward_traces(jfn)[-1:]]
+    return [b for t in finals for b in t.bound_symbols
+            if Tag.FUSION in b.sym.tags and b.sym.executor is get_executor("torchcompile")]
+
+
+def _compilations(jfn) -> int:
+    return sum(b.sym.impl.compilations for b in _hot_regions(jfn))
+
+
+def _mlp(x, w, b):
+    return torch.nn.functional.gelu(x @ w + b).sin() * 2 + x.t().sum(0)
+
+
+def test_tier_up_after_n_calls_with_eager_answers_before_and_after():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=3)
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert _tier(jf)["tier"] == "fast" and _tier(jf)["calls"] == 2
+    assert not _hot_regions(jf)
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))     # the third call: the tier-up starts
+    assert _tier(jf)["tier"] in ("compiling", "hot")
+    assert thunderlite.wait_for_tiers(jf)
+    tier = _tier(jf)
+    assert tier["tier"] == "hot", tier
+    assert tier["seconds_to_hot"] >= tier["hot_compile_seconds"] > 0 and tier["hot_regions"] >= 1
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert _hot_regions(jf), thunderlite.last_traces(jf)[-1]
+    assert _tier(jf)["calls"] == 4
+    # the rehearsal compiled every layout the call met (x.t() included): the hot call compiled nothing
+    before = _compilations(jf)
+    jf(x, w, b)
+    assert _compilations(jf) == before
+    # other inputs of the same key run the hot entry too
+    x2 = torch.randn(8, 8)
+    torch.testing.assert_close(jf(x2, w, b), _mlp(x2, w, b))
+
+
+def test_tiering_off_and_policy_options():
+    x = torch.randn(4)
+    jf = thunderlite.jit(lambda a: a.sin() + 1, tiering=False)
+    for _ in range(30):
+        jf(x)
+    assert thunderlite.cache_info(jf)["tiers"] == []
+    assert thunderlite.wait_for_tiers(jf)
+    assert "tiering off" in str(thunderlite.examine(jf, x))
+    with pytest.raises(ValueError, match="at least 1"):
+        thunderlite.TierPolicy(after_calls=0)
+    with pytest.raises(TypeError, match="tiering="):
+        thunderlite.jit(lambda a: a, tiering="yes")
+
+
+def test_entries_that_stay_fast_say_why():
+    x = torch.randn(4)
+    jf = thunderlite.jit(lambda a: a.sin() + 1, executors=["torchcompile", "torch"], tiering=2)
+    jf(x)
+    jf(x)
+    assert _tier(jf)["tier"] == "fast (final)" and "already include 'torchcompile'" in _tier(jf)["reason"]
+
+    def reseeds(a):
+        torch.manual_seed(0)
+        return a + torch.rand(4)
+    jr = thunderlite.jit(reseeds, tiering=2)
+    for _ in range(3):
+        torch.testing.assert_close(jr(x), reseeds(x))
+    assert _tier(jr)["tier"] == "fast (final)" and "manual_seed" in _tier(jr)["reason"]
+
+    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=2)
+    jd(torch.randn(3))
+    jd(torch.randn(3))
+    assert "symbolic sizes" in _tier(jd)["reason"]
+
+
+class _BrokenRegions(TorchCompileExecutor):
+    """Regions whose compile fails: the hot tier must fail and keep the fast one."""
+
+    def _compile(self, sub, region):
+        raise RuntimeError("no compiler today")
+
+
+def test_a_failing_hot_tier_keeps_the_fast_tier_with_the_reason():
+    broken = _BrokenRegions("torchcompile_broken")
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=thunderlite.TierPolicy(after_calls=2, executor=broken))
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert thunderlite.wait_for_tiers(jf)
+    tier = _tier(jf)
+    assert tier["tier"] == "fast (final)" and "no compiler today" in tier["reason"], tier
+    for _ in range(3):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert not [b for b in thunderlite.last_traces(jf)[-1].bound_symbols if Tag.FUSION in b.sym.tags]
+    assert "stays so" in str(thunderlite.examine(jf, x, w, b))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.register_buffer("seen", torch.zeros(8))
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.bn(self.lin(x)))
+        self.seen.add_(h.detach().mean(0))      # a buffer written on every call
+        return (h * h.sigmoid()).sum(-1)
+
+
+def test_writes_and_module_state_stay_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    jm = thunderlite.jit(model, tiering=2)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        for i in range(6):
+            torch.testing.assert_close(jm(x + i), ref(x + i))
+            if i == 2:
+                assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot"
+    assert _hot_regions(jm)
+    for name, buf in ref.named_buffers():
+        torch.testing.assert_close(dict(model.named_buffers())[name], buf)
+
+    def scale_(a, s):
+        a.mul_(s)
+        h = (a.sin() * 2 + a.cos()).exp()
+        a.add_(h.mean())
+        return h
+    ja = thunderlite.jit(scale_, tiering=2)
+    a = torch.randn(5)
+    ea = a.clone()
+    for _ in range(5):
+        torch.testing.assert_close(ja(a, torch.full((5,), 0.5)), scale_(ea, torch.full((5,), 0.5)))
+        torch.testing.assert_close(a, ea)
+        thunderlite.wait_for_tiers(ja)
+    assert _tier(ja)["tier"] == "hot"
+
+
+class _Mini(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + self.down(torch.nn.functional.silu(self.up(self.norm(h))))
+        return torch.nn.functional.cross_entropy(h.flatten(0, 1), ids.flatten() % 8)
+
+
+def _grads(m):
+    return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def test_training_forward_backward_stays_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Mini()
+    ref = copy.deepcopy(model)
+    jm = thunderlite.jit(model, tiering=2)
+    ids = torch.randint(0, 16, (2, 5))
+    for i in range(5):
+        loss, eloss = jm(ids), ref(ids)
+        loss.backward()
+        eloss.backward()
+        torch.testing.assert_close(loss, eloss)
+        for n, g in _grads(ref).items():
+            torch.testing.assert_close(_grads(model)[n], g)
+        if i == 1:
+            assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot", _tier(jm)
+    hot = _hot_regions(jm)
+    assert any(b in thunderlite.last_backward_traces(jm)[-1].bound_symbols for b in hot)
+    before = _compilations(jm)
+    jm(ids).backward()
+    assert _compilations(jm) == before      # forward and backward layouts were all rehearsed
+
+
+def test_whole_training_step_with_optimizer_stays_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Mini()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+
+    def step(m, o, ids):
+        loss = m(ids)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+    jstep = thunderlite.jit(step, tiering=2)
+    ids = torch.randint(0, 16, (2, 5))
+    for i in range(6):
+        torch.testing.assert_close(jstep(model, opt, ids), step(ref, ref_opt, ids))
+        if i == 2:      # the first step compiled without momentum buffers, the second with them
+            assert thunderlite.wait_for_tiers(jstep)
+    tiers = thunderlite.cache_info(jstep)["tiers"]
+    assert [t["tier"] for t in tiers] == ["fast", "hot"], tiers
+    assert _hot_regions(jstep)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=n)
+
+
+def test_dropout_draws_eager_numbers_and_the_rehearsal_draws_none():
+    def drop(a):
+        return torch.nn.functional.dropout(a.sin(), 0.5, training=True) * 3 + a.cos()
+    x = torch.randn(64)
+    jf = thunderlite.jit(drop, tiering=2)
+    torch.manual_seed(1)
+    outs = [jf(x), jf(x)]
+    assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "hot", _tier(jf)
+    outs += [jf(x), jf(x)]
+    torch.manual_seed(1)
+    for out in outs:
+        torch.testing.assert_close(out, drop(x))
+
+
+def test_concurrent_calls_during_the_swap_return_eager_answers():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    expected = _mlp(x, w, b)
+    jf = thunderlite.jit(_mlp, tiering=2)
+    jf(x, w, b)
+    errors: list = []
+    swapped = threading.Event()
+    after = [0] * 4         # each thread's calls after the swap
+
+    def caller(k: int):
+        try:
+            while after[k] < 5:
+                torch.testing.assert_close(jf(x, w, b), expected)
+                after[k] += swapped.is_set()
+        except Exception as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    assert thunderlite.wait_for_tiers(jf, timeout=600)
+    swapped.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert _tier(jf)["tier"] == "hot"
+    torch.testing.assert_close(jf(x, w, b), expected)
+    assert _hot_regions(jf)
+
+
+def test_examine_and_the_report_show_the_tier(tmp_path):
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=2)
+    assert "tier: fast (compiled in" in str(thunderlite.examine(jf, x, w, b))     # its first call
+    jf(x, w, b)
+    assert thunderlite.wait_for_tiers(jf)
+    text = str(thunderlite.examine(jf, x, w, b))
+    assert "tier: hot: 1 regions compiled by torchcompile" in text, text
+    page = open(thunderlite.trace_report(jf, tmp_path / "r.html"), encoding="utf-8").read()
+    assert "tier: hot" in page
