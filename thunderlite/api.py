@@ -128,7 +128,8 @@ class ThunderliteFunction:
         if self._armings >= MAX_ARMINGS:
             return
         self._armings += 1
-        guard = self._keys.fast_guard(self._key_fn)
+        # an entry being measured (frontend/caching/tiers.py) has no code of its own to inline
+        guard = self._keys.fast_guard(self._key_fn) if hasattr(entry.fn, "__thunderlite_source__") else None
         fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
         with self._lock:        # not an entry a hot tier replaced meanwhile (``_replace``)
             if entry is self._candidate:
@@ -444,9 +445,7 @@ def cache_info(jfn) -> dict:
 def _current_entries(j: ThunderliteFunction) -> list[CompiledEntry]:
     """The entries the cache holds now (the last one compiled, when nothing is cached)."""
     out = [e for v in list(j._entries.values()) if type(v) is list for e in v]
-    if j.last is not None and not any(e is j.last for e in out):
-        out.append(j.last)
-    return out
+    return out if out or j.last is None else [j.last]
 
 
 def last_tier(jfn) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 import pytest
 import torch
@@ -24,6 +25,11 @@ def _needs_torchcompile():
     ok, reason = get_executor("torchcompile").is_available()
     if not ok:
         pytest.skip(f"the hot tier's executor is unavailable: {reason}")
+
+
+def _policy(after_calls: int, **options) -> thunderlite.TierPolicy:
+    """Tier up after ``after_calls`` calls, untried unless ``trial_calls`` is given (no timing decides)."""
+    return thunderlite.TierPolicy(after_calls=after_calls, **{"trial_calls": 0, **options})
 
 
 def _tier(jfn) -> dict:
@@ -42,12 +48,13 @@ def _compilations(jfn) -> int:
 
 
 def _mlp(x, w, b):
-    return torch.nn.functional.gelu(x @ w + b).sin() * 2 + x.t().sum(0)
+    h = torch.nn.functional.gelu(x @ w + b)
+    return (h.sin() * 2 + h.cos() * h - x.t().sum(0)).tanh()
 
 
 def test_tier_up_after_n_calls_with_eager_answers_before_and_after():
     x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
-    jf = thunderlite.jit(_mlp, tiering=3)
+    jf = thunderlite.jit(_mlp, tiering=_policy(3))
     for _ in range(2):
         torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
     assert _tier(jf)["tier"] == "fast" and _tier(jf)["calls"] == 2
@@ -86,7 +93,7 @@ def test_tiering_off_and_policy_options():
 
 def test_entries_that_stay_fast_say_why():
     x = torch.randn(4)
-    jf = thunderlite.jit(lambda a: a.sin() + 1, executors=["torchcompile", "torch"], tiering=2)
+    jf = thunderlite.jit(lambda a: a.sin() + 1, executors=["torchcompile", "torch"], tiering=_policy(2))
     jf(x)
     jf(x)
     assert _tier(jf)["tier"] == "fast (final)" and "already include 'torchcompile'" in _tier(jf)["reason"]
@@ -94,15 +101,21 @@ def test_entries_that_stay_fast_say_why():
     def reseeds(a):
         torch.manual_seed(0)
         return a + torch.rand(4)
-    jr = thunderlite.jit(reseeds, tiering=2)
+    jr = thunderlite.jit(reseeds, tiering=_policy(2))
     for _ in range(3):
         torch.testing.assert_close(jr(x), reseeds(x))
     assert _tier(jr)["tier"] == "fast (final)" and "manual_seed" in _tier(jr)["reason"]
 
-    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=2)
+    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=_policy(2))
     jd(torch.randn(3))
     jd(torch.randn(3))
     assert "symbolic sizes" in _tier(jd)["reason"]
+
+    js = thunderlite.jit(lambda a: a.sin() + 1, tiering=_policy(2))      # two torch calls: a region costs more
+    js(x)
+    js(x)
+    assert thunderlite.wait_for_tiers(js)
+    assert _tier(js)["tier"] == "fast (final)" and "symbols of about" in _tier(js)["reason"], _tier(js)
 
 
 class _BrokenRegions(TorchCompileExecutor):
@@ -115,7 +128,7 @@ class _BrokenRegions(TorchCompileExecutor):
 def test_a_failing_hot_tier_keeps_the_fast_tier_with_the_reason():
     broken = _BrokenRegions("torchcompile_broken")
     x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
-    jf = thunderlite.jit(_mlp, tiering=thunderlite.TierPolicy(after_calls=2, executor=broken))
+    jf = thunderlite.jit(_mlp, tiering=_policy(2, executor=broken))
     for _ in range(2):
         torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
     assert thunderlite.wait_for_tiers(jf)
@@ -137,30 +150,30 @@ class _Net(torch.nn.Module):
     def forward(self, x):
         h = torch.nn.functional.gelu(self.bn(self.lin(x)))
         self.seen.add_(h.detach().mean(0))      # a buffer written on every call
-        return (h * h.sigmoid()).sum(-1)
+        return (h * h.sigmoid() + h.tanh() * 0.5 - h.cos()).sum(-1)
 
 
 def test_writes_and_module_state_stay_eager_after_the_swap():
     torch.manual_seed(0)
     model = _Net()
     ref = copy.deepcopy(model)
-    jm = thunderlite.jit(model, tiering=2)
+    jm = thunderlite.jit(model, tiering=_policy(2))
     x = torch.randn(6, 8)
     with torch.no_grad():
         for i in range(6):
             torch.testing.assert_close(jm(x + i), ref(x + i))
             if i == 2:
-                assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot"
+                assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot", _tier(jm)
     assert _hot_regions(jm)
     for name, buf in ref.named_buffers():
         torch.testing.assert_close(dict(model.named_buffers())[name], buf)
 
     def scale_(a, s):
         a.mul_(s)
-        h = (a.sin() * 2 + a.cos()).exp()
+        h = (a.sin() * 2 + a.cos() * a.sigmoid() - a.tanh()).tanh()
         a.add_(h.mean())
         return h
-    ja = thunderlite.jit(scale_, tiering=2)
+    ja = thunderlite.jit(scale_, tiering=_policy(2))
     a = torch.randn(5)
     ea = a.clone()
     for _ in range(5):
@@ -192,7 +205,7 @@ def test_training_forward_backward_stays_eager_after_the_swap():
     torch.manual_seed(0)
     model = _Mini()
     ref = copy.deepcopy(model)
-    jm = thunderlite.jit(model, tiering=2)
+    jm = thunderlite.jit(model, tiering=_policy(2))
     ids = torch.randint(0, 16, (2, 5))
     for i in range(5):
         loss, eloss = jm(ids), ref(ids)
@@ -223,7 +236,7 @@ def test_whole_training_step_with_optimizer_stays_eager_after_the_swap():
         o.step()
         o.zero_grad()
         return loss.detach()
-    jstep = thunderlite.jit(step, tiering=2)
+    jstep = thunderlite.jit(step, tiering=_policy(2))
     ids = torch.randint(0, 16, (2, 5))
     for i in range(6):
         torch.testing.assert_close(jstep(model, opt, ids), step(ref, ref_opt, ids))
@@ -238,9 +251,10 @@ def test_whole_training_step_with_optimizer_stays_eager_after_the_swap():
 
 def test_dropout_draws_eager_numbers_and_the_rehearsal_draws_none():
     def drop(a):
-        return torch.nn.functional.dropout(a.sin(), 0.5, training=True) * 3 + a.cos()
+        d = torch.nn.functional.dropout(a.sin() * a.cos() + a.tanh(), 0.5, training=True)
+        return d * 3 + a.cos() * a.sigmoid() - a.exp().tanh()
     x = torch.randn(64)
-    jf = thunderlite.jit(drop, tiering=2)
+    jf = thunderlite.jit(drop, tiering=_policy(2))
     torch.manual_seed(1)
     outs = [jf(x), jf(x)]
     assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "hot", _tier(jf)
@@ -253,7 +267,7 @@ def test_dropout_draws_eager_numbers_and_the_rehearsal_draws_none():
 def test_concurrent_calls_during_the_swap_return_eager_answers():
     x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
     expected = _mlp(x, w, b)
-    jf = thunderlite.jit(_mlp, tiering=2)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
     jf(x, w, b)
     errors: list = []
     swapped = threading.Event()
@@ -281,7 +295,7 @@ def test_concurrent_calls_during_the_swap_return_eager_answers():
 
 def test_examine_and_the_report_show_the_tier(tmp_path):
     x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
-    jf = thunderlite.jit(_mlp, tiering=2)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
     assert "tier: fast (compiled in" in str(thunderlite.examine(jf, x, w, b))     # its first call
     jf(x, w, b)
     assert thunderlite.wait_for_tiers(jf)
@@ -289,3 +303,61 @@ def test_examine_and_the_report_show_the_tier(tmp_path):
     assert "tier: hot: 1 regions compiled by torchcompile" in text, text
     page = open(thunderlite.trace_report(jf, tmp_path / "r.html"), encoding="utf-8").read()
     assert "tier: hot" in page
+
+
+def _chain(x):
+    for _ in range(6):
+        x = (x * 1.01 + 0.5).sin()
+    return x
+
+
+def test_a_trial_keeps_a_hot_tier_that_costs_less():
+    """18 passes over 8 MB in eager, one in the fused region: the trial keeps it."""
+    x = torch.randn(2_000_000)
+    jf = thunderlite.jit(_chain, tiering=thunderlite.TierPolicy(after_calls=3, trial_calls=4))
+    for _ in range(7):          # calls 3-7 measure the fast tier; the seventh starts the compile
+        torch.testing.assert_close(jf(x), _chain(x))
+    assert thunderlite.wait_for_tiers(jf)
+    assert _tier(jf)["tier"] == "trial", _tier(jf)
+    for _ in range(5):
+        torch.testing.assert_close(jf(x), _chain(x))
+    tier = _tier(jf)
+    assert tier["tier"] == "hot" and tier["hot_ms_per_call"] <= tier["fast_ms_per_call"], tier
+    assert "tier: hot:" in str(thunderlite.examine(jf, x))
+
+
+class _Burning:
+    """A compiled region that spends 20 ms of CPU before each call."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+    def __call__(self, *args):
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return self.compiled(*args)
+
+
+class _SlowRegions(TorchCompileExecutor):
+    def _compile(self, sub, region):
+        return _Burning(super()._compile(sub, region))
+
+
+def test_a_trial_puts_back_the_fast_tier_when_the_hot_one_costs_more():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    policy = thunderlite.TierPolicy(after_calls=3, trial_calls=3, executor=_SlowRegions("torchcompile_slow"))
+    jf = thunderlite.jit(_mlp, tiering=policy)
+    for _ in range(6):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "trial", _tier(jf)
+    for _ in range(4):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    tier = _tier(jf)
+    assert tier["tier"] == "fast (final)" and "slower" in tier["reason"], tier
+    assert tier["hot_ms_per_call"] > tier["fast_ms_per_call"]
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert not _hot_regions(jf)

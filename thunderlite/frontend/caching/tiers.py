@@ -33,40 +33,64 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import queue
+import statistics
 import threading
 import time
 import types
 import weakref
+from collections.abc import Callable
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.base import Executor
+from thunderlite.executors.cost import estimated_seconds
 from thunderlite.executors.registry import get_executor
 from thunderlite.executors.rehearsal import unrehearsable
 from thunderlite.frontend.caching.entries import CompiledEntry, read_input
+from thunderlite.frontend.entry import MISS
 
 DEFAULT_AFTER_CALLS = 20
 """Calls after which an entry is hot: enough that a function called a handful
 of times (a test, a script's one evaluation) never pays a background compile,
 few next to a training run's or a server's calls."""
 
+TRIAL_CALLS = 8
+"""Calls measured on each tier to decide whether the hot one is kept."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TierPolicy:
     """When and how an entry tiers up (``jit(fn, tiering=...)``).
     ``after_calls``: calls of one entry that make it hot (the compiling call
-    counts); ``executor``: the fusing executor of the hot tier, put ahead of
-    the entry's own; ``background``: compile on the tier worker thread (False:
-    on the calling thread, inside the call that made the entry hot)."""
+    counts): its hot tier starts compiling then. ``executor``: the fusing
+    executor of the hot tier, put ahead of the entry's own. ``background``:
+    compile on the tier worker thread (False: on the calling thread, inside
+    the call that made the entry hot). ``trial_calls``: the hot tier is kept
+    only if, over this many calls, it costs the calling thread no more CPU
+    time per call than the fast tier did over as many calls before the compile
+    (measured between consecutive calls, so a training step's backward
+    counts); 0 keeps it untried."""
     after_calls: int = DEFAULT_AFTER_CALLS
     executor: str | Executor = "torchcompile"
     background: bool = True
+    trial_calls: int = TRIAL_CALLS
 
     def __post_init__(self):
         if type(self.after_calls) is not int or self.after_calls < 1:
             raise ValueError(f"TierPolicy(after_calls={self.after_calls!r}): a number of calls, at least 1")
+        if type(self.trial_calls) is not int or self.trial_calls < 0:
+            raise ValueError(f"TierPolicy(trial_calls={self.trial_calls!r}): a number of calls, 0 or more")
+
+    @property
+    def measure_from(self) -> int:
+        """The call after which the fast tier is measured (the next call's start
+        begins the first interval; the compiling call is never measured), so
+        that the compile starts at call ``after_calls`` where there were calls enough."""
+        if not self.trial_calls:
+            return self.after_calls
+        return max(2, self.after_calls - self.trial_calls - 1)
 
 
 DEFAULT_POLICY: TierPolicy | None = TierPolicy()
@@ -91,10 +115,12 @@ def policy_of(option) -> TierPolicy | None:
 
 class Tier:
     """Which tier one cache entry runs and how it got there (``cache_info``'s
-    ``tiers``). ``name``: "fast" (its first compile's executors), "compiling"
-    (the hot tier is being made), "hot" (swapped in), or "fast (final)" (it
-    stays fast: ``reason`` says why)."""
-    __slots__ = ("name", "reason", "made", "fast_s", "hot_at", "compile_s", "regions", "executor", "done")
+    ``tiers``). ``name``: "fast" (its first compile's executors), "measuring"
+    (the fast tier's cost per call, before the compile), "compiling" (the hot
+    tier is being made), "trial" (the hot tier runs, measured), "hot" (kept),
+    or "fast (final)" (it stays fast: ``reason`` says why)."""
+    __slots__ = ("name", "reason", "made", "fast_s", "hot_at", "compile_s", "regions", "executor", "done",
+                 "fast_ms_per_call", "hot_ms_per_call")
 
     def __init__(self, fast_ms: float, executor: str):
         self.name = "fast"
@@ -105,29 +131,37 @@ class Tier:
         self.compile_s: float | None = None
         self.regions = 0
         self.executor = executor
-        self.done: threading.Event | None = None    # set when a tier-up under way ends
+        self.done: threading.Event | None = None    # set when a compile under way ends
+        self.fast_ms_per_call: float | None = None  # CPU time of the calling thread per call, measured
+        self.hot_ms_per_call: float | None = None
 
     def stay(self, reason: str) -> None:
         self.name, self.reason = "fast (final)", reason
 
     def as_dict(self, calls: int) -> dict:
         out = {"tier": self.name, "calls": calls, "seconds_to_fast": round(self.fast_s, 4)}
+        if self.compile_s is not None:
+            out["hot_compile_seconds"] = round(self.compile_s, 3)
         if self.hot_at is not None:
             out["seconds_to_hot"] = round(self.hot_at - self.made + self.fast_s, 3)
-            out["hot_compile_seconds"] = round(self.compile_s or 0.0, 3)
             out["hot_regions"] = self.regions
             out["hot_executor"] = self.executor
+        for name in ("fast_ms_per_call", "hot_ms_per_call"):
+            if getattr(self, name) is not None:
+                out[name] = round(getattr(self, name), 4)
         if self.reason:
             out["reason"] = self.reason
         return out
 
     def describe(self, after_calls: int | None) -> str:
         """One line for ``examine`` and the trace report."""
-        if self.name == "hot":
-            return (f"hot: {self.regions} regions compiled by {self.executor} off the calling thread "
-                    f"({self.compile_s:.1f} s), in {self.hot_at - self.made + self.fast_s:.1f} s from the first call")
-        if self.name == "compiling":
-            return f"fast; the hot tier ({self.executor}) is compiling off the calling thread"
+        if self.name in ("hot", "trial"):
+            kept = "" if self.name == "hot" else ", on trial against the fast tier"
+            return (f"{self.name}: {self.regions} regions compiled by {self.executor} off the calling thread "
+                    f"({self.compile_s:.1f} s), in {self.hot_at - self.made + self.fast_s:.1f} s from the first "
+                    f"call{kept}")
+        if self.name in ("measuring", "compiling"):
+            return f"fast; the hot tier ({self.executor}) is {self.name}"
         if self.name == "fast (final)":
             return f"fast, and stays so: {self.reason}"
         when = f"after {after_calls} calls" if after_calls else "never (tiering off)"
@@ -135,14 +169,15 @@ class Tier:
 
 
 class Tiers:
-    """One jitted function's tiering: its policy and its tier-ups under way.
+    """One jitted function's tiering: its policy and its compiles under way.
     ``after_calls`` is what the function's call counting compares with (0:
-    never)."""
+    never): the call that starts an entry's tier-up."""
 
     def __init__(self, policy: TierPolicy | None):
         self.policy = policy
-        self.after_calls = policy.after_calls if policy is not None else 0
+        self.after_calls = policy.measure_from if policy is not None else 0
         self._pending: list[threading.Event] = []
+        self._lock = threading.Lock()
 
     def start(self, entry: CompiledEntry) -> None:
         """A new entry runs the fast tier."""
@@ -152,32 +187,53 @@ class Tiers:
         entry.tier = Tier(entry.total_ms, ex if isinstance(ex, str) else ex.name)
 
     def due(self, jfn, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
-        """``entry`` was called ``after_calls`` times (on the calling thread):
-        start its tier-up, or record why it stays fast."""
+        """``entry`` reached ``after_calls`` calls (on the calling thread): measure
+        its cost per call, then compile its hot tier; or record why it stays fast."""
         tier = entry.tier
-        if tier is None or tier.name != "fast":
-            return
+        with self._lock:
+            if tier is None or tier.name != "fast":
+                return
+            tier.name = "measuring"
         try:
-            hot_ex = _executor(self.policy.executor)
-            why = _why_not(entry, hot_ex)
-            inputs = None if why else [read_input(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+            hot = _executor(self.policy.executor)
+            why = _why_not(entry, hot)
         except Exception as e:  # noqa: BLE001 - deciding a tier-up must never break the user's call
             why = f"{type(e).__name__}: {e}"
         if why:
             tier.stay(why)
             return
+        if not self.policy.trial_calls:
+            self._compile(jfn, entry, hot, args, kwargs)
+            return
+
+        def measured(ms: float, args: tuple, kwargs: dict) -> None:
+            tier.fast_ms_per_call = ms
+            jfn._replace(timed, entry)
+            self._compile(jfn, entry, hot, args, kwargs)
+        timed = _timed(entry, self.policy.trial_calls, measured)
+        if not jfn._replace(entry, timed):
+            tier.stay("the entry left the cache")
+
+    def _compile(self, jfn, entry: CompiledEntry, hot: Executor, args: tuple, kwargs: dict) -> None:
+        tier = entry.tier
+        try:
+            inputs = [read_input(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+        except Exception as e:  # noqa: BLE001 - a tier-up must never break the user's call
+            tier.stay(f"its inputs could not be read again ({type(e).__name__}: {e})")
+            return
         tier.name = "compiling"
         tier.done = threading.Event()
         self._pending.append(tier.done)
-        job = (weakref.ref(jfn), entry, inputs, hot_ex)
+        job = (weakref.ref(jfn), entry, inputs, hot, self.policy.trial_calls)
         if self.policy.background:
             _worker().submit(job)
         else:
             _tier_up(*job)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every tier-up started so far has ended (swapped in or
-        stayed fast); False if ``timeout`` seconds passed first."""
+        """Block until every hot tier being compiled is swapped in (for its
+        trial, when it has one) or has stayed fast; False if ``timeout``
+        seconds passed first."""
         end = None if timeout is None else time.perf_counter() + timeout
         for done in list(self._pending):
             left = None if end is None else max(0.0, end - time.perf_counter())
@@ -185,6 +241,31 @@ class Tiers:
                 return False
         self._pending = [d for d in self._pending if not d.is_set()]
         return True
+
+
+def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntry:
+    """A copy of ``entry`` whose calls are measured: the calling thread's CPU
+    time from one call's start to the next's (per thread: each thread's own
+    calls), the whole of what the program costs it between calls, a
+    backward run by autograd included, never another thread's work (a compile).
+    After ``calls`` such intervals ``measured(median ms, args, kwargs)`` runs,
+    once, inside the call that completed them. Entries measured have no fast
+    guard (it would inline the entry's code past the timer), so they pay a key."""
+    run = entry.fn
+    last: dict[int, float] = {}
+    samples: list[float] = []
+
+    def fn(args: tuple, kwargs: dict):
+        now = time.thread_time()
+        before = last.get(threading.get_ident())
+        last[threading.get_ident()] = now
+        out = run(args, kwargs)
+        if before is not None and out is not MISS and len(samples) < calls:
+            samples.append(now - before)
+            if len(samples) == calls:
+                measured(statistics.median(samples) * 1e3, args, kwargs)
+        return out
+    return _with(entry, fn)
 
 
 def _executor(ex: str | Executor) -> Executor:
@@ -213,38 +294,80 @@ def _why_not(entry: CompiledEntry, hot: Executor) -> str:
     return unrehearsable([low.trace, entry.traces[-1], *entry.backward_traces[-1:]]) or ""
 
 
-def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor) -> None:
-    """Make ``entry``'s hot tier and swap it in; on any failure the entry stays fast, with the reason."""
+def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_calls: int) -> None:
+    """Make ``entry``'s hot tier and swap it in (on trial when ``trial_calls``);
+    on any failure the entry stays fast, with the reason."""
     tier = entry.tier
     start = time.perf_counter()
     try:
         low = entry.lowering
         traces = list(entry.traces[:low.front])
         done = low.lower([hot, *low.executors], traces)
-        regions = sum(1 for t in [done.final, *done.backward[-1:]] for b in t.bound_symbols
-                      if Tag.FUSION in b.sym.tags and b.sym.executor is hot)
-        if not regions:
-            tier.stay(f"{hot.name} found no region to fuse")
+        fusions = [b for t in [done.final, *done.backward[-1:]] for b in t.bound_symbols
+                   if Tag.FUSION in b.sym.tags and b.sym.executor is hot]
+        small = _too_small(fusions)
+        if small:
+            tier.stay(small)
             return
         if low.placed_by(done) != low.placed:
             tier.stay("the hot lowering relies on other input strides than the entry's guards check")
             return
         low.rehearse(done, inputs)
         inputs = None
-        jfn = jfn_ref()
         tier.compile_s = time.perf_counter() - start
-        tier.regions = regions
-        if jfn is None or not jfn._replace(entry, _hot_entry(entry, done, traces)):
+        tier.regions = len(fusions)
+        hot_entry = _hot_entry(entry, done, traces)
+        installed = hot_entry
+        if trial_calls:
+            installed = _timed(hot_entry, trial_calls,
+                               lambda ms, args, kwargs: _judge(jfn_ref, entry, hot_entry, installed, ms))
+        jfn = jfn_ref()
+        if jfn is None or not jfn._replace(entry, installed):
             tier.stay("the entry left the cache while its hot tier compiled")
             return
         tier.hot_at = time.perf_counter()
-        tier.name = "hot"
+        tier.name = "trial" if trial_calls else "hot"
     except Exception as e:  # noqa: BLE001 - a failed hot tier keeps the fast one, with the reason
         tier.compile_s = time.perf_counter() - start
         tier.stay(f"the hot tier failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                   "the fast tier runs")
     finally:
         tier.done.set()
+
+
+def _judge(jfn_ref, fast: CompiledEntry, hot: CompiledEntry, on_trial: CompiledEntry, ms: float) -> None:
+    """The hot tier's trial is over (on the calling thread): keep it if it cost
+    no more per call than the fast tier did, else put the fast entry back."""
+    tier = fast.tier
+    tier.hot_ms_per_call = ms
+    jfn = jfn_ref()
+    if jfn is None:
+        return
+    if ms <= tier.fast_ms_per_call:
+        jfn._replace(on_trial, hot)         # untimed, so a fast guard can inline its code again
+        tier.name = "hot"
+    else:
+        jfn._replace(on_trial, fast)
+        tier.stay(f"the hot tier was slower: {ms:.3f} ms of CPU per call against the fast tier's "
+                  f"{tier.fast_ms_per_call:.3f} ms")
+
+
+MIN_FUSED_SYMBOLS = 8
+"""A hot tier fusing fewer symbols than this, of little work, stays fast:
+each region call costs more on the host (tens of microseconds) than the few
+torch calls it replaces."""
+
+
+def _too_small(fusions: list) -> str:
+    """Why the hot tier's regions are not worth compiling ("" if they are)."""
+    if not fusions:
+        return "the hot tier's executor found no region to fuse"
+    fused = sum(max(1, len(b.subsymbols)) for b in fusions)
+    work = estimated_seconds(b for f in fusions for b in f.subsymbols)
+    if fused < MIN_FUSED_SYMBOLS and work is not None and work < 1e-3:
+        return (f"its regions hold {fused} symbols of about {work * 1e6:.0f} us of work: "
+                "fewer torch calls than a region call costs")
+    return ""
 
 
 def _hot_entry(entry: CompiledEntry, done, traces: list) -> CompiledEntry:
@@ -254,13 +377,22 @@ def _hot_entry(entry: CompiledEntry, done, traces: list) -> CompiledEntry:
     old = entry.fn
     fn = types.FunctionType(old.__code__, {**old.__globals__, "_comp": done.comp}, old.__name__)
     fn.__thunderlite_source__ = old.__thunderlite_source__
-    stage_ms = {**entry.stage_ms, **{t.stage: t.pass_time_ms for t in traces[entry.lowering.front:]
-                                     if t.pass_time_ms is not None}}
-    hot = CompiledEntry(fn, traces, done.backward, entry.prologue_traces, stage_ms, entry.total_ms, entry.guards)
+    hot = _with(entry, fn, traces, done.backward)
+    hot.stage_ms = {**entry.stage_ms, **{t.stage: t.pass_time_ms for t in traces[entry.lowering.front:]
+                                         if t.pass_time_ms is not None}}
+    return hot
+
+
+def _with(entry: CompiledEntry, fn: Callable, traces: list | None = None,
+          backward: list | None = None) -> CompiledEntry:
+    """A copy of ``entry`` running ``fn`` (and showing ``traces``/``backward``)."""
+    new = CompiledEntry(fn, entry.traces if traces is None else traces,
+                        entry.backward_traces if backward is None else backward, entry.prologue_traces,
+                        entry.stage_ms, entry.total_ms, entry.guards)
     for slot in ("alias_guard", "inputs", "sym_guards", "input_names", "gradients", "calls", "key", "lowering",
                  "tier"):
-        setattr(hot, slot, getattr(entry, slot))
-    return hot
+        setattr(new, slot, getattr(entry, slot))
+    return new
 
 
 class _Worker:
