@@ -45,7 +45,7 @@ from thunderlite.frontend.caching.entries import (
     user_stacklevel,
 )
 from thunderlite.frontend.caching.tiers import Tiers, policy_of
-from thunderlite.frontend.compile import compile_call, gc_paused
+from thunderlite.frontend.compile import compile_call, gc_paused, run_until_raise
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
 from thunderlite.transforms.user import check_transforms
@@ -195,6 +195,9 @@ class ThunderliteFunction:
                           "specializing on number values from now on", stacklevel=user_stacklevel())
             self._reset("constant values")
             return self._miss(args, kwargs)
+        if entry.raises is not None:      # the program raised its own exception: nothing to cache
+            self.last = entry
+            run_until_raise(entry, args, kwargs)
         if entry.sym_guards is None:      # symbolic sizes failed: compiled for these sizes
             key = self._key_fn(args, kwargs)
             self.info.note_key(key)

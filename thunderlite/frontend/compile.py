@@ -35,12 +35,14 @@ from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Input, Mirror, TraceState
+from thunderlite.frontend.training.predicated import NOT_PREDICATED, PredicationRefused, predication_notes
 from thunderlite.interpreter import interpret
+from thunderlite.interpreter.hooks import InterpreterError
 from thunderlite.interpreter.tracebacks import NOTE_HEADER as INTERPRETED_FRAMES_NOTE
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
 from thunderlite.torch.ops.inplace import grown
 from thunderlite.transforms.aliasing.eager_layout import eager_copies, inputs_behind
-from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases
+from thunderlite.transforms.aliasing.update_aliases import AliasGroups, check_writes, update_aliases, writes_memory
 from thunderlite.transforms.autodiff.split import REQUIRES_GRAD_ID
 from thunderlite.transforms.box_inputs import box_inputs
 from thunderlite.transforms.claim import claim_executors
@@ -64,7 +66,41 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executo
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
         with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
             symbolic = env if dynamic or symbolic_numbers else None
-            return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic, dynamic)
+            unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
+            while True:
+                try:
+                    return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
+                                         dynamic, unpredicated)
+                except PredicationRefused as e:
+                    if e.site in unpredicated:
+                        raise
+                    unpredicated[e.site] = e.reason
+                except Exception as e:
+                    for why in unpredicated.values():      # why the flag was read, where reading it failed
+                        e.add_note(f"{NOT_PREDICATED}{why}")
+                    raise
+
+
+def _own_error(e: BaseException) -> bool:
+    """Whether ``e`` is thunderlite refusing or failing, rather than the program
+    raising (its ``raise``, or torch's error for its arguments, which eager
+    raises at the same line). Only the program's own exceptions leave its
+    earlier writes done (``run_until_raise``)."""
+    return isinstance(e, (NotTracedError, DataDependentError, InterpreterError, NotImplementedError,
+                          RecursionError, PredicationRefused)) or "thunderlite" in str(e)[:300]
+
+
+def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    """A program that raised its own exception while tracing: run what it did
+    before the raise (in-place writes, module state, ``.grad``), as eager did
+    before the exception reached the caller, then raise it. Nothing is cached:
+    each such call traces again."""
+    exc = entry.raises
+    try:
+        entry.fn(args, kwargs)
+    except Exception:  # noqa: BLE001 - the prefix failing must not hide the program's exception
+        pass
+    raise exc
 
 
 @contextlib.contextmanager
@@ -85,10 +121,12 @@ def gc_paused():
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
-                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None) -> CompiledEntry:
+                  transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
+                  unpredicated: dict | None = None) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
+    state.unpredicated = unpredicated or {}
     state.shape_env = env
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
@@ -104,7 +142,13 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     note(INTERPRETATION_STAGE, trace)
     with tracectx(trace):
         pargs, pkwargs = proxy_arguments(state, args, kwargs, sig, _param_names(fn), dynamic)
-        result = _interpret(fn, hooks, pargs, pkwargs)
+        raises = None
+        try:
+            result = _interpret(fn, hooks, pargs, pkwargs)
+        except Exception as e:
+            if _own_error(e) or not _wrote_anything(trace, state):
+                raise
+            raises, result = e, None
         _check_not_lazy(fn, result)
         _check_hook_functions(trace, state)
         result = hooks.autograd.returned(hooks.settled(result, "returned by the program"))
@@ -118,6 +162,7 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         mode, ret, rebuild = _output_plan(result, extras, state)
         trace.args = [inp.proxy for inp in state.inputs]
         trace.set_return(ret)
+    trace.header_comments += predication_notes(state)
     trace.pass_time_ms = (time.perf_counter() - start) * 1e3
     groups = _input_alias_groups(state.inputs)
     _check_growing_resizes(trace, groups)
@@ -145,7 +190,14 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     compiled.gradients = hooks.autograd.gradient_of
     compiled.lowering = lowering
+    compiled.raises = raises
+    compiled.predication = predication_notes(state)
     return compiled
+
+
+def _wrote_anything(trace: Trace, state: TraceState) -> bool:
+    """Whether the program, up to now, wrote something its caller can see."""
+    return writes_memory(trace) or bool(collect_writes(state))
 
 
 def _check_hook_functions(trace: Trace, state: TraceState) -> None:

@@ -148,8 +148,18 @@ def _run_and_write(call_args: list[str], writes: list[Write], output: str, extra
         return [f"  return {call}"]
     lines = [f"  out, extras = {call}" if output != "direct" else f"  out = {call}"]
     env_names = {name: f"extras[{i}]" for i, name in enumerate(extra_names)}
+    # every object written is found before the first write: a write replacing an
+    # attribute (``self._state = {}``) must not redirect another write reaching
+    # the old value through that attribute (the old dict's items, as in eager)
+    targets = {}
+    if len(writes) > 1:
+        for w in writes:
+            if isinstance(w.target, Prov) and w.target.kind not in ("global", "cell") and w.target not in targets:
+                targets[w.target] = f"_w{len(targets)}"
+                lines.append(f"  {targets[w.target]} = {w.target.expr(roots)}")
     for w in writes:
-        lines += ["  " + s for s in write_source(w, env_names, consts, roots)]
+        target = targets.get(w.target) if isinstance(w.target, Prov) else None
+        lines += ["  " + s for s in write_source(w, env_names, consts, roots, target)]
     lines.append("  return _rebuild(out)" if output == "rebuild" else "  return out")
     return lines
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import types
+from collections import OrderedDict, defaultdict, deque
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from thunderlite.core.symexpr import evaluate
 from thunderlite.core.symint import SymInt
 from thunderlite.distributed import dtensor
 from thunderlite.distributed.dtensor import DTensorProxy
-from thunderlite.frontend.provenance import Prov
+from thunderlite.frontend.provenance import Prov, key_expr
 from thunderlite.frontend.state import DELETED, TraceState
 
 _ATOMS = (int, float, bool, str, type(None), complex, torch.dtype, torch.device, slice, bytes, type(Ellipsis))
@@ -185,19 +186,37 @@ def value_expr(x: Any, env_names: dict, consts: dict) -> str:
                                for k, v in x.items()) + "}"
     if t in (int, bool, str, type(None)):
         return repr(x)
+    if t in _FRESH_CONTAINERS:      # made by the program: a new one per call, as eager makes
+        items = "{" + ", ".join(f"{value_expr(k, env_names, consts)}: {value_expr(v, env_names, consts)}"
+                                for k, v in x.items()) + "}" if isinstance(x, dict) else \
+            "[" + ", ".join(value_expr(y, env_names, consts) for y in x) + "]"
+        make = _const_name(t, consts)
+        if t is defaultdict:
+            return f"{make}({value_expr(x.default_factory, env_names, consts)}, {items})"
+        if t is deque:
+            return f"{make}({items}, {x.maxlen!r})"
+        return f"{make}({items})"
+    return _const_name(x, consts)
+
+
+_FRESH_CONTAINERS = (defaultdict, OrderedDict, deque, set)
+
+
+def _const_name(x: Any, consts: dict) -> str:
     name = f"_W{len(consts)}"
     consts[name] = x
     return name
 
 
-def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[str]:
-    """Source lines applying one write-back."""
+def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: str | None = None) -> list[str]:
+    """Source lines applying one write-back; ``target``: a variable already holding
+    the object written (read before any write of the call: ``run_and_write``)."""
     if w.kind == "global":
         g = roots.setdefault(id(w.target), (f"_G{len(roots)}", w.target))[0]
         if w.value is DELETED:
             return [f"del {g}[{w.key!r}]"]
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
-    target = w.target.expr(roots)
+    target = target or w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]
@@ -206,7 +225,8 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict) -> list[s
     if w.kind == "cell":
         return [f"del {target}" if w.value is DELETED else f"{target} = {v}"]
     if w.kind == "item":
-        return [f"del {target}[{w.key!r}]" if w.value is DELETED else f"{target}[{w.key!r}] = {v}"]
+        key = key_expr(w.key, roots)
+        return [f"del {target}[{key}]" if w.value is DELETED else f"{target}[{key}] = {v}"]
     if isinstance(w.value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":

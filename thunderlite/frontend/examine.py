@@ -14,6 +14,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
+from thunderlite.frontend.training.predicated import NOT_PREDICATED
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
 
@@ -28,6 +29,7 @@ class Examination:
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.tier = ""                  # which tier the entry runs (frontend/caching/tiers.py)
+        self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
         self.claimed = claimed
         self.skipped = skipped
@@ -58,6 +60,7 @@ class Examination:
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
+        lines += [f"  {line}" for line in self.predication]
         if self.tier:
             lines.append(f"  tier: {self.tier}")
         return "\n".join(lines)
@@ -87,6 +90,9 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
         report.tier = entry.tier.describe(jfn._tier_at) if entry.tier is not None else "fast (tiering off)"
+        report.predication = list(entry.predication)
+    if error is not None:
+        report.predication += [n for n in getattr(error, "__notes__", ()) if n.startswith(NOT_PREDICATED)]
     return report
 
 

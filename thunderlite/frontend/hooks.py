@@ -38,6 +38,7 @@ from thunderlite.frontend.lookasides import REPLACEMENTS, is_creation_fn, proxy_
 from thunderlite.frontend.provenance import Prov, is_atom
 from thunderlite.frontend.source_map import defined_by_user, is_stdlib, source_line, user_file
 from thunderlite.frontend.state import DELETED, MIRROR_MAX_ITEMS, TraceState
+from thunderlite.frontend.training import predicated
 from thunderlite.frontend.training.traced_autograd import TracedAutograd
 from thunderlite.interpreter import (
     MISSING,
@@ -107,6 +108,7 @@ class TracingHooks(InterpreterHooks):
         self.last_location: tuple | None = None
         self._lookasides = proxy_aware_builtins(self)
         self.autograd = TracedAutograd(self)      # backward() and .grad inside the program
+        self.predicating: list = []               # blocks of `if` being traced predicated (innermost last)
 
     # --- source lines ----------------------------------------------------------------------
     _located_frames: tuple | None = None        # the interpreted frames last_location was made from
@@ -182,6 +184,8 @@ class TracingHooks(InterpreterHooks):
                     "the jitted function and pass the value in, or time the call from outside.")
         if type(fn) is types.BuiltinMethodType and fn.__name__ in _CONTAINER_WRITES:
             owner = fn.__self__
+            if self.predicating:
+                self.predicating[-1].writes_object(owner)
             if type(owner) in _CONTAINERS and id(owner) in self.state.prov_of:
                 raise self.container_write_refused(owner, fn.__name__)
         if _is_torch_builtin(fn):
@@ -512,7 +516,7 @@ class TracingHooks(InterpreterHooks):
 
     def load_subscr(self, container: Any, key: Any, value: Any) -> Any:
         st = self.state
-        w = st.attr_writes.get((id(container), ("item", key))) if is_atom(key) else None
+        w = st.attr_writes.get((id(container), ("item", key))) if _is_path_key(key) else None
         if w is not None:
             if w[1] is DELETED:
                 raise KeyError(key)
@@ -571,7 +575,14 @@ class TracingHooks(InterpreterHooks):
     def delete_deref(self, cell) -> bool:
         return self.store_deref(cell, DELETED)
 
+    def predicate(self, value: Any):
+        """``if value:`` on a traced tensor: its blocks predicated when they only
+        write tensors (training/predicated.py), else None (its truth is read)."""
+        return predicated.branch(self, value)
+
     def store_attr(self, obj: Any, name: str, value: Any) -> bool:
+        if self.predicating:
+            self.predicating[-1].writes_object(obj)
         if name == "data" and isinstance(obj, TensorProxy):
             assign_data(obj, value)
             return True
@@ -599,7 +610,12 @@ class TracingHooks(InterpreterHooks):
         return self.store_subscr(container, key, DELETED)
 
     def store_subscr(self, container: Any, key: Any, value: Any) -> bool:
-        if id(container) not in self.state.prov_of or not is_atom(key):
+        """An item stored into an outside container (one with a path) waits for the
+        epilogue; a tensor key is the very object (``optimizer.state[p]`` made by the
+        defaultdict's factory for a parameter added since the last call)."""
+        if self.predicating:
+            self.predicating[-1].writes_object(container)
+        if id(container) not in self.state.prov_of or not _is_path_key(key):
             return False
         self.state.attr_writes[(id(container), ("item", key))] = (container, value)
         return True

@@ -22,6 +22,7 @@ from thunderlite.core.symint import SymInt
 from thunderlite.distributed.dtensor import DTensorProxy, dtensor_type
 from thunderlite.frontend.foreach import foreach_functions, foreach_lookaside
 from thunderlite.frontend.functorch.apis import replacements as functorch_replacements
+from thunderlite.frontend.training.predicated import grad_scaler_maybe_step
 from thunderlite.interpreter import MISSING, call_past_lookaside, interpret
 from thunderlite.torch.ops import numbers
 
@@ -288,6 +289,8 @@ def _table() -> dict:
                      (torch.Tensor._make_subclass, "make_subclass"),
                      (torch.utils.checkpoint.checkpoint, "checkpoint")]:
         table[fn] = _method(name)
+    # GradScaler's skipped step: predicated on its found_inf, no host read (training/predicated.py)
+    table[torch.amp.GradScaler._maybe_opt_step] = lambda self, *a, **k: grad_scaler_maybe_step(self.hooks, *a, **k)
     # torch.func transforms as trace computations (functorch/apis.py)
     table.update({f: (lambda impl: lambda self, *a, **k: impl(self.hooks, *a, **k))(impl)
                   for f, impl in functorch_replacements().items()})

@@ -94,6 +94,8 @@ class TraceState:
         self.attr_writes: dict[tuple, tuple] = {}  # (id(obj), name) -> (obj, value)
         self.global_writes: dict[tuple, tuple] = {}  # (id(globals), name) -> (globals, value)
         self.cell_writes: dict[int, tuple] = {}    # id(external cell) -> (cell, value)
+        self.unpredicated: dict = {}               # blocks traced reading their flag -> why (training/predicated.py)
+        self.predicated: list[tuple] = []          # (block, flag name, user line) of blocks traced predicated
         self.parameters: set[str] = set()          # names of proxies standing for nn.Parameters
         self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing

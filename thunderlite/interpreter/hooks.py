@@ -40,6 +40,8 @@ class InterpreterHooks:
       including the frame's own cells (a subclass tells them apart by the cell).
     - ``subscr_key(container, key)``: the key a native ``container[key]`` read, write or
       delete uses (a tracer maps a stand-in value to the object it stands for).
+    - ``predicate(value)``: at a conditional jump over a block on a value that is not a
+      bool, an object running the block predicated, or None (``predicate.py``).
 
     Example::
 
@@ -90,8 +92,15 @@ class InterpreterHooks:
     def delete_deref(self, cell):
         return False
 
+    def predicate(self, value):
+        """At ``if value:`` on a value that is not a bool: an object running the
+        guarded block predicated (interpreter/predicate.py), or None to take
+        ``bool(value)``."""
+        return None
+
 
 HOOK_NAMES = (
     "lookaside", "load_global", "store_global", "load_attr", "store_attr", "delete_attr",
     "subscr_key", "load_subscr", "store_subscr", "delete_subscr", "load_deref", "store_deref", "delete_deref",
+    "predicate",
 )

@@ -43,7 +43,7 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "calls", "key", "lowering", "tier", "__weakref__")
+                 "calls", "key", "lowering", "tier", "raises", "predication", "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -63,6 +63,8 @@ class CompiledEntry:
         self.key: tuple | None = None   # its key in the function's cache (None: not stored)
         self.lowering = None         # compile.Lowering: how its computation was made from the trace
         self.tier = None             # tiers.Tier: which tier it runs, and since when (None: tiering off)
+        self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran
+        self.predication: list[str] = []  # blocks traced predicated, and those reading their flag (why)
 
 
 class KeyCache:

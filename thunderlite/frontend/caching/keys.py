@@ -72,13 +72,25 @@ def leaves(sig_node: tuple, value: Any, path: str):
         yield kind, value, path
 
 
+class _TwoOrMore:
+    """A symbolic dim's size in a key: distinct from every static size, so an
+    entry compiled for size 2 is never found by a symbolic signature's key."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "≥2"
+
+
+TWO_OR_MORE = _TwoOrMore()
+
+
 def dynamic_shape(shape: tuple, dims) -> tuple:
     """A shape as the key sees it when ``dims`` (a set of dims, or ``ALL_DIMS``)
     are symbolic: their sizes only say 0, 1 or "2 or more" (sizes 0 and 1
     specialize, as torch.compile's dynamic shapes do)."""
     if dims is ALL_DIMS:
-        return tuple([d if d < 2 else 2 for d in shape])
-    return tuple([d if d < 2 or i not in dims else 2 for i, d in enumerate(shape)])
+        return tuple([d if d < 2 else TWO_OR_MORE for d in shape])
+    return tuple([d if d < 2 or i not in dims else TWO_OR_MORE for i, d in enumerate(shape)])
 
 
 ALL_DIMS = "all dims"

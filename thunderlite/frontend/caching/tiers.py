@@ -389,10 +389,13 @@ def _with(entry: CompiledEntry, fn: Callable, traces: list | None = None,
     new = CompiledEntry(fn, entry.traces if traces is None else traces,
                         entry.backward_traces if backward is None else backward, entry.prologue_traces,
                         entry.stage_ms, entry.total_ms, entry.guards)
-    for slot in ("alias_guard", "inputs", "sym_guards", "input_names", "gradients", "calls", "key", "lowering",
-                 "tier"):
-        setattr(new, slot, getattr(entry, slot))
+    for slot in CompiledEntry.__slots__:
+        if slot not in _OWN_SLOTS and hasattr(entry, slot):
+            setattr(new, slot, getattr(entry, slot))
     return new
+
+
+_OWN_SLOTS = frozenset({"fn", "traces", "backward_traces", "__weakref__"})
 
 
 class _Worker:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from thunderlite.core import dtypes, pytree
-from thunderlite.core.aliasing import may_view
+from thunderlite.core.aliasing import may_view, writes
 from thunderlite.core.proxies import TensorProxy
-from thunderlite.core.symbol import BoundSymbol, free_proxies
+from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
 from thunderlite.frontend.epilogue import Write
 from thunderlite.interpreter import interpret
 from thunderlite.torch.ops.grad_mode import REGISTER_HOOK_ID, RETAIN_GRAD_ID
@@ -76,11 +76,34 @@ class TracedAutograd:
         self.input_hooks: dict[str, list] = {}   # input name -> (hook, reads) the program registered on it
         self.made: dict[str, TensorProxy] = {}    # leaves the program made with requires_grad_()
         self.value_grads: dict[str, TensorProxy] = {}  # the .grad now of those and the retained (absent: None)
+        self._written: tuple[int, dict[str, TensorProxy]] = (-1, {})  # (trace length, write result -> written)
 
     # --- .grad ------------------------------------------------------------------------------
+    def tensor_of(self, proxy: TensorProxy) -> TensorProxy:
+        """The tensor object ``proxy`` stands for: an in-place op's result names the
+        tensor it wrote (``p -= x`` rebinds ``p`` to the write's value, where eager's
+        ``__isub__`` returns ``p`` itself), so its ``.grad`` is that tensor's."""
+        n = len(self.trace.bound_symbols)
+        if self._written[0] != n:
+            found = {}
+            for top in self.trace.bound_symbols:
+                for b in walk(top):
+                    for dst, new in writes(b):
+                        if new is not None and new.shape == dst.shape and new.dtype == dst.dtype:
+                            found[new.name] = dst
+            self._written = (n, found)
+        found = self._written[1]
+        seen = set()
+        while proxy.name in found and proxy.name not in seen and proxy.name not in self.grads \
+                and proxy.name not in self.value_grads and self.state.input_by_name(proxy.name) is None:
+            seen.add(proxy.name)
+            proxy = found[proxy.name]
+        return proxy
+
     def grad_of(self, proxy: TensorProxy) -> Any:
         """``proxy.grad``: the program's value for an input, None for a value the
         program made (a non-leaf's ``.grad`` is None in eager)."""
+        proxy = self.tensor_of(proxy)
         if proxy.name in self.grads:
             return self.grads[proxy.name]
         inp = self.state.input_by_name(proxy.name)
@@ -103,6 +126,7 @@ class TracedAutograd:
 
     def set_grad(self, proxy: TensorProxy, value: Any) -> None:
         """``proxy.grad = value`` inside the program."""
+        proxy = self.tensor_of(proxy)
         inp = self.state.input_by_name(proxy.name)
         if inp is None or inp.prov is None:
             raise NotImplementedError(f"thunderlite: assigning .grad of {proxy.name}, a tensor made inside the "

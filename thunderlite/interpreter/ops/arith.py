@@ -45,7 +45,7 @@ def op_compare_op_313(f, ins):
     st = f.stack
     b = st.pop()
     r = compare_op(f.rt, st[-1], b, ins.argval)
-    st[-1] = truth(f.rt, r) if ins.arg & 16 else r
+    st[-1] = truth(f.rt, r) if ins.arg & 16 and not _jump_may_predicate(f, ins, r) else r
 
 
 # IS_OP (left right -- b)
@@ -90,5 +90,16 @@ def op_unary_invert(f, ins):
 def op_to_bool(f, ins):
     st = f.stack
     v = st[-1]
-    if type(v) is not bool:
+    if type(v) is not bool and not _jump_may_predicate(f, ins, v):
         st[-1] = truth(f.rt, v)
+
+
+_COND_JUMPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"})
+
+
+def _jump_may_predicate(f, ins, v) -> bool:
+    """3.13 makes a value a bool before a conditional jump: a value the jump may
+    run its block predicated on (interpreter/predicate.py) reaches it as it is
+    (the jump takes its truth itself otherwise)."""
+    return f.rt.predicate is not None and ins.raw_next[0] in _COND_JUMPS and v is not None \
+        and type(v) is not bool

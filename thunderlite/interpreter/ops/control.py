@@ -1,6 +1,7 @@
 """Jumps, conditional jumps and for-loops."""
 from __future__ import annotations
 
+from .. import predicate
 from ..operators import EXHAUSTED, get_iter, next_or_exhausted, truth
 
 
@@ -12,15 +13,33 @@ def op_jump(f, ins):
 # POP_JUMP_IF_FALSE (cond --)
 def op_pop_jump_if_false(f, ins):
     v = f.stack.pop()
-    if v is False or v is None or (v is not True and not truth(f.rt, v)):
+    if v is False or v is None:
+        f.pc = ins.target
+    elif v is not True and not (f.rt.predicate is not None and _predicated(f, ins, v, False)) \
+            and not truth(f.rt, v):
         f.pc = ins.target
 
 
 # POP_JUMP_IF_TRUE (cond --)
 def op_pop_jump_if_true(f, ins):
     v = f.stack.pop()
-    if v is True or (v is not False and v is not None and truth(f.rt, v)):
+    if v is True:
         f.pc = ins.target
+    elif v is not False and v is not None and not (f.rt.predicate is not None and _predicated(f, ins, v, True)) \
+            and truth(f.rt, v):
+        f.pc = ins.target
+
+
+def _predicated(f, ins, v, negated: bool) -> bool:
+    """The block the jump guards, run predicated on ``v`` if the hook offers it."""
+    spans = predicate.blocks(f.dec, ins)
+    if spans is None:
+        return False
+    pred = f.rt.predicate(v)
+    if pred is None:
+        return False
+    predicate.run(f, spans, pred, negated)
+    return True
 
 
 # POP_JUMP_IF_NONE (value --)
