@@ -564,6 +564,7 @@ class Lowering:
             done = self._lower(exs, traces)
         if self.autocast:
             done.comp = without_autocast(done.comp)    # the key holds the autocast state: casts are in the trace
+            done.comp.program = done.program
         return done
 
     def _lower(self, exs: list, traces: list[Trace]) -> Lowered:
@@ -591,14 +592,16 @@ class Lowering:
         run = final.python_callable()
         return Lowered(_without_grad(run) if self.own_backward is not None else run, None, final, [], ())
 
-    def rehearse(self, done: Lowered, inputs: list) -> int:
+    def rehearse(self, done: Lowered, inputs: list, grad_layouts: list | None = None) -> int:
         """Run ``done``'s computation once on fake tensors like ``inputs`` (the
         values a call passes it), so its compiled regions compile now, on this
-        thread, for the layouts a call meets (executors/rehearsal.py). Returns
-        how many region calls were prepared."""
+        thread, for the layouts a call meets (executors/rehearsal.py);
+        ``grad_layouts``: those of the gradients its backward gets
+        (``DifferentiableProgram.rehearse``). Returns how many region calls
+        were prepared."""
         def run(fakes: list, resolve: Callable) -> None:
             if done.program is not None:
-                done.program.rehearse(fakes, resolve)
+                done.program.rehearse(fakes, resolve, grad_layouts)
             else:
                 done.final.python_callable(resolve)(*fakes)
         with torch.set_grad_enabled(self.grad and self.own_backward is None):

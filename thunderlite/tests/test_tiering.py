@@ -361,3 +361,29 @@ def test_a_trial_puts_back_the_fast_tier_when_the_hot_one_costs_more():
     assert tier["hot_ms_per_call"] > tier["fast_ms_per_call"]
     torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
     assert not _hot_regions(jf)
+
+
+def test_the_backward_is_rehearsed_with_the_gradient_layouts_autograd_gives():
+    """``out.sum().backward()`` hands the backward an expanded gradient (stride 0):
+    measured on the fast tier, rehearsed, so no hot call compiles a region."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16), torch.nn.Tanh())
+    ref = copy.deepcopy(model)
+
+    def f(m, x):
+        h = m(x)
+        return (h * h.sigmoid() + h.cos() - h.sin() * 2).t()
+    x = torch.randn(8, 16)
+    jf = thunderlite.jit(f, tiering=thunderlite.TierPolicy(after_calls=2, trial_calls=2))
+    for i in range(9):
+        out = jf(model, x)
+        out.sum().backward()
+        f(ref, x).sum().backward()
+        torch.testing.assert_close(out, f(ref, x))
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        if i == 4:      # calls 3-5 measured the fast tier, the fifth started the compile
+            assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "trial", _tier(jf)
+        if i == 5:      # the hot tier's first call: both regions ran the one layout the rehearsal compiled
+            assert _compilations(jf) == 2 and len(_hot_regions(jf)) == 2
+    assert _tier(jf)["tier"] in ("hot", "fast (final)"), _tier(jf)       # what the trial measured decides

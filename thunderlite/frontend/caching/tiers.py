@@ -43,7 +43,7 @@ from collections.abc import Callable
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
-from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
+from thunderlite.executors.autograd_function import EAGER_MODE_STAGE, DifferentiableProgram
 from thunderlite.executors.base import Executor
 from thunderlite.executors.cost import estimated_seconds
 from thunderlite.executors.registry import get_executor
@@ -206,8 +206,14 @@ class Tiers:
             self._compile(jfn, entry, hot, args, kwargs)
             return
 
+        program = _program_of(entry)
+        if program is not None:     # the backward's gradients: their layouts are rehearsed
+            program.watch_grads = True
+
         def measured(ms: float, args: tuple, kwargs: dict) -> None:
             tier.fast_ms_per_call = ms
+            if program is not None:
+                program.watch_grads = False
             jfn._replace(timed, entry)
             self._compile(jfn, entry, hot, args, kwargs)
         timed = _timed(entry, self.policy.trial_calls, measured)
@@ -312,7 +318,8 @@ def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_c
         if low.placed_by(done) != low.placed:
             tier.stay("the hot lowering relies on other input strides than the entry's guards check")
             return
-        low.rehearse(done, inputs)
+        fast_program = _program_of(entry)
+        low.rehearse(done, inputs, fast_program.grad_layouts if fast_program is not None else None)
         inputs = None
         tier.compile_s = time.perf_counter() - start
         tier.regions = len(fusions)
@@ -368,6 +375,13 @@ def _too_small(fusions: list) -> str:
         return (f"its regions hold {fused} symbols of about {work * 1e6:.0f} us of work: "
                 "fewer torch calls than a region call costs")
     return ""
+
+
+def _program_of(entry: CompiledEntry) -> DifferentiableProgram | None:
+    """The differentiable program the entry's computation runs (None without autodiff)."""
+    comp = entry.fn.__globals__.get("_comp") if hasattr(entry.fn, "__globals__") else None
+    comp = getattr(comp, "program", comp)       # under autocast: its wrapper (compile.Lowering.lower)
+    return comp if isinstance(comp, DifferentiableProgram) else None
 
 
 def _hot_entry(entry: CompiledEntry, done, traces: list) -> CompiledEntry:
