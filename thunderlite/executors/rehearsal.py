@@ -51,9 +51,13 @@ class _StandIn:
         return self.impl.fn(*flat)
 
 
-def rehearse(run: Callable[[list, Callable[[Symbol], Callable]], object], inputs: Sequence) -> int:
+def rehearse(run: Callable[[list, Callable[[Symbol], Callable]], object], inputs: Sequence,
+             later: Callable[[Callable[[], None]], None] | None = None) -> int:
     """Run ``run(fake_inputs, resolve)`` on fake tensors, then prepare every
-    region call it met for its inputs' layouts. Returns how many calls were prepared."""
+    region call it met for its inputs' layouts. ``later``: where a region
+    prepared hands the compile of a layout it meets unprepared (a rehearsal's
+    miss: calls run its torch calls meanwhile), when it offers ``defer_to``.
+    Returns how many calls were prepared."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     met: list = []
 
@@ -70,16 +74,18 @@ def rehearse(run: Callable[[list, Callable[[Symbol], Callable]], object], inputs
         if grad and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             continue        # a call autograd records runs the torch calls: nothing to compile
         with torch.set_grad_enabled(grad):
-            impl.prepare(_examples(args))
+            impl.prepare(examples_like(args))
         prepared += 1
+        if later is not None and callable(getattr(impl, "defer_to", None)):
+            impl.defer_to(later)
     return prepared
 
 
-def _examples(args: list) -> list:
-    """Real tensors with the layouts of the fake tensors in ``args`` (sizes,
-    strides, storage offsets, dtypes, devices; those sharing a fake storage
-    share one real one), their memory allocated and never written; other
-    values as they are."""
+def examples_like(args: list) -> list:
+    """New real tensors with the layouts of the (fake or real) tensors in
+    ``args`` (sizes, strides, storage offsets, dtypes, devices; those sharing a
+    storage share one new one), their memory allocated and never written;
+    other values as they are."""
     storages: dict[int, torch.UntypedStorage] = {}
     out = []
     for a in args:

@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import shutil
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -46,6 +47,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
+from thunderlite.executors.rehearsal import examples_like
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
@@ -359,7 +361,10 @@ class BoxedRegion:
     structure key fixes shapes, dtypes and devices). A call that autograd records (grad mode on and
     an input requiring grad: an eager-mode program), or a call of a region that
     writes whose inputs share storage, runs ``fn``'s torch calls (see
-    ``_as_torch_calls``)."""
+    ``_as_torch_calls``). A region a hot tier prepared (``compile_later``, the
+    tier worker's queue: executors/rehearsal.py) does not compile a layout it
+    meets unprepared on the calling thread: the call runs ``fn``'s torch calls
+    and the worker compiles that layout for the calls after it."""
 
     _boxed_call = True
 
@@ -368,6 +373,8 @@ class BoxedRegion:
         self.writing = writing      # the region writes (into its inputs, maybe)
         self._by_layout: dict[tuple, object] = {}
         self.fallbacks: list[str] = []     # why a layout runs uncompiled (see _compile_boxed)
+        self.compile_later: Callable[[Callable[[], None]], None] | None = None
+        self._later: set[tuple] = set()     # layouts handed to ``compile_later``
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
@@ -380,8 +387,30 @@ class BoxedRegion:
         layout = _layout(box, ptrs)
         compiled = self._by_layout.get(layout)
         if compiled is None:
+            if self.compile_later is not None:
+                return self._compile_later(layout, box)
             compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
         return compiled(box)
+
+    def _compile_later(self, layout: tuple, box: list):
+        if layout not in self._later:
+            self._later.add(layout)
+            example = examples_like(box)
+            self.compile_later(lambda: self._prepare_later(example))
+        flat = list(box)
+        box.clear()
+        return self.fn(*flat)
+
+    def _prepare_later(self, example: list) -> None:
+        try:
+            self.prepare(example)
+        except Exception as e:  # noqa: BLE001 - calls of this layout keep running the torch calls
+            self.fallbacks.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
+        """From now on, layouts met unprepared are compiled by ``later(job)`` (the
+        tier worker), while their calls run the torch calls."""
+        self.compile_later = later
 
     def prepare(self, example: list) -> None:
         """Compile now for inputs of ``example``'s layout (strides, offsets,

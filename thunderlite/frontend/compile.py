@@ -592,20 +592,22 @@ class Lowering:
         run = final.python_callable()
         return Lowered(_without_grad(run) if self.own_backward is not None else run, None, final, [], ())
 
-    def rehearse(self, done: Lowered, inputs: list, grad_layouts: list | None = None) -> int:
+    def rehearse(self, done: Lowered, inputs: list, grad_layouts: list | None = None,
+                 later: Callable | None = None) -> int:
         """Run ``done``'s computation once on fake tensors like ``inputs`` (the
         values a call passes it), so its compiled regions compile now, on this
         thread, for the layouts a call meets (executors/rehearsal.py);
         ``grad_layouts``: those of the gradients its backward gets
-        (``DifferentiableProgram.rehearse``). Returns how many region calls
-        were prepared."""
+        (``DifferentiableProgram.rehearse``); ``later``: where its regions send
+        a layout the rehearsal did not foresee (``rehearsal.rehearse``).
+        Returns how many region calls were prepared."""
         def run(fakes: list, resolve: Callable) -> None:
             if done.program is not None:
                 done.program.rehearse(fakes, resolve, grad_layouts)
             else:
                 done.final.python_callable(resolve)(*fakes)
         with torch.set_grad_enabled(self.grad and self.own_backward is None):
-            return rehearse(run, inputs)
+            return rehearse(run, inputs, later)
 
 
 class Lowered:

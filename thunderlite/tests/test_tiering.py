@@ -387,3 +387,23 @@ def test_the_backward_is_rehearsed_with_the_gradient_layouts_autograd_gives():
         if i == 5:      # the hot tier's first call: both regions ran the one layout the rehearsal compiled
             assert _compilations(jf) == 2 and len(_hot_regions(jf)) == 2
     assert _tier(jf)["tier"] in ("hot", "fast (final)"), _tier(jf)       # what the trial measured decides
+
+
+def test_a_layout_the_rehearsal_did_not_meet_compiles_off_the_calling_thread():
+    """The key holds no strides: a transposed input runs the hot entry with a
+    region layout nobody rehearsed. That call runs the region's torch calls,
+    the worker compiles the layout, and the calls after it run compiled code."""
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
+    jf(x, w, b)
+    jf(x, w, b)
+    assert thunderlite.wait_for_tiers(jf)
+    jf(x, w, b)
+    assert _compilations(jf) == 1
+    xt = x.t().contiguous().t()         # same values and key, other strides
+    torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
+    assert _compilations(jf) == 1       # not compiled by that call
+    assert thunderlite.wait_for_tiers(jf)
+    assert _compilations(jf) == 2       # by the worker
+    torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
+    assert _compilations(jf) == 2

@@ -232,15 +232,20 @@ class Tiers:
         self._pending.append(tier.done)
         job = (weakref.ref(jfn), entry, inputs, hot, self.policy.trial_calls)
         if self.policy.background:
-            _worker().submit(job)
+            _worker().submit(lambda: _tier_up(*job), lambda: _dropped(tier))
         else:
             _tier_up(*job)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every hot tier being compiled is swapped in (for its
-        trial, when it has one) or has stayed fast; False if ``timeout``
-        seconds passed first."""
+        trial, when it has one) or has stayed fast, and the worker has
+        compiled the layouts handed to it so far (regions' unforeseen ones);
+        False if ``timeout`` seconds passed first."""
         end = None if timeout is None else time.perf_counter() + timeout
+        if _WORKER is not None:
+            barrier = threading.Event()
+            _WORKER.submit(barrier.set, barrier.set)
+            self._pending.append(barrier)
         for done in list(self._pending):
             left = None if end is None else max(0.0, end - time.perf_counter())
             if not done.wait(left):
@@ -319,7 +324,8 @@ def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_c
             tier.stay("the hot lowering relies on other input strides than the entry's guards check")
             return
         fast_program = _program_of(entry)
-        low.rehearse(done, inputs, fast_program.grad_layouts if fast_program is not None else None)
+        low.rehearse(done, inputs, fast_program.grad_layouts if fast_program is not None else None,
+                     later=_worker().submit)
         inputs = None
         tier.compile_s = time.perf_counter() - start
         tier.regions = len(fusions)
@@ -413,11 +419,12 @@ _OWN_SLOTS = frozenset({"fn", "traces", "backward_traces", "__weakref__"})
 
 
 class _Worker:
-    """The process's one tier worker: a thread compiling hot tiers in the
-    order they became due, one at a time (Inductor's compile is not meant to
-    run twice at once in a process). At exit it starts no more compiles and
-    the interpreter waits for the one under way (a thread killed inside torch
-    can abort the process), as ``concurrent.futures`` workers are waited for."""
+    """The process's one tier worker: a thread compiling hot tiers (and the
+    layouts their regions meet that the rehearsal did not foresee) in the
+    order they were handed over, one at a time (Inductor's compile is not
+    meant to run twice at once in a process). At exit it starts no more jobs
+    and the interpreter waits for the one under way (a thread killed inside
+    torch can abort the process), as ``concurrent.futures`` workers are waited for."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -425,25 +432,34 @@ class _Worker:
         self._thread = threading.Thread(target=self._run, name="thunderlite-tiers", daemon=_AT_EXIT is None)
         self._thread.start()
 
-    def submit(self, job: tuple) -> None:
-        self._jobs.put(job)
+    def submit(self, run: Callable[[], None], drop: Callable[[], None] | None = None) -> None:
+        """Run ``run()`` on the worker; ``drop()`` instead if the process exits first."""
+        self._jobs.put((run, drop))
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
+            run, drop = job
             if self._closing:
-                tier = job[1].tier
-                tier.stay("the process exited before its hot tier compiled")
-                tier.done.set()
+                if drop is not None:
+                    drop()
                 continue
-            _tier_up(*job)
+            try:
+                run()
+            except Exception:  # noqa: BLE001 - a compile for later calls failed: they keep the torch calls
+                pass
 
     def close(self) -> None:
         """At exit: drop the jobs not started, and let the thread end."""
         self._closing = True
         self._jobs.put(None)
+
+
+def _dropped(tier: Tier) -> None:
+    tier.stay("the process exited before its hot tier compiled")
+    tier.done.set()
 
 
 # run before the interpreter joins its threads (what concurrent.futures registers its workers' exit with)
