@@ -8,6 +8,8 @@ caches make reruns cheaper)."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import threading
 import time
 
@@ -407,3 +409,16 @@ def test_a_layout_the_rehearsal_did_not_meet_compiles_off_the_calling_thread():
     assert _compilations(jf) == 2       # by the worker
     torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
     assert _compilations(jf) == 2
+
+
+def test_tiering_is_on_by_default_outside_the_suite():
+    """The suite's conftest turns the default off; a user's process has it on."""
+    prog = ("import torch, thunderlite\n"
+            "jf = thunderlite.jit(lambda a: a.sin() + 1)\n"
+            "jf(torch.randn(3))\n"
+            "(tier,) = thunderlite.cache_info(jf)['tiers']\n"
+            "assert tier['tier'] == 'fast', tier\n"
+            "assert thunderlite.TierPolicy().after_calls == 20\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
