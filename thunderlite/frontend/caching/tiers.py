@@ -7,9 +7,9 @@ the calling thread, and swapped in when ready (docs/architecture.md §8,
 
     jm = thunderlite.jit(model)                 # tiering on: TierPolicy() (after 20 calls, torchcompile)
     for batch in data:
-        loss = jm(batch); loss.backward()       # calls 1-20 and on run the fast tier until the hot one is in
-    thunderlite.wait_for_tiers(jm)              # benchmarks and tests: block until it is
-    thunderlite.cache_info(jm)["tiers"]         # [{"tier": "hot", "seconds_to_tier": 14.2, ...}]
+        loss = jm(batch); loss.backward()       # the fast tier runs until the hot one is in and kept
+    thunderlite.wait_for_tiers(jm)              # benchmarks and tests: block until it is compiled
+    thunderlite.cache_info(jm)["tiers"]         # [{"tier": "hot", "seconds_to_hot": 14.2, ...}]
 
 The hot tier re-lowers the entry's own trace, as its alias passes left it
 (``compile.Lowering``): nothing is traced again, and the prologue (guards),
@@ -19,7 +19,9 @@ compile lazily per input layout; a rehearsal on fake tensors
 (executors/rehearsal.py) meets every layout a call will give them, so the
 worker compiles them all before the swap and the first hot call compiles
 nothing. The swap replaces the entry in the function's cache in one step
-(``ThunderliteFunction._replace``): a call runs either entry whole.
+(``ThunderliteFunction._replace``): a call runs either entry whole. The hot
+tier is then on trial: kept when it costs the calling thread no more CPU per
+call than the fast tier did, else the fast entry goes back.
 
 Whatever fails in the worker (a region Inductor cannot compile, an op fake
 tensors cannot run) keeps the fast tier and records why (``Tier.reason``).
@@ -44,7 +46,7 @@ from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE, DifferentiableProgram
-from thunderlite.executors.base import Executor
+from thunderlite.executors.base import Executor, FusionExecutor
 from thunderlite.executors.cost import estimated_seconds
 from thunderlite.executors.registry import get_executor
 from thunderlite.executors.rehearsal import unrehearsable
@@ -274,7 +276,10 @@ def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntr
         if before is not None and out is not MISS and len(samples) < calls:
             samples.append(now - before)
             if len(samples) == calls:
-                measured(statistics.median(samples) * 1e3, args, kwargs)
+                try:
+                    measured(statistics.median(samples) * 1e3, args, kwargs)
+                except Exception as e:  # noqa: BLE001 - a tier decision must never break the user's call
+                    entry.tier.stay(f"{type(e).__name__} while deciding: {e}")
         return out
     return _with(entry, fn)
 
@@ -292,8 +297,9 @@ def _why_not(entry: CompiledEntry, hot: Executor) -> str:
     ok, reason = hot.is_available()
     if not ok:
         return f"the hot tier's executor {hot.name!r} is unavailable: {reason}"
-    if hot in low.executors:
-        return f"its executors already include {hot.name!r}"
+    fusing = [ex.name for ex in low.executors if isinstance(ex, FusionExecutor)]
+    if fusing:
+        return f"its executors fuse already ({', '.join(repr(n) for n in fusing)})"
     if low.transforms:
         return "user transforms run once, when the entry compiles: a hot tier would run them again off that thread"
     if entry.sym_guards or any(type(p) is NumberProxy or (type(p) is TensorProxy and has_symbolic(p.shape))
