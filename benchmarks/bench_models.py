@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import json
 import os
 import statistics
 import sys
@@ -296,8 +297,8 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| model | size | eager step ms | inductor / eager | thunderlite fast / eager | thunderlite / eager "
-            "| first call: inductor s | thunderlite s | thunderlite to hot tier s | hot tier |")
-    lines = [head, "|" + " --- |" * 10]
+            "| first call: eager s | inductor s | thunderlite s | thunderlite to hot tier s | hot tier |")
+    lines = [head, "|" + " --- |" * 11]
     for r in rows:
         tier = r.get("tiers", [{}])[-1] if r.get("tiers") else {}
         state = tier.get("tier", "-")
@@ -306,7 +307,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {r['size']} | {_fmt(r['ms'].get('eager'), '.1f')} "
             f"| {_fmt(r['ratio'].get('inductor'), '.2f')} | {_fmt(r['ratio'].get('thunderlite fast'), '.2f')} "
-            f"| {_fmt(r['ratio'].get('thunderlite'), '.2f')} | {_fmt(r['first_s'].get('inductor'), '.1f')} "
+            f"| {_fmt(r['ratio'].get('thunderlite'), '.2f')} | {_fmt(r['first_s'].get('eager'), '.2f')} "
+            f"| {_fmt(r['first_s'].get('inductor'), '.1f')} "
             f"| {_fmt(r['first_s'].get('thunderlite'), '.2f')} | {_fmt(r.get('hot_s'), '.1f')} | {state} |")
     for size in dict.fromkeys(r["size"] for r in rows):
         sel = [r for r in rows if r["size"] == size]
@@ -319,6 +321,7 @@ def table(rows: list[dict]) -> str:
             f"| {_fmt(med(r['ratio'].get('inductor') for r in sel), '.2f')} "
             f"| {_fmt(med(r['ratio'].get('thunderlite fast') for r in sel), '.2f')} "
             f"| {_fmt(med(r['ratio'].get('thunderlite') for r in sel), '.2f')} "
+            f"| {_fmt(med(r['first_s'].get('eager') for r in sel), '.2f')} "
             f"| {_fmt(med(r['first_s'].get('inductor') for r in sel), '.1f')} "
             f"| {_fmt(med(r['first_s'].get('thunderlite') for r in sel), '.2f')} "
             f"| {_fmt(med(r.get('hot_s') for r in sel), '.1f')} | |")
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--atol", type=float, default=1e-4)
     p.add_argument("--rtol", type=float, default=1e-3)
     p.add_argument("--warm-cache", action="store_true", help="keep Inductor's cache directory (default: a fresh one)")
+    p.add_argument("--json", default=None, help="also write every row (times, ratios, tiers, errors) to this file")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="step times in wall time (default) or in this thread's CPU time (steadier on a loaded machine)")
     opts = p.parse_args(argv)
@@ -364,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{opts.clock} time; ratios: median of {opts.steps} interleaved rounds' paired ratios; hot tier after "
           f"{after} calls; first calls in wall time\n")
     print(table(rows))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump([{k: v for k, v in r.items()} for r in rows], f, indent=1, default=str)
     errors = [e for r in rows for e in r["errors"]]
     if errors:
         print("\nwrong or failed variants:\n" + "\n".join(f"- {r['model']} {r['size']}: {e}" for r in rows
