@@ -253,11 +253,12 @@ class ThunderliteFunction:
         self._tiers.start(entry)
         if self.cache_mode != "no caching":
             entry.key = key
-            alts = self._entries.setdefault(("alternates", key), [])
-            alts.append(entry)
-            dropped = max(0, len(alts) - MAX_ALTERNATES)
-            del alts[:dropped]
-            self._entries[key] = entry
+            with self._lock:        # the list a hot tier's swap (``_replace``) indexes into
+                alts = self._entries.setdefault(("alternates", key), [])
+                alts.append(entry)
+                dropped = max(0, len(alts) - MAX_ALTERNATES)
+                del alts[:dropped]
+                self._entries[key] = entry
             self.info.entries += 1 - dropped
         self.last = entry
 
