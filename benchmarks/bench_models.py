@@ -295,15 +295,24 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _tier_note(row: dict) -> str:
+    """The hot tier's fate in a few words: kept, or why not (the trial's CPU ms per call)."""
+    tier = row["tiers"][-1] if row.get("tiers") else {}
+    name = tier.get("tier", "-")
+    fast, hot = tier.get("fast_ms_per_call"), tier.get("hot_ms_per_call")
+    if name == "fast (final)" and fast is not None and hot is not None:
+        return f"fast kept: hot {hot:.1f} ms vs fast {fast:.1f} ms CPU a call"
+    if name == "fast (final)":
+        return f"fast kept: {tier.get('reason', '')[:80]}"
+    return name
+
+
 def table(rows: list[dict]) -> str:
     head = ("| model | size | eager step ms | inductor / eager | thunderlite fast / eager | thunderlite / eager "
             "| first call: eager s | inductor s | thunderlite s | thunderlite to hot tier s | hot tier |")
     lines = [head, "|" + " --- |" * 11]
     for r in rows:
-        tier = r.get("tiers", [{}])[-1] if r.get("tiers") else {}
-        state = tier.get("tier", "-")
-        if tier.get("reason"):
-            state += f" ({tier['reason'][:60]})"
+        state = _tier_note(r)
         lines.append(
             f"| {r['model']} | {r['size']} | {_fmt(r['ms'].get('eager'), '.1f')} "
             f"| {_fmt(r['ratio'].get('inductor'), '.2f')} | {_fmt(r['ratio'].get('thunderlite fast'), '.2f')} "
