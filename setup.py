@@ -14,8 +14,9 @@ setup(
     # numpy: without it, `import torch` itself warns "Failed to initialize NumPy" on every fresh install
     install_requires=["torch>=2.4", "looseversion", "numpy"],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "nbclient", "nbformat", "ipykernel",
-                 "playwright", "triton>=3.0", "numpy", "ruff==0.17.6"],
+        # accelerate: HF Trainer needs it (thunderlite/tests/test_hf_integration.py)
+        "test": ["pytest", "pytest-xdist", "expecttest", "transformers", "accelerate", "nbclient", "nbformat",
+                 "ipykernel", "playwright", "triton>=3.0", "numpy", "ruff==0.17.6"],
         # executors/triton/runtime.py imports triton; Triton's CPU interpreter (and the runtime) numpy
         "triton": ["triton>=3.0", "numpy"],
         # executors/nvfuser/executor.py imports nvfuser_direct, shipped by NVIDIA's per-CUDA wheels

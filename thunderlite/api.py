@@ -18,6 +18,7 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
 import threading
@@ -36,6 +37,7 @@ from thunderlite.distributed.fsdp2 import from_torch_fsdp2, is_fully_shard, refu
 from thunderlite.distributed.tp import from_torch_tp, uses_tensor_parallel
 from thunderlite.executors.cudagraphs.runtime import CUDAGraphs
 from thunderlite.executors.triton.executor import kernel_sources
+from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import (
     CacheInfo,
     CompiledEntry,
@@ -44,16 +46,20 @@ from thunderlite.frontend.caching.entries import (
     reads_only,
     user_stacklevel,
 )
+from thunderlite.frontend.caching.keys import has_symbolic_numbers
 from thunderlite.frontend.caching.tiers import Tiers, policy_of
 from thunderlite.frontend.compile import compile_call, gc_paused, run_until_raise
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
+from thunderlite.frontend.module_surface import CompiledCalls, forward_signature, is_method_of, signed_forward
 from thunderlite.transforms.user import check_transforms
 
 CACHE_MODES = ("constant values", "symbolic values", "no caching")
 # entries kept per key that differ only in prologue guards (a module flag, a global):
 # the most recent ones, so a value that changes on every call cannot grow the cache
 MAX_ALTERNATES = 8
+# compiled entries a jitted callable keeps by default (``jit(..., max_entries=)``): past it, misses run eagerly
+MAX_ENTRIES = 8
 # fast guards made in a row for one entry (a change of global state the key does
 # not hold, such as the thread count, re-arms it; calls its guard always refuses do not)
 MAX_ARMINGS = 2
@@ -63,28 +69,38 @@ class ThunderliteFunction:
     """A jitted callable. Attribute access is kept minimal on the hit path."""
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
-                 progress: bool | None = None, dynamic: bool | None = None, tiering=None):
+                 progress: bool | None = None, dynamic: bool | None = None, max_entries: int | None = MAX_ENTRIES,
+                 tiering=None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
             raise ValueError(f"dynamic={dynamic!r} must be None (automatic), True or False")
+        if max_entries is not None and (type(max_entries) is not int or max_entries < 1):
+            raise ValueError(f"max_entries={max_entries!r} must be a positive int, or None for no bound")
         self.fn = fn
         self.progress = progress
         self.executors = executors
         self.transforms = check_transforms(transforms)
         self.cache_mode = cache
         self.dynamic = dynamic
+        self.max_entries = max_entries
         self._keys = self._key_cache(parameter_names(fn))
+        self._auto = self._path_dynamic()
         self._key_fn = self._keys.no_key
         self._entries: dict = {}
         self._fast: Callable = _no_fast_guard
         self._candidate: CompiledEntry | None = None
         self._armings = 0
         self.info = CacheInfo()
-        self.last: CompiledEntry | None = None
+        # misses (lookup, compile, store) run one at a time: threads racing a first call wait and
+        # find the entry the first one made; hits take no lock (docs/architecture.md §3, threads)
+        self._lock = threading.RLock()
+        # a hot tier's swap (frontend/caching/tiers.py) against the arming of fast guards and the
+        # stores into alternates lists: held for a few steps, never across a compile
+        self._swap_lock = threading.Lock()
         self._tiers = Tiers(policy_of(tiering))
-        self._tier_at = self._tiers.after_calls      # calls of one entry that make it hot (0: never)
-        self._lock = threading.Lock()     # the cache's changes made off the calling thread (tiers.py)
+        self._tier_at = self._tiers.after_calls      # calls of one entry that start its tier-up (0: never)
+        self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -99,7 +115,8 @@ class ThunderliteFunction:
                 if entry.calls == self._tier_at:
                     self._tiers.due(self, entry, args, kwargs)
             return out
-        entry = self._entries.get(self._key_fn(args, kwargs))
+        key_fn = self._key_fn       # read once: another thread's miss may replace it meanwhile
+        entry = self._entries.get(key_fn(args, kwargs))
         if entry is not None:
             out = entry.fn(args, kwargs)
             if out is not MISS:
@@ -108,11 +125,11 @@ class ThunderliteFunction:
                 entry.calls += 1
                 if entry.calls == self._tier_at:
                     self._tiers.due(self, entry, args, kwargs)
-                self._arm(entry, args, kwargs)
+                self._arm(entry, key_fn, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
 
-    def _arm(self, entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
+    def _arm(self, entry: CompiledEntry, key_fn: Callable, args: tuple, kwargs: dict) -> None:
         """An entry the key path served twice in a row gets a fast guard
         (``cache.FastGuard``): the next calls like this one skip the key.
         A call served by another entry disarms it, so calls alternating between
@@ -129,9 +146,9 @@ class ThunderliteFunction:
             return
         self._armings += 1
         # an entry being measured (frontend/caching/tiers.py) has no code of its own to inline
-        guard = self._keys.fast_guard(self._key_fn) if hasattr(entry.fn, "__thunderlite_source__") else None
+        guard = self._keys.fast_guard(key_fn) if hasattr(entry.fn, "__thunderlite_source__") else None
         fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
-        with self._lock:        # not an entry a hot tier replaced meanwhile (``_replace``)
+        with self._swap_lock:        # not an entry a hot tier replaced meanwhile (``_replace``)
             if entry is self._candidate:
                 self._fast = fast
 
@@ -140,7 +157,7 @@ class ThunderliteFunction:
         from any thread: each call runs one of them whole (the dict and list
         stores are single steps), and no fast guard keeps serving ``old``.
         False when ``old`` is no longer in the cache."""
-        with self._lock:
+        with self._swap_lock:
             alts = self._entries.get(("alternates", old.key)) if old.key is not None else None
             at = next((i for i, e in enumerate(alts or ()) if e is old), None)
             if at is None:
@@ -161,8 +178,11 @@ class ThunderliteFunction:
         return self if obj is None else types.MethodType(self, obj)
 
     def _slow_call(self, args: tuple, kwargs: dict) -> Any:
-        with gc_paused():        # a miss makes thousands of short-lived objects (compile.gc_paused)
-            return self._miss(args, kwargs)
+        with self._lock, gc_paused():     # a miss makes thousands of short-lived objects (compile.gc_paused)
+            out = self._miss(args, kwargs)
+        if out is _RUN_EAGERLY:     # the cache is full (max_entries): eager's answer, nothing kept
+            return self.fn(*args, **kwargs)
+        return out
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
         self._fast = _no_fast_guard
@@ -182,8 +202,16 @@ class ThunderliteFunction:
                         self._tiers.due(self, entry, args, kwargs)
                     return out
         prev = self.info.last_key(key)
-        self.info.record_miss(self._keys, key, self._entries.get(key), args, kwargs)
-        if prev is not None and self.dynamic is None and self.cache_mode == "constant values":
+        stale = self._entries.get(key)
+        self.info.record_miss(self._keys, key, stale, args, kwargs)
+        if self.max_entries is not None and self.info.entries >= self.max_entries:
+            self.info.cache_full(self.max_entries)
+            return _RUN_EAGERLY
+        if stale is not None and self._auto is not None:
+            learned = self._auto.learn_from_miss(stale, args, kwargs)
+            if learned is not None:
+                self.info.last_miss_reason += f"; {learned} symbolic from now on"
+        if prev is not None and self.dynamic is not False and self.cache_mode == "constant values":
             key_fn, key = self._automatic_dynamic(key_fn, prev, key, args, kwargs)
         symbolic = self.cache_mode == "symbolic values"
         try:
@@ -214,37 +242,59 @@ class ThunderliteFunction:
         return KeyCache(symbolic_numbers=self.cache_mode == "symbolic values", names=names,
                         symbolic_sizes=self.dynamic is True or self.cache_mode == "symbolic values")
 
+    def _path_dynamic(self) -> PathDynamic | None:
+        """Automatic dynamic sizes and floats of values read through paths (None: ``dynamic=False``)."""
+        all_sizes = self.dynamic is True or self.cache_mode == "symbolic values"
+        return PathDynamic(all_sizes) if self.dynamic is not False or all_sizes else None
+
     def _automatic_dynamic(self, key_fn, prev: tuple, key: tuple, args: tuple, kwargs: dict):
         """A recompile caused by new sizes makes those dims symbolic (as
-        torch.compile does), so the next sizes reuse one trace."""
-        changed = self._keys.changed_dims(key_fn, prev, key)
-        if not changed:
+        torch.compile does), and one caused by a new float value makes that
+        float a trace input, so the next sizes and values reuse one trace."""
+        changed = self._keys.changed_dims(key_fn, prev, key) if self.dynamic is None else {}
+        numbers = self._keys.changed_numbers(key_fn, prev, key)
+        if not changed and not numbers:
             return key_fn, key
-        dims = self._keys.describe_dims(key_fn, changed)
-        key_fn = self._keys.mark_dynamic(key_fn, changed)
+        if changed:
+            self.info.last_miss_reason += f"; {self._keys.describe_dims(key_fn, changed)} symbolic from now on"
+            key_fn = self._keys.mark_dynamic(key_fn, changed)
+        if numbers:
+            names = self._keys.describe_numbers(key_fn, numbers)
+            verb = "is a trace input" if len(names) == 1 else "are trace inputs"
+            self.info.last_miss_reason += f"; {' and '.join(names)} {verb} from now on"
+            key_fn = self._keys.mark_numbers(key_fn, numbers)
         self._key_fn = key_fn
         key = key_fn(args, kwargs)
         self.info.note_key(key)
-        self.info.last_miss_reason += f"; {dims} symbolic from now on"
         return key_fn, key
 
     def _compile(self, key_fn, args: tuple, kwargs: dict, symbolic: bool) -> CompiledEntry:
-        sig = self._keys.signature_of(key_fn)
-        dynamic = self._keys.dynamic_of(sig)
-        options = dict(executors=self.executors, symbolic_numbers=symbolic, transforms=self.transforms,
-                       progress=self.progress, name=self.__name__)
-        if not dynamic:
-            return compile_call(self.fn, args, kwargs, sig, **options)
+        raw = self._keys.signature_of(key_fn)
+        sig = self._keys.traced_signature(raw)
+        dynamic = self._keys.dynamic_of(raw)
+        numbers = not symbolic and has_symbolic_numbers(sig)     # floats made trace inputs automatically
+        options = dict(executors=self.executors, symbolic_numbers=symbolic or numbers, transforms=self.transforms,
+                       progress=self.progress, name=self.__name__, auto=self._auto)
         try:
-            return compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
-        except Exception as e:  # noqa: BLE001 - symbolic sizes must never break a program that compiles
-            why = f"{type(e).__name__}: {e}".split("\n")[0]
-        # what failed with symbolic sizes compiles for these sizes; this signature stays static
-        self._key_fn = self._keys.make_static(key_fn)
-        entry = compile_call(self.fn, args, kwargs, sig, **options)
+            entry = compile_call(self.fn, args, kwargs, sig, dynamic=dynamic, **options)
+        except Exception as e:
+            paths = self._auto.make_static() if self._auto is not None else set()
+            if not (dynamic or numbers or paths):
+                raise
+            why = f"{type(e).__name__}: {e}".split("\n")[0]   # symbolic values must never break a program
+        else:
+            if entry.learned is not None:
+                self.info.last_miss_reason += f"; {entry.learned}: symbolic from now on"
+            return entry
+        # what failed with symbolic sizes or numbers compiles for these values; they stay static
+        if dynamic:
+            key_fn = self._key_fn = self._keys.make_static(key_fn)
+        if numbers:
+            key_fn = self._key_fn = self._keys.make_numbers_static(key_fn)
+        entry = compile_call(self.fn, args, kwargs, self._keys.traced_signature(raw), **options)
         entry.sym_guards = None
-        self.info.last_miss_reason += f"; compiled for these sizes (symbolic sizes failed: {why})"
-        if self.dynamic is True:
+        self.info.last_miss_reason += f"; compiled for these sizes and values (symbolic ones failed: {why})"
+        if self.dynamic is True and dynamic and not numbers:    # floats made inputs automatically fall back silently
             warnings.warn(f"thunderlite: symbolic sizes failed for this program ({why}); compiling for the "
                           "sizes of each call", stacklevel=user_stacklevel())
         return entry
@@ -253,7 +303,7 @@ class ThunderliteFunction:
         self._tiers.start(entry)
         if self.cache_mode != "no caching":
             entry.key = key
-            with self._lock:        # the list a hot tier's swap (``_replace``) indexes into
+            with self._swap_lock:        # the list a hot tier's swap (``_replace``) indexes into
                 alts = self._entries.setdefault(("alternates", key), [])
                 alts.append(entry)
                 dropped = max(0, len(alts) - MAX_ALTERNATES)
@@ -266,6 +316,7 @@ class ThunderliteFunction:
         self._fast, self._candidate, self._armings = _no_fast_guard, None, 0
         self.cache_mode = cache
         self._keys = self._key_cache(self._keys.names)
+        self._auto = self._path_dynamic()
         self._key_fn = self._keys.no_key
         self._entries.clear()
         self.info.entries = 0
@@ -276,22 +327,41 @@ def _no_fast_guard(args: tuple, kwargs: dict) -> object:
     return MISS
 
 
+_RUN_EAGERLY = object()
+
+
 def _call_module(module: torch.nn.Module, *args, **kwargs):
-    return module(*args, **kwargs)
+    # below nn.Module.__call__'s _compiled_call_impl, where module_surface routes the model's calls here
+    return module._call_impl(*args, **kwargs)
+
+
+def _call_own_call(module: torch.nn.Module, *args, **kwargs):
+    return module(*args, **kwargs)      # a class with a __call__ of its own: that runs (and no route is set)
 
 
 class ThunderliteModule(torch.nn.Module):
     """A jitted ``nn.Module``: same parameters, buffers, ``state_dict`` keys and
     modes as the original (which it holds as ``_model``); ``forward`` runs the
-    compiled program, which calls the module's ``__call__`` (so hooks run)."""
+    compiled program, which calls the module's ``__call__`` (so hooks run).
+    ``forward`` and the module carry the model's forward signature, and the
+    model's own methods reached through it (``generate``) call the compiled
+    program (``frontend/module_surface.py``)."""
 
     def __init__(self, model: torch.nn.Module, **jit_options):
         super().__init__()
         self._model = model
         # plain references (not registered submodules) keep forward's lookups cheap
-        self.__dict__["_jitted"] = ThunderliteFunction(_call_module, **jit_options)
-        self.__dict__["_jitted"].__name__ = type(model).__name__      # named so in progress and reports
+        plain = type(model).__call__ is torch.nn.Module.__call__
+        jitted = self.__dict__["_jitted"] = ThunderliteFunction(_call_module if plain else _call_own_call,
+                                                                **jit_options)
+        jitted.__name__ = type(model).__name__      # named so in progress and reports
         self.__dict__["_model_ref"] = model
+        call = functools.partial(jitted, model)
+        self.__dict__["forward"] = signed_forward(self, model, call)
+        self.__dict__["_routes"] = CompiledCalls(model, call) if plain else None
+        sig = forward_signature(model)
+        if sig is not None:
+            self.__dict__["__signature__"] = sig
 
     def forward(self, *args, **kwargs):
         return self._jitted(self._model_ref, *args, **kwargs)
@@ -300,7 +370,11 @@ class ThunderliteModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["_modules"]["_model"], name)
+            value = getattr(self.__dict__["_modules"]["_model"], name)
+        routes = self.__dict__["_routes"]
+        if routes is not None and is_method_of(value, self.__dict__["_model_ref"]):
+            return routes.method(value)
+        return value
 
     def __getitem__(self, idx):
         return self._model[idx]
@@ -330,7 +404,8 @@ class ThunderliteModule(torch.nn.Module):
 
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
-        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False, tiering=None):
+        progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False,
+        max_entries: int | None = MAX_ENTRIES, tiering=None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -342,17 +417,26 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     ``progress``: a compile that takes more than ~2 s shows its stage and symbol
     count on stderr; None (default) when stderr is a terminal, False never, True always.
     ``dynamic``: None (default) makes a tensor dim symbolic after a recompile
-    caused by its size changing; True makes every size of the tensor arguments
-    symbolic from the first call (as ``cache='symbolic values'`` does); False
-    compiles for each new size.
+    caused by its size changing, wherever the tensor comes from (an argument,
+    an attribute or item of one such as a KV cache's keys, a module buffer, a
+    global, a closure cell; parameters stay static), and a float (an argument
+    or read through such a path) a trace input after a recompile caused by its
+    value changing; True makes every size of those tensors symbolic from the
+    first call (as ``cache='symbolic values'`` does); False compiles for each
+    new size and value.
+    ``max_entries``: how many compiled entries the callable keeps (default 8;
+    None: no bound). Past it, a call no entry accepts runs eagerly (eager's
+    answer, counted in ``cache_info``'s ``eager_calls``), with one warning
+    naming what kept recompiling and how to stop it.
     ``cudagraphs``: run the static parts of the final traces (forward and
     backward) as CUDA graphs (``thunderlite.extend.CUDAGraphs``, appended to
     ``transforms``); what stays outside, and why, is in ``examine``.
     ``tiering``: None (default: ``TierPolicy()``, an entry called 20 times gets
-    its regions compiled by ``torchcompile`` off the calling thread and swapped
-    in), False (off), a number of calls, or a ``thunderlite.TierPolicy``;
-    ``wait_for_tiers`` blocks until the hot tiers under way are in, and
-    ``cache_info``'s ``tiers`` says which tier each entry runs."""
+    its regions compiled by ``torchcompile`` off the calling thread, swapped in
+    and kept if a trial finds it no slower), False (off), a number of calls, or
+    a ``thunderlite.TierPolicy``; ``wait_for_tiers`` blocks until the hot
+    tiers under way are compiled, and ``cache_info``'s ``tiers`` says which
+    tier each entry runs."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -374,13 +458,13 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*own, *(transforms or ())]
     if cudagraphs:
         transforms = [*(transforms or ()), CUDAGraphs()]
-    policy = policy_of(tiering)     # a bad value is refused here, not on the first call
+    tiering = policy_of(tiering) or False       # a bad value is refused here, not on the first call
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic, tiering=policy if policy is not None else False)
+                                 dynamic=dynamic, max_entries=max_entries, tiering=tiering)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic, tiering=policy if policy is not None else False)
+                               dynamic=dynamic, max_entries=max_entries, tiering=tiering)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -437,8 +521,9 @@ def last_prologue_traces(jfn) -> list[Trace]:
 
 
 def cache_info(jfn) -> dict:
-    """hits, misses, entries, the reason of the last miss, the cache mode, and
-    ``tiers``: per entry its tier ("fast", "compiling", "hot", "fast (final)"
+    """hits, misses, entries, eager_calls (misses run eagerly past ``max_entries``),
+    the reason of the last miss, the cache mode, and ``tiers``: per entry its
+    tier ("fast", "measuring", "compiling", "trial", "hot", or "fast (final)"
     with the reason), its calls, and the seconds it took to reach it
     (frontend/caching/tiers.py; [] with tiering off)."""
     j = _jitted(jfn)
@@ -459,9 +544,10 @@ def last_tier(jfn) -> str:
 
 
 def wait_for_tiers(jfn, timeout: float | None = None) -> bool:
-    """Block until every hot tier of ``jfn`` under way is swapped in (or has
-    stayed fast, with its reason in ``cache_info``); False when ``timeout``
-    seconds passed first. For benchmarks and tests: calls never wait."""
+    """Block until every hot tier of ``jfn`` under way is compiled and swapped
+    in (on trial for its next calls, when its policy has one) or has stayed
+    fast, with the reason in ``cache_info``; False when ``timeout`` seconds
+    passed first. For benchmarks and tests: calls never wait."""
     return _jitted(jfn)._tiers.wait(timeout)
 
 

@@ -13,6 +13,7 @@ call of the function itself, so the generated code runs it without a Python
 frame; None keeps the plain call. It may name only ``torch`` (always bound)."""
 from __future__ import annotations
 
+import itertools
 import keyword
 import linecache
 import types
@@ -25,6 +26,7 @@ from thunderlite.core.proxies import Proxy
 from thunderlite.core.pytree import leaves
 from thunderlite.core.symint import SymInt
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import tables_lock
 
 INDENT = "  "
 
@@ -173,7 +175,7 @@ def _append_subsymbols(lines: list, bsym, consts: dict, depth: int) -> None:
         _append_subsymbols(lines, sub, consts, depth + 1)
 
 
-_compile_counter = [0]
+_compile_counter = itertools.count(1)      # next() is atomic: each generated file name is unique across threads
 # source -> code object, for small sources: the key functions, entries and
 # guards of programs with the same argument structure are the same text, and
 # compile() is most of what making one costs. Bounded: the oldest goes first.
@@ -191,16 +193,16 @@ def compile_source(src: str, fn_name: str, globs: dict, code_text: str | None = 
     code = _CODE_CACHE.get(key)
     if code is not None and code_text is None:
         return _run(code, fn_name, globs)
-    _compile_counter[0] += 1
-    filename = f"<thunderlite {fn_name} {_compile_counter[0]}>"
+    filename = f"<thunderlite {fn_name} {next(_compile_counter)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     if code is not None:
         return _run(_with_filename(code, filename), fn_name, globs)     # this text in tracebacks
     code = compile(src, filename, "exec")
     if len(key) <= _CODE_CACHE_MAX_SOURCE:
-        if len(_CODE_CACHE) >= _CODE_CACHE_MAX_ENTRIES:
-            del _CODE_CACHE[next(iter(_CODE_CACHE))]
-        _CODE_CACHE[key] = code
+        with tables_lock:
+            if len(_CODE_CACHE) >= _CODE_CACHE_MAX_ENTRIES:
+                del _CODE_CACHE[next(iter(_CODE_CACHE))]
+            _CODE_CACHE[key] = code
     return _run(code, fn_name, globs)
 
 

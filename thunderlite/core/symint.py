@@ -50,6 +50,7 @@ from thunderlite.core.symexpr import (
     substitute,
     to_python,
 )
+from thunderlite.core.tracectx import ThreadStack
 
 # --- the environment: atoms, guards, replacements -----------------------------------------
 
@@ -95,11 +96,12 @@ _NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 _FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _SIGNS = {"==": {0}, "!=": {-1, 1}, "<": {-1}, "<=": {-1, 0}, ">": {1}, ">=": {0, 1}}   # of diff, op true
 
-_active: list[ShapeEnv] = []
+_active = ThreadStack()     # the ShapeEnv of the compile this thread runs, innermost last
 
 
 def active_env() -> ShapeEnv | None:
-    return _active[-1] if _active else None
+    stack = _active.items
+    return stack[-1] if stack else None
 
 
 class ShapeEnv:
@@ -118,11 +120,11 @@ class ShapeEnv:
         self.assume_hook: Callable[[NumberProxy, str], None] | None = None
 
     def __enter__(self):
-        _active.append(self)
+        _active.items.append(self)
         return self
 
     def __exit__(self, *exc):
-        _active.remove(self)
+        _active.items.remove(self)
 
     def size_symbol(self, proxy: NumberProxy, hint: int, origin: str, lower: int | None = 2) -> SymInt:
         """A backed symbol (its value is known while tracing) held by ``proxy``."""

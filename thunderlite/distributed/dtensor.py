@@ -60,8 +60,9 @@ def dtensor_type() -> type:
 def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a real ``torch.distributed.tensor.DTensor``."""
     import sys
-    mod = sys.modules.get("torch.distributed.tensor")
-    return mod is not None and isinstance(t, mod.DTensor)
+    # getattr: another thread may be importing the module (no DTensor exists before its class does)
+    cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return cls is not None and isinstance(t, cls)
 
 
 class _Mesh:

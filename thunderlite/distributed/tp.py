@@ -70,8 +70,8 @@ def _tp_hook_parts(m: torch.nn.Module) -> tuple[list, list]:
 
 
 def _is_dtensor(t: Any) -> bool:
-    tensor_mod = sys.modules.get("torch.distributed.tensor")
-    return tensor_mod is not None and isinstance(t, tensor_mod.DTensor)
+    cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)     # None while being imported
+    return cls is not None and isinstance(t, cls)
 
 
 def uses_tensor_parallel(module: torch.nn.Module) -> bool:

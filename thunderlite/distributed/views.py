@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from thunderlite.core.tracectx import made_once
+
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
@@ -39,11 +41,8 @@ def view_class(orig: type, properties: dict[str, Any]) -> type:
     state, as the class is shared by every view of that shape) and ``training``
     read from the viewed module."""
     key = (orig, tuple(sorted(properties)))
-    cls = _VIEW_CLASSES.get(key)
-    if cls is None:
-        ns = dict(properties, training=property(_training_get, _training_set))
-        cls = _VIEW_CLASSES[key] = type(orig.__name__, (orig,), ns)
-    return cls
+    ns = dict(properties, training=property(_training_get, _training_set))
+    return made_once(_VIEW_CLASSES, key, lambda: type(orig.__name__, (orig,), ns))
 
 
 def view_of(m: torch.nn.Module, cls: type, drop_hooks: bool) -> torch.nn.Module:

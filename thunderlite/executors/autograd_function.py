@@ -24,11 +24,21 @@ Saved values: program arguments and outputs go through ``ctx.save_for_backward``
 ride in a plain list that the backward trace empties on entry, so each is freed
 after its last use in the backward instead of when the whole backward ends.
 
-Double backward is not supported: a backward run with ``create_graph=True``
-raises saying so (rather than returning gradients that silently do not require
-grad). Nor is a second
-backward through the same graph (``retain_graph=True``): the saved values are
-freed during the first one, and the second raises saying so.
+Double backward: a backward run with ``create_graph=True`` (grad mode on
+inside the backward) returns gradients with a graph of their own. The
+program's VJP is a program of its own (``transforms/autodiff/higher_order.py:
+vjp_trace``: the forward recomputed from the arguments, the backward built of
+symbols whose rules are exact), made differentiable here like any program
+(one per set of its inputs requiring grad, built at the first such backward)
+and called on the forward's arguments, kept by the Function (``ctx.flat_args``)
+with their graph, and the output gradients; a later backward differentiates
+it, and so on for higher orders. Arguments the forward did not save for the
+backward (saved ones get eager's check when unpacked) are checked by version
+counter: written since the forward, the recomputation would read new values,
+so the backward raises eager's "modified by an inplace operation". A second
+first-order backward through the same graph (``retain_graph=True``) is not
+supported: the saved values are freed during the first one, and the second
+raises saying so.
 
 Inputs the program writes on a gradient path get their final values as extra
 forward outputs, copied into them after the Function with autograd recording
@@ -46,8 +56,10 @@ from collections.abc import Callable
 import torch
 
 from thunderlite.core import pytree
+from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.trace import Trace
 from thunderlite.executors.torchex import torch_executor, writes_out
+from thunderlite.transforms.autodiff.higher_order import NotDifferentiableAgain, vjp_trace
 from thunderlite.transforms.autodiff.split import GradSplit, split_forward_backward
 from thunderlite.transforms.autodiff.symbols import skip_graph
 from thunderlite.transforms.claim import claim_executors
@@ -84,6 +96,10 @@ class _Function(torch.autograd.Function):
     def forward(ctx, program: DifferentiableProgram, box: list, *flat_args):
         out, saved_tensors, saved_other = program.forward_fn(*flat_args)
         ctx.program = program
+        ctx.flat_args = flat_args      # double backward recomputes from them (their graph included)
+        versions = ctx.versions = []    # a plain loop: no comprehension frame per call
+        for i in program.unsaved_args:
+            versions.append(flat_args[i]._version)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*saved_tensors)
         ctx.saved_other = list(saved_other)
@@ -98,24 +114,14 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise NotImplementedError(
-                "backward(create_graph=True) through a thunderlite-jitted function is not supported: "
-                "its backward is not differentiable (double backward is missing)")
+        if torch.is_grad_enabled():      # create_graph=True
+            return (None, None, *ctx.program.differentiable_backward(ctx, grads))
         saved_other, ctx.saved_other = ctx.saved_other, None
         if saved_other is None:
-            raise RuntimeError(
-                "Trying to backward through the graph a second time: thunderlite frees the values saved for "
-                "the backward while it runs, so retain_graph=True is not supported for a jitted function")
+            raise RuntimeError(_SECOND_TIME)
+        ctx.flat_args = None
         program = ctx.program
-        per_arg, reached = [], set()
-        for i, reach, p in zip(ctx.grad_slots, program.split.grad_reach, program.split.grad_args, strict=True):
-            g = grads[i] if i >= 0 else None       # one plain loop: no comprehension frames per step
-            if g is None:
-                g = _zeros(p)
-            else:
-                reached |= reach
-            per_arg.append(g)
+        per_arg, reached = program.grad_args(ctx, grads)
         for i in program.graph_slots:
             if program.split.saved_other[i].name not in reached:
                 skip_graph(saved_other[i])
@@ -123,6 +129,10 @@ class _Function(torch.autograd.Function):
             program.grad_layouts = [(tuple(g.shape), g.stride()) for g in per_arg]
         result = program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
         return (None, None, *program.as_eager_grads(result, reached))
+
+
+_SECOND_TIME = ("Trying to backward through the graph a second time: thunderlite frees the values saved for the "
+                "backward while it runs, so retain_graph=True is not supported for a jitted function")
 
 
 EAGER_MODE_STAGE = "autodiff fallback: eager mode"
@@ -154,9 +164,11 @@ class DifferentiableProgram:
     """A differentiable compiled program; see the module docstring."""
 
     def __init__(self, trace: Trace, split: GradSplit, finalize: Callable[[Trace], Trace],
-                 after_split: Callable | None = None):
+                 after_split: Callable | None, differentiate: Callable[[list], DifferentiableProgram]):
         self.split = split
         self.trace_args = list(trace.args)
+        self._differentiate = differentiate      # its input mask -> the VJP program (make_differentiable)
+        self._vjps: dict[tuple, DifferentiableProgram] = {}     # its input mask -> the VJP program
         if split.mode == "eager":
             named = eager_mode_trace(split.eager_trace, split.eager_reason)
             stages = _stages(finalize, named)
@@ -174,6 +186,8 @@ class DifferentiableProgram:
         self.forward_fn = fwd_stages[-1].python_callable()
         self.graph_slots = [i for i, p in enumerate(split.saved_other) if getattr(p, "name", None) in split.graphs]
         self.backward_fn = bwd_stages[-1].python_callable()
+        saved = {p.name for p in split.saved_tensors}
+        self.unsaved_args = [i for i, a in enumerate(trace.args) if type(a) is TensorProxy and a.name not in saved]
         self._eager_fn = None
         self.watch_grads = False     # note the layouts of the gradients the backward gets (``grad_layouts``)
         self.grad_layouts: list | None = None
@@ -210,6 +224,47 @@ class DifferentiableProgram:
     def placed_inputs(self) -> tuple:
         """Arguments whose strides and storage offsets it relies on (guarded too)."""
         return self.split.placed_inputs
+
+    def grad_args(self, ctx, grads) -> tuple[list, set]:
+        """The backward's gradient arguments (zeros where autograd gave none)
+        and the arguments eager's graph connects to the outputs given one."""
+        per_arg, reached = [], set()
+        for i, reach, p in zip(ctx.grad_slots, self.split.grad_reach, self.split.grad_args, strict=True):
+            g = grads[i] if i >= 0 else None       # one plain loop: no comprehension frames per step
+            if g is None:
+                g = _zeros(p)
+            else:
+                reached |= reach
+            per_arg.append(g)
+        return per_arg, reached
+
+    def differentiable_backward(self, ctx, grads) -> list:
+        """The gradients of a backward run with ``create_graph=True``: the VJP
+        program (module docstring) on the forward's arguments and ``grads``.
+        The graph is kept, as eager keeps it under ``create_graph``."""
+        args = ctx.flat_args
+        if args is None:
+            raise RuntimeError(_SECOND_TIME)
+        ctx.saved_tensors       # noqa: B018 - eager's check of the saved tensors written since the forward
+        for i, v in zip(self.unsaved_args, ctx.versions, strict=True):
+            if args[i]._version != v:
+                raise RuntimeError(
+                    f"one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: argument {i} of a thunderlite-jitted function ({self.trace_args[i].name}) was "
+                    f"written after the call (version {args[i]._version}; expected version {v}); its double "
+                    "backward recomputes the function from its arguments")
+        per_arg, reached = self.grad_args(ctx, grads)
+        inputs = (*args, *per_arg)
+        mask = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
+        vjp = self._vjps.get(mask)
+        if vjp is None:
+            try:
+                vjp = self._differentiate(list(mask))
+            except NotDifferentiableAgain as e:
+                raise NotImplementedError(f"backward(create_graph=True) through a thunderlite-jitted function: "
+                                          f"its backward cannot be differentiated again because {e}") from None
+            self._vjps[mask] = vjp
+        return self.as_eager_grads(list(vjp(*inputs)), reached)
 
     def as_eager_grads(self, result, reached: set) -> list:
         """None for arguments eager's graph does not connect to the outputs that
@@ -303,4 +358,12 @@ def make_differentiable(trace: Trace, requires_grad_mask, finalize: Callable[[Tr
     ``stride_inputs``: see ``split_forward_backward``."""
     split = split_forward_backward(trace, requires_grad_mask, input_alias_groups, executors=executors,
                                    input_strides=input_strides)
-    return DifferentiableProgram(trace, split, finalize, after_split)
+
+    vjp: list[Trace] = []
+
+    def differentiate(mask: list) -> DifferentiableProgram:
+        if not vjp:
+            vjp.append(vjp_trace(trace, requires_grad_mask, split.grad_positions))
+        return make_differentiable(vjp[0], mask, finalize, input_alias_groups, executors=executors,
+                                   input_strides=input_strides)
+    return DifferentiableProgram(trace, split, finalize, after_split, differentiate)

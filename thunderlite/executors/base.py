@@ -41,7 +41,7 @@ from thunderlite.core.symbol import BoundSymbol, Symbol, with_source
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.core.tracectx import current_trace, tables_lock, tracectx
 from thunderlite.torch import registry as ltorch_registry
 
 
@@ -254,11 +254,12 @@ class OperatorExecutor(Executor):
                       impl=impl, torch_fn=sym.torch_fn, inplace_of=sym.inplace_of)
 
     def _unique_name(self, name: str, impl: Callable) -> str:
-        candidate, n = name, 0
-        while self._printed.get(candidate, impl) is not impl:
-            n += 1
-            candidate = f"{name}_{n}"
-        self._printed[candidate] = impl
+        with tables_lock:
+            candidate, n = name, 0
+            while self._printed.get(candidate, impl) is not impl:
+                n += 1
+                candidate = f"{name}_{n}"
+            self._printed[candidate] = impl
         return candidate
 
     def claim(self, bsym: BoundSymbol) -> BoundSymbol | list[BoundSymbol] | None:
@@ -325,13 +326,14 @@ class FusionExecutor(Executor):
         """The symbol of one fused region, printed as ``<executor>.<name>``; a
         name already used for another callable gets a numeric suffix (a
         printed trace binds each name to one callable)."""
-        names = self.__dict__.setdefault("_fusion_names", weakref.WeakValueDictionary())
-        candidate, n = name, 0
-        while names.get(candidate, impl) is not impl:
-            n += 1
-            candidate = f"{name}_{n}"
-        try:
-            names[candidate] = impl        # weakly: a dropped fusion frees its name
-        except TypeError:
-            pass                           # not weakly referenceable: not tracked
+        with tables_lock:
+            names = self.__dict__.setdefault("_fusion_names", weakref.WeakValueDictionary())
+            candidate, n = name, 0
+            while names.get(candidate, impl) is not impl:
+                n += 1
+                candidate = f"{name}_{n}"
+            try:
+                names[candidate] = impl        # weakly: a dropped fusion frees its name
+            except TypeError:
+                pass                           # not weakly referenceable: not tracked
         return Symbol(candidate, impl=impl, module=self.name, tags={Tag.FUSION}, executor=self)

@@ -14,6 +14,16 @@ region computes for about ``REGION_SECONDS``. The estimate only has to tell
 microseconds from milliseconds from seconds: matmul and convolution FLOPs at a
 nominal throughput of the device, every other symbol's output bytes at a
 nominal bandwidth.
+
+The same estimate decides whether a fusion executor takes a fused ATen
+kernel's decomposition (autodiff/kernels.py: attention, a norm's backward, a
+loss) or leaves the kernel whole to the torch executor (``keep_kernel``): the
+kernel reads its inputs and writes its outputs once; the decomposition, fused
+around its matmuls, also writes and reads back every matmul's operands and
+results it makes inside (attention's ``[B, H, L, S]`` scores and
+probabilities), which the kernel keeps in registers. A decomposition with no
+matmul fuses into kernels moving about the kernel's bytes, and with its
+neighbours (a residual add, a cast) saves their round trips: it is fused.
 """
 from __future__ import annotations
 
@@ -98,3 +108,67 @@ def _flops(b: BoundSymbol, out: TensorProxy) -> int:
 
 def _threads(kind: str) -> int:
     return torch.get_num_threads() if kind == "cpu" else 1
+
+
+_KEEP_MARGIN = 1.25
+"""The decomposition is fused only if its estimate is within this factor of
+the kernel's: a fusion executor saves its neighbours' round trips, which the
+estimate does not see."""
+
+
+def keep_kernel(bsym: BoundSymbol) -> tuple[bool, str]:
+    """``(keep, why)``: whether a fused ATen kernel (a symbol with a
+    ``torch_fn`` and a decomposition) should run whole rather than as its
+    decomposition fused by a fusion executor, with the estimates in words."""
+    if not bsym.subsymbols:
+        return True, "no decomposition to fuse"
+    io = sum(t.nbytes for t in (*bsym.tensor_args(), *bsym.tensor_outs()) if not has_symbolic(t.shape))
+    ends = {p.name for p in (*bsym.proxy_args(), *bsym.proxy_outs())}
+    leaves = [b for b in walk(bsym) if not b.subsymbols]
+    made = {p.name: b for b in leaves for p in b.proxy_outs()}
+    flops = spilled = 0
+    kinds = set()
+    for b in leaves:
+        if b.sym.name not in ("matmul", "convolution"):
+            continue
+        for out in b.tensor_outs():
+            if has_symbolic(out.shape):
+                return True, "sizes known only at run time: the kernel runs"
+            kinds.add(out.device.type)
+            flops += _flops(b, out)
+            spilled += sum(2 * t.nbytes for t in (*b.tensor_args(), out)
+                           if t.name not in ends and _computed_inside(t.name, made, ends))
+    if not spilled:
+        return False, ("cost model: its decomposition writes nothing around matmuls: fused, it moves about the "
+                       "kernel's bytes")
+    kind = kinds.pop() if len(kinds) == 1 and next(iter(kinds)) in _FLOPS else "cpu"
+    compute = flops / _FLOPS[kind]
+    kernel = compute + io / _BYTES[kind]
+    parts = kernel + spilled / _BYTES[kind]
+    keep = parts > _KEEP_MARGIN * kernel
+    verdict = "the kernel runs" if keep else "its decomposition is fused"
+    return keep, (f"cost model: as one kernel ~{kernel * 1e6:.0f} us, as its decomposition fused around its "
+                  f"matmuls ~{parts * 1e6:.0f} us ({_size(spilled)} of intermediates written and read back): "
+                  f"{verdict}")
+
+
+def _computed_inside(name: str, made: dict, ends: set) -> bool:
+    """Whether the value ``name`` is computed inside the decomposition (not a
+    view, through views, of one of its inputs), so that fusing around a matmul
+    writes it to memory."""
+    b = made.get(name)
+    while b is not None and name not in ends:
+        if b.sym.name not in _VIEWS:
+            return True
+        args = b.tensor_args()
+        name = args[0].name if args else ""
+        b = made.get(name)
+    return False
+
+
+_VIEWS = frozenset({"reshape", "permute", "transpose", "broadcast_in_dim", "slice_prim", "squeeze", "unsqueeze",
+                    "expand", "view"})
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"

@@ -45,6 +45,7 @@ from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
+from thunderlite.core.tracectx import tables_lock
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
 from thunderlite.executors.rehearsal import examples_like
@@ -137,9 +138,10 @@ class TorchCompileExecutor(FusionExecutor):
             sub = claim_executors(sub, [torch_executor])
             compiled = self._compile(sub, region)
             compiled.__thunderlite_trace__ = sub
-            if len(self._artifacts) >= MAX_ARTIFACTS:
-                self._artifacts.pop(next(iter(self._artifacts)))
-            self._artifacts[key] = compiled
+            with tables_lock:       # another thread's compile may have made this region meanwhile: first wins
+                if key not in self._artifacts and len(self._artifacts) >= MAX_ARTIFACTS:
+                    self._artifacts.pop(next(iter(self._artifacts)))
+                compiled = self._artifacts.setdefault(key, compiled)
         sym = self.fusion_symbol(name, compiled)
         return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=tuple(region.bsyms),
                         source=region.bsyms[0].source)
@@ -389,8 +391,18 @@ class BoxedRegion:
         if compiled is None:
             if self.compile_later is not None:
                 return self._compile_later(layout, box)
-            compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
+            compiled = self._compile_layout(layout, box)
         return compiled(box)
+
+    def _compile_layout(self, layout: tuple, box: list):
+        """Compiled under torch's own compile lock (Inductor's state is per
+        process): threads calling a new layout at once compile it once."""
+        from torch._dynamo.convert_frame import compile_lock
+        with compile_lock:
+            compiled = self._by_layout.get(layout)
+            if compiled is None:
+                compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
+        return compiled
 
     def _compile_later(self, layout: tuple, box: list):
         if layout not in self._later:
@@ -416,14 +428,13 @@ class BoxedRegion:
         """Compile now for inputs of ``example``'s layout (strides, offsets,
         storage sharing; their values are not read), unless a call like it runs
         the torch calls or is compiled already. Safe beside calls from other
-        threads: the layout's code is stored in one step, and a call that finds
-        none yet compiles its own (the same code, from Inductor's caches)."""
+        threads (``_compile_layout``)."""
         ptrs = list(map(_data_ptr, map(_storage, example)))
         if _as_torch_calls(example, self.writing, ptrs):
             return
         layout = _layout(example, ptrs)
         if layout not in self._by_layout:
-            self._by_layout[layout] = _compile_boxed(self.fn, list(example), self.fallbacks)
+            self._compile_layout(layout, list(example))
 
     @property
     def compilations(self) -> int:

@@ -23,6 +23,7 @@ from thunderlite.core import dtypes, prims
 from thunderlite.core.aliasing import aten_name, torch_overloads
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
+from thunderlite.core.tracectx import made_once
 from thunderlite.executors.base import OperatorExecutor, torch_path
 
 
@@ -46,9 +47,7 @@ class TorchExecutor(OperatorExecutor):
         sym = bsym.sym
         if sym.torch_fn is None or sym.executor is not None:
             return None
-        exsym = self._generic.get(sym)
-        if exsym is None:
-            exsym = self._generic[sym] = self.executor_symbol(sym, _generic_impl(sym.torch_fn))
+        exsym = made_once(self._generic, sym, lambda: self.executor_symbol(sym, _generic_impl(sym.torch_fn)))
         return bsym.replace(sym=exsym)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -27,10 +28,11 @@ from thunderlite.executors.rehearsal import rehearse
 from thunderlite.executors.torchex import writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
+from thunderlite.frontend.caching.automatic import PathDynamic
 from thunderlite.frontend.caching.entries import CompiledEntry
 from thunderlite.frontend.caching.keys import VALUE_TYPES, storage_groups
 from thunderlite.frontend.entry import build_entry, prologue_trace
-from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, proxies_in
+from thunderlite.frontend.epilogue import Template, Write, collect_writes, is_simple, made_by_call, proxies_in
 from thunderlite.frontend.hooks import NotTracedError, TracingHooks, is_stateful_iterator
 from thunderlite.frontend.progress import compile_progress, note
 from thunderlite.frontend.provenance import Prov
@@ -58,27 +60,51 @@ INTERPRETATION_STAGE = "interpretation"
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, *, executors=None,
                  symbolic_numbers: bool = False, transforms: tuple = (), progress: bool | None = None,
-                 name: str | None = None, dynamic: dict | None = None) -> CompiledEntry:
+                 name: str | None = None, dynamic: dict | None = None,
+                 auto: PathDynamic | None = None) -> CompiledEntry:
     """Trace ``fn(*args, **kwargs)`` (whose signature is ``sig``) and compile it,
     showing progress on stderr when it takes long (frontend/progress.py).
     ``dynamic``: tensor leaf index (signature order) -> dims whose sizes stay
-    symbolic (core/symint.py); their guards join the prologue."""
+    symbolic (core/symint.py); their guards join the prologue. ``auto``: which
+    sizes and floats read through paths are symbolic (caching/automatic.py);
+    a trace that grows a tensor it read through a path is traced again with
+    the growing dims symbolic."""
+    learned = None
     with compile_progress(name or getattr(fn, "__qualname__", "function"), progress), gc_paused():
-        with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
-            symbolic = env if dynamic or symbolic_numbers else None
-            unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
-            while True:
+        traces = 1
+        unpredicated: dict = {}     # blocks whose flag is read, as eager does: site -> why
+        while True:
+            if auto is not None:
+                auto.used = set()
+            with ShapeEnv() as env:     # static sizes: only data-dependent ops' sizes (unbacked) join it
+                symbolic = env if dynamic or symbolic_numbers or (auto is not None and auto.active()) else None
                 try:
-                    return _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
-                                         dynamic, unpredicated)
+                    entry = _compile_call(fn, args, kwargs, sig, executors, symbolic_numbers, transforms, symbolic,
+                                          dynamic, unpredicated, auto, retrace=traces < _MAX_TRACES)
+                except _Grows as e:
+                    learned, traces = e.learned, traces + 1
+                    continue
                 except PredicationRefused as e:
                     if e.site in unpredicated:
                         raise
                     unpredicated[e.site] = e.reason
+                    continue
                 except Exception as e:
                     for why in unpredicated.values():      # why the flag was read, where reading it failed
                         e.add_note(f"{NOT_PREDICATED}{why}")
                     raise
+            entry.learned = learned
+            return entry
+
+
+_MAX_TRACES = 3     # a growing state is learned whole from one trace: the second one has its dims symbolic
+
+
+class _Grows(Exception):
+    """The program grows a tensor it read through a path: trace it again (``compile_call``)."""
+
+    def __init__(self, learned: str):
+        self.learned = learned
 
 
 def _own_error(e: BaseException) -> bool:
@@ -103,31 +129,50 @@ def run_until_raise(entry: CompiledEntry, args: tuple, kwargs: dict) -> None:
     raise exc
 
 
+class _GCPause:
+    """How many compiles are running, and whether the collector was on before the first."""
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.resume = False
+
+
+_gc_pause = _GCPause()
+
+
 @contextlib.contextmanager
 def gc_paused():
     """No cyclic garbage collection while compiling: a compile makes thousands of
     short-lived objects, and each collection they trigger would walk the
     process's long-lived ones (torch's, the user's) for nothing: on a small
     program that was a third of the first call. What the compile leaves is
-    collected at the next collection after it; refcounting frees the rest."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
+    collected at the next collection after it; refcounting frees the rest.
+    The collector is the process's: compiles running in several threads pause
+    it together, and the last to finish turns it back on (if it was on)."""
+    with _gc_pause.lock:
+        if _gc_pause.running == 0:
+            _gc_pause.resume = gc.isenabled()
+            gc.disable()
+        _gc_pause.running += 1
     try:
         yield
     finally:
-        gc.enable()
+        with _gc_pause.lock:
+            _gc_pause.running -= 1
+            if _gc_pause.running == 0 and _gc_pause.resume:
+                gc.enable()
 
 
 def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors, symbolic_numbers: bool,
                   transforms: tuple, env: ShapeEnv | None, dynamic: dict | None = None,
-                  unpredicated: dict | None = None) -> CompiledEntry:
+                  unpredicated: dict | None = None, auto: PathDynamic | None = None,
+                  retrace: bool = False) -> CompiledEntry:
     start = time.perf_counter()
     trace = Trace("computation", stage=INTERPRETATION_STAGE)
     state = TraceState(trace)
     state.unpredicated = unpredicated or {}
     state.shape_env = env
+    state.auto = auto
     state.transforms = tuple(transforms)
     hooks = TracingHooks(state)
     state.note_closure(fn)
@@ -155,7 +200,10 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
         writes = (collect_writes(state) + hooks.autograd.writes() + _input_hooks(trace, state)
                   + _rebound_inputs(trace, state))
         for w in writes:
-            w.value = hooks.settled(w.value, "stored where it outlives the call")
+            w.value = made_by_call(hooks.settled(w.value, "stored where it outlives the call"), state)
+        grows = auto.learn_from_writes(state.inputs, writes) if auto is not None and retrace else None
+        if grows is not None:
+            raise _Grows(grows)
         extras: list[Proxy] = []
         for w in writes:
             proxies_in(w.value, extras, set())
@@ -190,6 +238,9 @@ def _compile_call(fn: Callable, args: tuple, kwargs: dict, sig: tuple, executors
     compiled.input_names = [inp.proxy.name for inp in state.inputs]
     compiled.gradients = hooks.autograd.gradient_of
     compiled.lowering = lowering
+    compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in state.inputs
+                            if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
+                            and not isinstance(inp.value, torch.nn.Parameter)]
     compiled.raises = raises
     compiled.predication = predication_notes(state)
     return compiled

@@ -27,7 +27,7 @@ from thunderlite.core import codegen
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
 from thunderlite.frontend.caching.alias_guard import AliasGuard, write_verdict
-from thunderlite.frontend.caching.keys import alias_pattern
+from thunderlite.frontend.caching.keys import alias_pattern, dynamic_shape
 from thunderlite.frontend.epilogue import Write, write_source
 from thunderlite.frontend.provenance import Prov
 from thunderlite.frontend.state import Guard, Input
@@ -91,7 +91,14 @@ def guard_source(g: Guard, paths: _Paths, consts: dict) -> str:
 
 def tensor_guard_source(inp: Input, v: str, consts: dict) -> str:
     t = inp.value
-    return (f"not isinstance({v}, _Tensor) or {v}.shape != {_const(consts, t.shape)} or "
+    if type(t) is float:    # a float read through a path as a trace input (caching/automatic.py)
+        return f"type({v}) is not float"
+    if inp.dims:    # symbolic dims (caching/automatic.py): "0, 1 or more", as the key has them for arguments
+        shape = (f"_dynamic_shape({v}.shape, {_const(consts, inp.dims)}) != "
+                 f"{_const(consts, dynamic_shape(t.shape, inp.dims))}")
+    else:
+        shape = f"{v}.shape != {_const(consts, t.shape)}"
+    return (f"not isinstance({v}, _Tensor) or {shape} or "
             f"{v}.dtype is not {_const(consts, t.dtype)} or {v}.device != {_const(consts, t.device)} or "
             f"{v}.requires_grad is not {t.requires_grad}")
 
@@ -132,8 +139,8 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
     lines += _run_and_write(call_args, writes, output, extra_names, consts, roots)
     src = "\n".join(lines) + "\n"
     globs = dict(consts, _MISS=MISS, _LOOKUP_ERRORS=_LOOKUP_ERRORS, _Tensor=torch.Tensor, _comp=comp,
-                 _rebuild=rebuild, _alias_pattern=alias_pattern, _write_verdict=write_verdict,
-                 _inference_mode=torch.is_inference_mode_enabled, _no_grad=torch.no_grad,
+                 _rebuild=rebuild, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
+                 _write_verdict=write_verdict, _inference_mode=torch.is_inference_mode_enabled, _no_grad=torch.no_grad,
                  __builtins__=__builtins__)
     globs.update({name: obj for name, obj in roots.values()})
     fn = codegen.compile_source(src, "entry", globs)
@@ -174,7 +181,7 @@ _UNPACK = Symbol("unpack", impl=_print_only, module="prologue")
 _CHECK_TENSOR = Symbol("check_tensor", impl=_print_only, module="prologue")
 _CHECK = {kind: Symbol(f"check_{kind}", impl=_print_only, module="prologue")
           for kind in ("eq", "is", "len", "keys", "same", "absent", "type_len", "storage_sharing", "write_verdict",
-                       "strides", "size")}
+                       "strides", "size", "type")}
 
 
 def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
@@ -188,9 +195,12 @@ def prologue_trace(inputs: list[Input], guards: list[Guard], computation: Trace,
     for inp in inputs:
         where = inp.prov.describe() if inp.prov is not None else "a constant captured by reference"
         trc.bound_symbols.append(_UNPACK.bind(where, output=inp.proxy))
-        if inp.guard_meta:
+        if inp.guard_meta and type(inp.value) is float:
+            trc.bound_symbols.append(_CHECK["type"].bind(inp.proxy, "float", output=None))
+        elif inp.guard_meta:
             t = inp.value
-            trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, tuple(t.shape), t.dtype, t.device,
+            shape = tuple(inp.proxy.shape if inp.dims else t.shape)
+            trc.bound_symbols.append(_CHECK_TENSOR.bind(inp.proxy, shape, t.dtype, t.device,
                                                         t.requires_grad, output=None))
     for g in sym_guards or ():
         trc.bound_symbols.append(_CHECK["size"].bind(g.python(), output=None))

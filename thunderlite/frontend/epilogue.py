@@ -84,6 +84,9 @@ def proxies_in(x: Any, out: list, seen: set) -> None:
     if type(x) is DTensorProxy:
         proxies_in(x.local, out, seen)
         return
+    if type(x) is Made:
+        proxies_in(x.template.value, out, seen)
+        return
     seen.add(id(x))
     if isinstance(x, (tuple, list)):
         for y in x:
@@ -169,11 +172,50 @@ class Template:
         return new
 
 
+class Made:
+    """A value written back that holds objects the call made with traced values
+    in them (the cache layers HF's ``DynamicCache`` appends on its first update):
+    written as a copy built per call from that call's values (``Template``), as
+    a returned value is; written as it is, they would hold the trace's proxies."""
+    __slots__ = ("template", "names")
+
+    def __init__(self, value: Any, state: TraceState):
+        self.template = Template(value, state)
+        flat: list = []
+        proxies_in(value, flat, set())
+        self.names = [p.name for p in flat]
+
+
+def made_by_call(x: Any, state: TraceState) -> Any:
+    """``x``, or a ``Made`` when it holds traced values inside objects the call made."""
+    return Made(x, state) if _holds_made(x, state, set()) else x
+
+
+def _holds_made(x: Any, state: TraceState, seen: set) -> bool:
+    """Whether ``x`` holds, past plain containers (``value_expr`` spells those), an
+    object the call made with traced values in it."""
+    t = type(x)
+    if isinstance(x, Proxy) or t in _ATOMS or t is SymInt or id(x) in state.prov_of or id(x) in seen:
+        return False
+    seen.add(id(x))
+    if t is tuple or t is list:
+        return any(_holds_made(y, state, seen) for y in x)
+    if t is dict:
+        return any(_holds_made(y, state, seen) for y in x.values())
+    flat: list = []
+    proxies_in(x, flat, set())
+    return bool(flat)
+
+
 def value_expr(x: Any, env_names: dict, consts: dict) -> str:
     """Python source for a write-back value: proxies by their output variable."""
     if isinstance(x, Proxy):
         return env_names[x.name]
     t = type(x)
+    if t is Made:
+        name = f"_W{len(consts)}"
+        consts[name] = x.template
+        return f"{name}.build({{{', '.join(f'{n!r}: {env_names[n]}' for n in x.names)}}})"
     if t is SymInt:     # a symbolic size (``self.seen = x.shape[0]``): its value on this call
         return f"({x.python(lambda n: env_names[x.env.atoms[n].proxy.name])})"
     if t is tuple:
@@ -218,6 +260,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: s
         return [f"{g}[{w.key!r}] = {value_expr(w.value, env_names, consts)}"]
     target = target or w.target.expr(roots)
     v = value_expr(w.value, env_names, consts)
+    value = w.value.template.value if type(w.value) is Made else w.value
     if w.kind == "call":
         return [f"with _no_grad(): {target}.{w.key}(*{v})"]
     if w.kind == "attr":
@@ -227,7 +270,7 @@ def write_source(w: Write, env_names: dict, consts: dict, roots: dict, target: s
     if w.kind == "item":
         key = key_expr(w.key, roots)
         return [f"del {target}[{key}]" if w.value is DELETED else f"{target}[{key}] = {v}"]
-    if isinstance(w.value, dict):
+    if isinstance(value, dict):
         return [f"_d = {target}", "_d.clear()", f"_d.update({v})"]
     if w.kind == "refill":
         return [f"_d = {target}", "_d.clear()", f"_d.{w.key}({v})"]

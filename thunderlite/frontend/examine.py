@@ -3,20 +3,30 @@
 Reports the torch calls recorded as opaque (no symbol: they run as one torch
 call and block fusion), which executor claimed how many symbols, executors that
 were skipped and why, registered implementations the call did not use and
-why (frontend/unused_impls.py), the cache state, which tier the entry runs
-(frontend/caching/tiers.py), and the error if compiling failed.
+why (frontend/unused_impls.py), how the calls with a fused ATen path
+(attention, norms, losses, softmax, embedding...) were differentiated and why
+(``autodiff.rules.fused_path``) and who ran the fused kernels, the cache
+state, which tier the entry runs (frontend/caching/tiers.py), and the error if
+compiling failed.
 """
 from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
+from thunderlite.core.symbol import Symbol, walk
 from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE
+from thunderlite.executors.cost import keep_kernel
 from thunderlite.executors.cudagraphs.plan import NOT_CAPTURED
 from thunderlite.executors.registry import resolve_executors, skipped_executors
 from thunderlite.frontend.training.predicated import NOT_PREDICATED
 from thunderlite.frontend.unused_impls import unused_implementations
 from thunderlite.transforms.aliasing.functionalize import FUNCTIONALIZE_STAGE
+from thunderlite.transforms.autodiff import kernels
+from thunderlite.transforms.autodiff.rules import fused_path
+from thunderlite.transforms.claim import STAGE as CLAIM_STAGE
 
 
 class Examination:
@@ -29,6 +39,7 @@ class Examination:
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.tier = ""                  # which tier the entry runs (frontend/caching/tiers.py)
+        self.kernels: list[str] = []     # calls with a fused ATen path: how they were taken and why; who ran them
         self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
         self.claimed = claimed
@@ -59,6 +70,9 @@ class Examination:
             lines.append(f"  executor {ex!r}: implementation of {sym} not used: {why}")
         if self.autodiff:
             lines.append(f"  autodiff: {self.autodiff}")
+        if self.kernels:
+            lines.append("  fused kernels:")
+            lines += [f"    {line}" for line in self.kernels]
         lines += [f"  cudagraphs: {line}" for line in self.cudagraphs]
         lines += [f"  {line}" for line in self.predication]
         if self.tier:
@@ -90,12 +104,93 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
         report.tier = entry.tier.describe(jfn._tier_at) if entry.tier is not None else "fast (tiering off)"
+        fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
+        report.kernels = _kernel_notes(entry, fusing)
         report.predication = list(entry.predication)
     if error is not None:
         report.predication += [n for n in getattr(error, "__notes__", ()) if n.startswith(NOT_PREDICATED)]
     return report
 
 
+_KERNELS = frozenset(v for v in vars(kernels).values() if isinstance(v, Symbol))
+_KERNEL_OF_FN = {id(k.torch_fn): k for k in _KERNELS}
+
+
+def _kernel_notes(entry, fusing: bool) -> list[str]:
+    """Per torch-level symbol with a fused path, how autodiff took its calls
+    and why (grouped); then each fused kernel of the final traces and the
+    executor that ran it: itself, inside a fusion region, or replaced by its
+    decomposition for a fusion executor to fuse. With a fusion executor in
+    the list (``fusing``), the cost model's verdict on the kernel
+    (``cost.keep_kernel``) follows."""
+    traces = list(entry.traces)
+    if any(t.stage == EAGER_MODE_STAGE for t in traces):
+        return []
+    notes: list[str] = []
+    paths = Counter()
+    whole = Counter(id(b.sym.torch_fn) for b in traces[-1].bound_symbols if b.sym.executor is not None)
+    for b in traces[0].bound_symbols:
+        path = fused_path(b)
+        if path is None:
+            continue
+        if not entry.backward_traces:     # no gradient: the symbol runs as its torch call, or decomposed
+            path = (("one torch call", f"no gradient: {_callable_name(b.sym.torch_fn)}, whose dispatcher picks "
+                     "the kernel") if whole[id(b.sym.torch_fn)] else ("decomposition", "its parts were claimed"))
+        paths[(b.sym.name, *path)] += 1
+    notes += [f"{name} x{n}: {how}: {why}" if why else f"{name} x{n}: {how}"
+              for (name, how, why), n in paths.items()]
+    ran, offered = Counter(), {}
+    for t in (traces, list(entry.backward_traces)):
+        counts, firsts = _kernels_run(t)
+        ran.update(counts)
+        offered.update(firsts)
+    for (name, where), n in ran.items():
+        verdict = f"; {keep_kernel(offered[name])[1]}" if fusing and name in offered else ""
+        notes.append(f"{name} x{n} {where}{verdict}")
+    return notes
+
+
+def _kernels_run(traces) -> tuple[Counter, dict]:
+    """``(kernel name, where it ran) -> count`` for the final trace of one
+    direction, with the kernels offered to the executors and gone after
+    claiming; and the first call of each kernel offered. An executor's symbol
+    for a kernel keeps the kernel's ``torch_fn``."""
+    if not traces:
+        return Counter(), {}
+    ran = Counter()
+    for top in traces[-1].bound_symbols:
+        ex = getattr(top.sym.executor, "name", None)
+        kernel = _KERNEL_OF_FN.get(id(top.sym.torch_fn)) if ex is not None else None
+        if kernel is not None:
+            ran[(kernel.name, f"run by {ex!r} ({_callable_name(kernel.torch_fn)})")] += 1
+        elif top.subsymbols and ex is not None:
+            for b in walk(top):
+                if b is not top and b.sym in _KERNELS:
+                    ran[(b.sym.name, f"inside {ex!r} fusion regions")] += 1
+    before = next((traces[i - 1] for i, t in enumerate(traces) if t.stage == CLAIM_STAGE and i > 0), None)
+    firsts: dict = {}
+    if before is not None:
+        offered = Counter()
+        for b in before.bound_symbols:
+            if b.sym in _KERNELS:
+                offered[b.sym.name] += 1
+                firsts.setdefault(b.sym.name, b)
+        kept = Counter()
+        for (name, _), n in ran.items():
+            kept[name] += n
+        for name, n in offered.items():
+            if n > kept[name]:
+                ran[(name, "replaced by its decomposition (its parts fused or run one by one)")] += n - kept[name]
+    return ran, firsts
+
+
+def _callable_name(fn) -> str:
+    name = getattr(fn, "__name__", repr(fn)).removesuffix("_dense")
+    module = getattr(fn, "__module__", None)
+    if isinstance(fn, torch._ops.OpOverloadPacket) or (not (module or "").startswith("torch")
+                                                       and hasattr(torch.ops.aten, name)):
+        return f"aten.{name}"
+    return f"{module}.{name}" if module and module.startswith("torch") else name
 def _cudagraph_notes(finals) -> list[str]:
     """Per final trace: its graphs, and each symbol left out with the reason
     the CUDAGraphs transform wrote above it; runtime fallbacks of its graphs."""

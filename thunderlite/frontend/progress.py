@@ -23,10 +23,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+from thunderlite.core.tracectx import ThreadStack
+
 SHOW_AFTER_S = 2.0
 INTERVAL_S = 0.5
 
-_active: list[_Reporter] = []
+_active = ThreadStack()      # the reporters of the compiles this thread runs
 
 
 class _Reporter:
@@ -83,19 +85,19 @@ def compile_progress(name: str, enabled: bool | None) -> Iterator[None]:
         yield
         return
     reporter = _Reporter(name)
-    _active.append(reporter)
+    _active.items.append(reporter)
     reporter._thread.start()
     failed = True
     try:
         yield
         failed = False
     finally:
-        _active.remove(reporter)
+        _active.items.remove(reporter)
         reporter.finish(failed)
 
 
 def note(stage: str, trace) -> None:
     """The pipeline is about to run ``stage`` on ``trace`` (no-op without a reporter)."""
-    if _active:
-        reporter = _active[-1]
+    if _active.items:
+        reporter = _active.items[-1]
         reporter.stage, reporter.trace = stage, trace

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy, proxy_of_tensor
+from thunderlite.core.symint import SymInt
 from thunderlite.distributed import dtensor
 from thunderlite.frontend.caching.keys import ALL_DIMS, VALUE_TYPES
 from thunderlite.frontend.provenance import Prov, is_atom
@@ -36,13 +37,15 @@ DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>", "__slots__"
 
 class Input:
     """A tensor that entered the trace: its proxy, where it came from, the value seen."""
-    __slots__ = ("proxy", "prov", "value", "guard_meta")
+    __slots__ = ("proxy", "prov", "value", "guard_meta", "dims")
 
-    def __init__(self, proxy: TensorProxy, prov: Prov | None, value: torch.Tensor, guard_meta: bool):
+    def __init__(self, proxy: TensorProxy, prov: Prov | None, value: torch.Tensor, guard_meta: bool,
+                 dims=None):
         self.proxy = proxy
         self.prov = prov            # None: a constant captured by reference
         self.value = value
         self.guard_meta = guard_meta  # arguments are covered by the key already
+        self.dims = dims            # symbolic dims (a set or ALL_DIMS) of a tensor read through a path
 
 
 class Guard:
@@ -100,6 +103,8 @@ class TraceState:
         self.external_cells: set[int] = set()      # closure cells that existed before the call
         self._alive: list = []                     # keeps ids above valid while tracing
         self.shape_env = None                      # core.symint.ShapeEnv when sizes are symbolic
+        self.auto = None                           # caching.automatic.PathDynamic: paths' symbolic sizes, floats
+        self.numbers_of: dict[Prov, NumberProxy] = {}   # floats read through paths as trace inputs
         self.transforms: tuple = ()                # the jit's transforms (a module's own among them)
         self.module_transforms: list = []          # those of sharded models the program called (stand_in)
 
@@ -156,11 +161,18 @@ class TraceState:
             return self._dtensor_input(t, prov, name)
         name = self.trace.claim_name(name) if name else _proxy_name(self.trace, prov)
         proxy = proxy_of_tensor(t, name=name)
+        path_dims = None
+        if symbolic_dims is None and guard_meta and prov is not None and self.auto is not None:
+            symbolic_dims = path_dims = self.auto.dims_of(prov, t)
         if symbolic_dims and prov is not None and self.shape_env is not None:
             proxy.shape = self._symbolic_shape(t, prov, name, symbolic_dims)
+            if path_dims is not None and any(type(d) is SymInt for d in proxy.shape):
+                self.auto.used.add(prov)
+            else:
+                path_dims = None
         self.proxy_of[id(t)] = proxy
         self._alive.append(t)
-        inp = Input(proxy, prov, t, guard_meta)
+        inp = Input(proxy, prov, t, guard_meta, path_dims)
         self.inputs.append(inp)
         self.input_of[id(t)] = inp
         if isinstance(t, torch.nn.Parameter):
@@ -176,7 +188,7 @@ class TraceState:
                 f"thunderlite cannot trace a DTensor (placements {tuple(t.placements)}) the program reached "
                 "without a path the next call could take again: pass it as an argument or a module attribute")
         local = self.tensor_input(t._local_tensor, prov.attr("_local_tensor"), guard_meta=True,
-                                  name=f"{name}_local" if name else None)
+                                  name=f"{name}_local" if name else None, symbolic_dims=())   # sizes: the spec's
         self.add_guard(prov.attr("placements"), "eq", tuple(t.placements))
         self.add_guard(prov.attr("device_mesh"), "is", t.device_mesh)
         p = dtensor.of_input(t, local, prov.describe())
@@ -193,6 +205,16 @@ class TraceState:
             self.inputs.append(Input(sym, prov.attr("shape").item(d), size, guard_meta=False))
             shape[d] = self.shape_env.size_symbol(sym, size, f"{name}.shape[{d}]")
         return tuple(shape)
+
+    def number_input(self, prov: Prov, value: float) -> NumberProxy:
+        """A float read through a path that keeps changing: a trace input read by
+        that path on every call (caching/automatic.py), not a guarded constant."""
+        proxy = self.numbers_of.get(prov)
+        if proxy is None:
+            proxy = self.numbers_of[prov] = NumberProxy(value, float, name=_proxy_name(self.trace, prov))
+            self.inputs.append(Input(proxy, prov, value, guard_meta=True))     # its type is checked
+            self.auto.used.add(prov)
+        return proxy
 
     def input_by_name(self, name: str) -> Input | None:
         """The input whose proxy is named ``name`` (None for values the trace made)."""
@@ -221,6 +243,8 @@ class TraceState:
         if prov is None:
             return value
         t = type(value)
+        if t is float and self.auto is not None and self.shape_env is not None and self.auto.float_symbolic(prov):
+            return self.number_input(prov, value)
         if t in VALUE_TYPES:
             self.add_guard(prov, "eq", value)
             return value

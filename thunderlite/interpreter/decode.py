@@ -20,11 +20,12 @@ class Decoded:
     """The decoded form of a code object, shared by all its frames."""
 
     __slots__ = ("code_ref", "instrs", "exc_for", "index_of", "binder", "nlocalsplus", "names",
-                 "simple_argc", "padding", "suspendable")
+                 "simple_argc", "padding", "suspendable", "predicated_blocks")
 
     def __init__(self, code):
         self.code_ref = weakref.ref(code)  # the cache must not keep code objects alive
         self.binder = None
+        self.predicated_blocks = {}  # jump index -> the blocks it guards (predicate.py)
 
     @property
     def code(self):

@@ -26,19 +26,14 @@ from .hooks import InterpreterError
 _JUMPS_OVER_ELSE = frozenset({"JUMP_FORWARD", "JUMP", "JUMP_NO_INTERRUPT", "JUMP_ABSOLUTE"})
 _EXITS = frozenset({"RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE", "YIELD_FROM", "RAISE_VARARGS", "SEND",
                     "RETURN_GENERATOR", "GET_AWAITABLE", "INSTRUMENTED_RETURN_VALUE"})
-_SPANS: dict = {}          # (id(decoded), jump index) -> spans or None
-
-
 def blocks(dec, ins) -> tuple | None:
     """The ``(start, end)`` instruction spans the conditional jump ``ins`` guards
     (the block, then an ``else`` block if any), or None when their shape is not
     one a predication can run."""
-    key = (id(dec), ins.index)
-    if key in _SPANS:
-        return _SPANS[key]
-    spans = _blocks(dec.instrs, ins.index + 1, ins.target)
-    _SPANS[key] = spans
-    return spans
+    cache = dec.predicated_blocks
+    if ins.index not in cache:
+        cache[ins.index] = _blocks(dec.instrs, ins.index + 1, ins.target)
+    return cache[ins.index]
 
 
 def _blocks(instrs: list, start: int, target: int) -> tuple | None:

@@ -1,4 +1,4 @@
-"""Attention takes eager's kernel (autodiff/torch_rules.py ``_cuda_sdpa_kernel``):
+"""Attention takes eager's kernel (autodiff/attention.py ``sdpa_kernel``):
 cuDNN attention where eager's dispatcher prefers it, flash and cuDNN with
 grouped-query attention (``enable_gqa``). On CPU: the choice with the GPU's
 capability, cuDNN version and priority order faked, and the numerics of the
@@ -19,8 +19,8 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tracectx
 from thunderlite.torch.ops import nn as lnn
 from thunderlite.torch.ops import reductions as red
+from thunderlite.transforms.autodiff import attention
 from thunderlite.transforms.autodiff import kernels as K
-from thunderlite.transforms.autodiff import torch_rules
 from thunderlite.transforms.autodiff.split import split_forward_backward
 
 F64 = torch.float64
@@ -214,7 +214,7 @@ def test_on_gpu_kernel_choice_agrees_with_eagers_dispatcher():
         with tracectx(Trace()):
             proxies = [TensorProxy(tuple(t.shape), dtype, "cuda", requires_grad=True, name=f"x{i}")
                        for i, t in enumerate(real)]
-            got = torch_rules._cuda_sdpa_kernel(torch_rules._Call(*proxies, None, 0.0, causal, None, gqa))
+            got = attention._cuda_sdpa_kernel(attention._Call(*proxies, None, 0.0, causal, None, gqa))
         if gqa and want == "efficient":
             continue        # efficient attention's GQA is not modelled: the math rule stands in
         if got != want:

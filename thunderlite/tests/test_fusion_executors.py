@@ -209,6 +209,26 @@ def test_nvfuser_checker_refuses_what_it_cannot_express():
     assert not accepts(prims.mul.bind(z, NumberProxy(None, complex, name="n"), output=z.replace(name="o")))
 
 
+def test_nvfuser_leaves_attention_to_its_kernel_and_fuses_a_norms_backward():
+    """The cost model (cost.keep_kernel): attention's decomposition would write
+    its [B, H, L, S] scores around its matmuls, so nvFuser leaves the
+    memory-efficient kernel whole to the torch executor; a norm's backward it fuses."""
+    from thunderlite.executors.nvfuser.executor import NvFuserExecutor
+    from thunderlite.transforms.autodiff import kernels as K
+    cuda = torch.device("cuda")
+    trc = Trace()
+    with tracectx(trc):
+        q = TensorProxy((4, 8, 128, 64), name="q", device=cuda, dtype=torch.bfloat16)
+        K.sdpa_efficient(q, q, q, None, True, 0.0, True)        # every output a tensor: nvFuser could take it
+        x, w = TensorProxy((512, 256), name="x", device=cuda), TensorProxy((256,), name="w", device=cuda)
+        mean = TensorProxy((512, 1), name="mean", device=cuda)
+        K.native_layer_norm_backward(x, x, (256,), mean, mean, w, w, [True, True, True])
+    attention, norm_backward = trc.bound_symbols
+    ex = NvFuserExecutor()
+    assert not ex.can_fuse(attention)
+    assert ex.can_fuse(norm_backward)
+
+
 def test_nvfuser_unavailable_is_skipped_with_its_reason():
     nv = get_executor("nvfuser")
     ok, reason = nv.is_available()

@@ -340,16 +340,18 @@ def test_autograd_function_with_inplace_code():
     _same_grads(ours, ref)
 
 
-def test_second_backward_and_double_backward_raise_clearly():
+def test_second_backward_raises_clearly_and_double_backward_equals_eager():
     (x,), _ = _pair((3,))
     out = thunderlite.jit(lambda x: (x.sin() * x).sum())(x)
     out.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second time"):
         out.backward()
-    (y,), _ = _pair((3,))
-    out = thunderlite.jit(lambda x: (x.sin() * x).sum())(y)
-    with pytest.raises(NotImplementedError, match="create_graph"):
-        torch.autograd.grad(out, y, create_graph=True)
+    (y,), (r,) = _pair((3,))
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    (g,) = torch.autograd.grad(thunderlite.jit(f)(y), y, create_graph=True)
+    (want,) = torch.autograd.grad(f(r), r, create_graph=True)
+    torch.testing.assert_close(g, want)
+    torch.testing.assert_close(torch.autograd.grad(g.sum(), y), torch.autograd.grad(want.sum(), r))
 
 
 @pytest.mark.parametrize("affine,train", [(True, True), (False, True), (True, False)])

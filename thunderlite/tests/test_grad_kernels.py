@@ -60,6 +60,31 @@ def test_activation_backward(sym):
     _same(sym, _t(3, 7), _t(3, 7, seed=1).tanh())
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.3])
+def test_threshold_backward(threshold):
+    x = _t(3, 7, seed=1)
+    x[0, :2] = threshold            # at the threshold: no gradient, as eager
+    _same(K.threshold_backward, _t(3, 7), x, threshold)
+
+
+def test_relu_keeps_one_forward_call_and_eagers_backward_kernel():
+    """relu stays one call (not le + where) and its backward is
+    threshold_backward on the saved output; gradients are eager's."""
+    lin = torch.nn.Linear(6, 5, dtype=F64)
+    x = _t(4, 6, seed=2).requires_grad_()
+    jfn = thunderlite.jit(lambda x: F.relu(lin(x)).sum() + F.threshold(x, 0.1, 2.0).sum())
+    jfn(x).backward()
+    fwd = [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
+    bwd = [b.sym.name for b in thunderlite.last_backward_traces(jfn)[-1].bound_symbols]
+    assert "relu" in fwd and "le" not in fwd and "where" not in fwd, fwd
+    assert bwd.count("threshold_backward") == 2, bwd
+    got = [x.grad, lin.weight.grad, lin.bias.grad]
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    (F.relu(lin(x)).sum() + F.threshold(x, 0.1, 2.0).sum()).backward()
+    for g, w in zip(got, [x.grad, lin.weight.grad, lin.bias.grad], strict=True):
+        torch.testing.assert_close(g, w)
+
+
 @pytest.mark.parametrize("sym,fn", [(K.softmax_backward_data, torch.softmax),
                                     (K.log_softmax_backward_data, torch.log_softmax)])
 @pytest.mark.parametrize("dim", [0, 1, 2])
@@ -463,7 +488,7 @@ def test_flash_cuda_rule_agrees_with_eagers_dispatcher():
     from thunderlite.core.proxies import TensorProxy
     from thunderlite.core.trace import Trace
     from thunderlite.core.tracectx import tracectx
-    from thunderlite.transforms.autodiff.torch_rules import _Call, _flash_cuda_when
+    from thunderlite.transforms.autodiff.attention import _Call, _flash_cuda_when
     grid = itertools.product((torch.float16, torch.bfloat16, torch.float32), (8, 64, 200, 256, 264),
                              ((16, 16, True), (8, 16, True), (8, 16, False)), (True, False))
     differ = []
@@ -656,22 +681,48 @@ def test_softmax_saves_its_output_not_its_input():
     assert {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")} == {"softmax"}
 
 
-def test_residual_sum_is_saved_and_gelu_recomputed():
+def test_residual_sum_is_saved_and_gelu_saved_on_the_cpu():
     """A residual sum feeding layer_norm is saved (recomputing it would add a
     kernel and keep its two summands instead); gelu's output, which the next
-    matmul's backward reads, is recomputed from its input, which gelu's own
-    backward keeps anyway."""
+    matmul's backward reads, is saved as eager saves it: on the CPU gelu's pass
+    is bound by arithmetic (rematerialize._COMPUTE_BOUND_ON_CPU). A product,
+    bound by memory, is recomputed from its saved input."""
     from test_grad_prims import check_grad
 
     def fn(x, w1, w2):
         h = x + x @ w1
-        return F.gelu(F.layer_norm(h, (5,)) @ w1) @ w2
+        a = F.layer_norm(h, (5,)) @ w1
+        return F.gelu(a) @ w2 + (a * a) @ w2
     prog = check_grad(fn, _t(4, 5).requires_grad_(), _t(5, 5, seed=1).requires_grad_(),
                       _t(5, 3, seed=2).requires_grad_())
     producers = {_producer(prog, n) for n in _saved(prog) if not n.startswith("a")}
-    assert "add" in producers and "gelu" not in producers
+    assert "add" in producers and "gelu" in producers and "mul" not in producers, producers
     bwd = [b.sym.name for b in prog.backward_traces[-1].bound_symbols]
-    assert bwd.count("gelu") == 1 and "add" not in bwd[:bwd.index("gelu")]
+    assert "gelu" not in bwd and bwd.count("mul") >= 1
+
+
+class _Fusing:
+    """Stands for a fusion executor in the list (``fuses_elementwise``)."""
+    fuses_elementwise = True
+
+    def differentiation(self, bsym):
+        return None
+
+
+def test_gelu_is_recomputed_under_a_fusion_executor():
+    """Under a fusion executor gelu's output is recomputed from its input (one
+    more step of a fused backward kernel), on the CPU too."""
+    from test_grad_prims import trace_of
+
+    from thunderlite.transforms.autodiff.split import split_forward_backward
+
+    def fn(x, w1, w2):
+        return F.gelu(x @ w1) @ w2
+    args = tuple(t.requires_grad_() for t in (_t(4, 5), _t(5, 5, seed=1), _t(5, 3, seed=2)))
+    for executors, recomputed in ((None, False), ([_Fusing()], True)):
+        split = split_forward_backward(trace_of(fn, args), [True, True, True], executors=executors)
+        bwd = [b.sym.name for b in split.backward.bound_symbols]
+        assert ("gelu" in bwd) == recomputed, (executors, bwd)
 
 
 def test_values_only_a_dead_gradient_reads_are_not_saved():
@@ -752,6 +803,38 @@ def test_cross_entropy_forward_and_backward(reduction):
     _same(K.cross_entropy_backward, grad, log_probs, target, reduction, -100, total)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_loss_forward_and_backward(reduction, weighted):
+    x, target = _t(6, 5).log_softmax(1), torch.tensor([1, 0, 4, -100, 2, 2])
+    weight = _t(5, seed=3).abs() if weighted else None
+    _same(K.nll_loss_forward, x, target, weight, reduction, -100)
+    _, total = K.nll_loss_forward.torch_fn(x, target, weight, reduction, -100)
+    grad = _t(6, seed=2) if reduction == 0 else _t(seed=2)
+    _same(K.nll_loss_backward, grad, x, target, weight, reduction, -100, total)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_runs_eagers_kernels_and_matches_eager(reduction):
+    """log_softmax then nll_loss, as older training loops write it: nll_loss's
+    forward saves the total weight and its backward is nll_loss_backward."""
+    lin = torch.nn.Linear(6, 5, dtype=F64)
+    x, target, weight = _t(7, 6, seed=1), torch.tensor([1, 0, 4, -100, 2, 2, 3]), _t(5, seed=3).abs()
+
+    def fn(x):
+        return F.nll_loss(F.log_softmax(lin(x), 1), target, weight, reduction=reduction).sum()
+    jfn = thunderlite.jit(fn)
+    jfn(x).backward()
+    got = [p.grad for p in lin.parameters()]
+    lin.zero_grad(set_to_none=True)
+    fn(x).backward()
+    for g, p in zip(got, lin.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    fwd = [b.sym.name for b in thunderlite.last_traces(jfn)[-1].bound_symbols]
+    bwd = [b.sym.name for b in thunderlite.last_backward_traces(jfn)[-1].bound_symbols]
+    assert "nll_loss_forward" in fwd and "nll_loss_backward" in bwd and "log_softmax_backward_data" in bwd, bwd
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, F64, torch.bfloat16])
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_cross_entropy_backward_kernel_is_eagers(reduction, dtype):
@@ -771,7 +854,7 @@ def test_cross_entropy_backward_kernel_is_eagers(reduction, dtype):
 
 def test_linear_backward_reads_the_saved_input_before_the_input_gradient_is_made():
     """Linear's VJP computes the weight's gradient first: it is the last read of
-    the saved activation (here gelu's output, recomputed), which then dies before
+    the saved activation (here gelu's output), which then dies before
     the input's gradient, as large, is allocated (the step's peak memory)."""
     fc, out = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
 
@@ -789,9 +872,9 @@ def test_linear_backward_reads_the_saved_input_before_the_input_gradient_is_made
         torch.testing.assert_close(got, p.grad)
     bwd = thunderlite.last_backward_traces(jf)[-1]
     names = [b.sym.name for b in bwd.bound_symbols]
-    recomputed = names.index("gelu")
+    act = next(b.output.name for b in thunderlite.last_traces(jf)[-1].bound_symbols if b.sym.name == "gelu")
     dies = next(i for i, b in enumerate(bwd.bound_symbols) if b.sym.name == "del" and
-                any(a.name == bwd.bound_symbols[recomputed].output.name for a in b.args))
+                any(getattr(a, "name", None) == act for a in b.args))
     assert "gelu_backward" not in names[:dies], str(bwd)
 
 

@@ -31,7 +31,7 @@ def test_scalar_int_warning_points_at_the_call_and_offers_symbolic_ints():
 
 
 def test_scalar_float_hint_offers_symbolic_values():
-    jf = thunderlite.jit(lambda x, scale: x * scale)
+    jf = thunderlite.jit(lambda x, scale: x * scale, dynamic=False)     # by default a changing float is an input
     x = torch.randn(2)
     (w,) = _recompile_warnings(lambda: [jf(x, 0.5 + i) for i in range(5)])
     assert "cache='symbolic values'" in str(w.message) and w.filename == __file__
@@ -76,7 +76,7 @@ class _Scaled(torch.nn.Module):
 
 def test_module_guard_warning_points_at_the_users_module_call():
     m = _Scaled()
-    jm = thunderlite.jit(m)
+    jm = thunderlite.jit(m, dynamic=False)      # by default a changing float attribute becomes a trace input
     x = torch.randn(2)
 
     def calls():

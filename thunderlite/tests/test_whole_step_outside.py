@@ -949,6 +949,24 @@ def grad_of_input_for_penalty_without_create_graph():
 
 
 @case
+def gradient_penalty_with_create_graph():
+    """The penalty's gradient is differentiated by the loss's backward (double backward)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        x = x.clone().requires_grad_()
+        out = model(x)
+        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = F.cross_entropy(out, y) + 0.1 * gx.pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach(), gx.detach()
+    return step, (model, opt), _data()
+
+
+@case
 def leaves_made_inside_with_requires_grad():
     """Regression: ``x.clone().requires_grad_()`` reached by a backward was refused."""
 
@@ -1698,18 +1716,6 @@ def test_two_heads_without_retain_graph_raise_eagers_error():
         step(*copy.deepcopy(args))
     with pytest.raises(RuntimeError, match=r"a second time.*h\.pow\(2\)\.mean\(\)\.backward\(\)"):
         thunderlite.jit(step)(*args)
-
-
-def test_gradient_penalty_with_create_graph_is_refused():
-    """create_graph=True is refused by design (the spec allows it)."""
-
-    def step(model, x, y):
-        x = x.clone().requires_grad_()
-        out = model(x)
-        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
-        (F.cross_entropy(out, y) + gx.pow(2).sum()).backward()
-    with pytest.raises(NotImplementedError, match=r"create_graph=True.*autograd\.grad\(out\.sum\(\), x, create_graph"):
-        thunderlite.jit(step)(_mlp(), *_data(calls=1)[0])
 
 
 def test_data_dependent_python_in_a_step_is_refused_with_the_line():

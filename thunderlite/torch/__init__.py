@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core.proxies import DataDependentError, set_attribute_fallback, set_torch_function_handler
+from thunderlite.core.tracectx import made_once
 from thunderlite.torch.opaque import OpaqueDataDependentError, opaque_symbol_for, opaque_symbols
 from thunderlite.torch.ops import (  # noqa: F401 - each registers its symbols
     composites,
@@ -75,10 +76,7 @@ def tensor_attribute_fallback(proxy, name: str):
     if callable(attr):
         op = opaque_symbol_for(attr)
         return lambda *args, **kwargs: op(proxy, *args, **kwargs)
-    getter = _getters.get(name)
-    if getter is None:
-        getter = _getters[name] = _getter(name)
-    return opaque_symbol_for(getter)(proxy)
+    return opaque_symbol_for(made_once(_getters, name, lambda: _getter(name)))(proxy)
 
 
 set_attribute_fallback(tensor_attribute_fallback)

@@ -63,6 +63,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import made_once
 
 _CUSTOM_TYPES = (OpOverload, OpOverloadPacket, CustomOpDef)
 _callables: dict[OpOverload, Callable] = {}
@@ -112,10 +113,7 @@ def custom_op_callable(fn: Any) -> Callable | None:
     if isinstance(fn, OpOverloadPacket) and len(fn.overloads()) != 1:
         return None
     overload = _overload_of(fn)
-    wrapper = _callables.get(overload)
-    if wrapper is None:
-        wrapper = _callables[overload] = _make(overload)
-    return wrapper
+    return made_once(_callables, overload, lambda: _make(overload))
 
 
 def _overload_of(fn) -> OpOverload:

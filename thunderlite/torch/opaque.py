@@ -35,6 +35,7 @@ from thunderlite.core.prims import check
 from thunderlite.core.proxies import DataDependentError, TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import made_once, tables_lock
 from thunderlite.torch.names import public_name
 
 _cache: dict = {}                       # fn -> OpaqueOp
@@ -51,11 +52,12 @@ class OpaqueDataDependentError(DataDependentError):
 def _unique_name(fn) -> str:
     base = getattr(fn, "__name__", None) or type(fn).__name__
     base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "op"
-    name, i = base, 1
-    while name in _names:
-        name = f"{base}_{i}"
-        i += 1
-    _names.add(name)
+    with tables_lock:
+        name, i = base, 1
+        while name in _names:
+            name = f"{base}_{i}"
+            i += 1
+        _names.add(name)
     return name
 
 
@@ -273,15 +275,16 @@ class OpaqueOp:
     @property
     def symbol(self) -> Symbol:
         """The leaf of the first call pattern recorded (fresh outputs if none yet)."""
-        return next(iter(self._plain.values())) if self._plain else self._plain_symbol(())
+        with tables_lock:
+            return next(iter(self._plain.values())) if self._plain else self._plain_symbol(())
 
     def _plain_symbol(self, pattern: Pattern, hidden: bool = False) -> Symbol:
         """The leaf recording a call whose outputs alias the arguments per
         ``pattern`` (one symbol per pattern, each with its own meta function so
         executors' symbols for it share its rule)."""
-        sym = self._plain.get((pattern, hidden))
-        if sym is not None:
-            return sym
+        return made_once(self._plain, (pattern, hidden), lambda: self._new_plain_symbol(pattern, hidden))
+
+    def _new_plain_symbol(self, pattern: Pattern, hidden: bool) -> Symbol:
         fn = self.fn
 
         def meta(*args, **kwargs):
@@ -295,7 +298,6 @@ class OpaqueOp:
         tags = self._tags | ({Tag.HIDDEN_VIEW} if hidden else set())
         sym = Symbol(name, meta=meta, module="opaque", tags=tags, torch_fn=fn)
         register_view_rule(sym, _pattern_rule(pattern))
-        self._plain[(pattern, hidden)] = sym
         return sym
 
     def __call__(self, *args, **kwargs):
@@ -304,9 +306,7 @@ class OpaqueOp:
         if not written:
             return self._plain_symbol(pattern, _hides_views(out, pattern))(*args, **kwargs)
         key = (tuple(written), pattern)
-        sym = self._inplace.get(key)
-        if sym is None:
-            sym = self._inplace[key] = self._make_inplace(key, pairs, out)
+        sym = made_once(self._inplace, key, lambda: self._make_inplace(key, pairs, out))
         return sym(*args, **kwargs)
 
     def _make_inplace(self, key: tuple, pairs, meta_out) -> Symbol:
@@ -337,9 +337,9 @@ class OpaqueOp:
         """The leaf running ``fn`` on clones of the written arguments. Its
         results may alias the other arguments as the call's did; the written
         arguments' new values (the clones) are fresh."""
-        sym = self._functional.get(key)
-        if sym is not None:
-            return sym
+        return made_once(self._functional, key, lambda: self._new_functional(key))
+
+    def _new_functional(self, key: tuple) -> Symbol:
         written, pattern = key
         fn = self.fn
 
@@ -359,29 +359,24 @@ class OpaqueOp:
         sym = Symbol(name, meta=meta, module="opaque", tags=self._tags, torch_fn=run_on_clones)
         kept = tuple(tuple(j for j in js if j not in written) for js in pattern)
         register_view_rule(sym, _pattern_rule(kept, skip_outs=len(written)))
-        self._functional[key] = sym
         return sym
 
 
 def opaque_symbol_for(fn: Callable) -> OpaqueOp:
     """The (cached) opaque op recording calls of ``fn``; calling it records."""
     try:
-        op = _cache.get(fn)
-    except TypeError:
-        op = None
-    if op is None:
+        hash(fn)
+    except TypeError:       # unhashable: a fresh op each time (never cached)
         check(callable(fn), lambda: f"opaque_symbol_for needs a callable, got {fn!r}", TypeError)
-        op = OpaqueOp(fn)
-        try:
-            _cache[fn] = op
-        except TypeError:
-            pass
-    return op
+        return OpaqueOp(fn)
+    check(callable(fn), lambda: f"opaque_symbol_for needs a callable, got {fn!r}", TypeError)
+    return made_once(_cache, fn, lambda: OpaqueOp(fn))
 
 
 def opaque_symbols() -> list[Symbol]:
     """Every opaque leaf symbol made so far (for examine/reporting)."""
-    return [sym for op in _cache.values() for sym in op._plain.values()]
+    with tables_lock:
+        return [sym for op in _cache.values() for sym in op._plain.values()]
 
 
 class _Named:

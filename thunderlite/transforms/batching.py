@@ -30,7 +30,7 @@ from thunderlite.core import prims, pytree
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol
 from thunderlite.core.tags import Tag
-from thunderlite.core.tracectx import current_trace
+from thunderlite.core.tracectx import current_trace, made_once
 from thunderlite.torch import opaque_symbol_for
 from thunderlite.transforms.autodiff.inline import cross_entropy_backward_reference
 
@@ -359,9 +359,7 @@ def _under_torch_vmap(fn, what: str, b: Batch, args: tuple, kwargs: dict):
         raise NotImplementedError(f"vmap: {what} gets a batched tensor as a keyword argument; pass it positionally")
     dims = pytree.tree_map(lambda x: 0 if b.batched(x) else None, args)
     key = (fn, repr(dims))
-    mapped = _vmapped.get(key)
-    if mapped is None:
-        mapped = _vmapped[key] = torch.vmap(fn, in_dims=dims)
+    mapped = made_once(_vmapped, key, lambda: torch.vmap(fn, in_dims=dims))
     return opaque_symbol_for(mapped)(*b.phys(args), **kwargs)
 
 

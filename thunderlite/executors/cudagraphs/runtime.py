@@ -20,12 +20,18 @@ capture that fails (an op that synchronises despite the plan, an unsupported
 kernel) leaves that signature running uncaptured, with the error in
 ``fallbacks``.
 
+Threads: each thread gets its own static buffers and graphs (the signature
+holds the thread's id), because a replay overwrites buffers another thread's
+call may still be reading; captures run one at a time, in
+``capture_error_mode="thread_local"`` so other threads' work does not break one.
+
 Without CUDA tensors the runner does what replay does with plain Python (copy
 into static buffers, run, copy into static outputs, copy what escapes): the
 CPU stand-in the tests use to check the plan and the buffer handling.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -37,6 +43,7 @@ from thunderlite.transforms.fusion import Region
 from thunderlite.transforms.user import Transform
 
 MAX_GRAPHS = 16     # signatures captured per region; later ones run uncaptured (recorded in fallbacks)
+_capture_lock = threading.Lock()
 
 
 def _static_copy(t: torch.Tensor) -> torch.Tensor:
@@ -50,8 +57,8 @@ def _by_address(a) -> bool:
 
 
 def signature(args: tuple) -> tuple:
-    """What a captured graph depends on in its inputs."""
-    key = []
+    """What a captured graph depends on in its inputs, and the calling thread."""
+    key = [threading.get_ident()]
     for a in args:
         if isinstance(a, torch.Tensor):
             key.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad,
@@ -131,7 +138,7 @@ class GraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            with _capture_lock, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 static_out = tuple(self.fn(*static_in))
         except Exception as e:      # noqa: BLE001 -- any capture failure leaves the region uncaptured
             torch.cuda.synchronize()

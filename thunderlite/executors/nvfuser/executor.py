@@ -31,6 +31,7 @@ from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.cost import keep_kernel
 from thunderlite.executors.nvfuser import translate
 from thunderlite.transforms.fusion import Region, fuse
 
@@ -150,6 +151,8 @@ class NvFuserExecutor(FusionExecutor):
             return False
         if not bsym.subsymbols:
             return bsym.sym.is_prim and translate.accepts(bsym)
+        if bsym.sym.torch_fn is not None and keep_kernel(bsym)[0]:
+            return False            # attention: its one torch call beats its decomposition fused around matmuls
         return all(self.can_fuse(sub) if sub.subsymbols else
                    (not sub.sym.tags & _UNFUSIBLE and sub.sym.is_prim and translate.accepts(sub))
                    for sub in bsym.subsymbols)

@@ -30,6 +30,7 @@ from thunderlite.core.symint import mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.executors.base import FusionExecutor
+from thunderlite.executors.cost import keep_kernel
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.executors.triton.plan import Plan, Unsupported, plan_region
 from thunderlite.transforms.claim import claim_executors
@@ -314,13 +315,15 @@ def _expand_composites(trace: Trace, ex: TritonExecutor, can_fuse: Callable[[Bou
     norm's backward: row reductions for the input's gradient, column sums for the
     weight's) replaced by that decomposition, so the cutter makes it a few kernels
     instead of leaving it whole to the next executor. A composite holding anything the
-    executor cannot run (a matmul, attention) stays whole: its own kernel is better.
+    executor cannot run (a matmul, attention) stays whole, and so does one the cost
+    model keeps whole (``cost.keep_kernel``).
     Also returns the names of the values internal to the decomposed composites: a view
     among them (an ``unsqueeze`` inside a loss) may then be computed fresh by a kernel."""
     out: list[BoundSymbol] = []
     internal: set[str] = set()
     for b in trace.bound_symbols:
-        if b.sym.executor is not None or can_fuse(b) or b.sym.decomposition is None or not b.subsymbols:
+        if b.sym.executor is not None or can_fuse(b) or b.sym.decomposition is None or not b.subsymbols or \
+                (b.sym.torch_fn is not None and keep_kernel(b)[0]):
             out.append(b)
             continue
         mine = frozenset(p.name for s in _leaves(b) for p in s.proxy_outs()) - {p.name for p in b.proxy_outs()}

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import linecache
 import os
+import threading
 import types
 from collections.abc import Callable
 
@@ -56,6 +57,7 @@ DTYPES: frozenset = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16,
 instead of rounding to nearest even, so bfloat16 runs only natively."""
 
 _kernels: dict[str, Callable] = {}
+_load_lock = threading.Lock()
 
 
 def availability() -> tuple[bool, str]:
@@ -87,6 +89,14 @@ def load_kernel(source: str, fn_name: str, do_not_specialize: tuple = ()) -> Cal
     kernel = _kernels.get(source)
     if kernel is not None:
         return kernel
+    with _load_lock:        # TRITON_INTERPRET is process state, set around each decoration
+        kernel = _kernels.get(source)
+        if kernel is None:
+            kernel = _kernels[source] = _load(source, fn_name, do_not_specialize)
+    return kernel
+
+
+def _load(source: str, fn_name: str, do_not_specialize: tuple) -> Callable:
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     filename = f"<thunderlite-triton-{digest}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -94,9 +104,7 @@ def load_kernel(source: str, fn_name: str, do_not_specialize: tuple = ()) -> Cal
     module.__file__ = filename
     exec(compile(source, filename, "exec"), module.__dict__)
     with _interpret_env(INTERPRET):
-        kernel = triton.jit(getattr(module, fn_name), do_not_specialize=list(do_not_specialize))
-    _kernels[source] = kernel
-    return kernel
+        return triton.jit(getattr(module, fn_name), do_not_specialize=list(do_not_specialize))
 
 
 def device_name(device: torch.device) -> str:

@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from thunderlite.core import codegen
 from thunderlite.frontend.caching.keys import (
     _MISSING,
@@ -22,9 +24,11 @@ from thunderlite.frontend.caching.keys import (
     alias_pattern,
     count_tensors,
     describe,
+    dynamic_shape,
     has_symbolic_numbers,
     make_key_fn,
     walk_signature,
+    with_symbolic_numbers,
 )
 from thunderlite.frontend.source_map import library_kind
 from thunderlite.transforms.aliasing.update_aliases import writes_memory
@@ -43,7 +47,8 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "calls", "key", "lowering", "tier", "raises", "predication", "__weakref__")
+                 "calls", "key", "lowering", "tier", "path_shapes", "learned", "raises", "predication",
+                 "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -63,6 +68,8 @@ class CompiledEntry:
         self.key: tuple | None = None   # its key in the function's cache (None: not stored)
         self.lowering = None         # compile.Lowering: how its computation was made from the trace
         self.tier = None             # tiers.Tier: which tier it runs, and since when (None: tiering off)
+        self.path_shapes: list = []  # (path, shape) of each tensor read through a path (caching/automatic.py)
+        self.learned: str | None = None  # what tracing it made symbolic (a growing state), for the miss reason
         self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran
         self.predication: list[str] = []  # blocks traced predicated, and those reading their flag (why)
 
@@ -83,6 +90,8 @@ class KeyCache:
         self._fn_by_sig_id: list[Callable] = []
         self._dynamic: dict[tuple, dict] = {}     # signature -> {tensor leaf index: dims}
         self._static: set[tuple] = set()          # signatures symbolic sizes failed for
+        self._numbers: dict[tuple, frozenset] = {}  # signature -> float leaves kept symbolic (automatic)
+        self._static_numbers: set[tuple] = set()  # signatures symbolic floats failed for
 
     @staticmethod
     def no_key(args, kwargs):
@@ -95,7 +104,7 @@ class KeyCache:
 
     def _make(self, sig: tuple) -> Callable:
         sig_id = self._sig_id.setdefault(sig, len(self._sig_id))
-        fn = make_key_fn(sig, sig_id, self.names, self.dynamic_of(sig))
+        fn = make_key_fn(self.traced_signature(sig), sig_id, self.names, self.dynamic_of(sig))
         self._by_sig[sig] = fn
         if sig_id == len(self._fn_by_sig_id):
             self._fn_by_sig_id.append(fn)
@@ -110,11 +119,40 @@ class KeyCache:
             return {i: ALL_DIMS for i in range(count_tensors(sig))}
         return self._dynamic.get(sig, {})
 
+    def traced_signature(self, sig: tuple) -> tuple:
+        """``sig`` as traced: the floats that kept changing are symbolic (kind S)."""
+        numbers = self._numbers.get(sig)
+        return with_symbolic_numbers(sig, numbers) if numbers else sig
+
+    def changed_numbers(self, key_fn: Callable, prev: tuple, key: tuple) -> frozenset[int]:
+        """The float leaves whose value differs between two keys of one signature."""
+        if self._sig_of[id(key_fn)] in self._static_numbers or len(prev) != len(key):
+            return frozenset()
+        return frozenset(leaf for part, leaf in key_fn.number_parts.items()
+                         if type(prev[part + 1]) is float and type(key[part + 1]) is float
+                         and prev[part + 1] != key[part + 1])
+
+    def describe_numbers(self, key_fn: Callable, leaves: frozenset[int]) -> list[str]:
+        return [key_fn.labels[part] for part, leaf in key_fn.number_parts.items() if leaf in leaves]
+
+    def mark_numbers(self, key_fn: Callable, leaves: frozenset[int]) -> Callable:
+        """Keep the float leaves ``leaves`` symbolic; returns the new key function."""
+        sig = self._sig_of[id(key_fn)]
+        self._numbers[sig] = self._numbers.get(sig, frozenset()) | leaves
+        return self._make(sig)
+
+    def make_numbers_static(self, key_fn: Callable) -> Callable:
+        """Symbolic floats failed for this signature: key on their values again."""
+        sig = self._sig_of[id(key_fn)]
+        self._numbers.pop(sig, None)
+        self._static_numbers.add(sig)
+        return self._make(sig)
+
     def changed_dims(self, key_fn: Callable, prev: tuple, key: tuple) -> dict:
         """Tensor leaf index -> dims whose size differs between two keys of one
         signature (same rank only)."""
         out: dict = {}
-        if self._sig_of[id(key_fn)] in self._static:
+        if self._sig_of[id(key_fn)] in self._static or len(prev) != len(key):
             return out
         for part, leaf in key_fn.shape_parts.items():
             a, b = prev[part + 1], key[part + 1]
@@ -154,7 +192,7 @@ class KeyCache:
         guard = getattr(key_fn, "fast_guard", _MISSING)
         if guard is _MISSING:
             sig = self._sig_of[id(key_fn)]
-            guard = key_fn.fast_guard = make_fast_guard(sig, self.dynamic_of(sig))
+            guard = key_fn.fast_guard = make_fast_guard(self.traced_signature(sig), self.dynamic_of(sig))
         return guard
 
 
@@ -245,14 +283,33 @@ class CacheInfo:
         self.hits = 0
         self.misses = 0
         self.entries = 0
+        self.eager_calls = 0        # misses past ``max_entries``, run eagerly
         self.last_miss_reason = ""
         self._last_key_by_sig: dict[int, tuple] = {}
         self._miss_counts: dict[str, int] = {}
+        self._causes: dict[str, tuple[str, str]] = {}   # what -> (the last reason, its hint)
         self._warned: set[str] = set()
+        self._full_warned = False
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "entries": self.entries,
-                "last_miss_reason": self.last_miss_reason}
+                "eager_calls": self.eager_calls, "last_miss_reason": self.last_miss_reason}
+
+    def cache_full(self, max_entries: int) -> None:
+        """A miss past ``max_entries``: it runs eagerly. Warned once, naming what
+        caused most recompiles and how to keep it from recompiling."""
+        self.eager_calls += 1
+        self.last_miss_reason += f"; ran eagerly: the cache holds its max_entries={max_entries} entries"
+        if self._full_warned:
+            return
+        self._full_warned = True
+        what = max(self._miss_counts, key=self._miss_counts.get, default=None)
+        reason, hint = self._causes.get(what, ("", ""))
+        cause = (f" Most recompiles ({self._miss_counts[what]}) were because {reason}; {hint}."
+                 if what is not None else "")
+        warnings.warn(f"thunderlite: this jitted callable has compiled its max_entries={max_entries} entries; "
+                      f"calls that match none of them now run eagerly (eager's answer, not compiled).{cause} "
+                      "Or raise jit(..., max_entries=).", stacklevel=user_stacklevel())
 
     def last_key(self, key: tuple) -> tuple | None:
         """The key of the last miss of ``key``'s signature."""
@@ -276,8 +333,8 @@ class CacheInfo:
         self._last_key_by_sig[key[0]] = key
         if stale_entry is not None:
             what, reason = _failed_guard(stale_entry, args, kwargs)
-            hint = ("if it changes on every call, pass it to the function as an argument "
-                    "(a tensor for numbers)")
+            hint = _hint(what, None, None) if what.endswith(".shape") else (
+                "if it changes on every call, pass it to the function as an argument (a tensor for numbers)")
         elif prev is None or len(prev) != len(key):
             what, reason = "signature", "new argument structure or types (a new signature)"
             hint = ("every argument structure (container lengths, dict keys) and argument type compiles "
@@ -286,6 +343,7 @@ class CacheInfo:
             what, reason, old, new = _key_difference(keys.labels_of(key), prev, key)
             hint = _hint(what, old, new)
         self.last_miss_reason = reason
+        self._causes[what] = (reason, hint)
         n = self._miss_counts[what] = self._miss_counts.get(what, 0) + 1
         if n >= REPEATED_MISSES_TO_WARN and what not in self._warned:
             self._warned.add(what)
@@ -300,11 +358,15 @@ def _hint(what: str, old: Any, new: Any) -> str:
                 "new shape compiles its own entry; leave dynamic=None (the default) to make sizes that "
                 "change symbolic, or pad or bucket inputs to a few shapes")
     if type(old) is float or type(new) is float:
-        return ("if this number changes on every call, pass it as a tensor, or use "
-                "jit(..., cache='symbolic values') so that floats become trace inputs")
+        return ("if this number changes on every call, pass it as a tensor, or leave jit(..., dynamic=None) "
+                "(the default) so that a float that keeps changing becomes a trace input, or use "
+                "jit(..., cache='symbolic values') so that floats are trace inputs from the first call")
     if type(old) in (int, bool, complex) and type(new) in (int, bool, complex):
         return ("if this number changes on every call, pass it as a tensor, or use "
                 "jit(..., cache='symbolic values') so that ints become symbols of the trace")
+    if what.startswith("the object passed as"):
+        return ("objects are keyed by identity, so each new object compiles its own entries: pass the same object "
+                "on every call (an HF cache can be reset and reused)")
     return "each value of it compiles its own entry"
 
 
@@ -333,14 +395,14 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
     for g in entry.guards:
         try:
             if g.kind == "absent":
-                if hasattr(read_input(g.prov.parent, args, kwargs), g.prov.key):
+                if hasattr(read_path(g.prov.parent, args, kwargs), g.prov.key):
                     return g.prov.describe(), f"{g.prov.describe()} did not exist when compiled and does now"
                 continue
-            now = read_input(g.prov, args, kwargs)
+            now = read_path(g.prov, args, kwargs)
         except Exception:  # noqa: BLE001 - the path itself no longer exists: that is the reason
             return g.prov.describe(), f"{g.prov.describe()} can no longer be read"
         if g.kind == "same":
-            if now is not read_input(g.value, args, kwargs):
+            if now is not read_path(g.value, args, kwargs):
                 return g.prov.describe(), (f"{g.prov.describe()} and {g.value.describe()} were the same tensor "
                                            "when compiled and are not now")
             continue
@@ -356,12 +418,20 @@ def _failed_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> tuple[str,
             return "symbolic size", why
     if entry.alias_guard is not None:
         try:
-            values = [read_input(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+            values = [read_path(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
             why = entry.alias_guard.explain(values)
         except Exception:  # noqa: BLE001 - a path that no longer reads: the metadata guard said so
             why = None
         if why is not None:
             return "storage sharing", why
+    for prov, shape, dims in entry.path_shapes:
+        try:
+            now = read_path(prov, args, kwargs)
+        except Exception:  # noqa: BLE001 - a path that no longer reads
+            return prov.describe(), f"{prov.describe()} can no longer be read"
+        if isinstance(now, torch.Tensor) and (now.dim() != len(shape) or
+                                              dynamic_shape(now.shape, dims or ()) != dynamic_shape(shape, dims or ())):
+            return f"{prov.describe()}.shape", f"{prov.describe()}.shape changed from {shape} to {tuple(now.shape)}"
     return "tensor metadata", "the metadata of a tensor read from a module, global or closure changed"
 
 
@@ -371,7 +441,7 @@ def _failed_size_guard(entry: CompiledEntry, args: tuple, kwargs: dict) -> str |
     for g in entry.sym_guards:
         names = sorted(g.atoms())
         try:
-            values = {n: read_input(paths[n], args, kwargs) for n in names}
+            values = {n: read_path(paths[n], args, kwargs) for n in names}
         except Exception:  # noqa: BLE001 - a path that no longer reads: the key said so
             return None
         if not g.holds(values):
@@ -395,8 +465,8 @@ def _short(v: Any) -> str:
     return r if len(r) < 60 else r[:57] + "..."
 
 
-def read_input(prov, args: tuple, kwargs: dict) -> Any:
-    """The value at ``prov`` for a call with ``args``/``kwargs`` (as the entry's prologue reads it)."""
+def read_path(prov, args: tuple, kwargs: dict) -> Any:
+    """The value ``prov`` reads for this call (slow path only: the entry reads its paths in generated code)."""
     k = prov.kind
     if k == "arg":
         return args[prov.key]
@@ -408,7 +478,7 @@ def read_input(prov, args: tuple, kwargs: dict) -> Any:
         return prov.root.cell_contents
     if k == "object":
         return prov.root
-    base = read_input(prov.parent, args, kwargs)
+    base = read_path(prov.parent, args, kwargs)
     if k == "attr":
         return getattr(base, prov.module_slot)[prov.key] if prov.module_slot else getattr(base, prov.key)
     return base[prov.key]

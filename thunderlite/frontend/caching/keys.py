@@ -106,6 +106,8 @@ class KeyGen:
         self.reads: list[str] = []      # ``v = expr`` of every leaf and container, in order
         self.tensor_type_checks: set[str] = set()   # the lines checking a tensor leaf's type
         self.shape_parts: dict[int, int] = {}   # key part index -> tensor leaf index
+        self.number_parts: dict[int, int] = {}  # key part index -> scalar leaf index (V and S leaves, in order)
+        self.scalars = 0
         self.lines: list[str] = []
         self.parts: list[str] = []
         self.labels: list[str] = []
@@ -155,8 +157,12 @@ class KeyGen:
             self.part(f"id({v}.device_mesh)", f"the device mesh of {path}")
             self.values.append((v, kind))
         elif kind == "V":
+            self.number_parts[len(self.parts)] = self.scalars
+            self.scalars += 1
             self.part(v, path)
             self.values.append((v, kind))
+        elif kind == "S":
+            self.scalars += 1
         elif kind == "O":
             self.part(f"id({v})", f"the object passed as {path}")
             self.values.append((v, kind))
@@ -197,7 +203,30 @@ def make_key_fn(sig: tuple, sig_id: int, names: list[str] | None = None,
     fn.__thunderlite_source__ = src
     fn.labels = g.labels
     fn.shape_parts = g.shape_parts
+    fn.number_parts = g.number_parts
     return fn
+
+
+def with_symbolic_numbers(sig: tuple, leaves: frozenset[int]) -> tuple:
+    """``sig`` with its float scalar leaves numbered ``leaves`` (V and S leaves
+    counted in order, as ``KeyGen.number_parts`` numbers them) kept symbolic
+    (kind S): floats that keep changing become trace inputs."""
+    n = 0
+
+    def walk(node):
+        nonlocal n
+        kind = node[0]
+        if kind in ("tuple", "list"):
+            return (kind, node[1], tuple(walk(c) for c in node[2]))
+        if kind == "dict":
+            return (kind, node[1], tuple((k, walk(c)) for k, c in node[2]))
+        if kind in ("V", "S"):
+            n += 1
+            if kind == "V" and node[1] is float and n - 1 in leaves:
+                return ("S", float)
+        return node
+    _, arg_nodes, kw_nodes = sig
+    return ("call", tuple(walk(c) for c in arg_nodes), tuple((k, walk(c)) for k, c in kw_nodes))
 
 
 def walk_signature(sig: tuple, names: list[str] | None, g: KeyGen) -> KeyGen:

@@ -50,7 +50,7 @@ from thunderlite.executors.base import Executor, FusionExecutor
 from thunderlite.executors.cost import estimated_seconds
 from thunderlite.executors.registry import get_executor
 from thunderlite.executors.rehearsal import unrehearsable
-from thunderlite.frontend.caching.entries import CompiledEntry, read_input
+from thunderlite.frontend.caching.entries import CompiledEntry, read_path
 from thunderlite.frontend.entry import MISS
 
 DEFAULT_AFTER_CALLS = 20
@@ -225,7 +225,7 @@ class Tiers:
     def _compile(self, jfn, entry: CompiledEntry, hot: Executor, args: tuple, kwargs: dict) -> None:
         tier = entry.tier
         try:
-            inputs = [read_input(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
+            inputs = [read_path(p, args, kwargs) if p is not None else c for p, c in entry.inputs]
         except Exception as e:  # noqa: BLE001 - a tier-up must never break the user's call
             tier.stay(f"its inputs could not be read again ({type(e).__name__}: {e})")
             return

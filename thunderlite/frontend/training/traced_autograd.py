@@ -19,7 +19,13 @@ grad``, ``grad can be implicitly created only for scalar outputs``, an unused
 input of ``autograd.grad`` without ``allow_unused``. Tensor hooks of the
 leaves run before accumulation; ``retain_grad()`` of a value the program
 makes and leaves it makes with ``requires_grad_()`` get a ``.grad`` the
-program reads. Refused with the line: ``create_graph=True``, a backward
+program reads. ``create_graph=True`` records a differentiable backward
+(``inline_backward(create_graph=True)``) and keeps forward and backward as the
+graph a later backward differentiates (a gradient penalty, a MAML inner step,
+Hessian-vector products, second derivatives with respect to inputs); a
+``.grad`` it leaves requiring grad is added to out of place by the next
+``create_graph`` backward, in place otherwise, as eager's AccumulateGrad.
+Refused with the line: a backward
 reaching an input that is not a leaf (its graph lies outside the program),
 ``.grad`` of a tensor made inside the program assigned, such a value with a
 ``.grad`` returned or stored, writes on the gradient path before the backward
@@ -54,6 +60,28 @@ def _as_list(x) -> list:
     if x is None:
         return []
     return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def _retains(retain_graph: bool | None, create_graph: bool) -> bool:
+    """Eager's default: a differentiable backward keeps its graph."""
+    return bool(create_graph) if retain_graph is None else bool(retain_graph)
+
+
+def _with_markers(bsyms: list[BoundSymbol], recorded: list[BoundSymbol]) -> list[BoundSymbol]:
+    """``bsyms`` (a forward and backward as inlined) with the leaf and hook
+    markers of ``recorded`` each placed after the symbol making its tensor."""
+    markers = [b for b in recorded if b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID)]
+    made = {o.name for b in bsyms for o in b.proxy_outs()}
+    out = [m for m in markers if m.args[0].name not in made]
+    after: dict[str, list[BoundSymbol]] = {}
+    for m in markers:
+        if m.args[0].name in made:
+            after.setdefault(m.args[0].name, []).append(m)
+    for b in bsyms:
+        out.append(b)
+        for o in b.proxy_outs():
+            out.extend(after.pop(o.name, ()))
+    return out
 
 
 class TracedAutograd:
@@ -143,12 +171,18 @@ class TracedAutograd:
         self.grads[proxy.name] = value
 
     def writes(self) -> list[Write]:
-        """The ``.grad`` write-backs: each leaf whose ``.grad`` is not the tensor it began with."""
+        """The ``.grad`` write-backs: each leaf whose ``.grad`` is not the tensor it
+        began with. A ``.grad`` a ``backward(create_graph=True)`` left requiring
+        grad is eager's tensor whose graph the program kept (``graph_used``)."""
         out = []
         for name, value in self.grads.items():
             if name in self.entry_grads and value is self.entry_grads[name]:
                 continue
             inp = self.state.input_by_name(name)
+            if type(value) is TensorProxy and value.requires_grad and self.used:
+                kept = value.replace(name=self.trace.fresh_name("t"))
+                self.trace.add_top_level(GRAPH_USED.bind(value, True, output=kept))
+                value = kept
             out.append(Write("attr", inp.prov, "grad", value))
         return out
 
@@ -158,18 +192,18 @@ class TracedAutograd:
         """``torch.autograd.backward`` (and ``Tensor.backward``) inside the program."""
         outs = _as_list(tensors)
         cots = self._cotangents(outs, _as_list(grad_tensors if grad_tensors is not None else grad_variables))
-        self._refuse_create_graph(create_graph)
         only = None if inputs is None else {p.name for p in _as_list(inputs)}
         if only and any(self.state.input_by_name(n) is None for n in only):
             raise NotImplementedError(f"thunderlite: backward(inputs=...) naming a tensor made inside the jitted "
                                       f"function (not a leaf) is not supported{self._where()}")
-        args, grads, _ = self._differentiate(outs, cots, bool(retain_graph), (), leaves=only is None)
+        args, grads, _ = self._differentiate(outs, cots, _retains(retain_graph, create_graph), (),
+                                             leaves=only is None, create_graph=bool(create_graph))
         grads = self._leaf_hooks(args, grads, only)
         reached = [(a, g) for a, g in zip(args, grads, strict=True) if g is not None
                    and (only is None or a.name in only)]
         fresh = self._fresh(grads)
         for a, g in reached:
-            self._accumulate(a, g, fresh)
+            self._accumulate(a, g, fresh, bool(create_graph))
         for a, _ in reversed(reached):
             self._post_accumulate_hooks(a)
 
@@ -179,14 +213,14 @@ class TracedAutograd:
         wanted = _as_list(inputs)
         outs = _as_list(outputs)
         cots = self._cotangents(outs, _as_list(grad_outputs))
-        self._refuse_create_graph(create_graph)
         if is_grads_batched:
             raise NotImplementedError(f"thunderlite: torch.autograd.grad(is_grads_batched=True) inside a jitted "
                                       f"function is not supported{self._where()}")
         for w in wanted:
             if type(w) is not TensorProxy or not w.requires_grad:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
-        args, grads, value_grads = self._differentiate(outs, cots, bool(retain_graph), wanted)
+        args, grads, value_grads = self._differentiate(outs, cots, _retains(retain_graph, create_graph), wanted,
+                                                       create_graph=bool(create_graph))
         grads = self._leaf_hooks(args, grads, {w.name for w in wanted})
         by_arg = {a.name: g for a, g in zip(args, grads, strict=True)}
         result = []
@@ -204,10 +238,12 @@ class TracedAutograd:
         return tuple(result)
 
     # --- the differentiation ------------------------------------------------------------------
-    def _differentiate(self, outs: list, cots: list, retain: bool, wrt,
-                       leaves: bool = False) -> tuple[list, list, list]:
+    def _differentiate(self, outs: list, cots: list, retain: bool, wrt, leaves: bool = False,
+                       create_graph: bool = False) -> tuple[list, list, list]:
         """Replace the recorded symbols by their forward and backward; ``leaves``:
-        the leaves the program made get their ``.grad`` (a backward, not ``autograd.grad``)."""
+        the leaves the program made get their ``.grad`` (a backward, not ``autograd.grad``).
+        ``create_graph``: the backward is differentiable, and a later backward
+        differentiates the forward and backward as they now stand in the trace."""
         segment = self.trace.bound_symbols[self.start:]
         self.made.update(self._made_leaves(self.retained + segment))
         graph = graph_of(self.retained + segment, outs, frozenset(self.made))
@@ -233,10 +269,11 @@ class TracedAutograd:
                 self._check_leaf(inp)
             mask.append(diff)
         arg_names = {a.name for a in args}
-        defined = {p.name for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
+        defined = {p.name: b for b in self.trace.bound_symbols[:self.start] for p in b.proxy_outs()}
         try:
             inl = inline_backward(bsyms, args, mask, outs, cots, names=self.trace.names, defined=defined,
-                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names])
+                                  wrt_values=[w for w in list(wrt) + kept if w.name not in arg_names],
+                                  create_graph=create_graph)
         except NotInlinable as e:
             raise NotImplementedError(f"thunderlite cannot differentiate inside the jitted function here: "
                                       f"{e}{self._where()}") from None
@@ -246,6 +283,8 @@ class TracedAutograd:
         if not retain:      # the leaves stay: a later graph starts from them anew
             inputs = {inp.proxy.name for inp in self.state.inputs}
             self.freed |= graph - inputs - set(self.made)
+        if create_graph:    # a later backward goes through the backward too, so through what it read
+            bsyms = bsyms[:len(bsyms) - len(rest)] + _with_markers(inl.forward + inl.backward, rest)
         alive = {o.name for b in bsyms for o in b.tensor_outs() if o.requires_grad and o.name not in self.freed}
         self.retained = [b for b in bsyms if any(o.name in alive for o in b.tensor_outs())   # and their markers
                          or (b.sym.id in (REQUIRES_GRAD_ID, REGISTER_HOOK_ID) and b.args[0].name in alive)]
@@ -426,19 +465,15 @@ class TracedAutograd:
                         "argument instead")
                 raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
             g = given[i] if given else None
+            if type(g) is TensorProxy and tuple(g.shape) != tuple(o.shape):
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {torch.Size(g.shape)} and "
+                                   f"output[{i}] has a shape of {torch.Size(o.shape)}.{self._where()}")
             if g is None:
                 if o.numel() != 1:
                     raise RuntimeError("grad can be implicitly created only for scalar outputs")
                 g = self._call(torch.ones_like, o)
             cots.append(g)
         return cots
-
-    def _refuse_create_graph(self, create_graph: bool) -> None:
-        if create_graph:
-            raise NotImplementedError(
-                f"thunderlite: create_graph=True (a differentiable backward, for double backward) inside a "
-                f"jitted function is not supported{self._where()}; compute the higher-order gradient outside "
-                "the jitted function")
 
     # --- .grad of the leaves --------------------------------------------------------------------
     def _fresh(self, grads) -> set[str]:
@@ -452,14 +487,29 @@ class TracedAutograd:
                 seen[g.name] = seen.get(g.name, 0) + 1
         return {n for n, k in seen.items() if k == 1 and n in made and not may_view(made[n])}
 
-    def _accumulate(self, leaf: TensorProxy, g: TensorProxy, fresh: set[str]) -> None:
+    def _accumulate(self, leaf: TensorProxy, g: TensorProxy, fresh: set[str], create_graph: bool) -> None:
+        """Eager's AccumulateGrad: the first gradient taken (a copy where it is not
+        fresh), a later one added in place, with grad mode off; under
+        ``create_graph`` added out of place, so ``.grad`` keeps both histories."""
         inp = self.state.input_by_name(leaf.name)
         self.gradient_of[g.name] = inp.prov.describe() if inp.prov is not None else leaf.name
         cur = self.grad_of(leaf)
         if cur is None:
             self.grads[leaf.name] = g if g.name in fresh else self._call(torch.Tensor.clone, g)
             return
-        self._call(torch.Tensor.add_, cur, g)
+        if create_graph:
+            self.grads[leaf.name] = self._call(torch.add, cur, g)
+            return
+        if not cur.requires_grad:
+            self._call(torch.Tensor.add_, cur, g)
+            self.grads[leaf.name] = cur
+            return
+        grad_mode = self.hooks.grad_enabled    # a .grad a create_graph backward left: eager adds under no_grad
+        self.hooks.set_grad_enabled(False)
+        try:
+            self._call(torch.Tensor.add_, cur, g)
+        finally:
+            self.hooks.set_grad_enabled(grad_mode)
         self.grads[leaf.name] = cur
 
     def _post_accumulate_hooks(self, leaf: TensorProxy) -> None:

@@ -555,6 +555,9 @@ def bilinear(input1, input2, weight, bias=None):
 @torchsymbol(F.scaled_dot_product_attention)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale=None, enable_gqa: bool = False):
+    check(attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype),
+          lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+                  f"{attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa and key.shape[-3] != query.shape[-3]:
@@ -573,10 +576,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             scores = ew.where(attn_mask, scores, -math.inf)
         else:
             scores = ew.add(scores, attn_mask)
-    probs = softmax(scores, -1)
+    probs = safe_softmax(scores)
     if dropout_p > 0.0:
         probs = dropout(probs, dropout_p)
     return matmul(probs, value)
+
+
+def safe_softmax(scores):
+    """Eager's math attention's softmax over the last dim (``_safe_softmax``):
+    a row whose scores are all -inf (fully masked) gives zeros, not nan, and
+    so does its gradient (the row is softmaxed as zeros, then replaced)."""
+    masked = ew.isneginf(red.amax(scores, -1, True))
+    return ew.where(masked, 0, softmax(ew.where(masked, 0, scores), -1))
 
 
 def _repeat_heads(x, rep: int):

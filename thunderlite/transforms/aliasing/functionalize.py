@@ -63,7 +63,7 @@ from __future__ import annotations
 import torch
 
 from thunderlite.core import prims, pytree
-from thunderlite.core.aliasing import views, writes
+from thunderlite.core.aliasing import output_aliases_input, views, writes
 from thunderlite.core.proxies import DataDependentError, Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.tags import Tag
@@ -182,6 +182,7 @@ class _Rewriter:
         self.tainted: set[str] = set()    # bases whose detach()/.data alias a grad value was written into
         self.unreadable: set[str] = set()  # those aliases: eager gives them that value's history
         self.private: set[str] = set()     # clones a custom op writes (custom_write), read by nothing else
+        self.written = _written_memory(trace, input_alias_groups)   # names sharing memory with a write
 
     def share(self, group: list[str], layouts: dict) -> bool:
         """Describe inputs sharing storage as views of one flat storage (their
@@ -293,7 +294,7 @@ class _Rewriter:
             self.barrier(bsym)
         elif bsym.sym.module == "autograd_function":
             self.function_call(bsym)
-        elif bsym.subsymbols and _touches_memory(bsym) and not _owns_writes(bsym, self.keep):
+        elif bsym.subsymbols and self.flattens(bsym) and not _owns_writes(bsym, self.keep):
             self.check_reads(bsym)
             for s in bsym.parts():
                 self.top(s, bsym.sym.name)
@@ -301,6 +302,18 @@ class _Rewriter:
             self.emit(bsym)
         else:
             self.leaf(bsym, parent)
+
+    def flattens(self, bsym: BoundSymbol) -> bool:
+        """Whether a composite is taken apart, leaf by leaf: where it writes, or
+        returns a view of memory that some write of the program reaches (the
+        view must be replayed on the written value). One that only reads
+        stays one symbol reading the functional values (attention, a norm, a
+        loss), and so does a split of memory no write reaches, so autodiff
+        still finds its rule or fused kernel."""
+        if any(writes(b) for b in walk(bsym)):
+            return True
+        return output_aliases_input(bsym) and any(p.name in self.written
+                                                  for p in (*bsym.proxy_args(), *bsym.proxy_outs()))
 
     def function_call(self, bsym: BoundSymbol) -> None:
         """A ``torch.autograd.Function`` call stays one symbol (its backward is
@@ -772,9 +785,41 @@ def _written_positions(bsym: BoundSymbol) -> set[int]:
     return {i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
 
 
-def _touches_memory(bsym: BoundSymbol) -> bool:
-    """A write or a view somewhere in ``bsym``'s decomposition."""
-    return any(writes(b) or views(b) for b in walk(bsym))
+def _written_memory(trace: Trace, input_alias_groups) -> set[str]:
+    """The names of every value that may share memory with a value some write
+    of ``trace`` changes (views and writes at every level of decomposition,
+    alias barriers' members, inputs sharing storage), or is a program input a
+    write reaches: only their composites' views must be taken apart."""
+    parent: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        while parent.get(n, n) != n:
+            parent[n] = parent.get(parent[n], parent[n])
+            n = parent[n]
+        return n
+
+    def join(names) -> None:
+        names = [find(n) for n in names]
+        for n in names[1:]:
+            parent[n] = names[0]
+    written: list[str] = []
+    for top in trace.bound_symbols:
+        if Tag.ALIAS_BARRIER in top.sym.tags:
+            join([p.name for p in (*top.proxy_args(), *top.proxy_outs())])
+            written.extend(p.name for p in top.proxy_outs())
+            continue
+        for b in walk(top):
+            for o, base in views(b):
+                join([o.name, base.name])
+            for dst, new in writes(b):
+                join([dst.name] + ([new.name] if isinstance(new, Proxy) else []))
+                written.append(dst.name)
+    for group in input_alias_groups or ():
+        if len(group) > 1:
+            join(list(group))
+            written.extend(group)
+    roots = {find(n) for n in written}
+    return {n for n in (*parent, *written) if find(n) in roots}
 
 
 def _owns_writes(bsym: BoundSymbol, keep: set[str]) -> bool:

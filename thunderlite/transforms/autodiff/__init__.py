@@ -1,5 +1,5 @@
 """Reverse-mode autodiff over traces: the forward/backward split (``split``),
-VJP rules (``rules``, ``torch_rules``, ``collective_rules``), the symbols only
+VJP rules (``rules``, ``torch_rules``, ``attention``, ``collective_rules``), the symbols only
 autodiff emits, fused ATen kernels, traced ``autograd.Function``s,
 rematerialization and executor-owned differentiation.
 

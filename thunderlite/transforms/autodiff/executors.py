@@ -36,9 +36,9 @@ from thunderlite.core.retrace import rename_bsym, retrace
 from thunderlite.core.symbol import BoundSymbol, with_source
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import current_trace
+from thunderlite.core.tracectx import ThreadStack, current_trace
 
-_recording: list[_Record] = []
+_recording = ThreadStack()     # this thread's grad_transform records, innermost last
 
 
 class _Record:
@@ -49,8 +49,8 @@ class _Record:
 
 def get_grad(x: TensorProxy) -> TensorProxy:
     """Inside a ``grad_transform``: the gradient of the output ``x``."""
-    check(bool(_recording), lambda: "get_grad is only meaningful inside a grad_transform", RuntimeError)
-    rec = _recording[-1]
+    check(bool(_recording.items), lambda: "get_grad is only meaningful inside a grad_transform", RuntimeError)
+    rec = _recording.items[-1]
     g = rec.grads_in.get(x.name)
     if g is None:
         g = rec.grads_in[x.name] = x.replace(name=current_trace().fresh_name("g"), requires_grad=False)
@@ -59,8 +59,8 @@ def get_grad(x: TensorProxy) -> TensorProxy:
 
 def put_grad(x: TensorProxy, grad: TensorProxy) -> None:
     """Inside a ``grad_transform``: ``grad`` is the gradient of the input ``x``."""
-    check(bool(_recording), lambda: "put_grad is only meaningful inside a grad_transform", RuntimeError)
-    _recording[-1].puts.append((x, grad))
+    check(bool(_recording.items), lambda: "put_grad is only meaningful inside a grad_transform", RuntimeError)
+    _recording.items[-1].puts.append((x, grad))
 
 
 def owner(bsym: BoundSymbol, executors: Sequence | None):
@@ -99,11 +99,11 @@ def split_grad_transform(bsym: BoundSymbol, grad_transform, trace: Trace) -> Gra
     """Trace ``grad_transform`` on ``bsym``'s arguments and split it (module docstring)."""
     what = f"grad_transform of {bsym.sym.id}"
     rec = _Record()
-    _recording.append(rec)
+    _recording.items.append(rec)
     try:
         recorded, rename = retrace(bsym, grad_transform, names=trace.names, what=what)
     finally:
-        _recording.pop()
+        _recording.items.pop()
     grads_in = {rename[n].name if n in rename else n: g for n, g in rec.grads_in.items()}
     outs = {p.name for p in bsym.proxy_outs()}
     stray = [n for n in grads_in if n not in outs]

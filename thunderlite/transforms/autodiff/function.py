@@ -42,7 +42,7 @@ from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, free_tensors, walk
 from thunderlite.core.trace import Trace
-from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.core.tracectx import current_trace, made_once, tracectx
 from thunderlite.torch.function_ctx import TracingCtx, context_of, remember_context
 from thunderlite.transforms.aliasing.update_aliases import update_aliases
 from thunderlite.transforms.autodiff.rules import zeros_like
@@ -51,10 +51,10 @@ _symbols: dict[type, Symbol] = {}
 _by_id: dict[str, type] = {}
 def function_symbol(cls: type) -> Symbol:
     """The symbol recording ``cls.apply`` (one per Function subclass)."""
-    sym = _symbols.get(cls)
-    if sym is not None:
-        return sym
+    return made_once(_symbols, cls, lambda: _new_function_symbol(cls))
 
+
+def _new_function_symbol(cls: type) -> Symbol:
     def decomposition(*args):
         ctx = TracingCtx(args)
         trc = current_trace()
@@ -72,7 +72,6 @@ def function_symbol(cls: type) -> Symbol:
 
     sym = Symbol(f"{cls.__name__}_{len(_symbols)}", decomposition=decomposition, module="autograd_function",
                  torch_fn=_as_called_by_eager_mode(cls).apply)
-    _symbols[cls] = sym
     _by_id[sym.id] = cls
     return sym
 

@@ -37,14 +37,17 @@ Two front doors, one per caller:
     grads = inl.grads            # one per free value: a proxy or None
 
   Symbols whose every output the host already defines (a retained graph
-  differentiated again) are not repeated; a forward whose rule needs more
-  than the host kept (``native_layer_norm``'s statistics) is recomputed under
-  fresh names for the outputs the host has.
+  differentiated again) are not repeated, nor is a registered forward the
+  host ran as the same call (its statistics, dropout's mask: the host's
+  names); another forward whose rule needs more than the host kept is
+  recomputed under fresh names for the outputs the host has.
+  ``create_graph=True`` makes the backward differentiable again (docs §9,
+  "Double backward").
 """
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +66,7 @@ from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_a
 from thunderlite.transforms.autodiff import rules, symbols
 from thunderlite.transforms.autodiff.function import is_function_symbol
 from thunderlite.transforms.autodiff.split import (
+    REQUIRES_GRAD_ID,
     _accumulate,
     _flatten,
     _needs_eager,
@@ -211,7 +215,7 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
         raise NotImplementedError(f"{what}: thunderlite cannot differentiate {reason} inside the transformed "
                                   "function; compute it out of place")
     forward, handles = _opaque_forward(scratch, flat, tracked)
-    forward, kept = _keep_overwritten(forward, groups, scratch)
+    forward, kept = _keep_overwritten(forward, groups, scratch, nested)
     own = {w.name for w in wrt} | {p.name for b in scratch.bound_symbols for p in b.proxy_outs()}
     hooks = hooks_of(scratch, groups, _where, of_args=True)
     forward += [b for b in scratch.bound_symbols if b.sym.id == REGISTER_HOOK_ID and b.args[0].name not in own]
@@ -219,7 +223,8 @@ def linearize(bsyms: list[BoundSymbol], wrt: list[TensorProxy], output, names, w
                       {n: h for n, h in hooks.items() if n in own}, kept)
 
 
-def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace) -> tuple[list, dict]:
+def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: Trace,
+                      differentiable: bool) -> tuple[list, dict]:
     """``forward`` with a clone, taken right before the write, of each value a
     later write overwrites (split.py's ``_protect_overwritten``: where eager
     raises "modified by an inplace operation" the gradient is the correct
@@ -227,17 +232,19 @@ def _keep_overwritten(forward: list[BoundSymbol], groups: AliasGroups, scratch: 
     does not read is dead code."""
     outs = [p for b in forward for p in b.tensor_outs()]
     values = [p for p in (*free_tensors(forward), *outs) if type(p) is TensorProxy]
-    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch)
+    forward, _, kept = _protect_overwritten(forward, [], values, groups, scratch, differentiable)
     return forward, {p.name: k for p, k in zip(values, kept, strict=True) if k is not p}
 
 
 def _decomposed_on_path(bsyms, tracked: set[str]) -> list[BoundSymbol]:
     """``bsyms`` with every composite reading a ``tracked`` value replaced by its
-    decomposition (recursively); user Functions and opaque ops stay whole."""
+    decomposition (recursively); user Functions, opaque ops and symbols whose
+    rule is exact again (``rules.register_differentiable_again``) stay whole."""
     out = []
     for bsym in bsyms:
         on_path = any(p.name in tracked for p in bsym.tensor_args())
-        if on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags:
+        if (on_path and bsym.subsymbols and not is_function_symbol(bsym.sym) and Tag.OPAQUE not in bsym.sym.tags
+                and not rules.differentiable_again(bsym)):
             subs = bsym.parts()
             out.extend(_decomposed_on_path(subs, tracked))
             continue
@@ -299,20 +306,28 @@ def graph_of(bsyms, outputs, leaves=frozenset()) -> set[str]:
 
 
 def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outputs: list[TensorProxy],
-                    cotangents: list[TensorProxy], *, names, defined: set[str] | frozenset = frozenset(),
-                    wrt_values=()) -> InlinedBackward:
+                    cotangents: list[TensorProxy], *, names,
+                    defined: Mapping[str, BoundSymbol] | frozenset = frozenset(), wrt_values=(),
+                    create_graph: bool = False) -> InlinedBackward:
     """Differentiate ``outputs`` (computed by ``bsyms`` from ``args``) against
     ``cotangents`` with respect to the ``args`` that ``mask`` selects and to
     ``wrt_values`` (values ``bsyms`` compute). ``names``: the host trace's name
-    pool; ``defined``: names the host defines before ``bsyms`` (see the module
-    docstring). The backward's values do not require grad (it is not itself
-    differentiated: ``create_graph=False``)."""
+    pool; ``defined``: names the host defines before ``bsyms``, each mapped to
+    the host symbol making it (see the module docstring). Without ``create_graph`` the backward's values do not require
+    grad; with it the backward is differentiable again (``create_graph=True``,
+    double backward): composites on the gradient path are differentiated
+    through their decompositions, as ``linearize`` does for a nested
+    transform, and the backward's values require grad where their inputs do."""
     program = _sub_trace(bsyms, args, (tuple(outputs), tuple(wrt_values)), names, "computation")
     outs, wrt_values = program.output       # the values' newest names after the program's writes
-    program = program.with_bound_symbols("", program.bound_symbols[:-1])
+    body = program.bound_symbols[:-1]
+    if create_graph:
+        body = _decomposed_on_path(body, _leaves(args, mask, body))
+    program = program.with_bound_symbols("", body)
     with tracectx(program):
         program.set_return(outs)
-    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values), recompute_norms=True)
+    split = split_forward_backward(program, mask, wrt_values=tuple(wrt_values), recompute_norms=not create_graph,
+                                   differentiable=create_graph)
     if split.mode != "functional":
         raise NotInlinable(split.eager_reason)
     if split.write_backs or split.epilogue is not None:
@@ -322,20 +337,33 @@ def inline_backward(bsyms: list[BoundSymbol], args: list, mask: list[bool], outp
                    and any(a.requires_grad for a in b.tensor_args())), "")
         raise NotInlinable(f"a write on the gradient path that differentiation rewrites functionally (into a "
                            f"view or its base, or one autograd does not record: under no_grad, through .data){at}")
+    same: dict[str, Proxy] = {}
     forward = _new_symbols([b for b in split.forward.bound_symbols if Tag.RETURN not in b.sym.tags],
-                           defined, names)
+                           defined, names, same)
     bind = {g.name: cotangents[pos] for g, pos in zip(split.grad_args, split.grad_positions, strict=True)}
+    bind.update(same)
     taken = set(defined) | {a.name for a in args if isinstance(a, Proxy)}
     taken.update(p.name for b in forward for p in b.proxy_outs())
     backward = _distinct_names([rename_bsym(b, bind) for b in split.backward.bound_symbols
                                 if b.sym is not UNPACK_SAVED and Tag.RETURN not in b.sym.tags], taken, names, bind)
-    for b in backward:
-        for p in b.tensor_outs():
-            p.requires_grad = False
+    if create_graph:
+        _exact_requires_grad(backward)
+    else:
+        for b in backward:
+            for p in b.tensor_outs():
+                p.requires_grad = False
     swap = lambda x: bind.get(x.name, x) if isinstance(x, Proxy) else x  # noqa: E731
     result = list(pytree.tree_map(swap, split.backward.output))
     n = len(args)
     return InlinedBackward(forward, backward, result[:n], result[n:])
+
+
+def _leaves(args, mask, bsyms) -> set[str]:
+    """The names a differentiation starts from: the selected arguments and the
+    leaves the program makes (``requires_grad_()``)."""
+    out = {a.name for a, m in zip(args, mask, strict=True) if m}
+    out.update(b.args[0].name for b in bsyms if b.sym.id == REQUIRES_GRAD_ID)
+    return out
 
 
 def _distinct_names(bsyms: list[BoundSymbol], taken: set[str], names, swap: dict) -> list[BoundSymbol]:
@@ -356,21 +384,44 @@ def _distinct_names(bsyms: list[BoundSymbol], taken: set[str], names, swap: dict
     return out
 
 
-def _new_symbols(bsyms: list[BoundSymbol], defined, names) -> list[BoundSymbol]:
+def _new_symbols(bsyms: list[BoundSymbol], defined, names, same: dict) -> list[BoundSymbol]:
     """``bsyms`` less those whose outputs the host already has; the outputs a
-    kept symbol shares with the host get fresh names (a recomputation)."""
+    kept symbol shares with the host get fresh names (a recomputation). A
+    symbol the host ran as the same call (``defined`` maps each name to the
+    host symbol making it: a registered forward's statistics, dropout's mask,
+    which the host made under other names) is not run again: ``same`` maps its
+    outputs to the host's, for the symbols reading them."""
     if not defined:
         return bsyms
     out = []
     for b in bsyms:
+        b = rename_bsym(b, same) if same else b
         outs = b.proxy_outs()
         known = [p for p in outs if p.name in defined]
+        if known and len(known) < len(outs) and isinstance(defined, dict):
+            host = _same_call(b, defined[known[0].name])
+            if host is not None:
+                same.update((p.name, h) for p, h in zip(outs, host, strict=True) if p.name != h.name)
+                continue
         if outs and len(known) == len(outs) or (not outs and _writes(b)):
             continue
         if known and _writes(b):
             raise NotInlinable(f"differentiating again through {b.sym.id}, which writes memory")
         out.append(rename_bsym(b, {p.name: p.replace(name=names.fresh("t")) for p in known}))
     return out
+
+
+def _same_call(b: BoundSymbol, host: BoundSymbol) -> list | None:
+    """``host``'s outputs where it is the call ``b`` makes (same symbol, same
+    arguments, the outputs ``b`` shares with it in the same places), else None."""
+    outs, theirs = b.proxy_outs(), host.proxy_outs()
+    if host.sym.id != b.sym.id or len(outs) != len(theirs):
+        return None
+    if [a.name for a in b.proxy_args()] != [a.name for a in host.proxy_args()]:
+        return None
+    if any(p.name != h.name and p.name in {q.name for q in theirs} for p, h in zip(outs, theirs, strict=True)):
+        return None
+    return theirs
 
 
 def _writes(b: BoundSymbol) -> bool:
@@ -418,27 +469,6 @@ grad (as in eager) and a backward through it raises eager's error."""
 # gradient): PyTorch's autograd differentiates the kernel (its double-backward formulas),
 # recomputing it at run time, as one opaque call.
 
-def _autograd_vjp(impl: Callable, diff: tuple[int, ...]) -> Callable:
-    """``run(grads, *args)``: the gradients of ``impl(*args)``'s outputs,
-    weighted by ``grads``, with respect to the arguments at positions ``diff``."""
-    def run(grads, *args):
-        with torch.enable_grad():
-            ins = list(args)
-            for i in diff:
-                ins[i] = args[i].detach().requires_grad_()
-            outs = impl(*ins)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
-                     if g is not None and o is not None and o.requires_grad]
-            if not pairs:
-                return tuple(torch.zeros_like(args[i]) for i in diff)
-            res = torch.autograd.grad([o for o, _ in pairs], [ins[i] for i in diff], [g for _, g in pairs],
-                                      allow_unused=True)
-        return tuple(torch.zeros_like(args[i]) if r is None else r for i, r in zip(diff, res, strict=True))
-    run.__name__ = f"{getattr(impl, '__name__', 'kernel').lstrip('_')}_vjp"
-    return run
-
-
 def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
     """``symbols.cross_entropy_backward`` out of place, so autograd can differentiate it."""
     c_dim = 1 if a.ndim > 1 else 0
@@ -452,13 +482,14 @@ def cross_entropy_backward_reference(g, a, target, ignore_index, reduction):
 
 
 def _register_autograd_vjp(sym, diff: tuple[int, ...], impl: Callable | None = None) -> None:
-    run = _autograd_vjp(impl or sym.impl, diff)
+    impl = impl or sym.impl
 
     def rule(g, out, *args):
-        grads = tuple(g) if isinstance(out, tuple) else (g,)
-        res = opaque_symbol_for(run)(grads, *args)
-        by_pos = dict(zip(diff, res, strict=True))
-        return tuple(by_pos.get(i) if isinstance(a, TensorProxy) else None for i, a in enumerate(args))
+        outs, grads = (out, tuple(g)) if isinstance(out, tuple) else ((out,), (g,))
+        grads = tuple(gx for o, gx in zip(outs, grads, strict=True) if isinstance(o, TensorProxy))
+        mask = tuple(i in diff for i, a in enumerate(args) if isinstance(a, TensorProxy))
+        res = iter(opaque_symbol_for(symbols.autograd_vjp(impl, mask))(grads, args, {}))
+        return tuple(next(res) if i in diff and isinstance(a, TensorProxy) else None for i, a in enumerate(args))
     # the rule table pairs results with the kernel's parameters by name
     params = list(inspect.signature(sym.meta).parameters.values())
     rule.__signature__ = inspect.Signature([inspect.Parameter("grad_", inspect.Parameter.POSITIONAL_OR_KEYWORD),

@@ -88,6 +88,13 @@ def silu_backward(grad_output, self):
     return _down(ew.mul(grad_output, ew.mul(s, ew.add(ew.mul(x, ew.sub(1.0, s)), 1.0))), dtype)
 
 
+@_kernel(_out_form(aten.threshold_backward))
+def threshold_backward(grad_output, self, threshold: float):
+    """relu's backward (``self``: its output, ``threshold`` 0) and threshold's
+    (``self``: its input): the gradient where ``self > threshold``."""
+    return ew.where(ew.le(self, threshold), 0, grad_output)
+
+
 @_kernel(_out_form(aten.tanh_backward))
 def tanh_backward(grad_output, output):
     dtype, grad_output, output = grad_output.dtype, upcast(grad_output), upcast(output)
@@ -203,6 +210,46 @@ def cross_entropy_backward(grad, log_probs, target, reduction: int, ignore_index
     onehot = ew.eq(classes, prims.broadcast_in_dim(target, (n, c), (0,)))
     gl = ew.where(onehot, ew.neg(shapes.unsqueeze(scale, 1)), 0)
     return _down(ew.sub(gl, ew.mul(ew.exp(log_probs), red.sum(gl, 1, True))), dtype)
+
+
+# --- nll_loss: eager's forward (saving the total weight) and backward ------------------------------
+
+def _nll_weights(target, weight, ignore_index: int, dtype):
+    """Each row's weight: 0 where ignored, its class weight (1 without weights) elsewhere."""
+    valid = ew.ne(target, ignore_index)
+    w = convert(valid, dtype)
+    if weight is not None:
+        w = ew.mul(w, prims.index_select(upcast(weight), 0, ew.where(valid, target, 0)))
+    return w
+
+
+@_kernel(aten.nll_loss_forward)
+def nll_loss_forward(self, target, weight, reduction: int, ignore_index: int):
+    """``(loss, total_weight)`` for 2-d log-probabilities ``[N, C]`` and 1-d
+    class indices (``reduction``: ATen's 0 none, 1 mean, 2 sum;
+    ``total_weight`` is the valid rows' summed weight, 0 for none)."""
+    dtype, x = self.dtype, upcast(self)
+    w = _nll_weights(target, weight, ignore_index, x.dtype)
+    safe = ew.where(ew.ne(target, ignore_index), target, 0)
+    losses = ew.neg(ew.mul(shapes.squeeze(indexing.gather(x, 1, shapes.unsqueeze(safe, 1)), 1), w))
+    total = red.sum(w)
+    if reduction == 0:
+        return _down(losses, dtype), _down(ew.mul(total, 0), dtype)
+    summed = red.sum(losses)
+    return _down(ew.div(summed, total) if reduction == 1 else summed, dtype), _down(total, dtype)
+
+
+@_kernel(aten.nll_loss_backward)
+def nll_loss_backward(grad_output, self, target, weight, reduction: int, ignore_index: int, total_weight):
+    """``-w[t] * grad`` (over the total weight for mean) at each row's target, 0 elsewhere."""
+    n, c = self.shape
+    dtype, g = self.dtype, upcast(grad_output)
+    w = _nll_weights(target, weight, ignore_index, g.dtype)
+    v = ew.neg(ew.mul(w, ew.div(g, upcast(total_weight)) if reduction == 1 else g))
+    classes = prims.broadcast_in_dim(prims.iota(c, start=0, step=1, device=target.device, dtype=target.dtype),
+                                     (n, c), (1,))
+    onehot = ew.eq(classes, prims.broadcast_in_dim(target, (n, c), (0,)))
+    return _down(ew.where(onehot, prims.broadcast_in_dim(v, (n, c), (0,)), 0), dtype)
 
 
 # --- normalization --------------------------------------------------------------------------------------
@@ -353,13 +400,16 @@ def _sum_groups(g, heads: int):
 
 
 def _attention(query, key, value, is_causal: bool, attn_mask, scale):
-    """``(out, logsumexp)``: the logsumexp of each query row's scaled scores, ``[B, H, L]``."""
+    """``(out, logsumexp)``: the logsumexp of each query row's scaled scores,
+    ``[B, H, L]``. A fully masked row (all scores -inf) gives zeros and a
+    logsumexp of 0, as the kernels do (its backward then gives it no gradient)."""
     key, value = _heads_of(key, query.shape[-3]), _heads_of(value, query.shape[-3])
     s, _ = _scores(query, key, is_causal, attn_mask, scale)
     m = red.amax(s, -1, True)
     m = ew.where(ew.isinf(m), 0, m)
     e = ew.exp(ew.sub(s, m))
     total = red.sum(e, -1, True)
+    total = ew.where(ew.eq(total, 0), 1, total)
     lse = ew.add(shapes.squeeze(ew.log(total), -1), shapes.squeeze(m, -1))
     return linalg.matmul(ew.div(e, total), value), lse
 

@@ -9,6 +9,8 @@ Recomputed symbols are placed right before their first use in the backward, so
 their results live as briefly as possible.
 
 Never recomputed: random draws (the backward would see different numbers),
+on the CPU without a fusion executor a chain holding a transcendental prim
+(``_COMPUTE_BOUND_ON_CPU``: silu, gelu, tanh... cost there what saving saves),
 anything with a side effect, non-elementwise work (matmuls, reductions), a
 chain whose inputs some later forward symbol writes into (``overwritten``:
 after ``update_aliases`` the name of such an input means its value *before*
@@ -41,15 +43,16 @@ is where a training step's memory peaks.
 
 Example: for ``y = sin(x * 2)`` the backward of ``sin`` needs ``x * 2``; since
 ``x`` is an argument, ``t0 = prims.mul(x, 2)`` is recomputed in the backward and
-only ``x`` is saved. For ``gelu(x @ w1) @ w2`` gelu's backward keeps the matmul
-result, so gelu's output (which the second matmul's backward reads) is
-recomputed from it rather than kept as well.
+only ``x`` is saved. For ``gelu(x @ w1) @ w2`` on a GPU gelu's backward keeps
+the matmul result, so gelu's output (which the second matmul's backward reads)
+is recomputed from it rather than kept as well; on the CPU it is kept, as eager
+keeps it (gelu's pass costs there a third of that matmul).
 """
 from __future__ import annotations
 
 from thunderlite.core import prims
 from thunderlite.core.proxies import Proxy, TensorProxy
-from thunderlite.core.symbol import BoundSymbol
+from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symint import has_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.transforms.autodiff import kernels
@@ -70,6 +73,26 @@ def is_cheap(bsym: BoundSymbol) -> bool:
 
 
 _NORMS = frozenset({kernels.native_layer_norm, kernels.fused_rms_norm})
+
+_COMPUTE_BOUND_ON_CPU = frozenset(prims.all_prims()[n] for n in (
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+    "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma", "digamma", "sigmoid", "pow",
+    "atan2", "zeta", "polygamma"))
+"""Prims whose CPU kernels are bound by arithmetic, not memory: one pass costs
+5-25x a copy (one thread, 512K floats: a copy 0.05 ms, silu and sigmoid 0.24,
+exp 0.48, gelu 0.34 and with tanh 1.0, tanh 1.4). Recomputed by the torch
+executor, each is a kernel of its own that costs about what eager saves by
+not recomputing: a chain holding one is saved, as eager saves it, on the CPU
+unless a fusion executor runs the program (there the recomputation is one
+more step of a fused kernel)."""
+
+
+def _compute_bound_on_cpu(chain: dict[str, BoundSymbol]) -> bool:
+    for b in chain.values():
+        outs = b.tensor_outs()
+        if outs and outs[0].device.type == "cpu" and any(s.sym in _COMPUTE_BOUND_ON_CPU for s in walk(b)):
+            return True
+    return False
 
 
 _MAX_CHAIN = 32
@@ -144,6 +167,8 @@ def rematerialize(fwd_bsyms: list[BoundSymbol], bwd_bsyms: list[BoundSymbol], sa
         if found is None:
             continue
         chain, frontier = found
+        if not fusing and _compute_bound_on_cpu(chain):
+            continue
         if len(chain) <= _MAX_RECOMPUTE and all(n in keep for n in frontier):
             recompute.update(chain)
             inputs.update(frontier)

@@ -41,16 +41,22 @@ _signatures: dict[str, inspect.Signature] = {}
 _when: dict[str, Callable] = {}
 _non_differentiable: set[str] = set()
 _forwards: dict[str, tuple[Callable, Callable | None]] = {}
+_again: set[str] = set()
+_why: dict[str, Callable] = {}
+_fused_rules: set[str] = set()
 
 
 def _sym_id(sym: Symbol | str) -> str:
     return sym if isinstance(sym, str) else sym.id
 
 
-def register_vjp(*syms: Symbol | str, when: Callable | None = None) -> Callable[[Callable], Callable]:
+def register_vjp(*syms: Symbol | str, when: Callable | None = None,
+                 fused: bool = False) -> Callable[[Callable], Callable]:
     """Register ``fn(g, out, *args, **kwargs)`` as the VJP of each symbol.
     ``when(bsym) -> bool`` limits the rule to the calls it covers; other calls
-    of a composite are differentiated through its decomposition."""
+    of a composite are differentiated through its decomposition. ``fused``:
+    the rule keeps the forward one torch call and its backward is ATen's fused
+    kernel (``fused_path`` reports how such calls were taken)."""
     def deco(fn: Callable) -> Callable:
         for sym in syms:
             key = _sym_id(sym)
@@ -60,8 +66,27 @@ def register_vjp(*syms: Symbol | str, when: Callable | None = None) -> Callable[
             _signatures[key] = inspect.signature(fn)
             if when is not None:
                 _when[key] = when
+            if fused:
+                _fused_rules.add(key)
         return fn
     return deco
+
+
+def register_differentiable_again(*syms: Symbol | str) -> None:
+    """Symbols whose own rule stays exact when the gradient it records is
+    differentiated again (its backward kernel has a rule of its own, as
+    PyTorch autograd's double backward): a higher-order gradient keeps them
+    whole instead of differentiating their decomposition (autodiff/inline.py)."""
+    for sym in syms:
+        key = _sym_id(sym)
+        check(key in _rules, lambda key=key: f"{key} has no VJP rule to keep", ValueError)
+        _again.add(key)
+
+
+def differentiable_again(bsym) -> bool:
+    """Whether ``bsym`` is differentiated by its own rule also where its gradient
+    is differentiated again (``register_differentiable_again``)."""
+    return bsym.sym.id in _again and has_rule_for(bsym)
 
 
 def register_non_differentiable(*syms: Symbol | str) -> None:
@@ -122,18 +147,53 @@ def apply_rule(bsym, g) -> list[tuple]:
 
 # --- forwards that save what eager saves ------------------------------------------------------
 
-def register_forward(sym: Symbol | str, when: Callable | None = None) -> Callable[[Callable], Callable]:
+def register_forward(sym: Symbol | str, when: Callable | None = None,
+                     why: Callable | None = None) -> Callable[[Callable], Callable]:
     """Register ``fn(*args, **kwargs)`` that records ``sym``'s forward, on a
     gradient path, as one op returning ``(output, *saved)``: the statistics
     eager's kernel saves for its backward (layer_norm's mean and rstd, sdpa's
     logsumexp). That op has its own VJP rule, which reads them instead of
-    recomputing them. ``when(bsym)`` limits it to the calls it covers."""
+    recomputing them. ``when(bsym)`` limits it to the calls it covers;
+    ``why(bsym)`` says in words why it does or does not cover a call
+    (``fused_path``, for ``examine``), else ``when``'s docstring says it."""
     def deco(fn: Callable) -> Callable:
         key = _sym_id(sym)
         check(key not in _forwards, lambda: f"a forward for {key} is already registered", ValueError)
         _forwards[key] = (fn, when)
+        if why is not None:
+            _why[key] = why
         return fn
     return deco
+
+
+def fused_path(bsym: BoundSymbol) -> tuple[str, str] | None:
+    """How autodiff differentiates a call of a symbol with a fused path, in
+    words (for ``examine``): ``("fused kernels", why)`` where its registered
+    forward records ATen's statistics-saving kernel (whose VJP is ATen's
+    backward kernel), ``("own rule", why)`` where its VJP rule covers the call,
+    ``("decomposition", why)`` where neither does; None for a symbol with
+    neither a forward nor a rule registered."""
+    key = bsym.sym.id
+    forward, rule = _forwards.get(key), _rules.get(key)
+    if forward is None and key not in _fused_rules:
+        return None
+    if forward is not None and (forward[1] is None or forward[1](bsym)):
+        return "fused kernels", _why[key](bsym) if key in _why else _doc(forward[0])
+    ruled = rule is not None and (_when.get(key) is None or _when[key](bsym))
+    how = "own rule" if ruled else "decomposition"
+    if key in _why:
+        return how, _why[key](bsym)
+    if ruled:
+        return how, _doc(rule)
+    limits = [w for w in ((forward or (None, None))[1], _when.get(key)) if w is not None]
+    covers = "; ".join(_doc(w) for w in limits if w.__doc__)
+    return "decomposition", f"outside what its fused path covers ({covers})" if covers else \
+        "outside what its fused path covers"
+
+
+def _doc(fn: Callable) -> str:
+    """The first paragraph of ``fn``'s docstring on one line ("" without one)."""
+    return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 def substitute_forward(bsym: BoundSymbol, names) -> list[BoundSymbol] | None:

@@ -78,6 +78,7 @@ from thunderlite.core.symbol import BoundSymbol, free_proxies, walk
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace, trace_pass
 from thunderlite.core.tracectx import current_trace, tracectx
+from thunderlite.torch import opaque_symbol_for
 from thunderlite.torch.ops.grad_mode import requires_grad_marker
 from thunderlite.transforms.aliasing.eager_layout import eager_aliasing, eager_tensors, inputs_behind
 from thunderlite.transforms.aliasing.functionalize import (
@@ -90,6 +91,7 @@ from thunderlite.transforms.aliasing.functionalize import (
 from thunderlite.transforms.aliasing.update_aliases import AliasGroups, update_aliases
 from thunderlite.transforms.aliasing.write_backs import take_write_backs
 from thunderlite.transforms.autodiff import (
+    attention,  # noqa: F401  (registers attention's kernels and rules)
     collective_rules,  # noqa: F401  (registers the collectives' rules)
     rules,
     torch_rules,  # noqa: F401  (registers the torch-level rules)
@@ -98,7 +100,7 @@ from thunderlite.transforms.autodiff import executors as ad_executors
 from thunderlite.transforms.autodiff.function import differentiable_outputs as fn_differentiable_outputs
 from thunderlite.transforms.autodiff.function import function_vjp, is_function_symbol
 from thunderlite.transforms.autodiff.rematerialize import rematerialize
-from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED
+from thunderlite.transforms.autodiff.symbols import OPAQUE_BACKWARD, OPAQUE_WITH_GRAPH, UNPACK_SAVED, autograd_vjp
 from thunderlite.transforms.autodiff.tensor_hooks import HOOK_MARKERS, apply_hooks, hooks_of
 from thunderlite.transforms.autodiff.tensor_hooks import needs_eager as hooks_need_eager
 from thunderlite.transforms.dce import dce
@@ -309,6 +311,10 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
                 out.append(sub)
                 _track_outputs(sub, tracked)
             continue
+        if Tag.ALIAS_BARRIER in sym.tags and _after_owned_write(bsym, out, tracked):
+            out.append(bsym)        # the members keep their history, as after a write autograd does not see
+            tracked.update(o.name for m, o in zip(bsym.args[0], bsym.output, strict=True) if m.name in tracked)
+            continue
         if rules.has_rule_for(bsym) or Tag.ALIAS_BARRIER in sym.tags:
             out.append(bsym)
             _track_outputs(bsym, tracked)
@@ -320,6 +326,18 @@ def _flatten(bsyms, tracked: set[str], out: list, owned: _Owned | None = None, n
         raise MissingGradRuleError(
             f"no differentiation rule for {sym.id} (a leaf symbol with no decomposition), used at "
             f"{_where(bsym)}; register one with thunderlite.transforms.autodiff.rules.register_vjp")
+
+
+def _after_owned_write(barrier: BoundSymbol, out: list, tracked: set[str]) -> bool:
+    """The barrier follows writes hidden in a composite whose own rule owns them
+    (batch_norm's running statistics): they carry no gradient, so the written
+    tensor is not made to require grad by the composite's differentiable output."""
+    after = {a.name for a in barrier.args[1]}
+    for b in reversed(out):
+        if any(o.name in after for o in b.tensor_outs()):
+            return (bool(b.subsymbols) and rules.has_rule_for(b)
+                    and all(dst.name not in tracked for leaf in _leaves_of(b) for dst, _ in writes(leaf)))
+    return False
 
 
 def _where(bsym: BoundSymbol) -> str:
@@ -575,13 +593,27 @@ def _sweep(flat: list, tracked: set[str], grads: dict, vjp: Callable[[BoundSymbo
                 _accumulate(grads, arg, ga)
 
 
-def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict) -> list[tuple]:
+def _opaque_vjp(bsym: BoundSymbol, g, bwd: Trace, handles: dict, tracked=frozenset()) -> list[tuple]:
+    if id(bsym) not in handles:      # a differentiable backward: one call PyTorch differentiates again
+        return _opaque_vjp_again(bsym, g, tracked)
     handle, inputs = handles[id(bsym)]
     gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
                   if type(o) is TensorProxy)
     in_grads = tuple(p.replace(name=bwd.fresh_name("t"), requires_grad=False) for p in inputs)
     bwd.add_bound_symbol(OPAQUE_BACKWARD.bind(handle, gouts, output=in_grads))
     return list(zip(inputs, in_grads, strict=True))
+
+
+def _opaque_vjp_again(bsym: BoundSymbol, g, tracked) -> list[tuple]:
+    """The VJP of an opaque op as one opaque call of ``symbols.autograd_vjp``
+    (the op recomputed under PyTorch's autograd), itself an opaque op a later
+    differentiation takes through PyTorch's autograd again."""
+    leaves = [p for p in pytree.leaves((bsym.args, bsym.kwargs)) if type(p) is TensorProxy]
+    mask = tuple(p.name in tracked and dtypes.is_inexact(p.dtype) for p in leaves)
+    gouts = tuple(gx for o, gx in zip(pytree.leaves(bsym.output), pytree.leaves(g), strict=True)
+                  if type(o) is TensorProxy)
+    res = opaque_symbol_for(autograd_vjp(bsym.sym.torch_fn, mask))(gouts, bsym.args, bsym.kwargs)
+    return list(zip([p for p, m in zip(leaves, mask, strict=True) if m], res, strict=True))
 
 
 def _barrier_vjp(bsym: BoundSymbol, g, groups: AliasGroups, tracked: set[str]) -> list[tuple]:
@@ -677,7 +709,7 @@ def _vjp_pairs(bsym, g, bwd: Trace, handles, groups, owned: _Owned | None = None
     if Tag.ALIAS_BARRIER in bsym.sym.tags:
         return _barrier_vjp(bsym, g, groups, tracked)
     if Tag.OPAQUE in bsym.sym.tags:
-        return _opaque_vjp(bsym, g, bwd, handles)
+        return _opaque_vjp(bsym, g, bwd, handles, tracked)
     return rules.apply_rule(bsym, g)
 
 
@@ -701,10 +733,13 @@ def _decomposition_vjp(bsym, g, bwd: Trace, handles, groups, tracked) -> list[tu
     return [(a, local[a.name]) for a in bsym.tensor_args() if a.name in local]
 
 
-def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None = None) -> tuple[list, dict]:
+def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None = None,
+                    differentiable: bool = False) -> tuple[list, dict]:
     """Replace opaque symbols on a gradient path by ``opaque_with_graph`` calls
     that also return the autograd graph handle their backward needs; an
-    executor's grad_transform contributes its forward part."""
+    executor's grad_transform contributes its forward part. ``differentiable``
+    (the backward is differentiated again): an op that writes nothing stays as
+    it is, its VJP one call recomputing it (``_opaque_vjp_again``)."""
     out, handles = [], {}
     for bsym in flat:
         spec = owned.specs.get(id(bsym)) if owned is not None else None
@@ -723,6 +758,9 @@ def _opaque_forward(trace: Trace, flat, tracked: set[str], owned: _Owned | None 
                                                                                      new.name in tracked)}
         if not written and not any(o.name in tracked for o in bsym.tensor_outs()):
             out.append(bsym)        # no gradient leaves it (``detach()``): no graph to keep, none to differentiate
+            continue
+        if differentiable and not any(True for _ in writes(bsym)):
+            out.append(bsym)
             continue
         mask = tuple(2 if p.name in written else int(p.name in tracked) for p in bsym.tensor_args())
         inputs = [p for p, m in zip(bsym.tensor_args(), mask, strict=True) if m]
@@ -764,11 +802,13 @@ def _leaves_of(bsym: BoundSymbol):
     return (b for b in walk(bsym) if not b.subsymbols)
 
 
-def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace):
+def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names_of: Trace,
+                         differentiable: bool = False):
     """A saved value whose memory a later forward symbol overwrites is saved as
     a clone taken just before that write, so the backward sees the value the
     forward used (eager raises "modified by an inplace operation" here; the
-    functional trace can give the correct gradient instead)."""
+    functional trace can give the correct gradient instead). ``differentiable``:
+    the backward is differentiated again, so the clone keeps the value's history."""
     first = _first_write_after(fwd_bsyms, groups, names_of.args)
     clones: dict[int, list] = {}
     rename: dict[str, Proxy] = {}
@@ -776,7 +816,8 @@ def _protect_overwritten(fwd_bsyms, bwd_bsyms, saved, groups: AliasGroups, names
         at = first.get(p.name)
         if at is None or type(p) is not TensorProxy:
             continue
-        copy = p.replace(name=names_of.fresh_name(p.name + "_saved"), requires_grad=False)
+        copy = p.replace(name=names_of.fresh_name(p.name + "_saved"),
+                         requires_grad=differentiable and p.requires_grad)
         clones.setdefault(at, []).append(prims.clone.bind(p, output=copy))
         rename[p.name] = copy
     if not rename:
@@ -884,7 +925,7 @@ def _backward_trace(bwd: Trace, saved_tensors, saved_other, grad_args) -> Trace:
 
 def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=None, *,
                            executors=None, input_strides: dict | None = None, wrt_values=(),
-                           recompute_norms: bool = False) -> GradSplit:
+                           recompute_norms: bool = False, differentiable: bool = False) -> GradSplit:
     """Differentiate ``trace`` with respect to the arguments ``requires_grad_mask``
     selects; see the module docstring for what comes back. ``executors``
     (priority order) may own the differentiation of symbols they implement
@@ -896,7 +937,9 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     trace (intermediates) whose gradients the backward also returns, after the
     arguments' (``torch.autograd.grad`` with respect to them, autodiff/inline.py).
     ``recompute_norms``: the backward recomputes the norms' outputs it reads
-    (autodiff/rematerialize.py; for forward and backward in one program)."""
+    (autodiff/rematerialize.py; for forward and backward in one program).
+    ``differentiable``: the backward will be differentiated again (double
+    backward): values it reads keep their history."""
     mask = list(requires_grad_mask)
     trace_in = trace
     tracked, flat, owned, groups = _analyse(trace, mask, executors, input_alias_groups)
@@ -936,7 +979,7 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
             eager_reason=reason)
     if trace is not functional:
         tail, epilogue = [], None
-    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned)
+    fwd_bsyms, handles = _opaque_forward(trace, flat, tracked, owned, differentiable)
     split = _build_backward(trace, flat, tracked, mask, handles, groups, owned, wrt_values)
     # a rule's gradients for arguments that need none (rotary embedding's cos and sin) are dead: what
     # only they read must not be saved
@@ -950,7 +993,8 @@ def split_forward_backward(trace: Trace, requires_grad_mask, input_alias_groups=
     fusing = any(getattr(ex, "fuses_elementwise", False) for ex in executors or ())
     bwd_bsyms, saved = rematerialize(fwd_bsyms, split.backward.bound_symbols, saved, _visible_names(trace),
                                      overwritten, fusing, recompute_norms)
-    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace)
+    fwd_bsyms, bwd_bsyms, saved = _protect_overwritten(fwd_bsyms + tail, bwd_bsyms, saved, groups, trace,
+                                                       differentiable)
     fwd_bsyms = [b for b in fwd_bsyms if not any(b is t for t in tail)]
     split.backward = split.backward.with_bound_symbols("", bwd_bsyms)
     visible = _visible_names(trace)

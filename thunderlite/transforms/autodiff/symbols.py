@@ -109,6 +109,53 @@ def _opaque_backward_impl(handle: list, grads: tuple) -> tuple:
 OPAQUE_BACKWARD = Symbol("opaque_backward", meta=_no_meta, impl=_opaque_backward_impl, module="autodiff")
 
 
+_vjps: dict = {}
+
+
+def autograd_vjp(fn, mask: tuple[bool, ...]):
+    """``run(grads, args, kwargs)``: the gradients of ``fn(*args, **kwargs)``'s
+    tensor outputs, weighted by ``grads`` (one per output, or None), with
+    respect to the tensor leaves of ``(args, kwargs)`` that ``mask`` selects
+    (zeros where no path reaches one), by PyTorch's autograd, recomputing
+    ``fn``. Where it is differentiated once more (grad mode on and an input
+    requiring grad: an opaque op with its graph) the gradients keep their graph
+    (``create_graph``) and an input that requires grad is differentiated as it
+    is, so the chain stays connected to order after order. One callable per
+    ``(fn, mask)``."""
+    key = (fn, mask)
+    run = _vjps.get(key)
+    if run is not None:
+        return run
+
+    def run(grads, args, kwargs):
+        create = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in pytree.leaves((grads, args, kwargs)))
+        flags = iter(mask)
+        wanted: list[torch.Tensor] = []
+
+        def prep(x):
+            if not isinstance(x, torch.Tensor) or not next(flags):
+                return x
+            x = x if create and x.requires_grad else x.detach().requires_grad_()
+            wanted.append(x)
+            return x
+        with torch.enable_grad():
+            ins, kw = pytree.tree_map(prep, (args, kwargs))
+            out = fn(*ins, **kw)
+            outs = [o for o in pytree.leaves(out) if isinstance(o, torch.Tensor)]
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+                     if g is not None and o.requires_grad]
+            unique = list({id(w): w for w in wanted}.values())     # a tensor given twice: its total, once
+            res = torch.autograd.grad([o for o, _ in pairs], unique, [g for _, g in pairs], allow_unused=True,
+                                      create_graph=create) if pairs else [None] * len(unique)
+        first = {id(w): r for w, r in zip(unique, res, strict=True)}
+        return tuple(torch.zeros_like(w) if r is None else r for w, r in
+                     ((w, first.pop(id(w), None)) for w in wanted))
+    run.__name__ = f"{getattr(fn, '__name__', 'op').lstrip('_')}_vjp"
+    _vjps[key] = run
+    return run
+
+
 def _conv_backward_meta(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     return (a.replace(requires_grad=False), weight.replace(requires_grad=False),
             None if bias is None else bias.replace(requires_grad=False))
@@ -180,7 +227,8 @@ def _batch_norm_backward_impl(g, a, weight, running_mean, running_var, training,
     statistics, as eager."""
     if training:
         dims = [d for d in range(a.ndim) if d != 1]
-        var, mean = torch.var_mean(a, dims, correction=0)
+        with torch.no_grad():   # the kernel's double backward accounts for the statistics' dependence on ``a``
+            var, mean = torch.var_mean(a, dims, correction=0)
         return torch.ops.aten.native_batch_norm_backward(g, a, weight, None, None, mean, torch.rsqrt(var + eps),
                                                          True, eps, list(mask))
     return torch.ops.aten.native_batch_norm_backward(g, a, weight, running_mean, running_var, None, None,

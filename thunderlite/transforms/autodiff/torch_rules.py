@@ -12,7 +12,6 @@ Registered into the one table of autodiff/rules.py.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -27,6 +26,7 @@ from thunderlite.transforms.autodiff.rules import (
     UNARY_RULES,
     backward_error,
     matmul_vjp,
+    register_differentiable_again,
     register_forward,
     register_vjp,
     reshape_to,
@@ -69,6 +69,7 @@ register_vjp(linalg.matmul)(lambda g, out, input, other: matmul_vjp(g, input, ot
 
 
 def _linear_when(bsym) -> bool:
+    """A 2-d weight and a float input."""
     w = _arg(bsym, 1, "weight")
     return isinstance(w, TensorProxy) and w.ndim == 2 and _kernel_input(bsym)
 
@@ -86,8 +87,9 @@ def _contiguous(g, out, a, memory_format=None):
     return (g,)
 
 
-@register_vjp(linalg.linear, when=_linear_when)
+@register_vjp(linalg.linear, when=_linear_when, fused=True)
 def _linear(g, out, input, weight, bias=None):
+    """The forward stays one linear (addmm); the backward is two matmuls and a sum, as eager's."""
     n_out, n_in = weight.shape
     rows = math.prod(input.shape[:-1])      # 0 for an empty batch; 1 for a 1-d input
     g2 = reshape_to(g, (rows, n_out))
@@ -102,6 +104,7 @@ def _linear(g, out, input, weight, bias=None):
 # --- dropout ------------------------------------------------------------------------------------------
 
 def _dropout_when(bsym) -> bool:
+    """float32/float64 input, training, 0 < p < 1, not in place."""
     p, training = _arg(bsym, 1, "p", 0.5), _arg(bsym, 2, "training", True)
     return (_float_input(bsym) and training is True and isinstance(p, float) and 0.0 < p < 1.0
             and not _arg(bsym, 3, "inplace", False))
@@ -127,16 +130,19 @@ def _softmax_dim(input, dim):
 
 
 def _softmax_when(bsym) -> bool:
+    """A float input of at least one dim, no dtype= conversion."""
     return _kernel_input(bsym) and _arg(bsym, 3, "dtype") is None and bsym.tensor_args()[0].ndim > 0
 
 
-@register_vjp(lnn.softmax, when=_softmax_when)
+@register_vjp(lnn.softmax, when=_softmax_when, fused=True)
 def _softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    """The forward stays one softmax; the backward is ATen's _softmax_backward_data from its output."""
     return (kernels.softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
-@register_vjp(lnn.log_softmax, when=_softmax_when)
+@register_vjp(lnn.log_softmax, when=_softmax_when, fused=True)
 def _log_softmax(g, out, input, dim=None, _stacklevel=3, dtype=None):
+    """The forward stays one log_softmax; the backward is ATen's _log_softmax_backward_data from its output."""
     return (kernels.log_softmax_backward_data(g, out, _softmax_dim(input, dim) % input.ndim, input.dtype),)
 
 
@@ -165,7 +171,12 @@ def _native_layer_norm(g, out, input, normalized_shape, weight, bias, eps):
     return gi, None, gw, gb, None
 
 
-@register_forward(lnn.rms_norm, when=lambda b: _kernel_input(b) and not isinstance(_arg(b, 2, "weight", 0), float))
+def _rms_norm_when(bsym) -> bool:
+    """A float input; the weight absent or a tensor."""
+    return _kernel_input(bsym) and not isinstance(_arg(bsym, 2, "weight", 0), float)
+
+
+@register_forward(lnn.rms_norm, when=_rms_norm_when)
 def _rms_norm_forward(input, normalized_shape, weight=None, eps=None):
     """_fused_rms_norm: the output plus the rstd eager saves."""
     return kernels.fused_rms_norm(input, tuple(normalized_shape), weight, eps)
@@ -187,7 +198,7 @@ def _batch_norm_when(bsym) -> bool:
             and (training or isinstance(_arg(bsym, 2, "running_var"), TensorProxy)))
 
 
-@register_vjp(lnn.batch_norm, when=_batch_norm_when)
+@register_vjp(lnn.batch_norm, when=_batch_norm_when, fused=True)
 def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
                 eps=1e-5):
     """aten's fused backward. The running-statistics update inside the op carries
@@ -203,6 +214,11 @@ def _batch_norm(g, out, input, running_mean, running_var, weight=None, bias=None
     return (gi if mask[0] else None), None, None, gw, gb, None, None, None
 
 
+# its kernel's VJP is PyTorch's exact double backward (autodiff/inline.py), and its decomposition
+# would expose the running-statistics update as a write on the gradient path
+register_differentiable_again(lnn.batch_norm)
+
+
 # --- cross entropy -------------------------------------------------------------------------------
 
 def _ce_when(bsym, dtype_ok=_float_input) -> bool:
@@ -216,8 +232,13 @@ def _ce_when(bsym, dtype_ok=_float_input) -> bool:
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
 
 
-@register_forward(lnn.cross_entropy, when=lambda b: _ce_when(b, _kernel_input) and b.tensor_args()[0].ndim == 2
-                  and _arg(b, 1, "target").ndim == 1)
+def _ce_kernel_when(bsym) -> bool:
+    """2-d float logits and 1-d class indices, no class weights, label smoothing
+    or legacy size_average/reduce arguments."""
+    return _ce_when(bsym, _kernel_input) and bsym.tensor_args()[0].ndim == 2 and _arg(bsym, 1, "target").ndim == 1
+
+
+@register_forward(lnn.cross_entropy, when=_ce_kernel_when)
 def _cross_entropy_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                            reduction="mean", label_smoothing=0.0):
     """log_softmax + nll_loss, saving the log-probabilities (eager's choice)."""
@@ -231,325 +252,51 @@ def _cross_entropy_kernel(g, out, input, target, reduction, ignore_index):
     return kernels.cross_entropy_backward(g[0], out[1], target, reduction, ignore_index, out[2]), None, None, None
 
 
-@register_vjp(lnn.cross_entropy, when=_ce_when)
+def _nll_when(bsym) -> bool:
+    """2-d float log-probabilities and 1-d class indices, class weights that
+    need no grad (eager differentiates none), no legacy size_average/reduce."""
+    input, target, weight = _arg(bsym, 0, "input"), _arg(bsym, 1, "target"), _arg(bsym, 2, "weight")
+    return (_kernel_input(bsym) and input.ndim == 2 and isinstance(target, TensorProxy) and target.ndim == 1
+            and not target.dtype.is_floating_point and (weight is None or isinstance(weight, TensorProxy)
+                                                        and not _wants(weight))
+            and _arg(bsym, 3, "size_average") is None and _arg(bsym, 5, "reduce") is None
+            and _arg(bsym, 6, "reduction", "mean") in _REDUCTION)
+
+
+@register_forward(lnn.nll_loss, when=_nll_when)
+def _nll_loss_forward(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                      reduction="mean"):
+    """nll_loss_forward: the loss plus the total weight eager saves."""
+    return kernels.nll_loss_forward(input, target, weight, _REDUCTION[reduction], ignore_index)
+
+
+@register_vjp(kernels.nll_loss_forward)
+def _nll_loss_kernel(g, out, self, target, weight, reduction, ignore_index):
+    if g[0] is None:
+        return None, None, None, None, None
+    return kernels.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, out[1]), None, None, None, \
+        None
+
+
+@register_vjp(lnn.cross_entropy, when=_ce_when, fused=True)
 def _cross_entropy(g, out, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                    reduction="mean", label_smoothing=0.0):
     return cross_entropy_backward(g, input, target, ignore_index, reduction), None, None, None, None, None, None, None
 
 
-# --- attention ---------------------------------------------------------------------------------------
-
-def _sdpa_when(bsym) -> bool:
-    q, k = _arg(bsym, 0, "query"), _arg(bsym, 1, "key")
-    mask = _arg(bsym, 3, "attn_mask")
-    gqa = _arg(bsym, 7, "enable_gqa", False) and k.shape[-3] != q.shape[-3]
-    mask_ok = mask is None or (isinstance(mask, TensorProxy) and not _arg(bsym, 5, "is_causal", False))
-    return (_float_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not gqa and mask_ok
-            and q.ndim >= 2 and q.dtype == k.dtype == _arg(bsym, 2, "value").dtype)
-
-
-def _attention_probs(q, k, mask, is_causal, scale):
-    scores = ew.mul(linalg.matmul(q, shapes.transpose(k, -2, -1)), scale)
-    L, S = q.shape[-2], k.shape[-2]
-    if is_causal:
-        rows = prims.broadcast_in_dim(prims.iota(L, start=0, step=1, device=q.device, dtype=torch.int64), (L, S), (0,))
-        cols = prims.broadcast_in_dim(prims.iota(S, start=0, step=1, device=q.device, dtype=torch.int64), (L, S), (1,))
-        scores = ew.where(ew.ge(rows, cols), scores, -math.inf)
-    if mask is not None:
-        scores = ew.where(mask, scores, -math.inf) if mask.dtype is torch.bool else ew.add(scores, mask)
-    return lnn.softmax(scores, -1)
-
-
-def _flash_cpu_when(bsym) -> bool:
-    """What ATen's CPU flash attention takes: 4-d q/k/v on the CPU with one
-    head size, no dropout or GQA, a boolean mask or a float mask of q's dtype
-    that needs no grad."""
-    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
-    mask = _arg(bsym, 3, "attn_mask")
-    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
-                               and not _wants(mask))
-    return (_kernel_input(bsym) and _arg(bsym, 4, "dropout_p", 0.0) == 0.0 and not _arg(bsym, 7, "enable_gqa", False)
-            and mask_ok and q.dtype == k.dtype == v.dtype and q.device.type == "cpu" and q.ndim == k.ndim == v.ndim == 4
-            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2]
-            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
-
-
-_EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _cuda_capability(device) -> tuple[int, int] | None:
-    """The compute capability of the GPU a CUDA proxy lives on, or None where no
-    GPU answers (a trace made without one, a ROCm build): then no kernel choice
-    that depends on it is made."""
-    if torch.version.hip is not None:
-        return None
-    try:
-        return tuple(torch.cuda.get_device_capability(device))
-    except (AssertionError, RuntimeError):
-        return None
-
-
-def _efficient_cuda_when(bsym) -> bool:
-    """What ATen's CUDA memory-efficient attention takes as eager calls it: 4-d
-    q/k/v on CUDA of one half or float dtype (bfloat16 only from sm80), q and k
-    of one head size aligned to 16 bytes, no dropout or GQA, and a mask
-    (boolean, or a float mask of q's dtype that needs no grad) whose key length
-    is a multiple of 16 (eager pads other lengths first)."""
-    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
-    mask = _arg(bsym, 3, "attn_mask")
-    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
-        return False
-    mask_ok = mask is None or (isinstance(mask, TensorProxy) and mask.dtype in (q.dtype, torch.bool)
-                               and not _wants(mask) and k.shape[-2] % 16 == 0 and mask.ndim <= 4)
-    align = 16 // q.dtype.itemsize if q.dtype in _EFFICIENT_DTYPES else 0
-    ok = (q.dtype in _EFFICIENT_DTYPES and q.dtype == k.dtype == v.dtype and q.ndim == k.ndim == v.ndim == 4
-          and q.shape[-1] == k.shape[-1] and q.shape[-1] % align == 0 and v.shape[-1] % align == 0
-          and q.shape[:2] == k.shape[:2] == v.shape[:2] and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
-          and not _arg(bsym, 7, "enable_gqa", False) and mask_ok
-          and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
-    if ok and q.dtype == torch.bfloat16:
-        cap = _cuda_capability(q.device)
-        return cap is None or cap >= (8, 0)
-    return ok
-
-
-def _flash_training_head_dim_ok(cap: tuple[int, int], head_dim: int, training: bool) -> bool:
-    """On sm86-89 and sm120-121 flash attention's backward takes head dims up
-    to 192, and above 224 only without dropout (which these symbols never
-    have); eager's dispatcher checks this when an input requires grad."""
-    if not training or not ((8, 6) <= cap <= (8, 9) or (12, 0) <= cap <= (12, 1)):
-        return True
-    return head_dim <= 192 or head_dim > 224
-
-
-def _flash_cuda_when(bsym) -> bool:
-    """What eager's dispatcher (sdp_utils.cpp ``can_use_flash_attention``) lets
-    ATen's CUDA flash attention take, less what thunderlite's symbols do not
-    model: 4-d float16/bfloat16 q/k/v on an sm80..sm121 GPU of a build with
-    flash attention, one head size at most 256 and a multiple of 8 (eager pads
-    others, a recorded forward cannot), one batch size and head count, or with
-    ``enable_gqa`` k and v of one head count dividing q's (the kernel takes
-    grouped-query attention as it is), non-empty sequences, no mask or
-    dropout, ``is_causal`` only with as many queries as keys."""
-    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
-    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
-        return False
-    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
-    shapes_ok = (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
-                 and q.ndim == k.ndim == v.ndim == 4 and E == k.shape[-1] == v.shape[-1] and E <= 256 and E % 8 == 0
-                 and _heads_ok(bsym) and S == v.shape[-2] and L > 0 and S > 0
-                 and (not _arg(bsym, 5, "is_causal", False) or L == S))
-    if not (shapes_ok and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
-            and not isinstance(_arg(bsym, 6, "scale"), TensorProxy)):
-        return False
-    cap = _cuda_capability(q.device)
-    return (cap is not None and (8, 0) <= cap <= (12, 1) and torch.backends.cuda.is_flash_attention_available()
-            and _flash_training_head_dim_ok(cap, E, any(_wants(t) for t in (q, k, v))))
-
-
-def _heads_ok(bsym) -> bool:
-    """sdp_utils ``check_batch_size_and_num_heads_dense`` for kernels that take
-    grouped-query attention: one batch size; one head count, or with
-    ``enable_gqa`` k and v of one head count that divides q's."""
-    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
-    if not q.shape[0] == k.shape[0] == v.shape[0]:
-        return False
-    hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
-    if _arg(bsym, 7, "enable_gqa", False):
-        return hk == hv and hk > 0 and hq % hk == 0
-    return hq == hk == hv
-
-
-def _cudnn_version() -> int | None:
-    return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-
-
-_CUDNN_MAX_HEAD_DIM = 128   # eager allows 256 on sm90/sm10x with cuDNN > 9.22 and a frontend built for it
-
-
-def _cudnn_cuda_when(bsym) -> bool:
-    """What eager's dispatcher (sdp_utils.cpp ``can_use_cudnn_attention``) lets
-    cuDNN attention take, less what thunderlite's symbols do not model: 4-d
-    float16/bfloat16 q/k/v on an sm80..sm121 GPU with cuDNN 9+, one head size
-    at most 128 and a multiple of 8, batch and heads at most 65535, grouped
-    query attention as flash takes it, non-empty queries, more than one key, no
-    mask (cuDNN takes some; their turn is skipped here) or dropout, and not
-    under ``torch.use_deterministic_algorithms`` (unless warn-only)."""
-    q, k, v = _arg(bsym, 0, "query"), _arg(bsym, 1, "key"), _arg(bsym, 2, "value")
-    if not all(isinstance(t, TensorProxy) for t in (q, k, v)) or q.device.type != "cuda":
-        return False
-    version = _cudnn_version()
-    if version is None or version < 90000:
-        return False
-    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
-        return False
-    E = q.shape[-1]
-    ok = (q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
-          and q.ndim == k.ndim == v.ndim == 4 and E == k.shape[-1] == v.shape[-1] and E <= _CUDNN_MAX_HEAD_DIM
-          and E % 8 == 0 and _heads_ok(bsym) and q.shape[0] <= 65535 and q.shape[1] <= 65535
-          and q.shape[-2] > 0 and k.shape[-2] > 1 and k.shape[-2] == v.shape[-2]
-          and _arg(bsym, 3, "attn_mask") is None and _arg(bsym, 4, "dropout_p", 0.0) == 0.0
-          and not isinstance(_arg(bsym, 6, "scale"), TensorProxy))
-    cap = _cuda_capability(q.device) if ok else None
-    return cap is not None and (8, 0) <= cap <= (12, 1)
-
-
-_SDP_MATH, _SDP_FLASH, _SDP_EFFICIENT, _SDP_CUDNN = 0, 1, 2, 3     # torch.nn.attention.SDPBackend's values
-_DEFAULT_ORDER = [_SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH, _SDP_CUDNN]
-
-
-def _prefers_cudnn(device) -> bool:
-    """sdp_utils.cpp ``check_prefer_cudnn_attention``: on sm90/sm10x (with a
-    CUDA 12 build: sm90, sm100, sm103) and cuDNN newer than 9.15.0, eager's
-    first SDPA call puts cuDNN attention first in the priority order, unless
-    ``TORCH_CUDNN_SDPA_DEPRIORITIZED`` is set."""
-    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on", "yes"):
-        return False
-    version = _cudnn_version()
-    cap = _cuda_capability(device)
-    if version is None or version <= 91500 or cap is None or cap[0] not in (9, 10):
-        return False
-    cuda = tuple(int(x) for x in (torch.version.cuda or "0").split(".")[:1])
-    return cuda >= (13,) or cap[1] in (0, 3)
-
-
-def _sdp_priority_order(device=None) -> list[int]:
-    """Eager's order: torch's setting, which its first CUDA SDPA call replaces
-    by cuDNN, flash, efficient, math where cuDNN is preferred (read before any
-    such call, torch still reports the default order)."""
-    get = getattr(torch._C, "_get_sdp_priority_order", None)
-    order = list(get()) if get is not None else list(_DEFAULT_ORDER[:3])
-    if order[:4] == _DEFAULT_ORDER and device is not None and _prefers_cudnn(device):
-        return [_SDP_CUDNN, _SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH, *order[4:]]
-    return order
-
-
-def _cuda_sdpa_kernel(bsym) -> str | None:
-    """``"cudnn"``, ``"flash"`` or ``"efficient"``: the CUDA attention kernel
-    eager's dispatcher (sdp_utils.cpp ``select_sdp_backend``) picks for this
-    call, walking its priority order under the user's toggles, where
-    thunderlite has that kernel's symbols and can tell from the metadata that
-    the kernel takes the call; None where eager takes the math path (the
-    decomposition's VJP). A call cuDNN would take but thunderlite does not
-    model for it (a mask, head dims above 128) skips cuDNN's turn."""
-    backends = torch.backends.cuda
-    q = _arg(bsym, 0, "query")
-    for backend in _sdp_priority_order(q.device if isinstance(q, TensorProxy) and q.device.type == "cuda" else None):
-        if backend == _SDP_CUDNN and backends.cudnn_sdp_enabled() and _cudnn_cuda_when(bsym):
-            return "cudnn"
-        if backend == _SDP_FLASH and backends.flash_sdp_enabled() and _flash_cuda_when(bsym):
-            return "flash"
-        if backend == _SDP_EFFICIENT and backends.mem_efficient_sdp_enabled() and _efficient_cuda_when(bsym):
-            return "efficient"
-        if backend == _SDP_MATH and backends.math_sdp_enabled():
-            return None
-    return None
-
-
-class _Call:
-    """A call's arguments in a bound symbol's shape, for the predicates above."""
-
-    def __init__(self, *args):
-        self.args, self.kwargs = args, {}
-
-
-def _additive(attn_mask, query):
-    """A boolean mask made additive (0 / -inf in q's dtype), as eager converts it."""
-    if attn_mask is None or attn_mask.dtype is not torch.bool:
-        return attn_mask
-    attn_mask = ew.where(attn_mask, 0.0, -math.inf)
-    return attn_mask if attn_mask.dtype == query.dtype else prims.convert_element_type(attn_mask, query.dtype)
-
-
-@register_forward(lnn.scaled_dot_product_attention,
-                  when=lambda b: _flash_cpu_when(b) or _cuda_sdpa_kernel(b) is not None)
-def _sdpa_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The output plus the statistics eager's kernel saves: CPU flash
-    attention's logsumexp; CUDA flash attention's logsumexp and philox state;
-    or CUDA memory-efficient attention's logsumexp and philox state (its bias
-    expanded to ``[B, H, L, S]``, as eager passes it)."""
-    call = _Call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    attn_mask = _additive(attn_mask, query)
-    if query.device.type == "cpu":
-        return kernels.sdpa_flash_cpu(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
-    kernel = _cuda_sdpa_kernel(call)
-    if kernel == "cudnn":
-        return kernels.sdpa_cudnn(query, key, value, None, True, 0.0, is_causal, False, scale=scale)
-    if kernel == "flash":
-        return kernels.sdpa_flash_cuda(query, key, value, 0.0, is_causal, False, scale=scale)
-    if attn_mask is not None:
-        attn_mask = shapes.expand(attn_mask, (*query.shape[:-1], key.shape[-2]))
-    return kernels.sdpa_efficient(query, key, value, attn_mask, True, 0.0, is_causal, scale=scale)
-
-
-@register_vjp(kernels.sdpa_flash_cpu)
-def _sdpa_flash(g, out, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if g[0] is None:
-        return {}
-    gq, gk, gv = kernels.sdpa_flash_cpu_backward(g[0], query, key, value, out[0], out[1], 0.0, is_causal,
-                                                 attn_mask=attn_mask, scale=scale)
-    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
-            "value": gv if _wants(value) else None}
-
-
-@register_vjp(kernels.sdpa_flash_cuda)
-def _sdpa_flash_cuda(g, out, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
-                     scale=None):
-    if g[0] is None:
-        return {}
-    gq, gk, gv = kernels.sdpa_flash_cuda_backward(g[0], query, key, value, out[0], out[1], out[2], out[3], out[4],
-                                                  out[5], 0.0, is_causal, out[6], out[7], scale=scale)
-    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
-            "value": gv if _wants(value) else None}
-
-
-@register_vjp(kernels.sdpa_cudnn)
-def _sdpa_cudnn(g, out, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-                return_debug_mask=False, *, scale=None):
-    if g[0] is None:
-        return {}
-    gq, gk, gv = kernels.sdpa_cudnn_backward(g[0], query, key, value, out[0], out[1], out[6], out[7], None, None,
-                                             None, out[4], out[5], 0.0, is_causal, scale=scale)
-    return {"query": gq if _wants(query) else None, "key": gk if _wants(key) else None,
-            "value": gv if _wants(value) else None}
-
-
-@register_vjp(kernels.sdpa_efficient)
-def _sdpa_efficient(g, out, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *,
-                    scale=None):
-    if g[0] is None:
-        return {}
-    mask = (_wants(query), _wants(key), _wants(value), False)
-    gq, gk, gv, _ = kernels.sdpa_efficient_backward(g[0], query, key, value, attn_bias, out[0], out[1], out[2],
-                                                    out[3], 0.0, mask, is_causal, scale=scale)
-    return {"query": gq if mask[0] else None, "key": gk if mask[1] else None, "value": gv if mask[2] else None}
-
-
-@register_vjp(lnn.scaled_dot_product_attention, when=_sdpa_when)
-def _sdpa(g, out, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """Recomputes the attention probabilities from q and k instead of saving them."""
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    probs = _attention_probs(query, key, attn_mask, is_causal, scale)
-    gv = sum_to(linalg.matmul(shapes.transpose(probs, -2, -1), g), value.shape) if _wants(value) else None
-    gp = linalg.matmul(g, shapes.transpose(value, -2, -1))
-    gs = ew.mul(probs, ew.sub(gp, red.sum(ew.mul(gp, probs), -1, True)))
-    gq = sum_to(ew.mul(linalg.matmul(gs, key), scale), query.shape) if _wants(query) else None
-    gk = sum_to(ew.mul(linalg.matmul(shapes.transpose(gs, -2, -1), query), scale), key.shape) if _wants(key) else None
-    gm = sum_to(gs, attn_mask.shape) if _wants(attn_mask) else None
-    return gq, gk, gv, gm, None, None, None, None
-
-
 # --- embedding -------------------------------------------------------------------------------------------
 
 def _embedding_when(bsym) -> bool:
+    """A 2-d weight, no max_norm, not sparse."""
     w = _arg(bsym, 1, "weight")
     return (_arg(bsym, 3, "max_norm") is None and not _arg(bsym, 6, "sparse", False)
             and isinstance(w, TensorProxy) and w.ndim == 2)
 
 
-@register_vjp(lnn.embedding, when=_embedding_when)
+@register_vjp(lnn.embedding, when=_embedding_when, fused=True)
 def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                scale_grad_by_freq=False, sparse=False):
+    """The forward stays one embedding; the backward is ATen's embedding_dense_backward."""
     num = weight.shape[0]
     pad = -1 if padding_idx is None else (padding_idx if padding_idx >= 0 else padding_idx + num)
     return None, kernels.embedding_dense_backward(g, input, num, pad, scale_grad_by_freq), None, None, None, None, None
@@ -633,22 +380,35 @@ def _floor_divide(g, out, input, other):
 
 # --- activations: one backward kernel instead of the formula's elementwise chain --------------------
 
-@register_vjp(lnn.gelu, when=_kernel_input)
+@register_vjp(lnn.gelu, when=_kernel_input, fused=True)
 def _gelu(g, out, input, approximate="none"):
     return kernels.gelu_backward(g, input, approximate=approximate), None
 
 
-@register_vjp(lnn.silu, when=_kernel_input)
+@register_vjp(lnn.silu, when=_kernel_input, fused=True)
 def _silu(g, out, input, inplace=False):
     return kernels.silu_backward(g, input), None
 
 
-@register_vjp(ew.tanh, when=_kernel_input)
+@register_vjp(lnn.relu, when=lambda b: _kernel_input(b) and not _arg(b, 1, "inplace", False), fused=True)
+def _relu(g, out, input, inplace=False):
+    """eager's ``threshold_backward(g, result, 0)``: the forward stays one relu
+    (not ``le`` and ``where``) and the backward reads its output, which the
+    next layer saves anyway."""
+    return kernels.threshold_backward(g, out, 0), None
+
+
+@register_vjp(lnn.threshold, when=lambda b: _kernel_input(b) and not _arg(b, 3, "inplace", False), fused=True)
+def _threshold(g, out, input, threshold, value, inplace=False):
+    return kernels.threshold_backward(g, input, threshold), None, None, None
+
+
+@register_vjp(ew.tanh, when=_kernel_input, fused=True)
 def _tanh(g, out, a):
     return (kernels.tanh_backward(g, out),)
 
 
-@register_vjp(ew.sigmoid, when=_kernel_input)
+@register_vjp(ew.sigmoid, when=_kernel_input, fused=True)
 def _sigmoid(g, out, a):
     return (kernels.sigmoid_backward(g, out),)
 
