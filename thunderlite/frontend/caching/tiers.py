@@ -20,8 +20,8 @@ compile lazily per input layout; a rehearsal on fake tensors
 worker compiles them all before the swap and the first hot call compiles
 nothing. The swap replaces the entry in the function's cache in one step
 (``ThunderliteFunction._replace``): a call runs either entry whole. The hot
-tier is then on trial: kept when it costs the calling thread no more CPU per
-call than the fast tier did, else the fast entry goes back.
+tier is then on trial: kept when a call costs no more time with it than with
+the fast tier (``_clock``), else the fast entry goes back.
 
 Whatever fails in the worker (a region Inductor cannot compile, an op fake
 tensors cannot run) keeps the fast tier and records why (``Tier.reason``).
@@ -41,6 +41,8 @@ import time
 import types
 import weakref
 from collections.abc import Callable
+
+import torch
 
 from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symint import has_symbolic
@@ -70,10 +72,10 @@ class TierPolicy:
     executor of the hot tier, put ahead of the entry's own. ``background``:
     compile on the tier worker thread (False: on the calling thread, inside
     the call that made the entry hot). ``trial_calls``: the hot tier is kept
-    only if, over this many calls, it costs the calling thread no more CPU
-    time per call than the fast tier did over as many calls before the compile
-    (measured between consecutive calls, so a training step's backward
-    counts); 0 keeps it untried."""
+    only if, over this many calls, a call costs no more time with it than with
+    the fast tier over as many calls before the compile (measured from one
+    call's start to the next's, so a training step's backward counts:
+    ``_clock``); 0 keeps it untried."""
     after_calls: int = DEFAULT_AFTER_CALLS
     executor: str | Executor = "torchcompile"
     background: bool = True
@@ -134,7 +136,7 @@ class Tier:
         self.regions = 0
         self.executor = executor
         self.done: threading.Event | None = None    # set when a compile under way ends
-        self.fast_ms_per_call: float | None = None  # CPU time of the calling thread per call, measured
+        self.fast_ms_per_call: float | None = None  # time per call, measured (``_clock``)
         self.hot_ms_per_call: float | None = None
 
     def stay(self, reason: str) -> None:
@@ -256,20 +258,31 @@ class Tiers:
         return True
 
 
+def _clock(entry: CompiledEntry) -> Callable[[], float]:
+    """What a trial measures between one call's start and the next's (per
+    thread: each thread's own calls): everything the program costs the caller
+    between calls, a training step's backward included. The calling thread's
+    CPU time where it does all of the program's work (CPU tensors, one
+    intra-op thread): other processes' load and the worker's compile do not
+    count. Else wall time: with several intra-op threads the caller's CPU time
+    misses theirs and counts its spinning at their barriers, and a GPU's work
+    is not the host's."""
+    cpu_only = all(p.device.type == "cpu" for p in entry.lowering.trace.args if type(p) is TensorProxy)
+    return time.thread_time if cpu_only and torch.get_num_threads() == 1 else time.perf_counter
+
+
 def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntry:
-    """A copy of ``entry`` whose calls are measured: the calling thread's CPU
-    time from one call's start to the next's (per thread: each thread's own
-    calls), the whole of what the program costs it between calls, a
-    backward run by autograd included, never another thread's work (a compile).
-    After ``calls`` such intervals ``measured(median ms, args, kwargs)`` runs,
-    once, inside the call that completed them. Entries measured have no fast
-    guard (it would inline the entry's code past the timer), so they pay a key."""
+    """A copy of ``entry`` whose calls are measured (``_clock``). After
+    ``calls`` intervals ``measured(median ms, args, kwargs)`` runs, once,
+    inside the call that completed them. Entries measured have no fast guard
+    (it would inline the entry's code past the timer), so they pay a key."""
     run = entry.fn
+    clock = _clock(entry)
     last: dict[int, float] = {}
     samples: list[float] = []
 
     def fn(args: tuple, kwargs: dict):
-        now = time.thread_time()
+        now = clock()
         before = last.get(threading.get_ident())
         last[threading.get_ident()] = now
         out = run(args, kwargs)
@@ -367,7 +380,7 @@ def _judge(jfn_ref, fast: CompiledEntry, hot: CompiledEntry, on_trial: CompiledE
         tier.name = "hot"
     else:
         jfn._replace(on_trial, fast)
-        tier.stay(f"the hot tier was slower: {ms:.3f} ms of CPU per call against the fast tier's "
+        tier.stay(f"the hot tier was slower: {ms:.3f} ms per call against the fast tier's "
                   f"{tier.fast_ms_per_call:.3f} ms")
 
 
