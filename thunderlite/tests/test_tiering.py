@@ -271,6 +271,8 @@ def test_concurrent_calls_during_the_swap_return_eager_answers():
     expected = _mlp(x, w, b)
     jf = thunderlite.jit(_mlp, tiering=_policy(2))
     jf(x, w, b)
+    jf(x, w, b)         # the second call starts the compile: the threads below call while it runs
+    assert _tier(jf)["tier"] in ("compiling", "hot")
     errors: list = []
     swapped = threading.Event()
     after = [0] * 4         # each thread's calls after the swap

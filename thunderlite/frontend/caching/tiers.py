@@ -280,6 +280,7 @@ def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntr
     clock = _clock(entry)
     last: dict[int, float] = {}
     samples: list[float] = []
+    once = threading.Lock()     # threads completing the samples at once: one of them decides
 
     def fn(args: tuple, kwargs: dict):
         now = clock()
@@ -288,9 +289,9 @@ def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntr
         out = run(args, kwargs)
         if before is not None and out is not MISS and len(samples) < calls:
             samples.append(now - before)
-            if len(samples) == calls:
+            if len(samples) >= calls and once.acquire(blocking=False):
                 try:
-                    measured(statistics.median(samples) * 1e3, args, kwargs)
+                    measured(statistics.median(samples[:calls]) * 1e3, args, kwargs)
                 except Exception as e:  # noqa: BLE001 - a tier decision must never break the user's call
                     entry.tier.stay(f"{type(e).__name__} while deciding: {e}")
         return out
