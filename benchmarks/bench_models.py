@@ -205,6 +205,9 @@ def _make(variant: str, model, tiering_calls: int):
     if variant == "eager":
         return model
     if variant == "inductor":
+        # a fresh dynamo: a model class met before (the other size) would recompile with dynamic
+        # shapes, or past dynamo's recompile limit run eagerly, instead of compiling as a new user's would
+        torch._dynamo.reset()
         return torch.compile(model)
     if variant == "thunderlite fast":
         return thunderlite.jit(model, tiering=False)
