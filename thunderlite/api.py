@@ -540,7 +540,7 @@ def _current_entries(j: ThunderliteFunction) -> list[CompiledEntry]:
 def last_tier(jfn) -> str:
     """Which tier the last call's entry runs, in words (the trace report's header)."""
     entry = _last(jfn)
-    return entry.tier.describe(_jitted(jfn)._tier_at) if entry.tier is not None else "fast (tiering off)"
+    return entry.tier.describe(_jitted(jfn)._tiers.hot_after) if entry.tier is not None else "fast (tiering off)"
 
 
 def wait_for_tiers(jfn, timeout: float | None = None) -> bool:

@@ -103,7 +103,7 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([entry.traces[-1], *entry.backward_traces[-1:]])
-        report.tier = entry.tier.describe(jfn._tier_at) if entry.tier is not None else "fast (tiering off)"
+        report.tier = entry.tier.describe(jfn._tiers.hot_after) if entry.tier is not None else "fast (tiering off)"
         fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
         report.kernels = _kernel_notes(entry, fusing)
         report.predication = list(entry.predication)

@@ -183,6 +183,11 @@ class Tiers:
         self._pending: list[threading.Event] = []
         self._lock = threading.Lock()
 
+    @property
+    def hot_after(self) -> int | None:
+        """The policy's ``after_calls`` (None: tiering off), for the words ``Tier.describe`` says."""
+        return self.policy.after_calls if self.policy is not None else None
+
     def start(self, entry: CompiledEntry) -> None:
         """A new entry runs the fast tier."""
         if self.policy is None:
