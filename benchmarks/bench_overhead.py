@@ -85,7 +85,8 @@ def inductor(fn: Callable) -> Callable | None:
 
 
 def row(name: str, eager_fn: Callable, args: tuple, number: int, rounds: int, use_inductor: bool) -> dict:
-    variants = {"eager": eager_fn, "thunderlite": thunderlite.jit(eager_fn)}
+    # the fast tier's overhead: a hot tier (compiled after 20 calls) would swap in mid-measurement
+    variants = {"eager": eager_fn, "thunderlite": thunderlite.jit(eager_fn, tiering=False)}
     if use_inductor:
         compiled = inductor(eager_fn)
         if compiled is not None:

@@ -231,8 +231,8 @@ _INDUCTOR = ("thunderlite+tc", "thunderlite+tc1", "torch.compile", "torch.compil
 def _variant_fn(name: str, model: nn.Module):
     if name == "eager":
         return model
-    if name == "thunderlite":
-        return thunderlite.jit(model)
+    if name == "thunderlite":       # the fast tier (its hot tier: bench_models.py)
+        return thunderlite.jit(model, tiering=False)
     if name == "thunderlite+tc":
         return thunderlite.jit(model, executors=["torchcompile", "torch"])
     if name == "thunderlite+tc1":     # one region per layer (the default groups cheap layers, executors/cost.py)
@@ -297,10 +297,10 @@ def _whole_step_run(name: str, model: nn.Module, opt):
     if name == "eager":
         return lambda b: whole_step(model, opt, *b)
     if name == "jit(forward)":            # thunderlite's forward, PyTorch's autograd and optimizer
-        jm = thunderlite.jit(model)
+        jm = thunderlite.jit(model, tiering=False)
         return lambda b: whole_step(jm, opt, *b)
     if name == "jit(step)":               # backward and optimizer in the trace
-        js = thunderlite.jit(whole_step)
+        js = thunderlite.jit(whole_step, tiering=False)
         return lambda b: js(model, opt, *b)
     if name == "torch.compile(step)":     # Dynamo's graph of the step, the backward by compiled autograd
         cs = torch.compile(whole_step)
@@ -559,7 +559,7 @@ def scaling_point(opts) -> None:
     thunderlite.jit(NanoGPT(opts.vocab, opts.dim, opts.heads, 1, opts.seq))(*batch).backward()
     cold = time.perf_counter() - start
     model = NanoGPT(opts.vocab, opts.dim, opts.heads, opts.layers, opts.seq)
-    jm = thunderlite.jit(model)
+    jm = thunderlite.jit(model, tiering=False)
     start = time.perf_counter()
     jm(*batch).backward()
     first = time.perf_counter() - start

@@ -26,6 +26,8 @@ _LAZY = {
     "last_gradients": ("thunderlite.api", "last_gradients"),
     "cache_info": ("thunderlite.api", "cache_info"),
     "compile_stats": ("thunderlite.api", "compile_stats"),
+    "wait_for_tiers": ("thunderlite.api", "wait_for_tiers"),
+    "TierPolicy": ("thunderlite.frontend.caching.tiers", "TierPolicy"),
     "examine": ("thunderlite.api", "examine"),
     "trace_report": ("thunderlite.report", "trace_report"),
     "kernel_source": ("thunderlite.api", "kernel_source"),

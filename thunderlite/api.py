@@ -47,6 +47,7 @@ from thunderlite.frontend.caching.entries import (
     user_stacklevel,
 )
 from thunderlite.frontend.caching.keys import has_symbolic_numbers
+from thunderlite.frontend.caching.tiers import Tiers, policy_of
 from thunderlite.frontend.compile import compile_call, gc_paused, run_until_raise
 from thunderlite.frontend.entry import MISS
 from thunderlite.frontend.examine import examine_call
@@ -70,7 +71,7 @@ class ThunderliteFunction:
 
     def __init__(self, fn: Callable, *, executors=None, cache: str = "constant values", transforms=None,
                  progress: bool | None = None, dynamic: bool | None = None, max_entries: int | None = MAX_ENTRIES,
-                 splits: bool | int = True):
+                 splits: bool | int = True, tiering=None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache={cache!r} is not one of {CACHE_MODES}")
         if dynamic not in (None, True, False):
@@ -99,6 +100,11 @@ class ThunderliteFunction:
         # misses (lookup, compile, store) run one at a time: threads racing a first call wait and
         # find the entry the first one made; hits take no lock (docs/architecture.md §3, threads)
         self._lock = threading.RLock()
+        # a hot tier's swap (frontend/caching/tiers.py) against the arming of fast guards and the
+        # stores into alternates lists: held for a few steps, never across a compile
+        self._swap_lock = threading.Lock()
+        self._tiers = Tiers(policy_of(tiering))
+        self._tier_at = self._tiers.after_calls      # calls of one entry that start its tier-up (0: never)
         self.last: CompiledEntry | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -108,6 +114,11 @@ class ThunderliteFunction:
         out = self._fast(args, kwargs)
         if out is not MISS:
             self.info.hits += 1
+            entry = self._candidate      # the fast guard's entry
+            if entry is not None:
+                entry.calls += 1
+                if entry.calls == self._tier_at:
+                    self._tiers.due(self, entry, args, kwargs)
             return out
         key_fn = self._key_fn       # read once: another thread's miss may replace it meanwhile
         entry = self._entries.get(key_fn(args, kwargs))
@@ -116,6 +127,9 @@ class ThunderliteFunction:
             if out is not MISS:
                 self.info.hits += 1
                 self.last = entry
+                entry.calls += 1
+                if entry.calls == self._tier_at:
+                    self._tiers.due(self, entry, args, kwargs)
                 self._arm(entry, key_fn, args, kwargs)
                 return out
         return self._slow_call(args, kwargs)
@@ -136,8 +150,33 @@ class ThunderliteFunction:
         if self._armings >= MAX_ARMINGS or getattr(entry.fn, "__thunderlite_source__", None) is None:
             return      # a split program's entry runs its pieces' own entries: no fast guard
         self._armings += 1
-        guard = self._keys.fast_guard(key_fn)
-        self._fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
+        # an entry being measured (frontend/caching/tiers.py) has no code of its own to inline
+        guard = self._keys.fast_guard(key_fn) if hasattr(entry.fn, "__thunderlite_source__") else None
+        fast = _no_fast_guard if guard is None else guard.arm(args, kwargs, entry.fn, not reads_only(entry))
+        with self._swap_lock:        # not an entry a hot tier replaced meanwhile (``_replace``)
+            if entry is self._candidate:
+                self._fast = fast
+
+    def _replace(self, old: CompiledEntry, new: CompiledEntry) -> bool:
+        """Put ``new`` where the cache holds ``old`` (a hot tier, frontend/caching/tiers.py),
+        from any thread: each call runs one of them whole (the dict and list
+        stores are single steps), and no fast guard keeps serving ``old``.
+        False when ``old`` is no longer in the cache."""
+        with self._swap_lock:
+            alts = self._entries.get(("alternates", old.key)) if old.key is not None else None
+            at = next((i for i, e in enumerate(alts or ()) if e is old), None)
+            if at is None:
+                return False
+            new.calls = old.calls
+            self._fast = _no_fast_guard
+            alts[at] = new
+            if self._entries.get(old.key) is old:
+                self._entries[old.key] = new
+            if self._candidate is old:
+                self._candidate, self._armings = new, 0
+            if self.last is old:
+                self.last = new
+            return True
 
     def __get__(self, obj, objtype=None):
         """``@thunderlite.jit`` on a method: bind like a function (self is an argument)."""
@@ -163,6 +202,9 @@ class ThunderliteFunction:
                     self.info.hits += 1
                     self.last = self._candidate = entry
                     self._armings = 0
+                    entry.calls += 1
+                    if entry.calls == self._tier_at:
+                        self._tiers.due(self, entry, args, kwargs)
                     return out
             # an entry compiled before some of this signature's dims became symbolic holds for its exact key
             for older in self._keys.older_key_fns(key_fn):
@@ -274,12 +316,15 @@ class ThunderliteFunction:
         return entry
 
     def _store(self, key: tuple, entry: CompiledEntry) -> None:
+        self._tiers.start(entry)
         if self.cache_mode != "no caching":
-            alts = self._entries.setdefault(("alternates", key), [])
-            alts.append(entry)
-            dropped = max(0, len(alts) - MAX_ALTERNATES)
-            del alts[:dropped]
-            self._entries[key] = entry
+            entry.key = key
+            with self._swap_lock:        # the list a hot tier's swap (``_replace``) indexes into
+                alts = self._entries.setdefault(("alternates", key), [])
+                alts.append(entry)
+                dropped = max(0, len(alts) - MAX_ALTERNATES)
+                del alts[:dropped]
+                self._entries[key] = entry
             self.info.entries += 1 - dropped
         self.last = entry
 
@@ -376,7 +421,7 @@ class ThunderliteModule(torch.nn.Module):
 
 def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constant values", transforms=None,
         progress: bool | None = None, dynamic: bool | None = None, cudagraphs: bool = False,
-        max_entries: int | None = MAX_ENTRIES, splits: bool | int = True):
+        max_entries: int | None = MAX_ENTRIES, splits: bool | int = True, tiering=None):
     """Compile ``fn`` (a function or an ``nn.Module``) on its first call.
 
     ``executors``: names or Executor objects in priority order (default list
@@ -407,7 +452,14 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
     is compiled as pieces split there, each path of values seen compiled once
     (True: at most ``MAX_PATHS`` paths, then the callable runs eagerly, with
     a warning; a number: that bound); False raises ``DataDependentError``
-    instead, for one trace or nothing."""
+    instead, for one trace or nothing.
+
+    ``tiering``: None (default: ``TierPolicy()``, an entry called 20 times gets
+    its regions compiled by ``torchcompile`` off the calling thread, swapped in
+    and kept if a trial finds it no slower), False (off), a number of calls, or
+    a ``thunderlite.TierPolicy``; ``wait_for_tiers`` blocks until the hot
+    tiers under way are compiled, and ``cache_info``'s ``tiers`` says which
+    tier each entry runs."""
     # torch's data-parallel wrappers: their communication happens in hooks and C++ a
     # trace would not run, so the jit compiles what they stand for (or refuses, naming why)
     if isinstance(fn, torch.nn.parallel.DistributedDataParallel):
@@ -429,12 +481,15 @@ def jit(fn: Callable | torch.nn.Module, *, executors=None, cache: str = "constan
         transforms = [*own, *(transforms or ())]
     if cudagraphs:
         transforms = [*(transforms or ()), CUDAGraphs()]
+    tiering = policy_of(tiering) or False       # a bad value is refused here, not on the first call
     if isinstance(fn, torch.nn.Module):
         return ThunderliteModule(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                                 dynamic=dynamic, max_entries=max_entries, splits=splits)
+                                 dynamic=dynamic, max_entries=max_entries, splits=splits,
+                                 tiering=tiering)
     _check_jittable(fn)
     return ThunderliteFunction(fn, executors=executors, cache=cache, transforms=transforms, progress=progress,
-                               dynamic=dynamic, max_entries=max_entries, splits=splits)
+                               dynamic=dynamic, max_entries=max_entries, splits=splits,
+                               tiering=tiering)
 
 
 def _check_jittable(fn: Any) -> None:
@@ -492,10 +547,34 @@ def last_prologue_traces(jfn) -> list[Trace]:
 
 def cache_info(jfn) -> dict:
     """hits, misses, entries, eager_calls (misses run eagerly past ``max_entries``),
-    the reason of the last miss, the cache mode."""
+    the reason of the last miss, the cache mode, and ``tiers``: per entry its
+    tier ("fast", "measuring", "compiling", "trial", "hot", or "fast (final)"
+    with the reason), its calls, and the seconds it took to reach it
+    (frontend/caching/tiers.py; [] with tiering off)."""
     j = _jitted(jfn)
     splits = j.splits.as_dict() if j.splits is not None else None
-    return {**j.info.as_dict(), "cache_mode": j.cache_mode, "splits": splits}
+    return {**j.info.as_dict(), "cache_mode": j.cache_mode, "splits": splits,
+            "tiers": [e.tier.as_dict(e.calls) for e in _current_entries(j) if e.tier is not None]}
+
+
+def _current_entries(j: ThunderliteFunction) -> list[CompiledEntry]:
+    """The entries the cache holds now (the last one compiled, when nothing is cached)."""
+    out = [e for v in list(j._entries.values()) if type(v) is list for e in v]
+    return out if out or j.last is None else [j.last]
+
+
+def last_tier(jfn) -> str:
+    """Which tier the last call's entry runs, in words (the trace report's header)."""
+    entry = _last(jfn)
+    return entry.tier.describe(_jitted(jfn)._tiers.hot_after) if entry.tier is not None else "fast (tiering off)"
+
+
+def wait_for_tiers(jfn, timeout: float | None = None) -> bool:
+    """Block until every hot tier of ``jfn`` under way is compiled and swapped
+    in (on trial for its next calls, when its policy has one) or has stayed
+    fast, with the reason in ``cache_info``; False when ``timeout`` seconds
+    passed first. For benchmarks and tests: calls never wait."""
+    return _jitted(jfn)._tiers.wait(timeout)
 
 
 def compile_stats(jfn) -> dict:
@@ -517,12 +596,17 @@ def examine(fn: Callable | torch.nn.Module, *args, executors=None, cudagraphs: b
     """Trace and run ``fn`` once and report what thunderlite did with it: ops
     recorded as opaque torch calls, which executor claimed what, executors
     skipped and why, what stays out of CUDA graphs and why (``cudagraphs=True``,
-    as ``jit`` takes it), and the error if it could not be compiled."""
-    jfn = jit(fn, executors=executors, cudagraphs=cudagraphs)
+    as ``jit`` takes it), which tier the entry runs, and the error if it could
+    not be compiled. ``fn`` may be a function or module ``jit`` returned: it is
+    called once more, and the report is about the entry that call ran (its
+    tier included)."""
+    jitted = isinstance(fn, (ThunderliteFunction, ThunderliteModule))
+    jfn = fn if jitted else jit(fn, executors=executors, cudagraphs=cudagraphs)
     start = time.perf_counter()
     try:
         jfn(*args, **kwargs)
         error = None
     except Exception as e:  # noqa: BLE001 - examine reports failures instead of raising them
         error = e
-    return examine_call(_jitted(jfn), error, (time.perf_counter() - start) * 1e3, executors)
+    j = _jitted(jfn)
+    return examine_call(j, error, (time.perf_counter() - start) * 1e3, j.executors if jitted else executors)

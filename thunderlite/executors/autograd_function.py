@@ -125,6 +125,8 @@ class _Function(torch.autograd.Function):
         for i in program.graph_slots:
             if program.split.saved_other[i].name not in reached:
                 skip_graph(saved_other[i])
+        if program.watch_grads:
+            program.grad_layouts = [(tuple(g.shape), g.stride()) for g in per_arg]
         result = program.backward_fn(*ctx.saved_tensors, saved_other, *per_arg)
         if program.grads_all_given and len(reached) == len(result):
             return (None, None, *result)        # every argument reached and given a gradient: as it is
@@ -193,11 +195,31 @@ class DifferentiableProgram:
         saved = {p.name for p in split.saved_tensors}
         self.unsaved_args = [i for i, a in enumerate(trace.args) if type(a) is TensorProxy and a.name not in saved]
         self._eager_fn = None
+        self.watch_grads = False     # note the layouts of the gradients the backward gets (``grad_layouts``)
+        self.grad_layouts: list | None = None
         self._single_plan: tuple | None = None
         self._epilogue_fn = None
         if split.epilogue is not None:       # views: the torch executor makes them as eager does
             epilogue = claim_executors(split.epilogue[0], [torch_executor])
             self._epilogue_fn = epilogue.python_callable()
+
+    def rehearse(self, flat_args: list, resolve: Callable, grad_layouts: list | None = None) -> None:
+        """Run the forward and then the backward once as a call does, without
+        autograd, with every symbol's callable from ``resolve`` (on fake tensors:
+        executors/rehearsal.py). The backward's incoming gradients have the
+        ``grad_layouts`` (sizes, strides) a program computing the same outputs
+        met (``watch_grads``), else they are contiguous: autograd hands on what
+        the ops after the call made (``out.sum()``'s gradient is expanded)."""
+        if self._eager_fn is not None:
+            raise NotImplementedError("an eager-mode program's regions run as torch calls while autograd "
+                                      "records them: there is nothing to rehearse")
+        with torch.no_grad():
+            _, saved_tensors, saved_other = self.forward_traces[-1].python_callable(resolve)(*flat_args)
+            grads = [_zeros(p) for p in self.split.grad_args]
+            if grad_layouts is not None and [lay[0] for lay in grad_layouts] == [tuple(g.shape) for g in grads]:
+                grads = [torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device)
+                         for g, (_, stride) in zip(grads, grad_layouts, strict=True)]
+            self.backward_traces[-1].python_callable(resolve)(*saved_tensors, list(saved_other), *grads)
 
     @property
     def stride_inputs(self) -> tuple:

@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import shutil
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +48,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tables_lock
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
+from thunderlite.executors.rehearsal import examples_like
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
@@ -333,6 +335,19 @@ class EagerWhenRecording:
     def __call__(self, *args):
         return self.fn(*args) if _as_torch_calls(args, self.writing) else self.compiled(*args)
 
+    def prepare(self, example: list) -> None:
+        """Compile now for inputs like ``example`` (tensors of the layouts a call
+        will pass, and its numbers): ``torch.compile`` compiles on a first call,
+        so ``example`` is run, zeroed first (its values are made up: zeros index
+        in bounds). Nothing to do where calls run the torch calls."""
+        if self.compiled is self.fn or _as_torch_calls(example, self.writing):
+            return
+        with torch.no_grad():
+            for t in example:
+                if isinstance(t, torch.Tensor):
+                    t.zero_()
+        self.compiled(*example)
+
 
 class BoxedRegion:
     """A region compiled by Inductor (``compile_fx``) with the boxed calling
@@ -348,7 +363,10 @@ class BoxedRegion:
     structure key fixes shapes, dtypes and devices). A call that autograd records (grad mode on and
     an input requiring grad: an eager-mode program), or a call of a region that
     writes whose inputs share storage, runs ``fn``'s torch calls (see
-    ``_as_torch_calls``)."""
+    ``_as_torch_calls``). A region a hot tier prepared (``compile_later``, the
+    tier worker's queue: executors/rehearsal.py) does not compile a layout it
+    meets unprepared on the calling thread: the call runs ``fn``'s torch calls
+    and the worker compiles that layout for the calls after it."""
 
     _boxed_call = True
 
@@ -357,6 +375,8 @@ class BoxedRegion:
         self.writing = writing      # the region writes (into its inputs, maybe)
         self._by_layout: dict[tuple, object] = {}
         self.fallbacks: list[str] = []     # why a layout runs uncompiled (see _compile_boxed)
+        self.compile_later: Callable[[Callable[[], None]], None] | None = None
+        self._later: set[tuple] = set()     # layouts handed to ``compile_later``
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
@@ -366,9 +386,11 @@ class BoxedRegion:
             flat = list(box)
             box.clear()
             return self.fn(*flat)
-        layout = (*map(_stride, box), *map(_offset, box), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
+        layout = _layout(box, ptrs)
         compiled = self._by_layout.get(layout)
         if compiled is None:
+            if self.compile_later is not None:
+                return self._compile_later(layout, box)
             compiled = self._compile_layout(layout, box)
         return compiled(box)
 
@@ -381,6 +403,38 @@ class BoxedRegion:
             if compiled is None:
                 compiled = self._by_layout[layout] = _compile_boxed(self.fn, box, self.fallbacks)
         return compiled
+
+    def _compile_later(self, layout: tuple, box: list):
+        if layout not in self._later:
+            self._later.add(layout)
+            example = examples_like(box)
+            self.compile_later(lambda: self._prepare_later(example))
+        flat = list(box)
+        box.clear()
+        return self.fn(*flat)
+
+    def _prepare_later(self, example: list) -> None:
+        try:
+            self.prepare(example)
+        except Exception as e:  # noqa: BLE001 - calls of this layout keep running the torch calls
+            self.fallbacks.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
+        """From now on, layouts met unprepared are compiled by ``later(job)`` (the
+        tier worker), while their calls run the torch calls."""
+        self.compile_later = later
+
+    def prepare(self, example: list) -> None:
+        """Compile now for inputs of ``example``'s layout (strides, offsets,
+        storage sharing; their values are not read), unless a call like it runs
+        the torch calls or is compiled already. Safe beside calls from other
+        threads (``_compile_layout``)."""
+        ptrs = list(map(_data_ptr, map(_storage, example)))
+        if _as_torch_calls(example, self.writing, ptrs):
+            return
+        layout = _layout(example, ptrs)
+        if layout not in self._by_layout:
+            self._compile_layout(layout, list(example))
 
     @property
     def compilations(self) -> int:
@@ -445,6 +499,12 @@ def _places_by_offset(gm) -> bool:
     unbound. Other graphs over inputs at an offset (q, k, v split from one
     projection) compile with one, so Inductor's caches serve them."""
     return any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
+
+
+def _layout(tensors: list, ptrs: list[int]) -> tuple:
+    """What one compilation of a boxed region is specialized to: the inputs'
+    strides and storage offsets, and which share storage (``ptrs``: their storages' addresses)."""
+    return (*map(_stride, tensors), *map(_offset, tensors), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
 
 
 def _sharing(ptrs: list[int]) -> tuple:

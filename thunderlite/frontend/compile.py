@@ -22,8 +22,9 @@ from thunderlite.core.proxies import DataDependentError, NumberProxy, Proxy, Ten
 from thunderlite.core.symint import ShapeEnv
 from thunderlite.core.trace import Trace, TracePass
 from thunderlite.core.tracectx import tracectx
-from thunderlite.executors.autograd_function import make_differentiable
+from thunderlite.executors.autograd_function import DifferentiableProgram, make_differentiable
 from thunderlite.executors.registry import resolve_executors
+from thunderlite.executors.rehearsal import rehearse
 from thunderlite.executors.torchex import view_folding, writes_out
 from thunderlite.frontend.autocast import without_autocast
 from thunderlite.frontend.caching.alias_guard import plan_alias_guard, refused_writes, written_inputs
@@ -300,11 +301,9 @@ def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[In
         for tr in transforms:
             tr.bind_inputs(values)
     traces = [trace]
-    comp, backward, strided = run_pipeline(trace, traces, groups, job.executors, transforms,
-                                           refused_writes(inputs), _input_strides(inputs),
-                                           own_backward=hooks.autograd.backward_names())
-    if torch._C._is_any_autocast_enabled():
-        comp = without_autocast(comp)     # the key holds the autocast state: casts are in the trace
+    comp, backward, strided, lowering = run_pipeline(trace, traces, groups, job.executors, transforms,
+                                                     refused_writes(inputs), _input_strides(inputs),
+                                                     own_backward=hooks.autograd.backward_names())
     alias_guard = plan_alias_guard(inputs, written_inputs(trace, groups), strided,
                                    getattr(comp, "placed_inputs", ()))
     entry = build_entry(inputs, guards, writes or [], comp, mode, rebuild, extra_names or [], alias_guard,
@@ -318,6 +317,7 @@ def _compile_piece(job: _Job, hooks: TracingHooks, trace: Trace, inputs: list[In
     compiled.inputs = [(inp.prov, inp.value if inp.prov is None else None) for inp in inputs]
     compiled.input_names = [inp.proxy.name for inp in inputs]
     compiled.gradients = dict(hooks.autograd.gradient_of)
+    compiled.lowering = lowering
     compiled.path_shapes = [(inp.prov, tuple(inp.value.shape), inp.dims) for inp in inputs
                             if inp.guard_meta and inp.prov is not None and isinstance(inp.value, torch.Tensor)
                             and not isinstance(inp.value, torch.nn.Parameter)]
@@ -635,8 +635,10 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
                  own_backward: frozenset[str] | None = None):
     """update_aliases, dce, autodiff or not, the execution transform, with the
     user transforms' hooks (transforms/user.py) at their points. Returns the
-    callable running the computation, the backward traces and the inputs whose
-    strides the program relies on. ``refused``: ``check_writes``' arguments
+    callable running the computation, the backward traces, the inputs whose
+    strides the program relies on, and the ``Lowering`` (what followed the
+    alias passes, kept so a later tier can lower the same trace with other
+    executors). ``refused``: ``check_writes``' arguments
     naming inputs eager refuses to write (leaves requiring grad, inference
     tensors...), so the error is raised here, at trace time, before anything
     ran. ``input_strides``: for eager's view-or-copy of reshapes, in those
@@ -654,28 +656,114 @@ def run_pipeline(trace: Trace, traces: list[Trace], groups, executors: Sequence 
         t = _record(traces, _step(drop_autograd_markers, t))
         t = _record(traces, _step(schedule_updates, t, own_backward, groups))
         t = _record(traces, _step(batch_scalar_chains, t, groups))
-    exs = resolve_executors(executors)
-    mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
-    if torch.is_grad_enabled() and (any(mask) or _makes_leaves(t)) and own_backward is None:
-        def stages(tr: Trace) -> list[Trace]:
-            steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
-            final = finalize(tr, exs, groups, steps, transforms)
-            return steps or [final]     # no pass changed it: the input itself runs
-        after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
-        note("split_forward_backward", t)
-        program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs,
-                                      input_strides=input_strides)
-        traces += program.forward_traces
-        return program, list(program.backward_traces), tuple(strided.union(program.stride_inputs))
-    steps: list[Trace] = []
-    final = finalize(t, exs, groups, steps, transforms)
-    # as on the differentiable path (executors/autograd_function.py), an elementwise
-    # step may write into a buffer dying there, unless autograd records it
-    recorded = torch.is_grad_enabled() and own_backward is None
-    final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
-    traces += steps
-    run = final.python_callable()
-    return (_without_grad(run) if own_backward is not None else run), [], tuple(strided)
+    lowering = Lowering(t, groups, resolve_executors(executors), transforms, input_strides, own_backward)
+    lowering.front = len(traces)
+    done = lowering.lower(lowering.executors, traces)
+    lowering.placed = lowering.placed_by(done)
+    return done.comp, done.backward, tuple(strided.union(done.placed)), lowering
+
+
+class Lowering:
+    """Everything ``run_pipeline`` does after the alias passes, from the trace
+    they left: autodiff's split (when an input requires grad), the executors'
+    claim and the passes after it, the computation's wrappers (no grad for a
+    program that ran its own backward, no autocast: its casts are in the
+    trace). Kept on the compiled entry, so that a later tier
+    (frontend/caching/tiers.py) lowers the same trace with other executors
+    without tracing again; ``lower`` reads no thread's grad or autocast mode,
+    only the ones recorded when the entry was compiled."""
+    __slots__ = ("trace", "groups", "executors", "transforms", "input_strides", "own_backward", "grad", "autocast",
+                 "differentiable", "front", "placed")
+
+    def __init__(self, trace: Trace, groups, executors: list, transforms: tuple, input_strides: dict | None,
+                 own_backward: frozenset[str] | None):
+        self.trace = trace
+        self.groups = groups
+        self.executors = executors
+        self.transforms = transforms
+        self.input_strides = input_strides
+        self.own_backward = own_backward
+        self.grad = torch.is_grad_enabled()
+        self.autocast = torch._C._is_any_autocast_enabled()
+        mask = [type(p) is TensorProxy and p.requires_grad for p in trace.args]
+        self.differentiable = self.grad and (any(mask) or _makes_leaves(trace)) and own_backward is None
+        self.front = 0      # how many of the entry's traces (stages) came before the lowering
+        self.placed: tuple = ()     # ``placed_by`` of the entry's own lowering
+
+    @staticmethod
+    def placed_by(done: Lowered) -> tuple:
+        """The inputs whose strides (and offsets) ``done``'s computation relies
+        on: what the entry's prologue checks (alias_guard.py), so a lowering
+        that relies on others cannot replace the entry's."""
+        return tuple(done.placed), tuple(getattr(done.comp, "placed_inputs", ()))
+
+    def lower(self, exs: list, traces: list[Trace]) -> Lowered:
+        """The computation with executors ``exs`` (priority order, resolved);
+        appends its stages to ``traces``."""
+        with torch.set_grad_enabled(self.grad):
+            done = self._lower(exs, traces)
+        if self.autocast:
+            done.comp = without_autocast(done.comp)    # the key holds the autocast state: casts are in the trace
+            done.comp.program = done.program
+        return done
+
+    def _lower(self, exs: list, traces: list[Trace]) -> Lowered:
+        t, groups, transforms = self.trace, self.groups, self.transforms
+        if self.differentiable:
+            def stages(tr: Trace) -> list[Trace]:
+                steps: list[Trace] = []     # every stage is recorded for last_traces / last_backward_traces
+                final = finalize(tr, exs, groups, steps, transforms)
+                return steps or [final]     # no pass changed it: the input itself runs
+            after_split = (lambda f, b: apply_after_autodiff(transforms, f, b)) if transforms else None
+            note("split_forward_backward", t)
+            mask = [type(p) is TensorProxy and p.requires_grad for p in t.args]
+            program = make_differentiable(t, mask, stages, groups, after_split=after_split, executors=exs,
+                                          input_strides=self.input_strides)
+            traces += program.forward_traces
+            return Lowered(program, program, program.forward_traces[-1], list(program.backward_traces),
+                           tuple(program.stride_inputs))
+        steps: list[Trace] = []
+        final = finalize(t, exs, groups, steps, transforms)
+        # as on the differentiable path (executors/autograd_function.py), an elementwise
+        # step may write into a buffer dying there, unless autograd records it
+        recorded = self.grad and self.own_backward is None
+        final = _record(steps, _step(reuse_buffers, final, writes_out, recorded=recorded), final)
+        traces += steps
+        run = final.python_callable()
+        return Lowered(_without_grad(run) if self.own_backward is not None else run, None, final, [], ())
+
+    def rehearse(self, done: Lowered, inputs: list, grad_layouts: list | None = None,
+                 later: Callable | None = None) -> int:
+        """Run ``done``'s computation once on fake tensors like ``inputs`` (the
+        values a call passes it), so its compiled regions compile now, on this
+        thread, for the layouts a call meets (executors/rehearsal.py);
+        ``grad_layouts``: those of the gradients its backward gets
+        (``DifferentiableProgram.rehearse``); ``later``: where its regions send
+        a layout the rehearsal did not foresee (``rehearsal.rehearse``).
+        Returns how many region calls were prepared."""
+        def run(fakes: list, resolve: Callable) -> None:
+            if done.program is not None:
+                done.program.rehearse(fakes, resolve, grad_layouts)
+            else:
+                done.final.python_callable(resolve)(*fakes)
+        with torch.set_grad_enabled(self.grad and self.own_backward is None):
+            return rehearse(run, inputs, later)
+
+
+class Lowered:
+    """What one lowering made: ``comp``, the computation an entry calls
+    (wrapped as it runs); ``program``, the differentiable program inside it
+    (None without autodiff); ``final``, the final (forward) trace; the backward
+    traces; the inputs whose strides and offsets it relies on (``placed``)."""
+    __slots__ = ("comp", "program", "final", "backward", "placed")
+
+    def __init__(self, comp: Callable, program: DifferentiableProgram | None, final: Trace, backward: list[Trace],
+                 placed: tuple):
+        self.comp = comp
+        self.program = program
+        self.final = final
+        self.backward = backward
+        self.placed = placed
 
 
 def _without_grad(run: Callable) -> Callable:

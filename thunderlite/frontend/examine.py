@@ -6,7 +6,8 @@ were skipped and why, registered implementations the call did not use and
 why (frontend/unused_impls.py), how the calls with a fused ATen path
 (attention, norms, losses, softmax, embedding...) were differentiated and why
 (``autodiff.rules.fused_path``) and who ran the fused kernels, the cache
-state, and the error if compiling failed.
+state, which tier the entry runs (frontend/caching/tiers.py), and the error if
+compiling failed.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class Examination:
         self.autodiff = ""              # how the program was differentiated, when notable (eager-mode fallback)
         self.cudagraphs: list[str] = []  # with CUDAGraphs: regions captured, symbols left out and why
         self.splits: list[str] = []     # where the program split (frontend/splits/): line, why, value seen
+        self.tier = ""                  # which tier the entry runs (frontend/caching/tiers.py)
         self.kernels: list[str] = []     # calls with a fused ATen path: how they were taken and why; who ran them
         self.predication: list[str] = []  # blocks run predicated on a tensor flag, and those that could not be
         self.opaque = opaque
@@ -77,6 +79,8 @@ class Examination:
         if self.splits:
             lines.append(f"  split into {len(self.splits) + 1} pieces where Python needs a traced value:")
             lines += [f"    {line}" for line in self.splits]
+        if self.tier:
+            lines.append(f"  tier: {self.tier}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -104,6 +108,8 @@ def examine_call(jfn, error: BaseException | None, elapsed_ms: float, executors)
     report.autodiff = _autodiff_note(entry.traces) if entry is not None else ""
     if entry is not None:
         report.cudagraphs = _cudagraph_notes([f for p in pieces for f in (p.traces[-1], *p.backward_traces[-1:])])
+        tier = getattr(entry, "tier", None)
+        report.tier = tier.describe(jfn._tiers.hot_after) if tier is not None else "fast (tiering off)"
         fusing = any(ex.fuses_elementwise for ex in resolve_executors(executors))
         report.kernels = [line for p in pieces for line in _kernel_notes(p, fusing)]
         report.predication = list(dict.fromkeys(n for p in pieces for n in p.predication))

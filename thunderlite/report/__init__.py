@@ -1,7 +1,9 @@
 """The trace report (docs/architecture.md §13): one self-contained HTML page about a jitted function's last call.
 
 ``thunderlite.trace_report(jfn, path)`` writes every stage of the forward,
-backward and prologue traces side by side with the diff to the stage before,
+backward and prologue traces side by side with the diff to the stage before
+(the tier the entry runs in the header: fast, or hot once its regions were
+compiled off the calling thread),
 fusion regions and executor claims in colour, each symbol's source line (and
 the user's own line when that one is library code), and a chart of live tensor
 memory along the final forward and backward traces. The page needs no network:
@@ -20,7 +22,14 @@ from __future__ import annotations
 
 import os
 
-from thunderlite.api import compile_stats, last_backward_traces, last_gradients, last_prologue_traces, last_traces
+from thunderlite.api import (
+    compile_stats,
+    last_backward_traces,
+    last_gradients,
+    last_prologue_traces,
+    last_tier,
+    last_traces,
+)
 from thunderlite.report.page import build_page
 
 
@@ -35,7 +44,7 @@ def trace_report(jfn, path: str | os.PathLike = "thunderlite_report.html") -> st
         fn = getattr(jfn, "fn", None)
         title = getattr(fn, "__qualname__", None) or getattr(jfn, "__name__", "function")
     html = build_page(title, forward, last_backward_traces(jfn), last_prologue_traces(jfn),
-                      compile_stats(jfn)["stage_ms"], last_gradients(jfn))
+                      compile_stats(jfn)["stage_ms"], last_gradients(jfn), last_tier(jfn))
     path = os.fspath(path)
     with open(path, "w", encoding="utf-8") as f:
         f.write(html)

@@ -50,10 +50,11 @@ def _memory_summary(group: str, stage_id: str, trace: Trace) -> tuple[dict, obje
 
 
 def build_page(title: str, forward: list[Trace], backward: list[Trace], prologue: list[Trace],
-               stage_ms: dict | None = None, gradients: dict | None = None) -> str:
+               stage_ms: dict | None = None, gradients: dict | None = None, tier: str = "") -> str:
     """The report's HTML for these trace lists (each: every stage, the last one ran).
     ``gradients``: the gradient values a whole step's own backward made (name ->
-    its leaf), whose deaths the memory summary lists."""
+    its leaf), whose deaths the memory summary lists. ``tier``: which tier
+    the entry runs (frontend/caching/tiers.py), in words."""
     sources, decomps = SourceTable(), DecompTable()
     groups = []
     for name, label, traces in (("forward", "Forward", forward), ("backward", "Backward", backward),
@@ -89,6 +90,7 @@ def build_page(title: str, forward: list[Trace], backward: list[Trace], prologue
   <div class="brand">thunderlite <span>trace report</span></div>
   <h1>{escape(title)}</h1>
   <div class="when">{when}</div>
+  {f'<div class="tier">tier: {escape(tier)}</div>' if tier else ''}
   <div id="legend"></div>
 </header>
 <section id="memory">

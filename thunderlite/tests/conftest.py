@@ -1,5 +1,6 @@
 """Fixtures shared by the test files: a one-rank process group (gloo over a
-file store, no port) for tests that trace collectives in-process.
+file store, no port) for tests that trace collectives in-process. Tiering is
+off by default in the suite (``pytest_configure``).
 
 torch is imported inside the fixture: this conftest is also loaded by the
 torch-free interpreter suite that CI runs under Python 3.10, 3.12 and 3.13."""
@@ -7,10 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import os
 import tempfile
 
 import pytest
+
+
+def pytest_configure(config):
+    """Tiering (frontend/caching/tiers.py) is off unless a test turns it on
+    (``jit(fn, tiering=N)``, test_tiering.py): with the library's default, a
+    test calling a jitted function 20 times would compile Inductor regions in
+    the background and swap them in halfway through its checks."""
+    if importlib.util.find_spec("torch") is None:
+        return          # the interpreter's suite, without torch
+    from thunderlite.frontend.caching import tiers
+    tiers.DEFAULT_POLICY = None
 
 
 @contextlib.contextmanager

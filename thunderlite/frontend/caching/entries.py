@@ -49,7 +49,8 @@ class CompiledEntry:
     """One compiled program: its entry function and the traces that made it."""
     __slots__ = ("fn", "traces", "backward_traces", "prologue_traces", "stage_ms", "total_ms", "guards",
                  "roots", "opaque", "alias_guard", "inputs", "sym_guards", "input_names", "gradients",
-                 "path_shapes", "learned", "raises", "predication", "__weakref__")
+                 "calls", "key", "lowering", "tier", "path_shapes", "learned", "raises", "predication",
+                 "__weakref__")
 
     def __init__(self, fn: Callable, traces: list, backward_traces: list, prologue_traces: list,
                  stage_ms: dict, total_ms: float, guards: list):
@@ -65,6 +66,10 @@ class CompiledEntry:
         self.sym_guards: list = []  # core.symint.SymGuard: what the trace assumed of symbolic sizes
         self.input_names: list = []  # the trace name of each of ``inputs``
         self.gradients: dict = {}    # a whole step's gradients: value name -> its leaf (api.last_gradients)
+        self.calls = 1               # calls served, the one that compiled it included
+        self.key: tuple | None = None   # its key in the function's cache (None: not stored)
+        self.lowering = None         # compile.Lowering: how its computation was made from the trace
+        self.tier = None             # tiers.Tier: which tier it runs, and since when (None: tiering off)
         self.path_shapes: list = []  # (path, shape) of each tensor read through a path (caching/automatic.py)
         self.learned: str | None = None  # what tracing it made symbolic (a growing state), for the miss reason
         self.raises: BaseException | None = None  # the program's own exception, raised after its writes ran

@@ -193,6 +193,10 @@ class SplitEntry(CompiledEntry):
                      "path_shapes"):
             setattr(self, name, getattr(root, name))
         self.learned = None
+        self.calls = 1
+        self.key = None
+        self.lowering = None         # its pieces are lowered each on its own: no hot tier of the whole
+        self.tier = None
         self.fn = run
         self.raises = None
         self.tree = tree

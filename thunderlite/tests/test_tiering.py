@@ -1,0 +1,427 @@
+"""Tiered compilation (frontend/caching/tiers.py): an entry called N times
+gets its regions compiled by torchcompile off the calling thread and swapped
+in. Checked against eager before and after the swap: outputs, gradients,
+written inputs and module state; concurrent calls during the swap; a failing
+hot tier keeps the fast one; ``cache_info``/``examine``/the report show the
+tier. Each hot tier compiles Inductor code (seconds each; Inductor's on-disk
+caches make reruns cheaper)."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import thunderlite
+from thunderlite.core.tags import Tag
+from thunderlite.executors.torchcompile import TorchCompileExecutor
+from thunderlite.extend import get_executor
+
+
+@pytest.fixture(autouse=True)
+def _needs_torchcompile():
+    ok, reason = get_executor("torchcompile").is_available()
+    if not ok:
+        pytest.skip(f"the hot tier's executor is unavailable: {reason}")
+
+
+def _policy(after_calls: int, **options) -> thunderlite.TierPolicy:
+    """Tier up after ``after_calls`` calls, untried unless ``trial_calls`` is given (no timing decides)."""
+    return thunderlite.TierPolicy(after_calls=after_calls, **{"trial_calls": 0, **options})
+
+
+def _tier(jfn) -> dict:
+    (tier,) = thunderlite.cache_info(jfn)["tiers"]
+    return tier
+
+
+def _hot_regions(jfn) -> list:
+    finals = [thunderlite.last_traces(jfn)[-1], *thunderlite.last_backward_traces(jfn)[-1:]]
+    return [b for t in finals for b in t.bound_symbols
+            if Tag.FUSION in b.sym.tags and b.sym.executor is get_executor("torchcompile")]
+
+
+def _compilations(jfn) -> int:
+    return sum(b.sym.impl.compilations for b in _hot_regions(jfn))
+
+
+def _mlp(x, w, b):
+    h = torch.nn.functional.gelu(x @ w + b)
+    return (h.sin() * 2 + h.cos() * h - x.t().sum(0)).tanh()
+
+
+def test_tier_up_after_n_calls_with_eager_answers_before_and_after():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=_policy(3))
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert _tier(jf)["tier"] == "fast" and _tier(jf)["calls"] == 2
+    assert not _hot_regions(jf)
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))     # the third call: the tier-up starts
+    assert _tier(jf)["tier"] in ("compiling", "hot")
+    assert thunderlite.wait_for_tiers(jf)
+    tier = _tier(jf)
+    assert tier["tier"] == "hot", tier
+    assert tier["seconds_to_hot"] >= tier["hot_compile_seconds"] > 0 and tier["hot_regions"] >= 1
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert _hot_regions(jf), thunderlite.last_traces(jf)[-1]
+    assert _tier(jf)["calls"] == 4
+    # the rehearsal compiled every layout the call met (x.t() included): the hot call compiled nothing
+    before = _compilations(jf)
+    jf(x, w, b)
+    assert _compilations(jf) == before
+    # other inputs of the same key run the hot entry too
+    x2 = torch.randn(8, 8)
+    torch.testing.assert_close(jf(x2, w, b), _mlp(x2, w, b))
+
+
+def test_tiering_off_and_policy_options():
+    x = torch.randn(4)
+    jf = thunderlite.jit(lambda a: a.sin() + 1, tiering=False)
+    for _ in range(30):
+        jf(x)
+    assert thunderlite.cache_info(jf)["tiers"] == []
+    assert thunderlite.wait_for_tiers(jf)
+    assert "tiering off" in str(thunderlite.examine(jf, x))
+    with pytest.raises(ValueError, match="at least 1"):
+        thunderlite.TierPolicy(after_calls=0)
+    with pytest.raises(TypeError, match="tiering="):
+        thunderlite.jit(lambda a: a, tiering="yes")
+
+
+def test_entries_that_stay_fast_say_why():
+    x = torch.randn(4)
+    jf = thunderlite.jit(lambda a: a.sin() + 1, executors=["torchcompile", "torch"], tiering=_policy(2))
+    jf(x)
+    jf(x)
+    assert _tier(jf)["tier"] == "fast (final)" and "fuse already ('torchcompile')" in _tier(jf)["reason"]
+
+    def reseeds(a):
+        torch.manual_seed(0)
+        return a + torch.rand(4)
+    jr = thunderlite.jit(reseeds, tiering=_policy(2))
+    for _ in range(3):
+        torch.testing.assert_close(jr(x), reseeds(x))
+    assert _tier(jr)["tier"] == "fast (final)" and "manual_seed" in _tier(jr)["reason"]
+
+    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=_policy(2))
+    jd(torch.randn(3))
+    jd(torch.randn(3))
+    assert "symbolic sizes" in _tier(jd)["reason"]
+
+    js = thunderlite.jit(lambda a: a.sin() + 1, tiering=_policy(2))      # two torch calls: a region costs more
+    js(x)
+    js(x)
+    assert thunderlite.wait_for_tiers(js)
+    assert _tier(js)["tier"] == "fast (final)" and "symbols of about" in _tier(js)["reason"], _tier(js)
+
+
+class _BrokenRegions(TorchCompileExecutor):
+    """Regions whose compile fails: the hot tier must fail and keep the fast one."""
+
+    def _compile(self, sub, region):
+        raise RuntimeError("no compiler today")
+
+
+def test_a_failing_hot_tier_keeps_the_fast_tier_with_the_reason():
+    broken = _BrokenRegions("torchcompile_broken")
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2, executor=broken))
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert thunderlite.wait_for_tiers(jf)
+    tier = _tier(jf)
+    assert tier["tier"] == "fast (final)" and "no compiler today" in tier["reason"], tier
+    for _ in range(3):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert not [b for b in thunderlite.last_traces(jf)[-1].bound_symbols if Tag.FUSION in b.sym.tags]
+    assert "stays so" in str(thunderlite.examine(jf, x, w, b))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.register_buffer("seen", torch.zeros(8))
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.bn(self.lin(x)))
+        self.seen.add_(h.detach().mean(0))      # a buffer written on every call
+        return (h * h.sigmoid() + h.tanh() * 0.5 - h.cos()).sum(-1)
+
+
+def test_writes_and_module_state_stay_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    jm = thunderlite.jit(model, tiering=_policy(2))
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        for i in range(6):
+            torch.testing.assert_close(jm(x + i), ref(x + i))
+            if i == 2:
+                assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot", _tier(jm)
+    assert _hot_regions(jm)
+    for name, buf in ref.named_buffers():
+        torch.testing.assert_close(dict(model.named_buffers())[name], buf)
+
+    def scale_(a, s):
+        a.mul_(s)
+        h = (a.sin() * 2 + a.cos() * a.sigmoid() - a.tanh()).tanh()
+        a.add_(h.mean())
+        return h
+    ja = thunderlite.jit(scale_, tiering=_policy(2))
+    a = torch.randn(5)
+    ea = a.clone()
+    for _ in range(5):
+        torch.testing.assert_close(ja(a, torch.full((5,), 0.5)), scale_(ea, torch.full((5,), 0.5)))
+        torch.testing.assert_close(a, ea)
+        thunderlite.wait_for_tiers(ja)
+    assert _tier(ja)["tier"] == "hot"
+
+
+class _Mini(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + self.down(torch.nn.functional.silu(self.up(self.norm(h))))
+        return torch.nn.functional.cross_entropy(h.flatten(0, 1), ids.flatten() % 8)
+
+
+def _grads(m):
+    return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def test_training_forward_backward_stays_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Mini()
+    ref = copy.deepcopy(model)
+    jm = thunderlite.jit(model, tiering=_policy(2))
+    ids = torch.randint(0, 16, (2, 5))
+    for i in range(5):
+        loss, eloss = jm(ids), ref(ids)
+        loss.backward()
+        eloss.backward()
+        torch.testing.assert_close(loss, eloss)
+        for n, g in _grads(ref).items():
+            torch.testing.assert_close(_grads(model)[n], g)
+        if i == 1:
+            assert thunderlite.wait_for_tiers(jm) and _tier(jm)["tier"] == "hot", _tier(jm)
+    hot = _hot_regions(jm)
+    assert any(b in thunderlite.last_backward_traces(jm)[-1].bound_symbols for b in hot)
+    before = _compilations(jm)
+    jm(ids).backward()
+    assert _compilations(jm) == before      # forward and backward layouts were all rehearsed
+
+
+def test_whole_training_step_with_optimizer_stays_eager_after_the_swap():
+    torch.manual_seed(0)
+    model = _Mini()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+
+    def step(m, o, ids):
+        loss = m(ids)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+    jstep = thunderlite.jit(step, tiering=_policy(2))
+    ids = torch.randint(0, 16, (2, 5))
+    for i in range(6):
+        torch.testing.assert_close(jstep(model, opt, ids), step(ref, ref_opt, ids))
+        if i == 2:      # the first step compiled without momentum buffers, the second with them
+            assert thunderlite.wait_for_tiers(jstep)
+    tiers = thunderlite.cache_info(jstep)["tiers"]
+    assert [t["tier"] for t in tiers] == ["fast", "hot"], tiers
+    assert _hot_regions(jstep)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, msg=n)
+
+
+def test_dropout_draws_eager_numbers_and_the_rehearsal_draws_none():
+    def drop(a):
+        d = torch.nn.functional.dropout(a.sin() * a.cos() + a.tanh(), 0.5, training=True)
+        return d * 3 + a.cos() * a.sigmoid() - a.exp().tanh()
+    x = torch.randn(64)
+    jf = thunderlite.jit(drop, tiering=_policy(2))
+    torch.manual_seed(1)
+    outs = [jf(x), jf(x)]
+    assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "hot", _tier(jf)
+    outs += [jf(x), jf(x)]
+    torch.manual_seed(1)
+    for out in outs:
+        torch.testing.assert_close(out, drop(x))
+
+
+def test_concurrent_calls_during_the_swap_return_eager_answers():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    expected = _mlp(x, w, b)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
+    jf(x, w, b)
+    jf(x, w, b)         # the second call starts the compile: the threads below call while it runs
+    assert _tier(jf)["tier"] in ("compiling", "hot")
+    errors: list = []
+    swapped = threading.Event()
+    after = [0] * 4         # each thread's calls after the swap
+
+    def caller(k: int):
+        try:
+            while after[k] < 5:
+                torch.testing.assert_close(jf(x, w, b), expected)
+                after[k] += swapped.is_set()
+        except Exception as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    assert thunderlite.wait_for_tiers(jf, timeout=600)
+    swapped.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert _tier(jf)["tier"] == "hot"
+    torch.testing.assert_close(jf(x, w, b), expected)
+    assert _hot_regions(jf)
+
+
+def test_examine_and_the_report_show_the_tier(tmp_path):
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
+    assert "tier: fast (compiled in" in str(thunderlite.examine(jf, x, w, b))     # its first call
+    jf(x, w, b)
+    assert thunderlite.wait_for_tiers(jf)
+    text = str(thunderlite.examine(jf, x, w, b))
+    assert "tier: hot: 1 regions compiled by torchcompile" in text, text
+    page = open(thunderlite.trace_report(jf, tmp_path / "r.html"), encoding="utf-8").read()
+    assert "tier: hot" in page
+
+
+def _chain(x):
+    for _ in range(6):
+        x = (x * 1.01 + 0.5).sin()
+    return x
+
+
+def test_a_trial_keeps_a_hot_tier_that_costs_less():
+    """18 passes over 8 MB in eager, one in the fused region: the trial keeps it."""
+    x = torch.randn(2_000_000)
+    want = _chain(x)            # once: the intervals measured hold the jitted calls only
+    jf = thunderlite.jit(_chain, tiering=thunderlite.TierPolicy(after_calls=3, trial_calls=4))
+    outs = [jf(x) for _ in range(7)]        # calls 3-7 measure the fast tier; the seventh starts the compile
+    assert thunderlite.wait_for_tiers(jf)
+    assert _tier(jf)["tier"] == "trial", _tier(jf)
+    outs += [jf(x) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, want)
+    tier = _tier(jf)
+    assert tier["tier"] == "hot" and tier["hot_ms_per_call"] <= tier["fast_ms_per_call"], repr(tier)
+    assert "tier: hot:" in str(thunderlite.examine(jf, x))
+
+
+class _Burning:
+    """A compiled region that spends 20 ms of CPU before each call."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+    def __call__(self, *args):
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return self.compiled(*args)
+
+
+class _SlowRegions(TorchCompileExecutor):
+    def _compile(self, sub, region):
+        return _Burning(super()._compile(sub, region))
+
+
+def test_a_trial_puts_back_the_fast_tier_when_the_hot_one_costs_more():
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    policy = thunderlite.TierPolicy(after_calls=3, trial_calls=3, executor=_SlowRegions("torchcompile_slow"))
+    jf = thunderlite.jit(_mlp, tiering=policy)
+    for _ in range(6):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "trial", _tier(jf)
+    for _ in range(4):
+        torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    tier = _tier(jf)
+    assert tier["tier"] == "fast (final)" and "slower" in tier["reason"], tier
+    assert tier["hot_ms_per_call"] > tier["fast_ms_per_call"]
+    torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
+    assert not _hot_regions(jf)
+
+
+def test_the_backward_is_rehearsed_with_the_gradient_layouts_autograd_gives():
+    """``out.sum().backward()`` hands the backward an expanded gradient (stride 0):
+    measured on the fast tier, rehearsed, so no hot call compiles a region."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16), torch.nn.Tanh())
+    ref = copy.deepcopy(model)
+
+    def f(m, x):
+        h = m(x)
+        return (h * h.sigmoid() + h.cos() - h.sin() * 2).t()
+    x = torch.randn(8, 16)
+    jf = thunderlite.jit(f, tiering=thunderlite.TierPolicy(after_calls=2, trial_calls=2))
+    for i in range(9):
+        out = jf(model, x)
+        out.sum().backward()
+        f(ref, x).sum().backward()
+        torch.testing.assert_close(out, f(ref, x))
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        if i == 4:      # calls 3-5 measured the fast tier, the fifth started the compile
+            assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "trial", _tier(jf)
+        if i == 5:      # the hot tier's first call: both regions ran the one layout the rehearsal compiled
+            assert _compilations(jf) == 2 and len(_hot_regions(jf)) == 2
+    assert _tier(jf)["tier"] in ("hot", "fast (final)"), _tier(jf)       # what the trial measured decides
+
+
+def test_a_layout_the_rehearsal_did_not_meet_compiles_off_the_calling_thread():
+    """The key holds no strides: a transposed input runs the hot entry with a
+    region layout nobody rehearsed. That call runs the region's torch calls,
+    the worker compiles the layout, and the calls after it run compiled code."""
+    x, w, b = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8)
+    jf = thunderlite.jit(_mlp, tiering=_policy(2))
+    jf(x, w, b)
+    jf(x, w, b)
+    assert thunderlite.wait_for_tiers(jf)
+    jf(x, w, b)
+    assert _compilations(jf) == 1
+    xt = x.t().contiguous().t()         # same values and key, other strides
+    torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
+    assert _compilations(jf) == 1       # not compiled by that call
+    assert thunderlite.wait_for_tiers(jf)
+    assert _compilations(jf) == 2       # by the worker
+    torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
+    assert _compilations(jf) == 2
+
+
+def test_tiering_is_on_by_default_outside_the_suite():
+    """The suite's conftest turns the default off; a user's process has it on."""
+    prog = ("import torch, thunderlite\n"
+            "jf = thunderlite.jit(lambda a: a.sin() + 1)\n"
+            "jf(torch.randn(3))\n"
+            "(tier,) = thunderlite.cache_info(jf)['tiers']\n"
+            "assert tier['tier'] == 'fast', tier\n"
+            "assert thunderlite.TierPolicy().after_calls == 20\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
