@@ -207,7 +207,8 @@ class TracingHooks(InterpreterHooks):
             # torch wraps some functions (torch.manual_seed once torch._dynamo is imported)
             # in a dynamo-disable wrapper: look through it to the op it wraps
             return self.lookaside(fn.__wrapped__)
-        if self.splitter is not None and (fn in _PURE_FUNCTIONS or type(fn) is types.BuiltinFunctionType
+        if self.splitter is not None and (any(fn is f for f in _PURE_FUNCTIONS)
+                                          or type(fn) is types.BuiltinFunctionType
                                           and getattr(fn, "__module__", None) in _PURE_MODULES):
             return self._on_values(fn)
         return None
@@ -871,7 +872,7 @@ _WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delite
 
 # native functions without side effects, run on a split's values when they need them
 _PURE_MODULES = frozenset({"math", "cmath"})
-_PURE_FUNCTIONS = frozenset({range, operator.index, operator.truth, operator.not_})
+_PURE_FUNCTIONS = (range, operator.index, operator.truth, operator.not_)     # compared by identity: callables may be unhashable
 
 
 def is_stateful_iterator(value: Any) -> bool:

@@ -9,7 +9,7 @@ import torch
 import thunderlite
 
 PASSES = {"interpretation", "update_aliases", "dce", "claim_executors", "schedule_collectives", "del_last_used",
-          "box_inputs", "reuse_buffers",
+          "box_inputs", "reuse_buffers", "fold_views",
           "functionalize",
           "split_forward_backward (forward)", "split_forward_backward (backward)",
           "split_forward_backward (eager mode: no-grad values detached)"}
