@@ -872,7 +872,8 @@ _WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delite
 
 # native functions without side effects, run on a split's values when they need them
 _PURE_MODULES = frozenset({"math", "cmath"})
-_PURE_FUNCTIONS = (range, operator.index, operator.truth, operator.not_)     # compared by identity: callables may be unhashable
+# compared by identity (a callable may be unhashable)
+_PURE_FUNCTIONS = (range, operator.index, operator.truth, operator.not_)
 
 
 def is_stateful_iterator(value: Any) -> bool:
