@@ -108,11 +108,13 @@ class _Folder:
             self.split_of[out.name] = x
         self.out.append(bsym)
 
-    def aligned_input(self, name: str) -> TensorProxy:
-        """A broadcast's input with the broadcast's rank (reshaped once, where first needed)."""
+    def aligned_input(self, name: str, trailing: bool = True) -> TensorProxy:
+        """A broadcast's input with the broadcast's rank (reshaped once, where first needed).
+        ``trailing``: the input itself may serve when only leading 1s are missing (the
+        call's other operands give the output its rank)."""
         a, aligned = self.broadcasts[name]
         lead = len(aligned) - a.ndim
-        if aligned[lead:] == tuple(a.shape) and all(s == 1 for s in aligned[:lead]):
+        if trailing and aligned[lead:] == tuple(a.shape) and all(s == 1 for s in aligned[:lead]):
             return a                    # torch's broadcasting aligns trailing dims itself
         made = self.made.get(name)
         if made is None:
@@ -141,7 +143,10 @@ class _Folder:
             shapes = [aligned if j == i else tuple(t.shape) for j, t in enumerate(args) if type(t) is TensorProxy]
             if not all(map(_static, shapes)) or _broadcast_shapes(shapes) != tuple(out.shape):
                 continue
-            args[i] = operand = self.aligned_input(a.name)
+            # the input as it is, where the other operands keep the output's rank
+            as_is = [tuple(src.shape) if j == i else tuple(t.shape) for j, t in enumerate(args)
+                     if type(t) is TensorProxy]
+            args[i] = operand = self.aligned_input(a.name, _broadcast_shapes(as_is) == tuple(out.shape))
             n = len(a.shape)
             folded.append(prims.broadcast_in_dim.bind(operand, tuple(a.shape), tuple(range(n - operand.ndim, n)),
                                                       output=a))
