@@ -1,6 +1,7 @@
 """Linear algebra: matmul and its spellings (mm, bmm, mv, dot, linear,
 addmm, baddbmm, outer, einsum). All bottom out in ``prims.matmul``;
-``linalg.lstsq`` is one torch call with its shapes computed here."""
+``linalg.lstsq`` and ``grouped_mm`` (the mixture-of-experts grouped GEMM)
+are one torch call each, with their shapes computed here."""
 from __future__ import annotations
 
 import builtins
@@ -219,3 +220,72 @@ PyTorch's autograd's), with shapes from ``_lstsq_meta``."""
 @torchsymbol(torch.linalg.lstsq)
 def linalg_lstsq(A, B, rcond=None, *, driver=None):
     return lstsq_leaf(A, B, rcond, driver=driver)
+
+
+# --- grouped matmul (mixture of experts): ATen's one kernel, shapes per its rules -------------------
+
+GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``_grouped_mm``'s output: ``offs`` (1-d int32, cumulative group ends)
+    cuts the jagged dimension of each 2-d operand. 2-d x 3-d: rows of ``mat_a``
+    per group, ``(M, N)``; 3-d x 3-d: a batch, ``(G, M, N)``, no ``offs``;
+    2-d x 2-d: the contraction dimension per group, ``(G, M, N)``; 3-d x 2-d:
+    columns of ``mat_b`` per group, ``(M, N)``. (torch's own Meta kernel takes
+    bfloat16 only, the CPU kernel float32 and float16 too.)"""
+    check(isinstance(mat_a, TensorProxy) and isinstance(mat_b, TensorProxy),
+          lambda: "grouped_mm: mat_a and mat_b must be tensors")
+    check(mat_a.ndim in (2, 3) and mat_b.ndim in (2, 3),
+          lambda: f"grouped_mm: mat_a and mat_b must be 2-d or 3-d, got {mat_a.ndim}-d and {mat_b.ndim}-d")
+    _same_dtype(mat_a, mat_b, "grouped_mm")
+    check(mat_a.dtype in GROUPED_MM_DTYPES,
+          lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {mat_a.dtype}")
+    check(bias is None, lambda: "grouped_mm: bias is not supported (PyTorch's kernel refuses it too)",
+          NotImplementedError)
+    check(out_dtype is None or out_dtype == mat_a.dtype,
+          lambda: "Grouped gemm output dtype must match `mat_a` dtype", NotImplementedError)
+    batched = mat_a.ndim == 3 and mat_b.ndim == 3
+    check((offs is None) == batched, lambda: "Have to provide offsets if there is a 2d matrix, or no offset "
+                                             "if both matrices are 3d")
+    if offs is not None:
+        check(isinstance(offs, TensorProxy) and offs.ndim == 1 and offs.dtype is torch.int32,
+              lambda: "grouped_mm: offs has to be a 1-d int32 tensor")
+        check(offs.device == mat_a.device, lambda: "grouped_mm: offs must be on mat_a's device")
+    check(mat_a.device == mat_b.device, lambda: f"grouped_mm: expected both operands on one device, got "
+                                               f"{mat_a.device} and {mat_b.device}")
+    check(mat_a.shape[-1] == mat_b.shape[-2],
+          lambda: "contraction dimension of mat_a and mat_b must match")
+    groups = mat_a.shape[0] if batched else offs.shape[0]
+    if mat_a.ndim == 3:
+        check(mat_a.shape[0] == groups, lambda: "matrix batch sizes have to match")
+    if mat_b.ndim == 3:
+        check(mat_b.shape[0] == groups, lambda: "matrix batch sizes have to match")
+    if mat_a.ndim == 2 and mat_b.ndim == 3:
+        shape = (mat_a.shape[0], mat_b.shape[2])
+    elif mat_a.ndim == 3 and mat_b.ndim == 2:
+        shape = (mat_a.shape[1], mat_b.shape[1])
+    else:
+        shape = (groups, mat_a.shape[-2], mat_b.shape[-1])
+    return TensorProxy(shape=shape, dtype=mat_a.dtype, device=mat_a.device,
+                       requires_grad=mat_a.requires_grad or mat_b.requires_grad)
+
+
+def _run_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    return torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+
+
+grouped_mm_call = register_leaf(Symbol("grouped_mm_call", meta=_grouped_mm_meta, module="ltorch",
+                                       tags={Tag.OPAQUE}, torch_fn=_run_grouped_mm))
+"""``_grouped_mm`` as one torch call whose gradients are PyTorch's autograd's:
+the calls ``grouped_mm``'s own VJP rule (autodiff/torch_rules.py) does not cover."""
+
+_GROUPED_MM_FNS = tuple(f for f in (getattr(torch.nn.functional, "grouped_mm", None),
+                                    getattr(torch, "_grouped_mm", None)) if f is not None)
+
+
+@torchsymbol(*_GROUPED_MM_FNS, torch_fn=_run_grouped_mm)
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``F.grouped_mm``/``torch._grouped_mm``: the executor runs ATen's grouped
+    kernel, forward and (its VJP rule) backward, as eager does."""
+    return grouped_mm_call(mat_a, mat_b, offs, bias, out_dtype)

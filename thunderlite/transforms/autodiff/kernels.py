@@ -363,6 +363,44 @@ def embedding_dense_backward(grad_output, indices, num_weights: int, padding_idx
     return prims.index_add(prims.full((num_weights, dim), 0, device=g.device, dtype=g.dtype), 0, idx, g)
 
 
+# --- grouped matmul (mixture of experts) -------------------------------------------------------------
+
+def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out as ``_grouped_mm`` takes it: one of its last two strides
+    1, the other a multiple of 16 bytes. An incoming gradient may be anything
+    (an expanded ``sum`` gradient, a transpose): eager's backward then raises
+    "Invalid strides"; here it is copied into such a layout (padded rows, as
+    the kernel's own outputs are)."""
+    size, stride, item = t.shape, t.stride(), t.element_size()
+    rows, cols = size[-2], size[-1]
+    if (stride[-1] == 1 and stride[-2] >= max(1, cols) and stride[-2] * item % 16 == 0) or \
+            (stride[-2] == 1 and stride[-1] >= max(1, rows) and stride[-1] * item % 16 == 0):
+        return t
+    per_row = 16 // item
+    padded = -(-cols // per_row) * per_row
+    out = t.new_empty((*size[:-1], padded))[..., :cols]
+    return out.copy_(t)
+
+
+def _grouped_mm_backward_impl(grad, mat_a, mat_b, offs, output_mask):
+    grad = _grouped_mm_operand(grad)
+    ga = torch._grouped_mm(grad, mat_b.mT, offs) if output_mask[0] else None
+    gb = torch._grouped_mm(mat_a.mT, grad, offs) if output_mask[1] else None
+    return ga, gb
+
+
+@_kernel(_grouped_mm_backward_impl)
+def grouped_mm_backward(grad, mat_a, mat_b, offs, output_mask):
+    """``(grad_a, grad_b)`` of ``grouped_mm(mat_a, mat_b, offs)``, each one
+    grouped GEMM again, in every layout: ``grad_a = grouped_mm(grad, mat_b^T,
+    offs)``, ``grad_b = grouped_mm(mat_a^T, grad, offs)`` (2-d x 3-d's weight
+    gradient is the 2-d x 2-d form, a group per slice of the rows; an empty
+    group's gradient is zeros). ``output_mask``: which of the two are wanted."""
+    ga = linalg.grouped_mm(grad, shapes.transpose(mat_b, -2, -1), offs) if output_mask[0] else None
+    gb = linalg.grouped_mm(shapes.transpose(mat_a, -2, -1), grad, offs) if output_mask[1] else None
+    return ga, gb
+
+
 # --- attention: the math CPU flash, CUDA flash and CUDA efficient attention compute ---------------------------
 
 def _scores(query, key, is_causal: bool, attn_mask, scale):

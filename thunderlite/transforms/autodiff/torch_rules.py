@@ -302,6 +302,23 @@ def _embedding(g, out, input, weight, padding_idx=None, max_norm=None, norm_type
     return None, kernels.embedding_dense_backward(g, input, num, pad, scale_grad_by_freq), None, None, None, None, None
 
 
+# --- grouped matmul (mixture of experts) ---------------------------------------------------------------
+
+def _grouped_mm_when(bsym) -> bool:
+    """No bias and the output in the operands' dtype (what PyTorch's kernel
+    computes); the other calls run under PyTorch's autograd (``grouped_mm_call``)."""
+    out_dtype = _arg(bsym, 4, "out_dtype")
+    a = _arg(bsym, 0, "mat_a")
+    return _arg(bsym, 3, "bias") is None and (out_dtype is None or out_dtype == a.dtype)
+
+
+@register_vjp(linalg.grouped_mm, when=_grouped_mm_when, fused=True)
+def _grouped_mm(g, out, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The forward stays ATen's grouped GEMM; the backward is two more of them."""
+    ga, gb = kernels.grouped_mm_backward(g, mat_a, mat_b, offs, (_wants(mat_a), _wants(mat_b)))
+    return ga, gb, None, None, None
+
+
 # --- float16/bfloat16 arithmetic: eager's formulas on the half-precision tensors --------------------------
 
 def _half_arith(bsym) -> bool:
