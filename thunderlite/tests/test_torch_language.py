@@ -83,6 +83,19 @@ def test_non_contiguous_inputs():
     assert_matches(lambda a, b: (a * b).cumsum(0) + a.transpose(0, 1).reshape(3, 4).t(), x, y)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.float64, None])
+def test_scan_dtype_in_trace(dtype):
+    """A scan's ``dtype=`` is the recorded proxy's dtype too (an int32 cumsum was
+    traced as int64, so what read it, HF's grouped_mm offsets, saw the wrong dtype)."""
+    x = torch.tensor([1.0, 2.0, 3.0])
+    for fn in (lambda a: torch.cumsum(a, 0, dtype=dtype), lambda a: a.int().cumprod(0, dtype=dtype),
+               lambda a: a.sum().cumsum(0, dtype=dtype)):
+        jfn = thunderlite.jit(fn)
+        got, want = jfn(x), fn(x)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert thunderlite.last_traces(jfn)[-1].output.dtype == want.dtype
+
+
 @pytest.mark.parametrize("key", [
     0, -1, slice(1, None), (slice(None), 1), (Ellipsis, 0), (None, 0), (slice(None, None, 2), None, -1),
     (1, Ellipsis, None), (slice(5, 1),)])

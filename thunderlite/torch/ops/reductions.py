@@ -234,9 +234,11 @@ def _scan(prim, input, dim, dtype):
     d = canonical_dim(dim, input.ndim)
     out_dtype = reduction_dtype(input, dtype)
     x = convert(input, out_dtype)
+    # an integer dtype asked for is kept (the prim's own default widens integers to int64)
+    kw = {} if dtype is None else {"dtype": out_dtype}
     if input.ndim == 0:
-        return prims.reshape(prim(prims.reshape(x, (1,)), 0), ())
-    return prim(x, d)
+        return prims.reshape(prim(prims.reshape(x, (1,)), 0, **kw), ())
+    return prim(x, d, **kw)
 
 
 @torchsymbol(torch.cumsum, T.cumsum, method_name="cumsum")
