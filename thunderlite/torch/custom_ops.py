@@ -64,6 +64,7 @@ from thunderlite.core.proxies import NumberProxy, TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.tags import Tag
 from thunderlite.core.tracectx import made_once
+from thunderlite.torch.custom_op_equivalents import with_equivalent
 
 _CUSTOM_TYPES = (OpOverload, OpOverloadPacket, CustomOpDef)
 _callables: dict[OpOverload, Callable] = {}
@@ -104,16 +105,30 @@ def is_custom_op(fn: Any) -> bool:
     return False
 
 
-def custom_op_callable(fn: Any) -> Callable | None:
+def custom_op_callable(fn: Any, symbol_for: Callable | None = None) -> Callable | None:
     """The callable that records ``fn`` into the current trace, or None if ``fn``
     is not a ``torch.library`` op, or is a packet whose overload only the call's
-    arguments decide (the opaque fallback resolves those). Cached per overload."""
+    arguments decide (the opaque fallback resolves those). Cached per overload.
+    ``symbol_for`` (torch callable -> symbol; the registry's): a custom op known
+    to equal a torch function records that function's symbol where it accepts
+    the call (torch/custom_op_equivalents.py)."""
     if not isinstance(fn, _CUSTOM_TYPES):
         return None
     if isinstance(fn, OpOverloadPacket) and len(fn.overloads()) != 1:
         return None
     overload = _overload_of(fn)
-    return made_once(_callables, overload, lambda: _make(overload))
+    if symbol_for is None:
+        return made_once(_callables, overload, lambda: _make(overload))
+    return made_once(_with_equivalents, overload, lambda: _equivalent_of(overload, symbol_for))
+
+
+_with_equivalents: dict[OpOverload, Callable] = {}
+
+
+def _equivalent_of(overload: OpOverload, symbol_for: Callable) -> Callable:
+    record = made_once(_callables, overload, lambda: _make(overload))
+    schema = _Schema(overload)
+    return with_equivalent(overload.name(), schema.names, schema.defaults, record, symbol_for)
 
 
 def _overload_of(fn) -> OpOverload:

@@ -45,7 +45,7 @@ def symbol_for(fn) -> Symbol | None:
     except TypeError:  # unhashable callables are never torch callables
         return None
     if sym is None and is_custom_op(fn):
-        return custom_op_callable(fn)
+        return custom_op_callable(fn, _torch_to_symbol.get)
     return sym
 
 
