@@ -382,10 +382,22 @@ def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
+def _column_major(t: torch.Tensor) -> bool:
+    return t.stride(-2) == 1 and t.stride(-1) != 1
+
+
 def _grouped_mm_backward_impl(grad, mat_a, mat_b, offs, output_mask):
+    """Each gradient computed in its operand's layout, as eager's formula does
+    (a column-major operand's gradient is the transposed product, transposed
+    back), so the results are eager's bit for bit."""
     grad = _grouped_mm_operand(grad)
-    ga = torch._grouped_mm(grad, mat_b.mT, offs) if output_mask[0] else None
-    gb = torch._grouped_mm(mat_a.mT, grad, offs) if output_mask[1] else None
+    ga = gb = None
+    if output_mask[0]:
+        ga = (torch._grouped_mm(mat_b, grad.mT, offs).mT if _column_major(mat_a)
+              else torch._grouped_mm(grad, mat_b.mT, offs))
+    if output_mask[1]:
+        gb = (torch._grouped_mm(grad.mT, mat_a, offs).mT if _column_major(mat_b)
+              else torch._grouped_mm(mat_a.mT, grad, offs))
     return ga, gb
 
 
