@@ -50,10 +50,16 @@ from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
 from thunderlite.executors.rehearsal import examples_like
 from thunderlite.executors.torchex import torch_executor
+from thunderlite.torch.ops import linalg
+from thunderlite.transforms.autodiff import kernels
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
 
 _UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN})
+# ATen's grouped GEMM (mixture of experts): one kernel with nothing to fuse inside,
+# whose FakeTensor kernel (what Inductor traces with) takes bfloat16 only where the
+# CPU kernel takes float32 and float16 too; it runs on the torch executor between regions
+_KERNEL_ONLY = frozenset({linalg.grouped_mm, linalg.grouped_mm_call, kernels.grouped_mm_backward})
 
 
 class TorchCompileExecutor(FusionExecutor):
@@ -82,7 +88,7 @@ class TorchCompileExecutor(FusionExecutor):
         return True, ""
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None:
+        if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None or bsym.sym in _KERNEL_ONLY:
             return False
         if not _tensor_outputs(bsym):
             return False

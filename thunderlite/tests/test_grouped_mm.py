@@ -129,6 +129,24 @@ def test_grouped_mm_dynamic_token_count():
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_grouped_mm_between_inductor_regions():
+    """With torch.compile first in the list, the grouped GEMM stays the torch
+    executor's call between regions (Inductor's fake kernel takes bfloat16 only)."""
+    pytest.importorskip("torch._inductor")
+    fn = lambda x, w, o: F.grouped_mm((x * 2).sin(), w, offs=o).cos() * 3  # noqa: E731
+    jfn = thunderlite.jit(fn, executors=["torchcompile", "torch"])
+    x = torch.randn(12, 8, requires_grad=True)
+    w = torch.randn(3, 8, 4, requires_grad=True)
+    offs = torch.tensor([5, 5, 12], dtype=torch.int32)
+    got, want = jfn(x, w, offs), fn(x, w, offs)
+    torch.testing.assert_close(got, want)
+    g = torch.randn(12, 4)
+    for a, b in zip(_eager_grads(got, (x, w), g), _eager_grads(want, (x, w), g), strict=True):
+        torch.testing.assert_close(a, b)
+    assert "torchex.grouped_mm(" in str(thunderlite.last_traces(jfn)[-1])
+    assert "torchex.grouped_mm_backward(" in str(thunderlite.last_backward_traces(jfn)[-1])
+
+
 # --- transformers' fallback custom op --------------------------------------------------------------------
 
 moe = pytest.importorskip("transformers.integrations.moe")
