@@ -129,6 +129,19 @@ def test_grouped_mm_dynamic_token_count():
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layout", ["2d3d", "3d2d"])
+def test_grouped_mm_double_backward(layout):
+    gen = torch.Generator().manual_seed(6)
+    a, b, offs = _operands(layout, gen)
+    fn = lambda x, y, o: F.grouped_mm(x, y, offs=o).pow(2).sum()  # noqa: E731
+    results = []
+    for f in (fn, thunderlite.jit(fn)):
+        ga, gb = torch.autograd.grad(f(a, b, offs), (a, b), create_graph=True)
+        results.append(torch.autograd.grad(ga.pow(2).sum() + gb.sin().sum(), (a, b)))
+    for want, got in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_grouped_mm_between_inductor_regions():
     """With torch.compile first in the list, the grouped GEMM stays the torch
     executor's call between regions (Inductor's fake kernel takes bfloat16 only)."""

@@ -319,6 +319,28 @@ def _grouped_mm(g, out, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return ga, gb, None, None, None
 
 
+@register_vjp(kernels.grouped_mm_backward)
+def _grouped_mm_backward(gs, out, grad, mat_a, mat_b, offs, output_mask):
+    """Double backward: ``grad_a = grouped_mm(grad, mat_b^T)`` and ``grad_b =
+    grouped_mm(mat_a^T, grad)`` are grouped GEMMs, each differentiated by the
+    same kernel."""
+    gga, ggb = gs
+    dgrad = da = db = None
+    if gga is not None:
+        dgrad, dbt = kernels.grouped_mm_backward(gga, grad, shapes.transpose(mat_b, -2, -1), offs,
+                                                 (_wants(grad), _wants(mat_b)))
+        db = None if dbt is None else shapes.transpose(dbt, -2, -1)
+    if ggb is not None:
+        dat, dgrad2 = kernels.grouped_mm_backward(ggb, shapes.transpose(mat_a, -2, -1), grad, offs,
+                                                  (_wants(mat_a), _wants(grad)))
+        da = None if dat is None else shapes.transpose(dat, -2, -1)
+        dgrad = dgrad2 if dgrad is None else (dgrad if dgrad2 is None else ew.add(dgrad, dgrad2))
+    return dgrad, da, db, None, None
+
+
+register_differentiable_again(linalg.grouped_mm)
+
+
 # --- float16/bfloat16 arithmetic: eager's formulas on the half-precision tensors --------------------------
 
 def _half_arith(bsym) -> bool:
