@@ -160,6 +160,26 @@ def test_grouped_mm_between_inductor_regions():
     assert "torchex.grouped_mm_backward(" in str(thunderlite.last_backward_traces(jfn)[-1])
 
 
+def test_grouped_mm_hot_tier():
+    """The hot tier's rehearsal runs the program on fake tensors: grouped_mm
+    gives its output's layout there itself (torch's fake kernel takes bfloat16
+    only, and the hot tier failed on it)."""
+    pytest.importorskip("torch._inductor")
+    fn = lambda x, w, o: (F.grouped_mm((x * 2).sin(), w, offs=o).cos() * 3).sum()  # noqa: E731
+    jfn = thunderlite.jit(fn, tiering=thunderlite.TierPolicy(after_calls=2, trial_calls=0))
+    x = torch.randn(12, 8, requires_grad=True)
+    w = torch.randn(3, 8, 4, requires_grad=True)
+    offs = torch.tensor([5, 5, 12], dtype=torch.int32)
+    want = torch.autograd.grad(fn(x, w, offs), (x, w))
+    for _ in range(2):
+        jfn(x, w, offs)
+    assert thunderlite.wait_for_tiers(jfn)
+    (tier,) = thunderlite.cache_info(jfn)["tiers"]
+    assert tier["tier"] == "hot", tier
+    for got, ref in zip(torch.autograd.grad(jfn(x, w, offs), (x, w)), want, strict=True):
+        torch.testing.assert_close(got, ref)
+
+
 # --- transformers' fallback custom op --------------------------------------------------------------------
 
 moe = pytest.importorskip("transformers.integrations.moe")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from thunderlite.core import dtypes, prims
 from thunderlite.core.prims import check
@@ -261,18 +262,32 @@ def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         check(mat_a.shape[0] == groups, lambda: "matrix batch sizes have to match")
     if mat_b.ndim == 3:
         check(mat_b.shape[0] == groups, lambda: "matrix batch sizes have to match")
-    if mat_a.ndim == 2 and mat_b.ndim == 3:
-        shape = (mat_a.shape[0], mat_b.shape[2])
-    elif mat_a.ndim == 3 and mat_b.ndim == 2:
-        shape = (mat_a.shape[1], mat_b.shape[1])
-    else:
-        shape = (groups, mat_a.shape[-2], mat_b.shape[-1])
-    return TensorProxy(shape=shape, dtype=mat_a.dtype, device=mat_a.device,
-                       requires_grad=mat_a.requires_grad or mat_b.requires_grad)
+    return TensorProxy(shape=_grouped_mm_shape(mat_a.shape, mat_b.shape, groups), dtype=mat_a.dtype,
+                       device=mat_a.device, requires_grad=mat_a.requires_grad or mat_b.requires_grad)
+
+
+def _grouped_mm_shape(a_shape, b_shape, groups) -> tuple:
+    if len(a_shape) == 2 and len(b_shape) == 3:
+        return (a_shape[0], b_shape[2])
+    if len(a_shape) == 3 and len(b_shape) == 2:
+        return (a_shape[1], b_shape[1])
+    return (groups, a_shape[-2], b_shape[-1])
 
 
 def _run_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    if type(mat_a) is FakeTensor:
+        return _fake_grouped_mm(mat_a, mat_b, offs)
     return torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def _fake_grouped_mm(mat_a, mat_b, offs):
+    """The kernel's output on fake tensors (a rehearsal, executors/rehearsal.py):
+    torch's own fake kernel takes bfloat16 only. Rows padded to 16 bytes, as
+    the kernel allocates them."""
+    shape = _grouped_mm_shape(mat_a.shape, mat_b.shape, mat_a.shape[0] if offs is None else offs.shape[0])
+    per_row = builtins.max(1, 16 // mat_a.element_size())
+    padded = -(-shape[-1] // per_row) * per_row
+    return torch.empty((*shape[:-1], padded), dtype=mat_a.dtype, device=mat_a.device)[..., :shape[-1]]
 
 
 grouped_mm_call = register_leaf(Symbol("grouped_mm_call", meta=_grouped_mm_meta, module="ltorch",

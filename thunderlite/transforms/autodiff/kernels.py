@@ -391,13 +391,12 @@ def _grouped_mm_backward_impl(grad, mat_a, mat_b, offs, output_mask):
     (a column-major operand's gradient is the transposed product, transposed
     back), so the results are eager's bit for bit."""
     grad = _grouped_mm_operand(grad)
+    gmm = linalg.grouped_mm.torch_fn
     ga = gb = None
     if output_mask[0]:
-        ga = (torch._grouped_mm(mat_b, grad.mT, offs).mT if _column_major(mat_a)
-              else torch._grouped_mm(grad, mat_b.mT, offs))
+        ga = gmm(mat_b, grad.mT, offs).mT if _column_major(mat_a) else gmm(grad, mat_b.mT, offs)
     if output_mask[1]:
-        gb = (torch._grouped_mm(grad.mT, mat_a, offs).mT if _column_major(mat_b)
-              else torch._grouped_mm(mat_a.mT, grad, offs))
+        gb = gmm(grad.mT, mat_a, offs).mT if _column_major(mat_b) else gmm(mat_a.mT, grad, offs)
     return ga, gb
 
 
