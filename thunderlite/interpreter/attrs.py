@@ -120,6 +120,7 @@ def _load_attr_slow(rt, obj, tp, name):
         gattr = py_dunder(tp, "__getattr__")
         if gattr is None:
             raise err
+        del err     # _held: the traceback holds this frame, whose local would hold the exception
         return call(rt, gattr, (obj, name))
     gattr = lookup(tp, "__getattr__")
     err = None
@@ -143,6 +144,7 @@ def _load_attr_slow(rt, obj, tp, name):
             return value if h is None else h(obj, name, value)
     if gattr is None:
         return _missing(rt, obj, name, err)
+    del err     # _held
     return call(rt, gattr, (obj, name))
 
 
