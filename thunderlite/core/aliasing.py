@@ -45,6 +45,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import made_once
 
 WriteRule = Callable[[BoundSymbol], list]
 ViewRule = Callable[[BoundSymbol], list]
@@ -107,6 +108,35 @@ register_write_rule(prims.copy_, _copy_writes)
 
 # --- schemas --------------------------------------------------------------------------------
 
+def _schema_facts(schema) -> tuple[frozenset[int], frozenset[str]]:
+    """The positions and keyword names of ``schema``'s arguments some return may alias."""
+    sets: set[str] = set()
+    wildcard = listed = False
+    for r in schema.returns:
+        info = r.alias_info
+        if info is not None:
+            sets |= set(info.before_set)
+            wildcard |= "*" in info.before_set
+            # ``Tensor(a)[]``: the binding shows the list's annotation, not its elements'
+            listed |= not info.before_set
+    positions: set[int] = set()
+    names: set[str] = set()
+    if not sets and not listed:
+        return frozenset(), frozenset()
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if (wildcard and "Tensor" in str(a.type)) or (info is not None and (listed or sets & set(info.before_set))):
+            names.add(a.name)
+            if a.name == "self":
+                names.add("input")       # torch's Python spelling of ``self``
+            if not a.kwarg_only:
+                positions.add(i)
+    return frozenset(positions), frozenset(names)
+
+
+_facts_by_signature: dict[str, tuple[frozenset[int], frozenset[str]]] = {}
+
+
 class SchemaAliases:
     """The arguments some return of an op may alias, read off its schemas' alias
     annotations (the union over the given overloads). ``positions``: positional
@@ -121,7 +151,10 @@ class SchemaAliases:
         schema_aliases("sin").positions    # set(): fresh (sin.out's ``out`` is in ``names``)
 
     ``texts``: the schemas printed; one whose returns carry no annotation
-    (``returns_annotated``) is skipped without walking its objects.
+    (``returns_annotated``) is skipped without walking its objects, and the
+    facts of the others are read once per signature (the text after the op's
+    name, which holds every name, type and annotation they come from): the
+    ``out=`` overloads of all unary ops share one.
     """
     __slots__ = ("positions", "names")
 
@@ -129,29 +162,15 @@ class SchemaAliases:
         self.positions: set[int] = set()
         self.names: set[str] = set()
         for i, schema in enumerate(schemas):
-            if texts is None or returns_annotated(texts[i]):
-                self._add(schema)
-
-    def _add(self, schema) -> None:
-        sets: set[str] = set()
-        wildcard = listed = False
-        for r in schema.returns:
-            info = r.alias_info
-            if info is not None:
-                sets |= set(info.before_set)
-                wildcard |= "*" in info.before_set
-                # ``Tensor(a)[]``: the binding shows the list's annotation, not its elements'
-                listed |= not info.before_set
-        if not sets and not listed:
-            return
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
-            if (wildcard and "Tensor" in str(a.type)) or (info is not None and (listed or sets & set(info.before_set))):
-                self.names.add(a.name)
-                if a.name == "self":
-                    self.names.add("input")       # torch's Python spelling of ``self``
-                if not a.kwarg_only:
-                    self.positions.add(i)
+            if texts is None:
+                positions, names = _schema_facts(schema)
+            elif returns_annotated(texts[i]):
+                positions, names = made_once(_facts_by_signature, texts[i].partition("(")[2],
+                                             lambda s=schema: _schema_facts(s))
+            else:
+                continue
+            self.positions |= positions
+            self.names |= names
 
     @property
     def fresh(self) -> bool:
