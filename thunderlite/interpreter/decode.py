@@ -1,6 +1,7 @@
 """Decoding a code object once into a list of instructions with resolved jumps."""
 from __future__ import annotations
 
+import bisect
 import dis
 import weakref
 
@@ -122,9 +123,9 @@ def _exception_targets(code, instrs, index_of):
     out = [None] * len(instrs)
     if not code.co_exceptiontable:
         return out
+    offsets = [ins.offset for ins in instrs]       # ascending: each range is a slice of them
     for e in parse(code):
         entry = (index_of[e.target], e.depth, e.lasti)
-        for ins in instrs:
-            if e.start <= ins.offset < e.end:
-                out[ins.index] = entry
+        for k in range(bisect.bisect_left(offsets, e.start), bisect.bisect_left(offsets, e.end)):
+            out[k] = entry
     return out
