@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
-import threading
 import warnings
 from collections.abc import Callable
 
@@ -371,25 +370,22 @@ class SymbolicRegion(EagerWhenRecording):
     static region's), then calls it once more with every size symbol one
     larger (floats moved): a region that compiled again for that would
     recompile per size, so ``prepare`` raises ``RecompilesPerSize`` and the
-    tier stays fast. Once prepared and handed the worker (``defer_to``),
-    Inductor compiles nothing on a calling thread: a call whose sizes the
-    compiled code's guards refuse gets dynamo's graph run as its torch calls
-    (``_backend``; noted in ``fallbacks``). Calls go through dynamo's cached
-    code as ``torch.compile`` calls do (its run-only mode cost up to
-    200 us more per call: every frame inside paid a cache lookup)."""
+    tier stays fast. Once prepared and handed the worker (``defer_to``), calls
+    run dynamo's cached code only (``torch._dynamo.run``, cheaper per call
+    than the compiling wrapper): a call its guards refuse runs the torch
+    calls, and nothing compiles on the calling thread."""
 
     def __init__(self, fn, writing: bool, inputs: tuple):
-        super().__init__(fn, torch.compile(fn, dynamic=True, backend=self._backend), writing)
+        super().__init__(fn, torch.compile(fn, dynamic=True), writing)
         self.inputs = inputs        # the region's input proxies: which dims and numbers are symbolic
         self.compile_later: Callable[[Callable[[], None]], None] | None = None
-        self.fallbacks: list[str] = []
-        self._preparing: int | None = None      # the thread compiling in ``prepare``
+        self._run_only = None
 
     def __call__(self, *args):
         if _as_torch_calls(args, self.writing):
             return self.fn(*args)
         try:
-            return self.compiled(*args)
+            return (self._run_only or self.compiled)(*args)
         except RuntimeError as e:
             # another thread's make_fx (a boxed region compiling) sets FX's process-wide tracing flag, and
             # dynamo refuses a compiled call under it, before running anything
@@ -397,18 +393,12 @@ class SymbolicRegion(EagerWhenRecording):
                 raise
             return self.fn(*args)
 
-    def _backend(self, gm, example_inputs):
-        """Inductor, except on a calling thread once the region is deferred:
-        there the new graph runs as its torch calls (``gm.forward``)."""
-        if self.compile_later is not None and self._preparing != threading.get_ident():
-            self.fallbacks.append("a call's sizes or numbers needed a new graph: it runs as torch calls")
-            return gm.forward
-        from torch._inductor.compile_fx import compile_fx
-        return compile_fx(gm, example_inputs)
-
     def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
-        """From now on no call compiles with Inductor on its thread."""
+        """From now on calls never compile: those its compiled code does not
+        serve run the torch calls."""
+        from torch._dynamo import run
         self.compile_later = later
+        self._run_only = run(self.compiled)
 
     def prepare(self, example: list) -> None:
         if _as_torch_calls(example, self.writing):
@@ -422,16 +412,12 @@ class SymbolicRegion(EagerWhenRecording):
                 for d, size in enumerate(p.shape):
                     if type(size) is int:
                         torch._dynamo.mark_static(t, d)
-        self._preparing = threading.get_ident()
-        try:
-            self.compiled(*example)
-            moved = _sizes_moved(self.inputs, example)
-            if moved is None:
-                return
-            before = self.compilations
-            self.compiled(*moved)
-        finally:
-            self._preparing = None
+        self.compiled(*example)
+        moved = _sizes_moved(self.inputs, example)
+        if moved is None:
+            return
+        before = self.compilations
+        self.compiled(*moved)
         if self.compilations > before:
             raise RecompilesPerSize("a region of symbolic sizes compiled again for other sizes (its code is "
                                     "specialized to the sizes it met): it would recompile per size")

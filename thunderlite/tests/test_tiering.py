@@ -463,7 +463,6 @@ def test_an_entry_of_symbolic_sizes_tiers_up_and_serves_every_size_without_compi
         x = torch.randn(n, 16)
         torch.testing.assert_close(jf(x, w), _norm_mlp(x, w))
     assert _compilations(jf) == before
-    assert all(not r.fallbacks for r in regions)
     assert thunderlite.wait_for_tiers(jf)
     assert _compilations(jf) == before      # nor did the worker: nothing was handed to it
     assert thunderlite.cache_info(jf)["misses"] == 1
@@ -513,12 +512,12 @@ def test_a_region_that_would_recompile_per_size_keeps_the_fast_tier():
     region.defer_to(lambda job: None)
     x = torch.randn(8, 4)
     torch.testing.assert_close(region(x), generic(x))
-    assert region.compilations == 1 and not region.fallbacks
+    assert region.compilations == 1
 
 
-def test_a_hot_symbolic_region_meeting_unforeseen_sizes_runs_torch_calls_on_the_calling_thread():
-    """Once deferred, a region never has Inductor compile on a calling thread:
-    a call its compiled code's guards refuse gets dynamo's graph as torch calls."""
+def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the_calling_thread():
+    """Once deferred, a region never compiles on a calling thread: a call its
+    compiled code's guards refuse runs the region's torch calls."""
     from thunderlite.core.proxies import NumberProxy, TensorProxy
     from thunderlite.core.symint import ShapeEnv
     from thunderlite.executors.torchcompile import SymbolicRegion
@@ -530,6 +529,7 @@ def test_a_hot_symbolic_region_meeting_unforeseen_sizes_runs_torch_calls_on_the_
     region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
     region.prepare([torch.empty(5, 4)])
     region.defer_to(lambda job: None)
-    x = torch.randn(6, 4, dtype=torch.float64)          # a dtype its guards refuse
-    torch.testing.assert_close(region(x), f(x))
-    assert region.fallbacks and "torch calls" in region.fallbacks[0]
+    assert region.compilations == 1
+    for x in (torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 5), torch.randn(9, 4)):  # guards refuse two
+        torch.testing.assert_close(region(x), f(x))
+    assert region.compilations == 1

@@ -25,9 +25,12 @@ the fast tier (``_clock``), else the fast entry goes back.
 
 Whatever fails in the worker (a region Inductor cannot compile, an op fake
 tensors cannot run) keeps the fast tier and records why (``Tier.reason``).
-Entries whose trace a rehearsal must not run (collectives, prints, a reseed),
-symbolic sizes (torch.compile would compile their regions on the calling
-thread), user transforms (they would run again, off their thread) or an
+Entries of symbolic sizes or numbers tier up where the hot executor compiles
+their regions once for every size, off the calling thread
+(``prepares_symbolic``: torchcompile's ``SymbolicRegion``). Entries whose
+trace a rehearsal must not run (collectives, prints, a reseed), symbolic
+sizes where it does not (a ``torchcompile`` whose user chose ``dynamic=``),
+user transforms (they would run again, off their thread) or an
 executor list that fuses already stay fast, with the reason.
 """
 from __future__ import annotations
