@@ -34,7 +34,8 @@ reset comes first, its compiles shown as ``+N after reset``. Then
 round times the decode steps only (not the prefill). thunderlite's hot tiers
 (docs/architecture.md §8) compile in the background after 20 calls of an
 entry: each untimed run of a thunderlite variant waits for them, so the timed
-rounds see the tier each entry settled in (``tiers``). The table shows the
+rounds see the tier each entry settled in (``tiers``: the decode entry's,
+with the reason where it stays fast). The table shows the
 median per-token time over rounds, tokens per second, the median per-round
 ratio to eager (load that drifts moves all variants of a round alike), and
 the compiles (``+N timed``: any during the timed rounds).
@@ -100,10 +101,14 @@ class Variant:
             thunderlite.wait_for_tiers(self.call)
 
     def tiers(self) -> str:
-        """The tiers its decode entries reached (thunderlite)."""
-        if not self.name.startswith("thunderlite"):
+        """The tier its decode entry (the one called most) settled in, and why
+        where it stays fast (thunderlite)."""
+        tiers = thunderlite.cache_info(self.call)["tiers"] if self.name.startswith("thunderlite") else []
+        if not tiers:
             return "-"
-        return ", ".join(sorted({t["tier"] for t in thunderlite.cache_info(self.call)["tiers"]})) or "-"
+        decode = max(tiers, key=lambda t: t["calls"])
+        reason = decode.get("reason", "")
+        return decode["tier"] + (f": {reason[:60]}{'...' if len(reason) > 60 else ''}" if reason else "")
 
 
 def _dynamo_graphs() -> int:
