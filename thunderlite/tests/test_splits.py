@@ -21,15 +21,16 @@ EXECUTORS = {"default": None, "torchcompile": ["torchcompile", "torch"]}
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def _same(got, want, where="result"):
+def _same(got, want, where="result", tol=None):
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor) and got.shape == want.shape, where
         assert got.requires_grad == want.requires_grad, where
-        torch.testing.assert_close(got.detach(), want.detach(), equal_nan=True, **TOL, msg=lambda m: f"{where}: {m}")
+        torch.testing.assert_close(got.detach(), want.detach(), equal_nan=True, **(tol or TOL),
+                                   msg=lambda m: f"{where}: {m}")
     elif isinstance(want, (list, tuple)):
         assert type(got) is type(want) and len(got) == len(want), (where, got, want)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            _same(g, w, f"{where}[{i}]")
+            _same(g, w, f"{where}[{i}]", tol)
     elif isinstance(want, dict):
         assert list(got) == list(want), where
         for k in want:
@@ -51,12 +52,12 @@ def _state(model: nn.Module, opt=None) -> dict:
     return out
 
 
-def _same_state(got, want, where):
+def _same_state(got, want, where, tol=None):
     for k in want:
         if want[k] is None:
             assert got[k] is None, f"{where}: {k} is not None"
         else:
-            _same(got[k], want[k], f"{where}: {k}")
+            _same(got[k], want[k], f"{where}: {k}", tol)
 
 
 def _paths(jfn) -> int:
@@ -292,7 +293,8 @@ def test_whole_step_with_the_backward_inside(name, executors):
         assert _paths(jstep) >= 2
 
 
-def test_lbfgs_with_a_closure_equals_eager_over_three_calls():
+@pytest.mark.parametrize("executors", ["default", "torchcompile"])
+def test_lbfgs_with_a_closure_equals_eager_over_three_calls(executors):
     """``torch.optim.LBFGS.step`` reads ``float(closure())`` and decides on
     tensors (``if opt_cond``, ``min(1.0, ...)``): pieces, equal to eager."""
     torch.manual_seed(0)
@@ -309,15 +311,17 @@ def test_lbfgs_with_a_closure_equals_eager_over_three_calls():
             loss.backward()
             return loss
         return opt.step(closure)
-    jstep = thunderlite.jit(step)
+    jstep = thunderlite.jit(step, executors=EXECUTORS[executors])
+    # Inductor's fused reductions round differently; LBFGS's line search carries it further
+    tol = dict(atol=1e-4, rtol=1e-4) if executors == "torchcompile" else None
     for i in range(3):
-        _same(jstep(model, opt, x, y), step(ref, ref_opt, x, y), f"call {i}")
-        _same_state(_state(model), _state(ref), f"call {i}")
+        _same(jstep(model, opt, x, y), step(ref, ref_opt, x, y), f"call {i}", tol)
+        _same_state(_state(model), _state(ref), f"call {i}", tol)
         for p, r in zip(model.parameters(), ref.parameters(), strict=True):
             st, rst = opt.state[p], ref_opt.state[r]
             assert sorted(st) == sorted(rst)
             for k in rst:
-                _same(st[k], rst[k], f"call {i}: state[{k!r}]")
+                _same(st[k], rst[k], f"call {i}: state[{k!r}]", tol)
 
 
 # --- side effects: once, in eager's order -------------------------------------------------------------
