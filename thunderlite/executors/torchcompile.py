@@ -331,6 +331,19 @@ def _as_torch_calls(tensors, writing: bool = True, ptrs: list[int] | None = None
     return _shares(ptrs)
 
 
+def _compiled_call(compiled, fn, args: tuple):
+    """``compiled(*args)``, or ``fn``'s torch calls where dynamo refuses to
+    run: another thread's ``make_fx`` (the tier worker compiling a boxed
+    region) sets FX's process-wide tracing flag, and dynamo's wrapper raises
+    under it before running anything."""
+    try:
+        return compiled(*args)
+    except RuntimeError as e:
+        if "symbolically trace a dynamo-optimized function" not in str(e):
+            raise
+    return fn(*args)
+
+
 class EagerWhenRecording:
     """A compiled region that runs as its torch calls while autograd records
     it: autograd then saves exactly what eager's ops save, so a later write into
@@ -343,7 +356,7 @@ class EagerWhenRecording:
         self.writing = writing      # the region writes (into its inputs, maybe)
 
     def __call__(self, *args):
-        return self.fn(*args) if _as_torch_calls(args, self.writing) else self.compiled(*args)
+        return self.fn(*args) if _as_torch_calls(args, self.writing) else _compiled_call(self.compiled, self.fn, args)
 
     def prepare(self, example: list) -> None:
         """Compile now for inputs like ``example`` (tensors of the layouts a call
@@ -384,14 +397,7 @@ class SymbolicRegion(EagerWhenRecording):
     def __call__(self, *args):
         if _as_torch_calls(args, self.writing):
             return self.fn(*args)
-        try:
-            return (self._run_only or self.compiled)(*args)
-        except RuntimeError as e:
-            # another thread's make_fx (a boxed region compiling) sets FX's process-wide tracing flag, and
-            # dynamo refuses a compiled call under it, before running anything
-            if "symbolically trace" not in str(e):
-                raise
-            return self.fn(*args)
+        return _compiled_call(self._run_only or self.compiled, self.fn, args)
 
     def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
         """From now on calls never compile: those its compiled code does not

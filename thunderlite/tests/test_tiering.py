@@ -533,3 +533,27 @@ def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the
     for x in (torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 5), torch.randn(9, 4)):  # guards refuse two
         torch.testing.assert_close(region(x), f(x))
     assert region.compilations == 1
+
+
+def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_torch_calls(monkeypatch):
+    """The tier worker's ``make_fx`` (a boxed region compiling) sets FX's
+    process-wide tracing flag; dynamo refuses a compiled call under it. A
+    region called meanwhile on another thread runs its torch calls."""
+    import torch.fx._symbolic_trace as fx_trace
+    from thunderlite.core.proxies import NumberProxy, TensorProxy
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    env = ShapeEnv()
+    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
+
+    def f(x):
+        return (x * 2).sin()
+    region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
+    region.prepare([torch.empty(5, 4)])
+    for deferred in (False, True):
+        if deferred:
+            region.defer_to(lambda job: None)
+        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)
+        x = torch.randn(7, 4)
+        torch.testing.assert_close(region(x), f(x))
+        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
