@@ -173,6 +173,10 @@ class TracingHooks(InterpreterHooks):
             writer = self._slot_write(fn)
             if writer is not None:
                 return writer
+        if type(fn) in _SLOT_WRAPPERS and fn.__name__ in _READ_SLOTS and self.state.attr_writes:
+            reader = self._slot_read(fn)
+            if reader is not None:
+                return reader
         sym = symbol_for(fn)
         if sym is not None:
             return self.recording(sym, torch_fn=fn)
@@ -243,6 +247,32 @@ class TracingHooks(InterpreterHooks):
                     raise self.container_write_refused(obj, name)
             return fn(*args)
         return write
+
+    def _slot_read(self, fn: Callable) -> Callable | None:
+        """A native ``__getattribute__``/``__getitem__`` called on an object from
+        outside the call (``super().__getattribute__(k)`` in a class's own
+        ``__getattribute__``, as HF's configs do): what this call wrote there
+        (``_slot_write``: the overlay) is what it reads back, as the statement
+        would; the native read would see the value from before the call."""
+        bound = getattr(fn, "__self__", None)
+        if isinstance(bound, type):
+            bound = None
+        st = self.state
+        if bound is not None and id(bound) not in st.prov_of:
+            return None
+        item = fn.__name__ == "__getitem__"
+
+        def read(*args):
+            obj, rest = (bound, args) if bound is not None else (args[0], args[1:])
+            if len(rest) == 1 and id(obj) in st.prov_of:
+                key = ("item", rest[0]) if item and _is_path_key(rest[0]) else None if item else rest[0]
+                w = st.attr_writes.get((id(obj), key)) if key is not None else None
+                if w is not None:
+                    if w[1] is DELETED:
+                        raise KeyError(rest[0]) if item else AttributeError(rest[0])
+                    return w[1]
+            return fn(*args)
+        return read
 
     def _on_values(self, fn: Callable) -> Callable:
         """A pure native function that needs a traced value (``math.isclose(n,
@@ -869,6 +899,7 @@ _BUILTIN_CONTAINERS = (list, tuple, dict, collections.OrderedDict, collections.d
 # native attribute and item writes reached as callables (``super().__setattr__``, ``dict.__setitem__``)
 _SLOT_WRAPPERS = (type(object().__setattr__), type(object.__setattr__))
 _WRITE_SLOTS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delitem__"})
+_READ_SLOTS = frozenset({"__getattribute__", "__getitem__"})
 
 # native functions without side effects, run on a split's values when they need them
 _PURE_MODULES = frozenset({"math", "cmath"})

@@ -404,3 +404,37 @@ def test_a_returned_function_holding_the_object_keeps_it_by_identity():
         torch.testing.assert_close(fn(), box.t * 2)
     assert "held by returns_a_closure.<locals>.<lambda>" in _info(jf)["last_miss_reason"] \
         or _info(jf)["misses"] == 3
+
+
+class _StrictConfig:
+    """As HF's configs: its own ``__setattr__`` and ``__getattribute__`` reach the
+    object's slots through ``super()`` (native calls)."""
+
+    def __init__(self):
+        self.problem_type = None
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+
+    def __getattribute__(self, name):
+        return super().__getattribute__(name)
+
+
+def _loss_for(cfg, x):
+    if cfg.problem_type is None:
+        cfg.problem_type = "single"
+    if cfg.problem_type == "single":
+        return x + 1
+    raise RuntimeError(f"Invalid problem type: {cfg.problem_type}")
+
+
+def test_a_native_read_after_a_native_write_sees_the_write():
+    """A value the call wrote through ``super().__setattr__`` is what
+    ``super().__getattribute__`` reads back in the same call (HF's ViT loss sets
+    ``config.problem_type`` and branches on it)."""
+    cfg, ref = _StrictConfig(), _StrictConfig()
+    jf = thunderlite.jit(_loss_for)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(cfg, x), _loss_for(ref, x))
+    assert cfg.problem_type == ref.problem_type == "single"
+    torch.testing.assert_close(jf(cfg, x), _loss_for(ref, x))
