@@ -540,6 +540,7 @@ def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_tor
     process-wide tracing flag; dynamo refuses a compiled call under it. A
     region called meanwhile on another thread runs its torch calls."""
     import torch.fx._symbolic_trace as fx_trace
+
     from thunderlite.core.proxies import NumberProxy, TensorProxy
     from thunderlite.core.symint import ShapeEnv
     from thunderlite.executors.torchcompile import SymbolicRegion
