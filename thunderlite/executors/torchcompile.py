@@ -361,15 +361,35 @@ class EagerWhenRecording:
     def prepare(self, example: list) -> None:
         """Compile now for inputs like ``example`` (tensors of the layouts a call
         will pass, and its numbers): ``torch.compile`` compiles on a first call,
-        so ``example`` is run, zeroed first (its values are made up: zeros index
-        in bounds). Nothing to do where calls run the torch calls."""
+        so ``example`` is run, zeroed first (``_run_to_compile``). Nothing to
+        do where calls run the torch calls."""
         if self.compiled is self.fn or _as_torch_calls(example, self.writing):
             return
         with torch.no_grad():
             for t in example:
                 if isinstance(t, torch.Tensor):
                     t.zero_()
-        self.compiled(*example)
+        _run_to_compile(self.compiled, self.fn, example)
+
+
+def _graphs(fn) -> int:
+    """How many graphs dynamo keeps for ``fn``'s code."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
+def _run_to_compile(compiled, fn, example: list) -> None:
+    """Call ``compiled`` on made-up ``example`` values so that it compiles.
+    Running them may fail where the compile did not: indices computed from
+    zeros (``position_ids = mask.cumsum(-1) - 1`` of a zero mask is -1) trip
+    Inductor's bounds checks. Such a failure, after dynamo kept the new graph,
+    is no failure of the compile; one before it is raised."""
+    before = _graphs(fn)
+    try:
+        compiled(*example)
+    except Exception:
+        if _graphs(fn) == before:
+            raise
 
 
 class SymbolicRegion(EagerWhenRecording):
@@ -413,17 +433,15 @@ class SymbolicRegion(EagerWhenRecording):
             for t in example:
                 if isinstance(t, torch.Tensor):
                     t.zero_()
-        for p, t in zip(self.inputs, example, strict=True):
-            if type(p) is TensorProxy and isinstance(t, torch.Tensor):
-                for d, size in enumerate(p.shape):
-                    if type(size) is int:
-                        torch._dynamo.mark_static(t, d)
-        self.compiled(*example)
+        _run_to_compile(self.compiled, self.fn, example)
         moved = _sizes_moved(self.inputs, example)
         if moved is None:
             return
         before = self.compilations
-        self.compiled(*moved)
+        try:
+            self.compiled(*moved)
+        except Exception:  # noqa: BLE001 - made-up values may fail to run (_run_to_compile): only a new graph counts
+            pass
         if self.compilations > before:
             raise RecompilesPerSize("a region of symbolic sizes compiled again for other sizes (its code is "
                                     "specialized to the sizes it met): it would recompile per size")
@@ -431,8 +449,7 @@ class SymbolicRegion(EagerWhenRecording):
     @property
     def compilations(self) -> int:
         """How many graphs dynamo keeps for this region (one serves every size)."""
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-        return len(_debug_get_cache_entry_list(self.fn.__code__))
+        return _graphs(self.fn)
 
 
 class RecompilesPerSize(RuntimeError):
@@ -441,8 +458,9 @@ class RecompilesPerSize(RuntimeError):
 
 def _sizes_moved(inputs: tuple, example: list) -> list | None:
     """Inputs like ``example`` with every size symbol one larger (numbers
-    moved, floats by a half; each tensor laid out in its example's stride
-    order, zeroed): what a later call of other sizes passes. None where a
+    moved, floats by a half; each tensor of symbolic sizes laid out in its
+    example's stride order, zeroed; the others as they were): what a later
+    call of other sizes passes. None where a
     symbolic size is not read from the inputs (nothing to move it by)."""
     values: dict[str, int] = {}
     for p, v in zip(inputs, example, strict=True):
@@ -457,11 +475,13 @@ def _sizes_moved(inputs: tuple, example: list) -> list | None:
     moved = {k: v + 1 for k, v in values.items()}
     out = []
     for p, v in zip(inputs, example, strict=True):
-        if type(p) is TensorProxy and isinstance(v, torch.Tensor):
+        if type(p) is TensorProxy and isinstance(v, torch.Tensor) and not any(type(d) is SymInt for d in p.shape):
+            out.append(v)       # its layout as it was (dynamo guards a static tensor's strides)
+        elif type(p) is TensorProxy and isinstance(v, torch.Tensor):
             shape = [evaluate(d.expr, moved) if type(d) is SymInt else d for d in p.shape]
             if any(n is None for n in shape):
                 return None
-            order = sorted(range(v.dim()), key=lambda i: (-v.stride(i), -i))
+            order = sorted(range(v.dim()), key=lambda i: (-v.stride(i), i))
             stride, step = [0] * v.dim(), 1
             for i in reversed(order):
                 stride[i], step = step, step * max(shape[i], 1)
