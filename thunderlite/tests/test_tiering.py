@@ -558,3 +558,35 @@ def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_tor
         x = torch.randn(7, 4)
         torch.testing.assert_close(region(x), f(x))
         monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hf_generate_reaches_the_hot_tier_with_eager_tokens(cache):
+    """HF ``generate()`` on a tiny Llama, batch 2 with left padding: the decode
+    step's entry (a ``DynamicCache``'s length is a size symbol; a
+    ``StaticCache`` writes with ``index_copy_``) tiers up, and the tokens of
+    every later generate equal eager's. The slice ``generate`` passes as
+    ``input_ids`` and the masks' layouts change with the length: the regions'
+    compiled code must serve them all."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=128)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(1, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    expected = m.generate(prompt, **kw)
+    jm = thunderlite.jit(m, tiering=_policy(4))
+    assert torch.equal(jm.generate(prompt, **kw), expected)
+    assert thunderlite.wait_for_tiers(jm)
+    decode = max(thunderlite.cache_info(jm)["tiers"], key=lambda t: t["calls"])
+    assert decode["tier"] == "hot", decode
+    for _ in range(2):
+        assert torch.equal(jm.generate(prompt, **kw), expected)
+    if cache == "dynamic":      # the last call was a decode step: one graph of each region served every length
+        regions = _symbolic_regions(jm)
+        assert regions and all(r.compilations == 1 for r in regions)
