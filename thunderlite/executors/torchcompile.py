@@ -399,8 +399,9 @@ class SymbolicRegion(EagerWhenRecording):
     never lets a symbolic size be). Called unprepared it compiles on its first
     call, on the calling thread, as any region of a ``torchcompile`` executor
     list does. ``prepare`` (a rehearsal: the tier worker) compiles it on
-    zeroed examples, the dims the trace knows marked static (as fast code as a
-    static region's), then calls it once more with every size symbol one
+    zeroed examples (no dim marked static: dynamo would then guard a static
+    tensor's strides, which a slice of a growing tensor changes per call),
+    then calls it once more with every size symbol one
     larger (floats moved): a region that compiled again for that would
     recompile per size, so ``prepare`` raises ``RecompilesPerSize`` and the
     tier stays fast. Once prepared and handed the worker (``defer_to``), calls
