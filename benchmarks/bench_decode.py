@@ -31,7 +31,11 @@ thunderlite: see docs/architecture.md §3); a reset cache is not in a fresh
 one's state (a static cache stays initialized), so one untimed run after a
 reset comes first, its compiles shown as ``+N after reset``. Then
 ``--rounds`` timed rounds, the variants interleaved within each round; a
-round times the decode steps only (not the prefill). The table shows the
+round times the decode steps only (not the prefill). thunderlite's hot tiers
+(docs/architecture.md §8) compile in the background after 20 calls of an
+entry: each untimed run of a thunderlite variant waits for them, so the timed
+rounds see the tier each entry settled in (``tiers``: the decode entry's,
+with the reason where it stays fast). The table shows the
 median per-token time over rounds, tokens per second, the median per-round
 ratio to eager (load that drifts moves all variants of a round alike), and
 the compiles (``+N timed``: any during the timed rounds).
@@ -87,6 +91,24 @@ class Variant:
         self.timed_compiles = 0
         self.per_token: list[float] = []
         self.ratios: list[float] = []
+
+    def wait(self) -> None:
+        """Let thunderlite's hot tiers compiling in the background finish
+        (decode steps past the 20th call tier up, docs/architecture.md §8):
+        the timed rounds measure the steady state, and no compile runs on the
+        tier worker while another variant runs."""
+        if self.name.startswith("thunderlite"):
+            thunderlite.wait_for_tiers(self.call)
+
+    def tiers(self) -> str:
+        """The tier its decode entry (the one called most) settled in, and why
+        where it stays fast (thunderlite)."""
+        tiers = thunderlite.cache_info(self.call)["tiers"] if self.name.startswith("thunderlite") else []
+        if not tiers:
+            return "-"
+        decode = max(tiers, key=lambda t: t["calls"])
+        reason = decode.get("reason", "")
+        return decode["tier"] + (f": {reason[:60]}{'...' if len(reason) > 60 else ''}" if reason else "")
 
 
 def _dynamo_graphs() -> int:
@@ -149,11 +171,13 @@ def run_case(transformers, model_name: str, kind: str, tokens: int, rounds: int,
                 raise AssertionError(f"{model_name}/{kind}/{v.name}: tokens differ from eager's")
             torch.testing.assert_close(logits, expected[1], atol=2e-3, rtol=2e-3,
                                        msg=lambda m, v=v: f"{model_name}/{kind}/{v.name}: logits: {m}")
+            v.wait()
         for v in vs:            # the same cache after reset(): its state may differ from a fresh one's
             before = v.compiles()
             v.cache.reset()
             decode(v.call, v.cache, prompt, tokens, sync)
             v.reset_compiles = v.compiles() - before
+            v.wait()
         for _ in range(rounds):
             times = {}
             for v in vs:
@@ -172,16 +196,17 @@ def run_case(transformers, model_name: str, kind: str, tokens: int, rounds: int,
             f" +{v.reset_compiles} after reset" if v.reset_compiles else "") + (
             f" +{v.timed_compiles} timed" if v.timed_compiles else "")
         rows.append(dict(model=model_name, cache=kind, variant=v.name, ms=per_token * 1e3,
-                         tok_s=1.0 / per_token, ratio=statistics.median(v.ratios), compiles=compiles))
+                         tok_s=1.0 / per_token, ratio=statistics.median(v.ratios), compiles=compiles,
+                         tiers=v.tiers()))
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | cache | variant | ms / token | tokens / s | vs eager | compiles |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | cache | variant | ms / token | tokens / s | vs eager | compiles | tiers |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['cache']} | {r['variant']} | {r['ms']:.3f} | {r['tok_s']:.0f} | "
-                     f"{r['ratio']:.2f}x | {r['compiles']} |")
+                     f"{r['ratio']:.2f}x | {r['compiles']} | {r['tiers']} |")
     return "\n".join(lines)
 
 

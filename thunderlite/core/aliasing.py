@@ -45,6 +45,7 @@ from thunderlite.core import prims
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol, walk
 from thunderlite.core.tags import Tag
+from thunderlite.core.tracectx import made_once
 
 WriteRule = Callable[[BoundSymbol], list]
 ViewRule = Callable[[BoundSymbol], list]
@@ -107,6 +108,35 @@ register_write_rule(prims.copy_, _copy_writes)
 
 # --- schemas --------------------------------------------------------------------------------
 
+def _schema_facts(schema) -> tuple[frozenset[int], frozenset[str]]:
+    """The positions and keyword names of ``schema``'s arguments some return may alias."""
+    sets: set[str] = set()
+    wildcard = listed = False
+    for r in schema.returns:
+        info = r.alias_info
+        if info is not None:
+            sets |= set(info.before_set)
+            wildcard |= "*" in info.before_set
+            # ``Tensor(a)[]``: the binding shows the list's annotation, not its elements'
+            listed |= not info.before_set
+    positions: set[int] = set()
+    names: set[str] = set()
+    if not sets and not listed:
+        return frozenset(), frozenset()
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if (wildcard and "Tensor" in str(a.type)) or (info is not None and (listed or sets & set(info.before_set))):
+            names.add(a.name)
+            if a.name == "self":
+                names.add("input")       # torch's Python spelling of ``self``
+            if not a.kwarg_only:
+                positions.add(i)
+    return frozenset(positions), frozenset(names)
+
+
+_facts_by_signature: dict[str, tuple[frozenset[int], frozenset[str]]] = {}
+
+
 class SchemaAliases:
     """The arguments some return of an op may alias, read off its schemas' alias
     annotations (the union over the given overloads). ``positions``: positional
@@ -119,35 +149,28 @@ class SchemaAliases:
         facts = schema_aliases("narrow")   # narrow(Tensor(a) self, ...) -> Tensor(a)
         facts.positions                    # {0}: the output may alias argument 0
         schema_aliases("sin").positions    # set(): fresh (sin.out's ``out`` is in ``names``)
+
+    ``texts``: the schemas printed; one whose returns carry no annotation
+    (``returns_annotated``) is skipped without walking its objects, and the
+    facts of the others are read once per signature (the text after the op's
+    name, which holds every name, type and annotation they come from): the
+    ``out=`` overloads of all unary ops share one.
     """
     __slots__ = ("positions", "names")
 
-    def __init__(self, schemas=()):
+    def __init__(self, schemas=(), texts: tuple[str, ...] | None = None):
         self.positions: set[int] = set()
         self.names: set[str] = set()
-        for schema in schemas:
-            self._add(schema)
-
-    def _add(self, schema) -> None:
-        sets: set[str] = set()
-        wildcard = listed = False
-        for r in schema.returns:
-            info = r.alias_info
-            if info is not None:
-                sets |= set(info.before_set)
-                wildcard |= "*" in info.before_set
-                # ``Tensor(a)[]``: the binding shows the list's annotation, not its elements'
-                listed |= not info.before_set
-        if not sets and not listed:
-            return
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
-            if (wildcard and "Tensor" in str(a.type)) or (info is not None and (listed or sets & set(info.before_set))):
-                self.names.add(a.name)
-                if a.name == "self":
-                    self.names.add("input")       # torch's Python spelling of ``self``
-                if not a.kwarg_only:
-                    self.positions.add(i)
+        for i, schema in enumerate(schemas):
+            if texts is None:
+                positions, names = _schema_facts(schema)
+            elif returns_annotated(texts[i]):
+                positions, names = made_once(_facts_by_signature, texts[i].partition("(")[2],
+                                             lambda s=schema: _schema_facts(s))
+            else:
+                continue
+            self.positions |= positions
+            self.names |= names
 
     @property
     def fresh(self) -> bool:
@@ -184,18 +207,37 @@ def torch_overloads(name: str) -> list | None:
     return found or None
 
 
+def returns_annotated(text: str) -> bool:
+    """Whether some return of the printed schema ``text`` has an alias
+    annotation (``Tensor(a!)``, ``Tensor(a)[]``, ``t(*)``): one is printed in
+    parentheses after its type, and a return without one has none but a
+    tuple of returns' own. A schema without one adds no facts, and reading
+    the printed text is much cheaper than walking its returns' objects (a
+    new op's facts are read on the first call of every program using it)."""
+    returns = text.rpartition(") -> ")[2]
+    if returns.startswith("(") and returns.endswith(")"):
+        returns = returns[1:-1]
+    return "(" in returns
+
+
 @functools.cache
-def aten_schemas(name: str) -> tuple | None:
-    """The schemas of ``torch_overloads(name)``, read in one call without
-    making their ``OpOverload`` objects (a new op's facts are read on the
-    first call of every program using it), or None."""
+def _aten_schemas(name: str) -> tuple[tuple, tuple[str, ...]] | None:
+    """``aten_schemas(name)`` and their printed texts."""
     if not name.isidentifier():
         return None
     # takes a tensor: "Tensor" among its arguments, read off the printed schema (one
     # string, where asking each argument's type makes a Python object per argument)
-    found = tuple(s for s in torch._C._jit_get_schemas_for_operator(f"aten::{name}")
-                  if "Tensor" in str(s).partition("(")[2].rpartition(") -> ")[0])
-    return found or None
+    found = [(s, text) for s in torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+             if "Tensor" in (text := str(s)).partition("(")[2].rpartition(") -> ")[0]]
+    return (tuple(s for s, _ in found), tuple(t for _, t in found)) if found else None
+
+
+def aten_schemas(name: str) -> tuple | None:
+    """The schemas of ``torch_overloads(name)``, read in one call without
+    making their ``OpOverload`` objects (a new op's facts are read on the
+    first call of every program using it), or None."""
+    found = _aten_schemas(name)
+    return None if found is None else found[0]
 
 
 def aten_name(fn: Callable) -> str | None:
@@ -219,8 +261,8 @@ def aten_name(fn: Callable) -> str | None:
 def schema_aliases(name: str) -> SchemaAliases | None:
     """``SchemaAliases`` of ``torch.ops.aten.<name>`` (all overloads), or None
     when ATen has no op of that name."""
-    schemas = aten_schemas(name)
-    return None if schemas is None else SchemaAliases(schemas)
+    found = _aten_schemas(name)
+    return None if found is None else SchemaAliases(*found)
 
 
 def callable_aliases(fn: Callable) -> SchemaAliases | None:

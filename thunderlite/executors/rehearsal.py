@@ -69,23 +69,27 @@ def rehearse(run: Callable[[list, Callable[[Symbol], Callable]], object], inputs
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in inputs]
         run(fakes, resolve)
+    # a region met an input of the call itself: its example is of that input's kind (a Parameter, requiring
+    # grad), which compiled code may be specialized to (dynamo guards the type and requires_grad)
+    kinds = {id(f): v for f, v in zip(fakes, inputs, strict=True) if isinstance(v, torch.Tensor)}
     prepared = 0
     for impl, args, grad in met:
         if grad and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             continue        # a call autograd records runs the torch calls: nothing to compile
         with torch.set_grad_enabled(grad):
-            impl.prepare(examples_like(args))
+            impl.prepare(examples_like(args, kinds))
         prepared += 1
         if later is not None and callable(getattr(impl, "defer_to", None)):
             impl.defer_to(later)
     return prepared
 
 
-def examples_like(args: list) -> list:
+def examples_like(args: list, kinds: dict | None = None) -> list:
     """New real tensors with the layouts of the (fake or real) tensors in
     ``args`` (sizes, strides, storage offsets, dtypes, devices; those sharing a
     storage share one new one), their memory allocated and never written;
-    other values as they are."""
+    other values as they are. ``kinds``: for an argument's ``id``, the tensor
+    whose kind its example takes (``nn.Parameter``, ``requires_grad``)."""
     storages: dict[int, torch.UntypedStorage] = {}
     out = []
     for a in args:
@@ -96,9 +100,18 @@ def examples_like(args: list) -> list:
         real = storages.get(fake._cdata)
         if real is None:
             real = storages[fake._cdata] = torch.UntypedStorage(fake.nbytes(), device=a.device)
-        out.append(torch.empty(0, dtype=a.dtype, device=a.device).set_(real, a.storage_offset(), a.shape,
-                                                                         a.stride()))
+        example = torch.empty(0, dtype=a.dtype, device=a.device).set_(real, a.storage_offset(), a.shape, a.stride())
+        like = kinds.get(id(a)) if kinds else None
+        out.append(example if like is None else kind_of(like, example))
     return out
+
+
+def kind_of(like: torch.Tensor, example: torch.Tensor) -> torch.Tensor:
+    """``example`` as a tensor of ``like``'s kind: an ``nn.Parameter`` where it
+    is one, requiring grad where it does."""
+    if type(like) is torch.nn.Parameter:
+        return torch.nn.Parameter(example, requires_grad=like.requires_grad)
+    return example.requires_grad_(like.requires_grad) if like.requires_grad and example.is_leaf else example
 
 
 _REPLAYABLE = frozenset({Tag.RANDOM, Tag.ORDER_BARRIER, Tag.SIZE_CHECK, Tag.RETURN})

@@ -42,13 +42,14 @@ import torch
 from thunderlite.core.aliasing import views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
-from thunderlite.core.symint import mentions_symbolic
+from thunderlite.core.symexpr import atom, evaluate
+from thunderlite.core.symint import SymInt, mentions_symbolic
 from thunderlite.core.tags import Tag
 from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tables_lock
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
-from thunderlite.executors.rehearsal import examples_like
+from thunderlite.executors.rehearsal import examples_like, kind_of
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.torch.ops import linalg
 from thunderlite.transforms.autodiff import kernels
@@ -104,6 +105,13 @@ class TorchCompileExecutor(FusionExecutor):
     def fusion_pass(self, trace: Trace, input_alias_groups=None) -> Trace:
         return fuse(trace, self.can_fuse, lambda region: self._make_fusions(trace, region),
                     min_size=self.min_size, input_alias_groups=input_alias_groups)
+
+    @property
+    def prepares_symbolic(self) -> bool:
+        """Its regions of symbolic sizes compile once for every size, and off
+        the calling thread once rehearsed (``SymbolicRegion``): the default
+        options, where the user chose no ``dynamic``."""
+        return self.compile_options == {"dynamic": False} and self._symbolic_options["dynamic"] is None
 
     @property
     def artifacts(self) -> int:
@@ -165,6 +173,8 @@ class TorchCompileExecutor(FusionExecutor):
             # ran: such a region runs as its torch calls
             return EagerWhenRecording(fn, fn, writing)
         if any(mentions_symbolic(b) for b in region.bsyms):
+            if self.prepares_symbolic:
+                return SymbolicRegion(fn, writing, tuple(region.inputs))
             return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options), writing)
         if self.compile_options == {"dynamic": False} and region.inputs and \
                 all(type(p) is TensorProxy for p in region.inputs):
@@ -327,6 +337,19 @@ def _as_torch_calls(tensors, writing: bool = True, ptrs: list[int] | None = None
     return _shares(ptrs)
 
 
+def _compiled_call(compiled, fn, args: tuple):
+    """``compiled(*args)``, or ``fn``'s torch calls where dynamo refuses to
+    run: another thread's ``make_fx`` (the tier worker compiling a boxed
+    region) sets FX's process-wide tracing flag, and dynamo's wrapper raises
+    under it before running anything."""
+    try:
+        return compiled(*args)
+    except RuntimeError as e:
+        if "symbolically trace a dynamo-optimized function" not in str(e):
+            raise
+    return fn(*args)
+
+
 class EagerWhenRecording:
     """A compiled region that runs as its torch calls while autograd records
     it: autograd then saves exactly what eager's ops save, so a later write into
@@ -339,20 +362,144 @@ class EagerWhenRecording:
         self.writing = writing      # the region writes (into its inputs, maybe)
 
     def __call__(self, *args):
-        return self.fn(*args) if _as_torch_calls(args, self.writing) else self.compiled(*args)
+        return self.fn(*args) if _as_torch_calls(args, self.writing) else _compiled_call(self.compiled, self.fn, args)
 
     def prepare(self, example: list) -> None:
         """Compile now for inputs like ``example`` (tensors of the layouts a call
         will pass, and its numbers): ``torch.compile`` compiles on a first call,
-        so ``example`` is run, zeroed first (its values are made up: zeros index
-        in bounds). Nothing to do where calls run the torch calls."""
+        so ``example`` is run, zeroed first (``_run_to_compile``). Nothing to
+        do where calls run the torch calls."""
         if self.compiled is self.fn or _as_torch_calls(example, self.writing):
             return
         with torch.no_grad():
             for t in example:
                 if isinstance(t, torch.Tensor):
                     t.zero_()
-        self.compiled(*example)
+        _run_to_compile(self.compiled, self.fn, example)
+
+
+def _graphs(fn) -> int:
+    """How many graphs dynamo keeps for ``fn``'s code."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
+def _run_to_compile(compiled, fn, example: list) -> None:
+    """Call ``compiled`` on made-up ``example`` values so that it compiles.
+    Running them may fail where the compile did not: indices computed from
+    zeros (``position_ids = mask.cumsum(-1) - 1`` of a zero mask is -1) trip
+    Inductor's bounds checks. Such a failure, after dynamo kept the new graph,
+    is no failure of the compile; one before it is raised."""
+    before = _graphs(fn)
+    try:
+        compiled(*example)
+    except Exception:
+        if _graphs(fn) == before:
+            raise
+
+
+class SymbolicRegion(EagerWhenRecording):
+    """A region of symbolic sizes (a decode step's cache length) or symbolic
+    numbers, compiled by ``torch.compile(dynamic=True)``: one compilation
+    serves every size (dynamo specializes sizes 0 and 1, which the cache key
+    never lets a symbolic size be). Called unprepared it compiles on its first
+    call, on the calling thread, as any region of a ``torchcompile`` executor
+    list does. ``prepare`` (a rehearsal: the tier worker) compiles it on
+    zeroed examples (no dim marked static: dynamo would then guard a static
+    tensor's strides, which a slice of a growing tensor changes per call),
+    then calls it once more with every size symbol one
+    larger (floats moved): a region that compiled again for that would
+    recompile per size, so ``prepare`` raises ``RecompilesPerSize`` and the
+    tier stays fast. Once prepared and handed the worker (``defer_to``), calls
+    run dynamo's cached code only (``torch._dynamo.run``, cheaper per call
+    than the compiling wrapper): a call its guards refuse runs the torch
+    calls, and nothing compiles on the calling thread."""
+
+    def __init__(self, fn, writing: bool, inputs: tuple):
+        super().__init__(fn, torch.compile(fn, dynamic=True), writing)
+        self.inputs = inputs        # the region's input proxies: which dims and numbers are symbolic
+        self.compile_later: Callable[[Callable[[], None]], None] | None = None
+        self._run_only = None
+
+    def __call__(self, *args):
+        if _as_torch_calls(args, self.writing):
+            return self.fn(*args)
+        return _compiled_call(self._run_only or self.compiled, self.fn, args)
+
+    def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
+        """From now on calls never compile: those its compiled code does not
+        serve run the torch calls."""
+        from torch._dynamo import run
+        self.compile_later = later
+        self._run_only = run(self.compiled)
+
+    def prepare(self, example: list) -> None:
+        if _as_torch_calls(example, self.writing):
+            return
+        with torch.no_grad():
+            for t in example:
+                if isinstance(t, torch.Tensor):
+                    t.zero_()
+        _run_to_compile(self.compiled, self.fn, example)
+        moved = _sizes_moved(self.inputs, example)
+        if moved is None:
+            return
+        before = self.compilations
+        try:
+            self.compiled(*moved)
+        except Exception:  # noqa: BLE001 - made-up values may fail to run (_run_to_compile): only a new graph counts
+            pass
+        if self.compilations > before:
+            raise RecompilesPerSize("a region of symbolic sizes compiled again for other sizes (its code is "
+                                    "specialized to the sizes it met): it would recompile per size")
+
+    @property
+    def compilations(self) -> int:
+        """How many graphs dynamo keeps for this region (one serves every size)."""
+        return _graphs(self.fn)
+
+
+class RecompilesPerSize(RuntimeError):
+    """A region of symbolic sizes whose compiled code serves only the sizes it was compiled for."""
+
+
+def _sizes_moved(inputs: tuple, example: list) -> list | None:
+    """Inputs like ``example`` with every size symbol one larger (numbers
+    moved, floats by a half; each tensor of symbolic sizes laid out in its
+    example's stride order, zeroed; the others as they were): what a later
+    call of other sizes passes. None where a
+    symbolic size is not read from the inputs (nothing to move it by)."""
+    values: dict[str, int] = {}
+    for p, v in zip(inputs, example, strict=True):
+        if type(p) is TensorProxy and isinstance(v, torch.Tensor):
+            for d, n in zip(p.shape, v.shape, strict=True):
+                if type(d) is SymInt and len(d.atoms()) == 1:
+                    (name,) = d.atoms()
+                    if d.expr == atom(name):
+                        values[name] = n
+        elif isinstance(p, Proxy) and type(v) is int:
+            values[p.name] = v
+    moved = {k: v + 1 for k, v in values.items()}
+    out = []
+    for p, v in zip(inputs, example, strict=True):
+        if type(p) is TensorProxy and isinstance(v, torch.Tensor) and not any(type(d) is SymInt for d in p.shape):
+            out.append(v)       # its layout as it was (dynamo guards a static tensor's strides)
+        elif type(p) is TensorProxy and isinstance(v, torch.Tensor):
+            shape = [evaluate(d.expr, moved) if type(d) is SymInt else d for d in p.shape]
+            if any(n is None for n in shape):
+                return None
+            order = sorted(range(v.dim()), key=lambda i: (-v.stride(i), i))
+            stride, step = [0] * v.dim(), 1
+            for i in reversed(order):
+                stride[i], step = step, step * max(shape[i], 1)
+            out.append(kind_of(v, torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device).zero_()))
+        elif isinstance(p, Proxy) and type(v) is int:
+            out.append(moved[p.name])
+        elif isinstance(p, Proxy) and type(v) is float:
+            out.append(v + 0.5)
+        else:
+            out.append(v)
+    return out
 
 
 class BoxedRegion:

@@ -59,7 +59,10 @@ def library_kind(filename: str) -> str | None:
     of every recorded symbol."""
     if filename in _kinds:
         return _kinds[filename]
-    path = filename if filename.startswith("<") else os.path.realpath(filename)     # "<string>", FX code
+    # "<string>", FX code; a path already inside torch's or thunderlite's directory is
+    # decided as it is (resolving it asks the file system for every part of the path)
+    inside = filename.startswith((_TORCH_DIR, _THUNDERLITE_DIR)) and os.sep + ".." not in filename
+    path = filename if inside or filename.startswith("<") else os.path.realpath(filename)
     kind = None
     if path.startswith(_THUNDERLITE_DIR) and not path.startswith(_THUNDERLITE_USER):
         kind = "thunderlite"

@@ -120,6 +120,7 @@ def _load_attr_slow(rt, obj, tp, name):
         gattr = py_dunder(tp, "__getattr__")
         if gattr is None:
             raise err
+        del err     # its traceback holds this frame: kept in a local, the two would form a cycle
         return call(rt, gattr, (obj, name))
     gattr = lookup(tp, "__getattr__")
     err = None
@@ -143,6 +144,7 @@ def _load_attr_slow(rt, obj, tp, name):
             return value if h is None else h(obj, name, value)
     if gattr is None:
         return _missing(rt, obj, name, err)
+    del err     # (as above)
     return call(rt, gattr, (obj, name))
 
 

@@ -1,6 +1,7 @@
 """Decoding a code object once into a list of instructions with resolved jumps."""
 from __future__ import annotations
 
+import bisect
 import dis
 import weakref
 
@@ -26,7 +27,9 @@ class Decoded:
                  "simple_argc", "padding", "suspendable", "predicated_blocks")
 
     def __init__(self, code):
-        self.code_ref = weakref.ref(code)  # the cache must not keep code objects alive
+        # the cache must not keep code objects alive: the entry goes when its code object dies
+        key = id(code)
+        self.code_ref = weakref.ref(code, lambda _: _CACHE.pop(key, None))
         self.binder = None
         self.predicated_blocks = {}  # jump index -> the blocks it guards (predicate.py)
 
@@ -66,12 +69,16 @@ def decode(code, table):
     raw = instructions(code)
     last = len(raw) - 1
     pending = []  # offsets of elided no-ops: they resolve to the next kept instruction
+    prepare = table.prepare
+    prepared = []
     for k, (offset, opcode, opname, arg, argval) in enumerate(raw):
         fn = table.handlers[opcode] or _unsupported(opname)
         if k < last and getattr(fn, "elidable", False):
             pending.append(offset)
             continue
         ins = Instr()
+        if prepare[opcode] is not None:
+            prepared.append((prepare[opcode], ins))
         ins.index = len(instrs)
         ins.opname = opname
         ins.arg = arg
@@ -102,12 +109,9 @@ def decode(code, table):
     dec.padding = (UNBOUND,) * (dec.nlocalsplus - code.co_argcount)
     dec.suspendable = bool(code.co_flags & 0x2A0)  # generator, coroutine, async generator
     dec.exc_for = _exception_targets(code, instrs, index_of)
-    for ins in instrs:
-        prep = table.prepare[dis.opmap[ins.opname]]
-        if prep is not None:
-            prep(ins, dec)
+    for prep, ins in prepared:
+        prep(ins, dec)
     _CACHE[id(code)] = dec
-    weakref.finalize(code, _CACHE.pop, id(code), None)
     return dec
 
 
@@ -117,9 +121,11 @@ def _exception_targets(code, instrs, index_of):
     if parse is None:
         return None
     out = [None] * len(instrs)
+    if not code.co_exceptiontable:
+        return out
+    offsets = [ins.offset for ins in instrs]       # ascending: each range is a slice of them
     for e in parse(code):
         entry = (index_of[e.target], e.depth, e.lasti)
-        for ins in instrs:
-            if e.start <= ins.offset < e.end:
-                out[ins.index] = entry
+        for k in range(bisect.bisect_left(offsets, e.start), bisect.bisect_left(offsets, e.end)):
+            out[k] = entry
     return out

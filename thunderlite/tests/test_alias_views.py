@@ -23,7 +23,7 @@ import torch
 
 import thunderlite
 from thunderlite.core import prims
-from thunderlite.core.aliasing import callable_aliases, views
+from thunderlite.core.aliasing import SchemaAliases, callable_aliases, returns_annotated, views
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import Symbol
 from thunderlite.core.trace import Trace
@@ -327,6 +327,24 @@ def test_torch_language_facts_come_from_schemas():
     assert views(by_name["add"]) == []
     assert callable_aliases(torch.Tensor.narrow).positions == {0}
     assert callable_aliases(torch.sin).positions == set()
+
+
+def test_schema_text_says_which_returns_are_annotated():
+    """The facts skip a schema whose printed returns carry no alias annotation
+    without walking its objects: the text must say so exactly for every schema
+    (a return read as unannotated that has an annotation would lose a view), and
+    the facts of every op read both ways agree."""
+    ops = set()
+    for schema in torch._C._jit_get_all_schemas():
+        text = str(schema)
+        annotated = any(r.alias_info is not None for r in schema.returns)
+        assert not annotated or returns_annotated(text), text
+        if text.startswith("aten::"):
+            ops.add(schema.name.partition("::")[2])
+    for name in sorted(ops):
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+        walked, skipped = SchemaAliases(schemas), SchemaAliases(schemas, tuple(str(s) for s in schemas))
+        assert (walked.positions, walked.names) == (skipped.positions, skipped.names), name
 
 
 def test_prim_facts_come_from_their_aten_op():

@@ -49,6 +49,11 @@ def _compilations(jfn) -> int:
     return sum(b.sym.impl.compilations for b in _hot_regions(jfn))
 
 
+def _symbolic_regions(jfn) -> list:
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    return [b.sym.impl.compiled for b in _hot_regions(jfn) if type(b.sym.impl.compiled) is SymbolicRegion]
+
+
 def _mlp(x, w, b):
     h = torch.nn.functional.gelu(x @ w + b)
     return (h.sin() * 2 + h.cos() * h - x.t().sum(0)).tanh()
@@ -108,7 +113,9 @@ def test_entries_that_stay_fast_say_why():
         torch.testing.assert_close(jr(x), reseeds(x))
     assert _tier(jr)["tier"] == "fast (final)" and "manual_seed" in _tier(jr)["reason"]
 
-    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=_policy(2))
+    # an executor whose symbolic regions compile on a call's thread (the user chose dynamic=)
+    per_call = TorchCompileExecutor("torchcompile_dynamic", compile_options={"dynamic": True})
+    jd = thunderlite.jit(lambda a: a * 2, dynamic=True, tiering=_policy(2, executor=per_call))
     jd(torch.randn(3))
     jd(torch.randn(3))
     assert "symbolic sizes" in _tier(jd)["reason"]
@@ -425,3 +432,161 @@ def test_tiering_is_on_by_default_outside_the_suite():
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def _norm_mlp(x, w):
+    """Enough work over a symbolic length (rows of ``x``) to be worth a region."""
+    h = torch.nn.functional.gelu(x @ w)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (h.sin() * 2 + h.cos() * h).softmax(0).tanh()
+
+
+def test_an_entry_of_symbolic_sizes_tiers_up_and_serves_every_size_without_compiling():
+    """``dynamic=True``: the length of ``x`` is a size symbol (a decode step's
+    cache length). Its regions compile once, on the worker, for every length
+    (``SymbolicRegion``): after the swap, calls of other lengths return eager's
+    answers and compile nothing, on no thread."""
+    w = torch.randn(16, 16)
+    jf = thunderlite.jit(_norm_mlp, dynamic=True, tiering=_policy(2))
+    for n in (5, 6):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(jf(x, w), _norm_mlp(x, w))
+    assert thunderlite.wait_for_tiers(jf)
+    tier = _tier(jf)
+    assert tier["tier"] == "hot", tier
+    x = torch.randn(7, 16)
+    torch.testing.assert_close(jf(x, w), _norm_mlp(x, w))
+    regions = _symbolic_regions(jf)
+    assert regions, thunderlite.last_traces(jf)[-1]
+    before = _compilations(jf)
+    for n in (2, 3, 9, 31, 64, 100):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(jf(x, w), _norm_mlp(x, w))
+    assert _compilations(jf) == before
+    assert thunderlite.wait_for_tiers(jf)
+    assert _compilations(jf) == before      # nor did the worker: nothing was handed to it
+    assert thunderlite.cache_info(jf)["misses"] == 1
+
+
+def test_a_symbolic_number_entry_tiers_up_with_eager_answers():
+    """``cache="symbolic values"``: the int is a trace input; the hot regions serve every value."""
+    def f(x, k):
+        h = torch.nn.functional.gelu(x * k + 1)
+        return (h.sin() * 2 + h.cos() * h).softmax(-1).tanh() + x[:k].sum()
+    jf = thunderlite.jit(f, cache="symbolic values", tiering=_policy(2))
+    x = torch.randn(12, 8)
+    for k in (3, 4):
+        torch.testing.assert_close(jf(x, k), f(x, k))
+    assert thunderlite.wait_for_tiers(jf)
+    assert _tier(jf)["tier"] == "hot", _tier(jf)
+    jf(x, 5)
+    assert _symbolic_regions(jf), thunderlite.last_traces(jf)[-1]
+    before = _compilations(jf)
+    for k in (2, 6, 7, 11):
+        torch.testing.assert_close(jf(x, k), f(x, k))
+    assert _compilations(jf) == before
+
+
+def test_a_region_that_would_recompile_per_size_keeps_the_fast_tier():
+    """A region whose compiled code is specialized to the sizes it met (here
+    its code branches on a size) would compile again per size: ``prepare``
+    says so and raises, and a tier-up meeting it stays fast with that reason."""
+    from thunderlite.core.proxies import NumberProxy, TensorProxy
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.torchcompile import RecompilesPerSize, SymbolicRegion
+    env = ShapeEnv()
+    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
+    proxy = TensorProxy(shape=(s0, 4), name="x")
+
+    def specialized(x):
+        return (x * 2 if x.shape[0] == 5 else x * 3).sin()
+    region = SymbolicRegion(specialized, False, (proxy,))
+    with pytest.raises(RecompilesPerSize, match="recompile per size"):
+        region.prepare([torch.empty(5, 4)])
+
+    def generic(x):
+        return (x * 2).sin().cumsum(0)
+    region = SymbolicRegion(generic, False, (proxy,))
+    region.prepare([torch.empty(5, 4)])
+    assert region.compilations == 1
+    region.defer_to(lambda job: None)
+    x = torch.randn(8, 4)
+    torch.testing.assert_close(region(x), generic(x))
+    assert region.compilations == 1
+
+
+def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the_calling_thread():
+    """Once deferred, a region never compiles on a calling thread: a call its
+    compiled code's guards refuse runs the region's torch calls."""
+    from thunderlite.core.proxies import NumberProxy, TensorProxy
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    env = ShapeEnv()
+    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
+
+    def f(x):
+        return (x * 2).sin()
+    region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
+    region.prepare([torch.empty(5, 4)])
+    region.defer_to(lambda job: None)
+    assert region.compilations == 1
+    for x in (torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 5), torch.randn(9, 4)):  # guards refuse two
+        torch.testing.assert_close(region(x), f(x))
+    assert region.compilations == 1
+
+
+def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_torch_calls(monkeypatch):
+    """The tier worker's ``make_fx`` (a boxed region compiling) sets FX's
+    process-wide tracing flag; dynamo refuses a compiled call under it. A
+    region called meanwhile on another thread runs its torch calls."""
+    import torch.fx._symbolic_trace as fx_trace
+
+    from thunderlite.core.proxies import NumberProxy, TensorProxy
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    env = ShapeEnv()
+    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
+
+    def f(x):
+        return (x * 2).sin()
+    region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
+    region.prepare([torch.empty(5, 4)])
+    for deferred in (False, True):
+        if deferred:
+            region.defer_to(lambda job: None)
+        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)
+        x = torch.randn(7, 4)
+        torch.testing.assert_close(region(x), f(x))
+        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hf_generate_reaches_the_hot_tier_with_eager_tokens(cache):
+    """HF ``generate()`` on a tiny Llama, batch 2 with left padding: the decode
+    step's entry (a ``DynamicCache``'s length is a size symbol; a
+    ``StaticCache`` writes with ``index_copy_``) tiers up, and the tokens of
+    every later generate equal eager's. The slice ``generate`` passes as
+    ``input_ids`` and the masks' layouts change with the length: the regions'
+    compiled code must serve them all."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=128)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(1, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    expected = m.generate(prompt, **kw)
+    jm = thunderlite.jit(m, tiering=_policy(4))
+    assert torch.equal(jm.generate(prompt, **kw), expected)
+    assert thunderlite.wait_for_tiers(jm)
+    decode = max(thunderlite.cache_info(jm)["tiers"], key=lambda t: t["calls"])
+    assert decode["tier"] == "hot", decode
+    for _ in range(2):
+        assert torch.equal(jm.generate(prompt, **kw), expected)
+    if cache == "dynamic":      # the last call was a decode step: one graph of each region served every length
+        regions = _symbolic_regions(jm)
+        assert regions and all(r.compilations == 1 for r in regions)

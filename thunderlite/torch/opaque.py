@@ -356,10 +356,22 @@ class OpaqueOp:
             result = _to_proxies(out, _out_device(args, kwargs), rg, _grad_flags(fn, args, kwargs))
             return result, tuple(pairs[i][0].replace() for i in written)
         name = _unique_name(_Named(f"{self._name}_functional_{'_'.join(map(str, written))}"))
-        sym = Symbol(name, meta=meta, module="opaque", tags=self._tags, torch_fn=run_on_clones)
+        sym = Symbol(name, meta=meta, module="opaque", tags=_functional_tags(fn, self._tags), torch_fn=run_on_clones)
         kept = tuple(tuple(j for j in js if j not in written) for js in pattern)
         register_view_rule(sym, _pattern_rule(kept, skip_outs=len(written)))
         return sym
+
+
+def _functional_tags(fn: Callable, tags: set) -> set:
+    """The functional leaf's tags: it writes only clones of the arguments the
+    call writes, and where ``fn``'s ATen schema names every argument it may
+    write (``_declared_writes`` joined them to the written ones) no write is
+    unseen: it is no ``DONT_DCE`` leaf (``index_copy_`` into a static cache
+    may then be rehearsed and fused like any pure op). Random ones keep it."""
+    if Tag.DONT_DCE not in tags or Tag.RANDOM in tags:
+        return tags
+    name = aten_name(fn)
+    return tags - {Tag.DONT_DCE} if name and torch_overloads(name) is not None else tags
 
 
 def opaque_symbol_for(fn: Callable) -> OpaqueOp:

@@ -57,29 +57,54 @@ other name of the buffer has died, writing into it is writing into the buffer
 
 
 class _Storage:
-    """Names that may share storage (union-find over every ``(view, base)``
-    pair), and the names that are some pair's view, so own no storage."""
+    """Which names may share storage: the connected components of the
+    ``(view, base)`` pairs of the trace's symbols (each symbol's own alias
+    facts and the leaves it is made of), and which names are some pair's view
+    (own no storage). Found outward from the names asked about: a pair holds
+    names of its own symbol only (its arguments, outputs and the names inside
+    its decomposition), so the symbols making or reading a name are all that
+    can connect it to another, and the others' facts are never read (a new
+    op's facts cost reading its ATen schemas, on the first call of a program)."""
 
     def __init__(self, bsyms: list[BoundSymbol]):
-        self.parent: dict[str, str] = {}
-        self.is_view: set[str] = set()
-        for b in bsyms:
+        self.bsyms = bsyms
+        self.touching: dict[str, list[int]] = {}    # name -> the symbols making or reading it
+        for k, b in enumerate(bsyms):
             if is_del(b) or Tag.RETURN in b.sym.tags:
                 continue
-            for out, base in views(b) + call_views(b):
-                self.is_view.add(out.name)
-                self.parent[self._find(out.name)] = self._find(base.name)
-        self.groups: dict[str, list[str]] = {}
-        for n in list(self.parent):
-            self.groups.setdefault(self._find(n), []).append(n)
+            for p in dict.fromkeys(p.name for p in b.proxy_args() + b.proxy_outs()):
+                self.touching.setdefault(p, []).append(k)
+        self._pairs: dict[int, list] = {}
 
-    def _find(self, name: str) -> str:
-        while self.parent.get(name, name) != name:
-            name = self.parent[name]
-        return name
+    def pairs(self, k: int) -> list:
+        got = self._pairs.get(k)
+        if got is None:
+            b = self.bsyms[k]
+            got = self._pairs[k] = views(b) + call_views(b)
+        return got
+
+    def is_view(self, name: str) -> bool:
+        return any(out.name == name for k in self.touching.get(name, ()) for out, _ in self.pairs(k))
 
     def sharing(self, name: str) -> list[str]:
-        return [n for n in self.groups.get(self._find(name), ()) if n != name]
+        """The other names of ``name``'s component. A top-level name's pairs
+        are all among its touching symbols' pairs, a name inside a
+        decomposition's among its own symbol's, already read when it is reached."""
+        edges: dict[str, set[str]] = {}
+        members, todo, read = {name: None}, [name], set()
+        while todo:
+            n = todo.pop()
+            for k in self.touching.get(n, ()):
+                if k not in read:
+                    read.add(k)
+                    for out, base in self.pairs(k):
+                        edges.setdefault(out.name, set()).add(base.name)
+                        edges.setdefault(base.name, set()).add(out.name)
+            for m in edges.get(n, ()):
+                if m not in members:
+                    members[m] = None
+                    todo.append(m)
+        return [n for n in members if n != name]
 
 
 def out_result(bsym: BoundSymbol) -> TensorProxy | None:
@@ -103,21 +128,33 @@ def _last_uses(bsyms: list[BoundSymbol]) -> dict[str, int]:
 class _Plan:
     """What one trace allows; ``target(s, i)`` is the input ``s`` may write into."""
 
-    def __init__(self, trace: Trace, bsyms: list[BoundSymbol], recorded: bool):
+    def __init__(self, trace: Trace, bsyms: list[BoundSymbol], recorded: bool, last: dict[str, int]):
         self.recorded = recorded
-        self.last = _last_uses(bsyms)
+        self.bsyms = bsyms
+        self.last = last
         self.storage = _Storage(bsyms)
         self.inputs = {p.name for p in trace.args if isinstance(p, TensorProxy)}
-        self.made: set[str] = set()
-        self.owned: set[str] = set()
-        for b in bsyms:
-            outs = [o.name for o in b.tensor_outs()]
-            self.made.update(outs)
-            if b.sym.executor is not None and not b.sym.tags & _NOT_OWNED:
-                self.owned.update(n for n in outs if n not in self.storage.is_view)
-            if b.sym.name in _RESHAPES and not is_del(b):
-                self.owned.update(out.name for out, base in views(b)
-                                  if base.name in self.owned and statically_known(out.numel(), "==", base.numel()))
+        self.made_by: dict[str, list[int]] = {}     # name -> the symbols making it (one: names are made once)
+        for k, b in enumerate(bsyms):
+            for o in b.tensor_outs():
+                self.made_by.setdefault(o.name, []).append(k)
+        self._owned: dict[str, bool] = {}
+
+    def owned(self, name: str) -> bool:
+        """``name`` is fresh memory an executor's symbol made (not a view), or
+        a reshape of such a name with all its elements."""
+        got = self._owned.get(name)
+        if got is None:
+            self._owned[name] = False       # (a name is made after what it is made from)
+            got = self._owned[name] = any(self._owns(self.bsyms[k], name) for k in self.made_by.get(name, ()))
+        return got
+
+    def _owns(self, b: BoundSymbol, name: str) -> bool:
+        if b.sym.executor is not None and not b.sym.tags & _NOT_OWNED and not self.storage.is_view(name):
+            return True
+        return b.sym.name in _RESHAPES and not is_del(b) and any(
+            out.name == name and self.owned(base.name) and statically_known(out.numel(), "==", base.numel())
+            for out, base in views(b))
 
     def target(self, bsym: BoundSymbol, i: int) -> TensorProxy | None:
         out = out_result(bsym)
@@ -127,7 +164,7 @@ class _Plan:
             return None            # autograd refuses out= where it records (a leaf the program made)
         for a in bsym.tensor_args():
             if (_same_shape(a.shape, out.shape) and a.dtype == out.dtype and a.device == out.device
-                    and a.name in self.owned and self.last.get(a.name) == i and self._alone(a.name, i)):
+                    and self.last.get(a.name) == i and self.owned(a.name) and self._alone(a.name, i)):
                 return a
         return None
 
@@ -135,7 +172,7 @@ class _Plan:
         """No other name of ``name``'s storage is an input or lives at symbol ``i``
         (names only inside a fused region or a decomposition die with their call)."""
         for n in self.storage.sharing(name):
-            if n in self.inputs or (n in self.made and self.last.get(n, _ALIVE) >= i):
+            if n in self.inputs or (n in self.made_by and self.last.get(n, _ALIVE) >= i):
                 return False
         return True
 
@@ -147,10 +184,13 @@ def reuse_buffers(trace: Trace, write_out: Callable[[BoundSymbol], bool], *, rec
     autodiff that makes a leaf requiring grad): no symbol reading or making a
     value that requires grad gets ``out=``."""
     bsyms = trace.bound_symbols
-    candidates = [i for i, b in enumerate(bsyms) if not is_del(b) and "out" not in b.kwargs and write_out(b)]
+    last = _last_uses(bsyms)
+    # an input dying at the symbol first: asking ``write_out`` may read the op's schemas
+    candidates = [i for i, b in enumerate(bsyms) if not is_del(b) and "out" not in b.kwargs
+                  and any(last.get(a.name) == i for a in b.tensor_args()) and write_out(b)]
     if not candidates or recorded and any(b.kwargs.get("requires_grad") for b in bsyms):
         return trace            # a factory making a leaf: its proxy does not say what requires grad
-    plan = _Plan(trace, bsyms, recorded)
+    plan = _Plan(trace, bsyms, recorded, last)
     out = list(bsyms)
     changed = False
     for i in candidates:

@@ -25,9 +25,12 @@ the fast tier (``_clock``), else the fast entry goes back.
 
 Whatever fails in the worker (a region Inductor cannot compile, an op fake
 tensors cannot run) keeps the fast tier and records why (``Tier.reason``).
-Entries whose trace a rehearsal must not run (collectives, prints, a reseed),
-symbolic sizes (torch.compile would compile their regions on the calling
-thread), user transforms (they would run again, off their thread) or an
+Entries of symbolic sizes or numbers tier up where the hot executor compiles
+their regions once for every size, off the calling thread
+(``prepares_symbolic``: torchcompile's ``SymbolicRegion``). Entries whose
+trace a rehearsal must not run (collectives, prints, a reseed), symbolic
+sizes where it does not (a ``torchcompile`` whose user chose ``dynamic=``),
+user transforms (they would run again, off their thread) or an
 executor list that fuses already stay fast, with the reason.
 """
 from __future__ import annotations
@@ -321,10 +324,11 @@ def _why_not(entry: CompiledEntry, hot: Executor) -> str:
         return f"its executors fuse already ({', '.join(repr(n) for n in fusing)})"
     if low.transforms:
         return "user transforms run once, when the entry compiles: a hot tier would run them again off that thread"
-    if entry.sym_guards or any(type(p) is NumberProxy or (type(p) is TensorProxy and has_symbolic(p.shape))
-                               for p in low.trace.args):
-        return ("it has symbolic sizes or numbers: torch.compile would compile its regions on the first call "
-                "of each size, on the calling thread")
+    if not getattr(hot, "prepares_symbolic", False) and (
+            entry.sym_guards or any(type(p) is NumberProxy or (type(p) is TensorProxy and has_symbolic(p.shape))
+                                    for p in low.trace.args)):
+        return ("it has symbolic sizes or numbers: the hot tier's executor would compile its regions on the "
+                "first call of each size, on the calling thread")
     if any(t.stage == EAGER_MODE_STAGE for t in entry.traces):
         return "PyTorch autograd records this program (eager-mode autodiff): its regions would run as torch calls"
     return unrehearsable([low.trace, entry.traces[-1], *entry.backward_traces[-1:]]) or ""

@@ -95,13 +95,14 @@ def interpreter_frame_values(frame) -> list:
     return out
 
 
-def native_frame_values(top, base) -> list:
+def native_frame_values(top, base: int) -> list:
     """The locals of the native Python frames from ``top`` (the caller of the
-    split) down to ``base`` (the frame that started the interpretation):
-    emulated builtins keep their running state there."""
+    split) down to the frame whose ``id`` is ``base`` (the one that started
+    the interpretation, running below it): emulated builtins keep their
+    running state there."""
     out = []
     f = top
-    while f is not None and f is not base:
+    while f is not None and id(f) != base:
         out += list(f.f_locals.values())
         f = f.f_back
     return out

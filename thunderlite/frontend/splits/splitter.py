@@ -116,7 +116,9 @@ class Splitter:
         self.cuts: list[_Cut] = []
         self.start_grad = torch.is_grad_enabled()
         self.ran = resume is not None       # a piece of this call ran
-        self.base_frame = sys._getframe(1)
+        # by identity: holding the frame (whose locals hold this splitter) would keep the
+        # compile's frames and everything they hold alive until a cyclic collection
+        self.base_frame = id(sys._getframe(1))
         self.sites: list[Site] = []
 
     # --- the split ---------------------------------------------------------------------------

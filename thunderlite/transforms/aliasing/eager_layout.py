@@ -200,6 +200,8 @@ def _run(bsym: BoundSymbol, env: dict) -> None:
 
 def inputs_behind(trace: Trace, names: set[str]) -> set[str]:
     """The trace arguments the values ``names`` are computed from."""
+    if not names:
+        return set()
     need = set(names)
     for bsym in reversed(trace.bound_symbols):
         if any(o.name in need for o in bsym.tensor_outs()) or (
