@@ -326,6 +326,15 @@ def _wrapped(kind: str, model: nn.Module) -> nn.Module:
     return fully_shard(model)
 
 
+def _first_called(name: str, model, run, batch) -> dict:
+    """A variant's row: its first call timed (tracing / compilation), then one more call to warm it."""
+    start = time.perf_counter()
+    run(batch)
+    first = time.perf_counter() - start
+    run(batch)
+    return {"name": name, "model": model, "run": run, "first_s": first, "ms": [], "cpu": []}
+
+
 def _dist_run(name: str, model: nn.Module, opt):
     """``run(batch)`` of a distributed variant: the whole step, AdamW."""
     if name == "eager":
@@ -359,11 +368,7 @@ def _dist_worker(rank: int, world: int, store: str, opts, names: list[str], out:
         for name in names:
             model = _wrapped(kind, copy.deepcopy(base))
             run = _dist_run(name, model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-            start = time.perf_counter()
-            run(batch)
-            first = time.perf_counter() - start
-            run(batch)
-            rows.append({"name": name, "model": model, "run": run, "first_s": first, "ms": [], "cpu": []})
+            rows.append(_first_called(name, model, run, batch))
         for i in range(opts.steps):
             k = i % len(rows)
             for r in rows[k:] + rows[:k]:
@@ -458,11 +463,7 @@ def run_model(kind: str, names: list[str], opts, device: str, peak: bool) -> lis
         else:
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
             run = functools.partial(_step, _variant_fn(name, model), opt)
-        start = time.perf_counter()
-        run(batch)                                  # first call: tracing / compilation
-        first = time.perf_counter() - start
-        run(batch)
-        rows.append({"name": name, "model": model, "run": run, "first_s": first, "ms": [], "cpu": []})
+        rows.append(_first_called(name, model, run, batch))
     for i in range(opts.steps):
         k = i % len(rows)
         for r in rows[k:] + rows[:k]:

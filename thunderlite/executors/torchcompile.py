@@ -371,10 +371,6 @@ class EagerWhenRecording:
         do where calls run the torch calls."""
         if self.compiled is self.fn or _as_torch_calls(example, self.writing):
             return
-        with torch.no_grad():
-            for t in example:
-                if isinstance(t, torch.Tensor):
-                    t.zero_()
         _run_to_compile(self.compiled, self.fn, example)
 
 
@@ -385,11 +381,15 @@ def _graphs(fn) -> int:
 
 
 def _run_to_compile(compiled, fn, example: list) -> None:
-    """Call ``compiled`` on made-up ``example`` values so that it compiles.
+    """Call ``compiled`` on made-up ``example`` values, zeroed first, so that it compiles.
     Running them may fail where the compile did not: indices computed from
     zeros (``position_ids = mask.cumsum(-1) - 1`` of a zero mask is -1) trip
     Inductor's bounds checks. Such a failure, after dynamo kept the new graph,
     is no failure of the compile; one before it is raised."""
+    with torch.no_grad():
+        for t in example:
+            if isinstance(t, torch.Tensor):
+                t.zero_()
     before = _graphs(fn)
     try:
         compiled(*example)
@@ -436,10 +436,6 @@ class SymbolicRegion(EagerWhenRecording):
     def prepare(self, example: list) -> None:
         if _as_torch_calls(example, self.writing):
             return
-        with torch.no_grad():
-            for t in example:
-                if isinstance(t, torch.Tensor):
-                    t.zero_()
         _run_to_compile(self.compiled, self.fn, example)
         moved = _sizes_moved(self.inputs, example)
         if moved is None:

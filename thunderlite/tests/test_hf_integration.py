@@ -97,16 +97,20 @@ CASES = {
 }
 
 
+def _jitted_generate(model, way: str):
+    """(the jitted callable, the generate to call) for one of the two ways of jitting a model."""
+    if way == "jit(m.forward)":
+        model.forward = thunderlite.jit(model.forward)
+        return model.forward, model.generate
+    jitted = thunderlite.jit(model)
+    return jitted, jitted.generate
+
+
 @pytest.mark.parametrize("way", ["jit(m.forward)", "jit(m).generate"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_gives_eager_tokens(way, cache):
     ref, model = _llama().eval(), _llama().eval()
-    if way == "jit(m.forward)":
-        model.forward = thunderlite.jit(model.forward)
-        jitted, gen = model.forward, model.generate
-    else:
-        jitted = thunderlite.jit(model)
-        gen = jitted.generate
+    jitted, gen = _jitted_generate(model, way)
     ids, mask = _padded_batch()
     steps = 4
     names = [name for name in CASES if ("static" in name) == (cache == "static")]
@@ -196,12 +200,7 @@ def test_ten_generates_with_fresh_caches_compile_prefill_and_decode_once(way, ca
     # generate() makes a new DynamicCache/StaticCache per call; the program only reads it through its
     # attributes, so it is keyed by its type: later generates run the entries the first one compiled
     ref, model = _llama().eval(), _llama().eval()
-    if way == "jit(m.forward)":
-        model.forward = thunderlite.jit(model.forward)
-        jitted, gen = model.forward, model.generate
-    else:
-        jitted = thunderlite.jit(model)
-        gen = jitted.generate
+    jitted, gen = _jitted_generate(model, way)
     kw = dict(do_sample=False, max_new_tokens=6)
     if cache == "static":
         kw["cache_implementation"] = "static"
