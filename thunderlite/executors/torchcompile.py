@@ -420,10 +420,16 @@ class SymbolicRegion(EagerWhenRecording):
         self.inputs = inputs        # the region's input proxies: which dims and numbers are symbolic
         self.compile_later: Callable[[Callable[[], None]], None] | None = None
         self._run_only = None
+        self._direct: DirectSymbolic | None = None
+        self.fallbacks: list[str] = []      # why it is not compiled directly (dynamo's path serves it)
 
     def __call__(self, *args):
         if _as_torch_calls(args, self.writing):
             return self.fn(*args)
+        direct = self._direct
+        if direct is not None:
+            out = direct(args)
+            return self.fn(*args) if out is None else out
         return _compiled_call(self._run_only or self.compiled, self.fn, args)
 
     def defer_to(self, later: Callable[[Callable[[], None]], None]) -> None:
@@ -435,6 +441,8 @@ class SymbolicRegion(EagerWhenRecording):
 
     def prepare(self, example: list) -> None:
         if _as_torch_calls(example, self.writing):
+            return
+        if self._prepare_direct(example):
             return
         _run_to_compile(self.compiled, self.fn, example)
         moved = _sizes_moved(self.inputs, example)
@@ -449,10 +457,139 @@ class SymbolicRegion(EagerWhenRecording):
             raise RecompilesPerSize("a region of symbolic sizes compiled again for other sizes (its code is "
                                     "specialized to the sizes it met): it would recompile per size")
 
+    def _prepare_direct(self, example: list) -> bool:
+        """Compile without dynamo (``DirectSymbolic``) where the region writes
+        nothing; False where that is not possible (dynamo's path then)."""
+        if self.writing or self._direct is not None:
+            return self._direct is not None
+        try:
+            direct = DirectSymbolic.compile(self.fn, self.inputs, example)
+        except Exception as e:  # noqa: BLE001 - dynamo's path compiles what this one cannot
+            self.fallbacks.append(f"compiled through dynamo: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}")
+            return False
+        moved = _sizes_moved(self.inputs, example)
+        if moved is not None and not direct.serves(moved):
+            raise RecompilesPerSize("a region of symbolic sizes compiled for the sizes it met only (its code is "
+                                    "specialized to them): it would recompile per size")
+        self._direct = direct
+        return True
+
     @property
     def compilations(self) -> int:
-        """How many graphs dynamo keeps for this region (one serves every size)."""
-        return _graphs(self.fn)
+        """How many graphs serve this region (one serves every size): the
+        direct compilation, or those dynamo keeps."""
+        return 1 if self._direct is not None else _graphs(self.fn)
+
+
+class DirectSymbolic:
+    """A region of symbolic sizes compiled by Inductor without dynamo: traced
+    to an ATen graph on fake tensors whose symbolic dims (and the numbers kept
+    symbolic) are symbols of a ShapeEnv, compiled by ``compile_fx`` and
+    called directly behind the ShapeEnv's guards, evaluated in Python.
+    Dynamo's path (``torch.compile(dynamic=True)``) costs tens of microseconds
+    more per call (its frame evaluation, its guards over every input); a
+    decode step runs several such regions per token. A tensor input met
+    with gaps or at an offset in its storage (a slice of a longer tensor,
+    whose strides and offset change per call: what ``generate`` passes) is
+    made contiguous at each call, and compiled so. A call whose inputs the
+    guards refuse returns None (the caller runs the torch calls). Only for
+    regions that write nothing: a call that fails the compiled code's own
+    layout checks (it raises before it computes) is run again as torch calls."""
+
+    def __init__(self, compiled, guard: Callable[[tuple], bool], gapped: tuple[int, ...]):
+        self.compiled = compiled
+        self.guard = guard
+        self.gapped = gapped        # inputs made contiguous per call
+
+    def __call__(self, args: tuple):
+        if self.gapped:
+            args = list(args)
+            for i in self.gapped:
+                args[i] = args[i].contiguous()
+            args = tuple(args)
+        if not self.guard(args):
+            return None
+        try:
+            return self.compiled(list(args))
+        except AssertionError:      # assert_size_stride: a layout the code was not compiled for
+            return None
+
+    def serves(self, args: list) -> bool:
+        """Whether a call with ``args`` would run the compiled code."""
+        return self.guard(tuple(args))
+
+    @classmethod
+    def compile(cls, fn, inputs: tuple, example: list) -> DirectSymbolic:
+        from torch._dynamo.source import LocalSource
+        from torch._dynamo.utils import GmWrapper
+        from torch._guards import TracingContext, tracing
+        from torch._inductor.compile_fx import compile_fx
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+        env = ShapeEnv(duck_shape=False)
+        mode = FakeTensorMode(shape_env=env)
+        fakes: list = []
+        gapped = tuple(i for i, v in enumerate(example) if isinstance(v, torch.Tensor) and not _dense(v))
+        example = [v.contiguous() if i in gapped else v for i, v in enumerate(example)]
+        for i, (p, v) in enumerate(zip(inputs, example, strict=True)):
+            if isinstance(v, torch.Tensor):
+                if type(p) is not TensorProxy or v.layout is not torch.strided:
+                    raise NotImplementedError("a tensor input of another layout")
+                dims = [DimDynamic.DYNAMIC if type(d) is SymInt else DimDynamic.STATIC for d in p.shape]
+                fakes.append(mode.from_tensor(v, source=LocalSource(f"a{i}"),
+                                              symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+            elif type(v) is int and isinstance(p, Proxy):
+                source = LocalSource(f"a{i}")
+                sym = env.create_symbol(v, source, dynamic_dim=DimDynamic.DYNAMIC)
+                fakes.append(env.create_symintnode(sym, hint=v, source=source))
+            else:
+                raise NotImplementedError(f"an input of type {type(v).__name__}")
+        with torch.no_grad():
+            with mode:
+                gm = make_fx(fn)(*fakes)
+            if _places_by_offset(gm):
+                raise NotImplementedError("as_strided over inputs (their storage offsets)")
+            with tracing(TracingContext(mode)):
+                compiled = compile_fx(GmWrapper(gm, lambda flat: flat), list(fakes))
+        if not getattr(compiled, "_boxed_call", False):
+            raise RuntimeError("Inductor did not return a boxed callable for a region (torch changed?)")
+        expr = env.produce_guards_expression(fakes)
+        guard = _guard_function(expr, len(fakes), example, fakes)
+        if not guard(tuple(example)):
+            raise RuntimeError("the compiled region's guards refuse the inputs it was compiled for")
+        return cls(compiled, guard, gapped)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """At the start of its storage, every element of which it covers once
+    (contiguous in some order of its dims): strides follow from sizes."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+    return t.storage_offset() == 0 and is_non_overlapping_and_dense_or_false(t)
+
+
+def _guard_function(expr: str | None, n: int, example: list, fakes: list) -> Callable[[tuple], bool]:
+    """The checks a call's inputs pass to run the compiled code: the tensors'
+    kinds (type, dtype, device, requires_grad, dispatch keys) and static sizes
+    by torch's ``TensorGuards`` (in C++), and ``expr`` (a ShapeEnv's guards over
+    ``L['t<i>']``, the i-th input: the symbolic sizes, strides and numbers)."""
+    import math
+
+    from torch._C._dynamo.guards import TensorGuards
+    at = [i for i, v in enumerate(example) if isinstance(v, torch.Tensor)]
+    sizes = [[d if type(d) is int else None for d in fakes[i].shape] for i in at]
+    kinds = TensorGuards(*(example[i] for i in at), dynamic_dims_sizes=sizes,
+                         dynamic_dims_strides=[[None] * len(s) for s in sizes]).check
+    names = "".join(f"a{i}, " for i in range(n)) or "_"
+    body = expr or "True"
+    for i in reversed(range(n)):
+        body = body.replace(f"L['t{i}']", f"a{i}")
+    src = (f"def guard(args):\n  {names}= args\n"
+           f"  return _kinds({', '.join(f'a{i}' for i in at)}) and bool({body})\n")
+    from thunderlite.core import codegen
+    return codegen.compile_source(src, "guard", {"math": math, "torch": torch, "_kinds": kinds,
+                                                 "__builtins__": __builtins__})
 
 
 class RecompilesPerSize(RuntimeError):

@@ -413,8 +413,12 @@ def test_a_layout_the_rehearsal_did_not_meet_compiles_off_the_calling_thread():
     jf(x, w, b)
     assert _compilations(jf) == 1
     xt = x.t().contiguous().t()         # same values and key, other strides
+    from thunderlite.frontend.caching.tiers import _worker
+    gate = threading.Event()
+    _worker().submit(gate.wait)         # the worker waits until the call is checked
     torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
     assert _compilations(jf) == 1       # not compiled by that call
+    gate.set()
     assert thunderlite.wait_for_tiers(jf)
     assert _compilations(jf) == 2       # by the worker
     torch.testing.assert_close(jf(xt, w, b), _mlp(xt, w, b))
@@ -533,6 +537,51 @@ def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the
     for x in (torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 5), torch.randn(9, 4)):  # guards refuse two
         torch.testing.assert_close(region(x), f(x))
     assert region.compilations == 1
+
+
+def _counting(direct):
+    """``direct``'s compiled code, counting the calls that reach it."""
+    calls = [0]
+    compiled = direct.compiled
+
+    def counted(box):
+        calls[0] += 1
+        return compiled(box)
+    direct.compiled = counted
+    return calls
+
+
+def test_a_rehearsed_symbolic_region_runs_inductors_code_without_dynamo():
+    """A prepared region of symbolic sizes that writes nothing is compiled
+    without dynamo (``DirectSymbolic``: cheaper per call): its compiled code
+    serves every size, and slices of longer tensors whose strides change per
+    call (what ``generate`` passes); a call of another dtype runs the torch
+    calls; every answer is eager's."""
+    from thunderlite.core.proxies import NumberProxy, TensorProxy
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    env = ShapeEnv()
+    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "k.shape[1]")
+
+    def f(q, k):
+        s = (q.unsqueeze(1) * k).sum(-1).softmax(-1)
+        return ((s.unsqueeze(-1) * k).sum(1) + q).tanh(),
+    region = SymbolicRegion(f, False, (TensorProxy(shape=(2, 8), name="q"), TensorProxy(shape=(2, s0, 8), name="k")))
+    full = torch.randn(2, 40, 8)
+    region.prepare([full[:, 3], full[:, 5:10]])
+    assert region._direct is not None, region.fallbacks
+    region.defer_to(lambda job: None)
+    calls = _counting(region._direct)
+    for n in (2, 5, 9, 33):         # q and k: slices of a longer tensor, their strides its
+        q, k = full[:, n], full[:, :n]
+        torch.testing.assert_close(region(q, k), f(q, k))
+    for n in (3, 7):
+        q, k = torch.randn(40, 2, 8)[n], torch.randn(2, 40, 8)[:, 4:4 + n]
+        torch.testing.assert_close(region(q, k), f(q, k))
+    assert calls[0] == 6 and region.compilations == 1
+    q, k = full[:, 0].double(), full[:, :6].double()
+    torch.testing.assert_close(region(q, k), f(q, k))
+    assert calls[0] == 6
 
 
 def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_torch_calls(monkeypatch):

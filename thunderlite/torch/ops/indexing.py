@@ -272,6 +272,33 @@ def index_add(input, dim: int, index, source, *, alpha=1):
     return prims.index_add(input, dim, index, convert(source, input.dtype))
 
 
+@torchsymbol(torch.index_copy, T.index_copy, method_name="index_copy")
+def index_copy(input, dim: int, index, source):
+    """A scatter of ``source`` along ``dim`` at the rows ``index`` names: one
+    symbol (torch's ``index_copy``, in place ``index_copy_``: a static KV
+    cache's write) that fusing executors see through."""
+    d = canonical_dim(dim, max(input.ndim, 1))
+    check(index.ndim <= 1, lambda: f"index_copy_(): Index should have dimension 1 or 0 (got {index.ndim})",
+          IndexError)
+    check(index.dtype is torch.int64, lambda: "index_copy_(): Expected a long tensor for index, but got "
+                                              f"{str(index.dtype).removeprefix('torch.').capitalize()}")
+    check(source.dtype == input.dtype, lambda: "index_copy_(): self and source expected to have the same dtype, "
+                                               f"but got (self) {input.dtype} and (source) {source.dtype}")
+    if input.ndim == 0 or source.ndim == 0:
+        check(input.ndim == 0 and source.numel() == 1 and index.numel() == 1,
+              lambda: "index_copy_(): When source and destination are not scalars, their dimensionality must "
+                      f"match. Source dimensionality ({source.ndim}), destination dimensionality ({input.ndim})")
+        return shapes.reshape(source, ())
+    check(source.ndim == input.ndim,
+          lambda: "index_copy_(): When source and destination are not scalars, their dimensionality must match. "
+                  f"Source dimensionality ({source.ndim}), destination dimensionality ({input.ndim})")
+    check(source.shape[d] == index.numel(),
+          lambda: f"index_copy_(): Number of indices ({index.numel()}) should be equal to "
+                  f"source.size(dim) ({source.shape[d]})")
+    idx = shapes.reshape(index, tuple(-1 if k == d else 1 for k in range(source.ndim)))
+    return prims.scatter(input, d, expand_to(idx, source.shape), source)
+
+
 @torchsymbol(torch.index_put, T.index_put, method_name="index_put")
 def index_put(input, indices, values, accumulate: bool = False):
     return prims.index_put(input, list(indices), convert(values, input.dtype), accumulate)

@@ -55,7 +55,7 @@ _NAMES = [
     "ceil", "round", "trunc", "frac", "square", "clamp", "clamp_min", "clamp_max", "lerp", "addcmul",
     "addcdiv", "masked_fill", "where", "relu", "logit", "nan_to_num", "xlogy", "deg2rad", "rad2deg",
     "sinc", "float_power", "fmax", "fmin", "ldexp", "hardshrink", "addmm", "baddbmm", "addbmm", "addmv",
-    "addr", "index_add", "index_put", "scatter", "scatter_add", "tril", "triu", "clip", "sgn", "heaviside",
+    "addr", "index_add", "index_copy", "index_put", "scatter", "scatter_add", "tril", "triu", "clip", "sgn", "heaviside",
     "negative", "absolute", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "fix",
     "multiply", "subtract", "divide", "arctan2", "not_equal", "greater", "less", "greater_equal",
     "less_equal", "mvlgamma", "cumsum", "cumprod", "t", "transpose", "squeeze", "unsqueeze",
