@@ -190,7 +190,8 @@ def build_entry(inputs: list[Input], guards: list[Guard], writes: list[Write], c
         call_args.append(v)
         if inp.guard_meta:
             pro.append(f"    if {tensor_guard_source(inp, v, consts)}: return _MISS")
-            meta.append((pro[-1], v, inp.value))
+            if not inp.dims:        # symbolic dims keep their own check ("0, 1 or more")
+                meta.append((pro[-1], v, inp.value))
     if sym_guards:
         var = {inp.proxy.name: a for inp, a in zip(inputs, call_args, strict=True)}
         for g in sym_guards:

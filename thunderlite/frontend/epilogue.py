@@ -199,16 +199,63 @@ class Template:
         return self._build_object(x, env, memo)
 
     def _build_object(self, x: Any, env: dict, memo: dict) -> Any:
-        new = memo[id(x)] = copy.copy(x)
+        new = memo[id(x)] = _blank(x)
         if isinstance(x, dict):
+            # a bare OrderedDict's keys are kept in its own order, which dict's setitem bypasses
+            setitem = OrderedDict.__setitem__ if isinstance(x, OrderedDict) else dict.__setitem__
             for k, v in x.items():
-                dict.__setitem__(new, k, self._build(v, env, memo))
+                setitem(new, k, self._build(v, env, memo))
         elif isinstance(x, list):
             new[:] = [self._build(y, env, memo) for y in x]
         if hasattr(x, "__dict__"):
             for k, v in vars(x).items():
                 object.__setattr__(new, k, self._build(v, env, memo))
         return new
+
+
+def _blank(x: Any) -> Any:
+    """A new object of ``x``'s type for ``Template`` to fill with ``x``'s
+    attributes and items: ``copy.copy(x)``, or, where that gives an object
+    whose state is only those (``_fills_alike``: an HF ``ModelOutput``, whose
+    copy runs its dataclass ``__init__`` and ``__post_init__``, microseconds
+    per call), the type's bare instance."""
+    t = type(x)
+    fills = _FILLS_ALIKE.get(t)
+    if fills is None:
+        fills = _FILLS_ALIKE[t] = _fills_alike(x)
+    if fills:
+        return t.__new__(t)
+    return copy.copy(x)
+
+
+_FILLS_ALIKE: dict[type, bool] = {}
+
+
+def _fills_alike(x: Any) -> bool:
+    """Whether ``type(x).__new__`` then ``x``'s attributes and items make what
+    ``copy.copy(x)`` then the same make: a type with no slots and no hook of
+    its own around copying (``__copy__``, ``__setstate__``), of a plain base
+    (object, dict or list; OrderedDict's bare instance is a usable empty one),
+    whose copy holds exactly ``x``'s attribute names and item keys, in order."""
+    t = type(x)
+    if any("__slots__" in vars(c) for c in t.__mro__[:-1]) or hasattr(t, "__copy__") or \
+            hasattr(t, "__setstate__"):
+        return False
+    bases = {b for b in t.__mro__ if b.__module__ == "builtins" or b is OrderedDict}
+    if not bases <= {object, dict, list, OrderedDict}:
+        return False
+    try:
+        made = copy.copy(x)
+        blank = t.__new__(t)
+    except Exception:  # noqa: BLE001 - the copy as it was decides
+        return False
+    if type(made) is not t or type(blank) is not t or list(vars(made)) != list(vars(x)):
+        return False
+    if isinstance(x, dict) and list(dict.keys(made)) != list(dict.keys(x)):
+        return False
+    if isinstance(x, list) and len(made) != len(x):
+        return False
+    return not vars(blank) and not (isinstance(blank, (dict, list)) and len(blank))
 
 
 class Made:

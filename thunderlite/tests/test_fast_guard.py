@@ -195,15 +195,28 @@ def test_calls_alternating_between_entries_disarm_and_stay_right():
     assert _armed(jf)
 
 
-def test_no_fast_guard_for_symbolic_sizes_or_numbers():
+def test_no_fast_guard_for_symbolic_numbers():
     x = torch.randn(4)
     sig = describe((x, 2.0), {}, symbolic_numbers=True)
     assert make_fast_guard(sig) is None
-    assert make_fast_guard(describe((x,), {}), {0: {0}}) is None
+
+
+def test_symbolic_sizes_get_a_fast_guard_serving_every_size_of_two_or_more():
+    """A symbolic dim is checked as the key has it (0, 1, or "2 or more"): the
+    fast guard armed at one size serves the others, and refuses sizes 0 and 1
+    (entries of their own), whose calls the key path serves."""
+    assert make_fast_guard(describe((torch.randn(4),), {}), {0: {0}}) is not None
     jf = thunderlite.jit(lambda t: t + 1, dynamic=True)
     for n in (4, 5, 6):
         torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n) + 1)
-    assert not _armed(jf)
+    assert _armed(jf)
+    fast = jf._fast
+    for n in (7, 30):
+        assert fast((torch.ones(n),), {}) is not MISS
+    for n in (0, 1):
+        assert fast((torch.ones(n),), {}) is MISS
+        torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n) + 1)
+    assert fast((torch.ones(3, dtype=torch.float64),), {}) is MISS
 
 
 def test_calls_the_fast_guard_always_refuses_do_not_re_arm_it_each_time():

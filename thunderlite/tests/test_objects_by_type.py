@@ -438,3 +438,43 @@ def test_a_native_read_after_a_native_write_sees_the_write():
     torch.testing.assert_close(jf(cfg, x), _loss_for(ref, x))
     assert cfg.problem_type == ref.problem_type == "single"
     torch.testing.assert_close(jf(cfg, x), _loss_for(ref, x))
+
+
+def test_returned_objects_are_built_afresh_per_call_with_eagers_state():
+    """A returned object the call made is rebuilt per call from its type's bare
+    instance where that holds the same state as its copy (an OrderedDict
+    subclass holding fields, as HF's ``ModelOutput``: its keys in order), and
+    by ``copy.copy`` where the type copies itself its own way."""
+    import collections
+
+    class Out(collections.OrderedDict):
+        def __init__(self, logits=None, loss=None):
+            super().__init__()
+            self.logits, self.loss = logits, loss
+            for k in ("logits", "loss"):
+                if getattr(self, k) is not None:
+                    self[k] = getattr(self, k)
+
+    class Counted:
+        copies = 0
+
+        def __init__(self, t):
+            self.t = t
+
+        def __copy__(self):
+            Counted.copies += 1
+            new = Counted.__new__(Counted)
+            new.__dict__.update(self.__dict__)
+            return new
+
+    def f(x):
+        return Out(logits=x.sin(), loss=x.sum()), Counted(x * 2)
+    jf = thunderlite.jit(f)
+    for _ in range(3):
+        x = torch.randn(3)
+        (out, c), (eout, ec) = jf(x), f(x)
+        assert type(out) is Out and list(out.keys()) == ["logits", "loss"] == list(eout.keys())
+        torch.testing.assert_close(out["logits"], eout["logits"])
+        torch.testing.assert_close(out.loss, eout.loss)
+        torch.testing.assert_close(c.t, ec.t)
+    assert Counted.copies >= 2

@@ -264,9 +264,9 @@ def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None
     """The ``FastGuard`` of a signature, or None where the key cannot be
     checked this way: symbolic sizes, numbers kept symbolic, or a torch
     without these guards."""
-    if TORCH_GUARDS is None or dynamic or has_symbolic_numbers(sig):
+    if TORCH_GUARDS is None or has_symbolic_numbers(sig):
         return None
-    g = walk_signature(sig, None, KeyGen(fail="_MISS"))
+    g = walk_signature(sig, None, KeyGen(dynamic=dynamic, fail="_MISS"))
     if any(kind == "DT" for _, kind in g.values):
         return None             # a DTensor's key is its spec, not its identity
     tensors = [v for v, _ in g.tensors]
@@ -275,8 +275,15 @@ def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None
     for v, kind in g.values:
         made.append(f"'_c{v}': {v if kind == 'V' else f'id({v})'}")
         checks.append(f"{v} != _c{v}" if kind == "V" else f"id({v}) != _c{v}")
+    symbolic = {i: dims for i, dims in (dynamic or {}).items() if dims}
+    for i, dims in symbolic.items():      # sizes 0, 1 or "2 or more", as the key has them
+        v, d = tensors[i], f"_dims{i}"
+        g.consts[d] = dims
+        made.append(f"'_s{v}': _dynamic_shape({v}.shape, {d})")
+        checks.append(f"_dynamic_shape({v}.shape, {d}) != _s{v}")
     if tensors:
-        sizes = ", ".join(f"[*{t}.shape]" for t in tensors)
+        sizes = ", ".join(f"_free({t}.shape, _dims{i})" if i in symbolic else f"[*{t}.shape]"
+                          for i, t in enumerate(tensors))
         strides = ", ".join(f"[None] * {t}.dim()" for t in tensors)
         made.append(f"'_tensors': _TensorGuards({', '.join(tensors)}, dynamic_dims_sizes=[{sizes}], "
                     f"dynamic_dims_strides=[{strides}]).check")
@@ -289,13 +296,20 @@ def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None
     checks.append("not _state()")
     setup_src = "\n".join(["def setup(args, kwargs):", *(f"  {r}" for r in g.reads),
                            f"  return {{{', '.join(made)}}}"]) + "\n"
-    consts = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern)
+    consts = dict(g.consts, _MISSING=_MISSING, _alias_pattern=alias_pattern, _dynamic_shape=dynamic_shape,
+                  _free=_free_sizes)
     setup = codegen.compile_source(setup_src, "setup", dict(consts, _TensorGuards=TORCH_GUARDS[0],
                                                            _GlobalStateGuard=TORCH_GUARDS[1],
                                                            __builtins__=__builtins__))
     # TensorGuards checks a tensor's exact type itself; an empty kwargs is falsy
     lines = [line.replace("len(kwargs) != 0", "kwargs") for line in g.lines if line not in g.tensor_type_checks]
     return FastGuard(setup, [*lines, f"  if {' or '.join(checks)}: return _MISS"], consts)
+
+
+def _free_sizes(shape: tuple, dims) -> list:
+    """``shape`` for ``TensorGuards``: None (any size) where a symbolic dim is 2
+    or more (a separate check keeps it so)."""
+    return [None if n >= 2 and (dims is ALL_DIMS or i in dims) else n for i, n in enumerate(shape)]
 
 
 def reads_only(entry: CompiledEntry) -> bool:
