@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -233,16 +235,27 @@ class FastGuard:
         self.setup = setup
         self.checks = checks
         self.consts = consts
+        # entry -> the code of its fast function: calls alternating between two entries (a decode
+        # loop's prefill and step) re-arm at each switch, and a model's entry is too long a source for
+        # codegen's cache (compiling it again cost milliseconds per switch)
+        self._codes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def arm(self, args: tuple, kwargs: dict, entry: Callable, sharing: bool) -> Callable:
-        head, _, body = entry.__thunderlite_source__.partition("\n")
         globs = {**entry.__globals__, **self.consts, **self.setup(args, kwargs), "_sharing": sharing}
         tensor_guard = getattr(entry, "__thunderlite_tensor_guard__", None)
         if tensor_guard is not None:        # the tensors read through paths, checked in one C++ call
-            lines, check_line, globs["_tensor_meta"] = tensor_guard
+            globs["_tensor_meta"] = tensor_guard[2]
+        code = self._codes.get(entry)
+        if code is not None:
+            return types.FunctionType(code, globs, "fast")
+        head, _, body = entry.__thunderlite_source__.partition("\n")
+        if tensor_guard is not None:
+            lines, check_line, _ = tensor_guard
             body = _with_lines_replaced(body, set(lines), check_line)
         src = "\n".join(["def fast(args, kwargs):", *self.checks, body])
-        return codegen.compile_source(src, "fast", globs)
+        fast = codegen.compile_source(src, "fast", globs)
+        self._codes[entry] = fast.__code__
+        return fast
 
 
 def _with_lines_replaced(body: str, lines: set[str], line: str) -> str:
