@@ -294,3 +294,27 @@ def test_hooks_registered_after_arming_run():
     finally:
         pre.remove()
     assert thunderlite.cache_info(jm)["misses"] >= 2
+
+
+def test_alternating_entries_re_arm_without_compiling_again(monkeypatch):
+    """Calls alternating between two entries (a decode loop's prefill and
+    step) re-arm the fast guard at each switch: the armed function reuses its
+    entry's compiled code, however long the entry's source (a model's)."""
+    import builtins
+
+    from thunderlite.core import codegen
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(24)])
+    jm = thunderlite.jit(model, dynamic=False)
+    a, b = torch.randn(2, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            for x in (a, a, a, b, b, b):
+                torch.testing.assert_close(jm(x), model(x))
+        assert len(jm._jitted.last.fn.__thunderlite_source__) > codegen._CODE_CACHE_MAX_SOURCE
+        compiled = []
+        real = builtins.compile
+        monkeypatch.setattr(builtins, "compile", lambda src, *a, **k: compiled.append(src) or real(src, *a, **k))
+        for _ in range(3):
+            for x in (a, a, a, b, b, b):
+                torch.testing.assert_close(jm(x), model(x))
+    assert _armed(jm) and compiled == []
