@@ -4,12 +4,17 @@ trace with ``torch.compile`` (Inductor; on CPU it needs a C++ compiler).
 Regions come from the shared dataflow region former (transforms/fusion.py).
 A region holds only symbols the torch executor can run as one torch call and
 that are safe to hand to Dynamo: no random ops (Inductor draws differently from
-eager, which would break reproducibility, see core/prims.py), no writes into
-memory, no alias barriers, nothing that returns a Python number computed at
-run time (constants of the trace, as CUDA flash attention's sequence lengths,
+eager, which would break reproducibility, see core/prims.py), nothing that
+returns a Python number computed at run time (constants of the trace, as CUDA flash attention's sequence lengths,
 may be returned). Each region becomes a small trace of torch calls, compiled
 to Python and then by ``torch.compile``; the fusion symbol prints as ``torchcompile.fusion<N>`` and
 keeps the region's symbols as subsymbols.
+Writes join regions, with the alias barriers (``update_aliases``) that order
+the reads after them: AOTAutograd functionalizes a graph's writes and
+Inductor applies those into its inputs where eager writes (a static KV
+cache's ``index_copy_`` runs inside a decode step's one region). A region
+whose outputs alias a written input runs its torch calls (``_compile_region``),
+as do calls of a writing region whose inputs share storage.
 
 Regions with the same structure share one compiled artifact: a region is cut
 where it repeats (``transforms.fusion.repeat_span``: a model with N identical
@@ -39,7 +44,7 @@ from collections.abc import Callable
 
 import torch
 
-from thunderlite.core.aliasing import views, writes
+from thunderlite.core.aliasing import BARRIER, views, writes
 from thunderlite.core.proxies import Proxy, TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
 from thunderlite.core.symexpr import atom, evaluate
@@ -56,7 +61,7 @@ from thunderlite.transforms.autodiff import kernels
 from thunderlite.transforms.claim import claim_executors
 from thunderlite.transforms.fusion import Region, fuse, repeat_span, span_bounds, split_region
 
-_UNFUSIBLE = frozenset({Tag.RANDOM, Tag.INPLACE, Tag.ALIAS_BARRIER, Tag.DONT_DCE, Tag.RETURN})
+_UNFUSIBLE = frozenset({Tag.RANDOM, Tag.DONT_DCE, Tag.RETURN})
 # ATen's grouped GEMM (mixture of experts): one kernel with nothing to fuse inside,
 # whose FakeTensor kernel (what Inductor traces with) takes bfloat16 only where the
 # CPU kernel takes float32 and float16 too; it runs on the torch executor between regions
@@ -89,6 +94,8 @@ class TorchCompileExecutor(FusionExecutor):
         return True, ""
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
+        if bsym.sym is BARRIER:
+            return True
         if bsym.sym.tags & _UNFUSIBLE or bsym.sym.executor is not None or bsym.sym in _KERNEL_ONLY:
             return False
         if not _tensor_outputs(bsym):

@@ -41,7 +41,9 @@ def _final(jfn):
 
 
 def _barriers(trace):
-    return [b for b in trace.bound_symbols if b.has_tag(Tag.ALIAS_BARRIER)]
+    """The trace's alias barriers, those inside fusions included."""
+    from thunderlite.core.symbol import walk
+    return [leaf for b in trace.bound_symbols for leaf in walk(b) if leaf.has_tag(Tag.ALIAS_BARRIER)]
 
 
 # --- in-place methods and functions ------------------------------------------------------------
