@@ -64,6 +64,7 @@ of times (a test, a script's one evaluation) never pays a background compile,
 few next to a training run's or a server's calls."""
 
 TRIAL_CALLS = 8
+TRIAL_WARMUP = 2     # a hot tier's first calls after its swap, not measured
 """Calls measured on each tier to decide whether the hot one is kept."""
 
 
@@ -279,15 +280,21 @@ def _clock(entry: CompiledEntry) -> Callable[[], float]:
     return time.thread_time if cpu_only and torch.get_num_threads() == 1 else time.perf_counter
 
 
-def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntry:
+def _timed(entry: CompiledEntry, calls: int, measured: Callable, warmup: int = 0) -> CompiledEntry:
     """A copy of ``entry`` whose calls are measured (``_clock``). After
     ``calls`` intervals ``measured(median ms, args, kwargs)`` runs, once,
     inside the call that completed them. Entries measured have no fast guard
-    (it would inline the entry's code past the timer), so they pay a key."""
+    (it would inline the entry's code past the timer), so they pay a key.
+    The first ``warmup`` intervals are not counted (a hot tier's first calls
+    pay first-use costs), nor, up to ``3 * calls`` of them, intervals ending
+    while the tier worker compiles (a layout it compiles runs as torch calls
+    meanwhile, and its compile shares the process): trials decided on such
+    intervals kept the fast tier of models whose hot tier was a third faster."""
     run = entry.fn
     clock = _clock(entry)
     last: dict[int, float] = {}
     samples: list[float] = []
+    passed = [0, 0]             # intervals not counted: warming up, while the worker was busy
     once = threading.Lock()     # threads completing the samples at once: one of them decides
 
     def fn(args: tuple, kwargs: dict):
@@ -296,6 +303,12 @@ def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntr
         last[threading.get_ident()] = now
         out = run(args, kwargs)
         if before is not None and out is not MISS and len(samples) < calls:
+            if passed[0] < warmup:
+                passed[0] += 1
+                return out
+            if _WORKER is not None and _WORKER.busy and passed[1] < 3 * calls:
+                passed[1] += 1
+                return out
             samples.append(now - before)
             if len(samples) >= calls and once.acquire(blocking=False):
                 try:
@@ -362,7 +375,8 @@ def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_c
         installed = hot_entry
         if trial_calls:
             installed = _timed(hot_entry, trial_calls,
-                               lambda ms, args, kwargs: _judge(jfn_ref, entry, hot_entry, installed, ms))
+                               lambda ms, args, kwargs: _judge(jfn_ref, entry, hot_entry, installed, ms),
+                               warmup=TRIAL_WARMUP)
         jfn = jfn_ref()
         if jfn is None or not jfn._replace(entry, installed):
             tier.stay("the entry left the cache while its hot tier compiled")
@@ -458,12 +472,21 @@ class _Worker:
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = False
+        self._unfinished = 0        # jobs handed over and not yet done
+        self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="thunderlite-tiers", daemon=_AT_EXIT is None)
         self._thread.start()
 
     def submit(self, run: Callable[[], None], drop: Callable[[], None] | None = None) -> None:
         """Run ``run()`` on the worker; ``drop()`` instead if the process exits first."""
+        with self._count_lock:
+            self._unfinished += 1
         self._jobs.put((run, drop))
+
+    @property
+    def busy(self) -> bool:
+        """Jobs are queued or running."""
+        return self._unfinished > 0
 
     def _run(self) -> None:
         while True:
@@ -471,14 +494,17 @@ class _Worker:
             if job is None:
                 return
             run, drop = job
-            if self._closing:
-                if drop is not None:
-                    drop()
-                continue
             try:
+                if self._closing:
+                    if drop is not None:
+                        drop()
+                    continue
                 run()
             except Exception:  # noqa: BLE001 - a compile for later calls failed: they keep the torch calls
                 pass
+            finally:
+                with self._count_lock:
+                    self._unfinished -= 1
 
     def close(self) -> None:
         """At exit: drop the jobs not started, and let the thread end."""
