@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import thunderlite
-from thunderlite.frontend.caching.tiers import TRIAL_WARMUP
 from thunderlite.core.tags import Tag
 from thunderlite.executors.torchcompile import TorchCompileExecutor
 from thunderlite.extend import get_executor
+from thunderlite.frontend.caching.tiers import TRIAL_WARMUP
 
 
 @pytest.fixture(autouse=True)
