@@ -254,7 +254,7 @@ def run_model(name: str, size: str, steps: int, tiering_calls: int, atol: float,
         for _ in range(tiering_calls - 1):
             _step(jm, batch)
         thunderlite.wait_for_tiers(jm)
-        for _ in range(TRIAL_WARMUP + 4 * TRIAL_CALLS + 1):     # the hot tier's trial against the fast one
+        for _ in range(1 + TRIAL_WARMUP + 5 * TRIAL_CALLS):     # the hot tier's trial against the fast one
             _step(jm, batch)
             if all(t["tier"] != "trial" for t in thunderlite.cache_info(jm)["tiers"]):
                 break

@@ -30,6 +30,12 @@ def _needs_torchcompile():
         pytest.skip(f"the hot tier's executor is unavailable: {reason}")
 
 
+def _trial_length(trial_calls: int) -> int:
+    """Calls a hot tier's trial takes after its swap: one to start the first
+    interval, the warm-up ones, then ``trial_calls`` of each tier, alternating."""
+    return 1 + TRIAL_WARMUP + 2 * trial_calls
+
+
 def _policy(after_calls: int, **options) -> thunderlite.TierPolicy:
     """Tier up after ``after_calls`` calls, untried unless ``trial_calls`` is given (no timing decides)."""
     return thunderlite.TierPolicy(after_calls=after_calls, **{"trial_calls": 0, **options})
@@ -331,7 +337,7 @@ def test_a_trial_keeps_a_hot_tier_that_costs_less():
     outs = [jf(x) for _ in range(7)]        # calls 3-7 measure the fast tier; the seventh starts the compile
     assert thunderlite.wait_for_tiers(jf)
     assert _tier(jf)["tier"] == "trial", _tier(jf)
-    outs += [jf(x) for _ in range(5 + TRIAL_WARMUP)]       # the first calls after the swap are not measured
+    outs += [jf(x) for _ in range(_trial_length(4))]
     for out in outs:
         torch.testing.assert_close(out, want)
     tier = _tier(jf)
@@ -367,7 +373,7 @@ def test_a_trial_puts_back_the_fast_tier_when_the_hot_one_costs_more():
     for _ in range(6):
         torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
     assert thunderlite.wait_for_tiers(jf) and _tier(jf)["tier"] == "trial", _tier(jf)
-    for _ in range(4 + TRIAL_WARMUP):
+    for _ in range(_trial_length(3)):
         torch.testing.assert_close(jf(x, w, b), _mlp(x, w, b))
     tier = _tier(jf)
     assert tier["tier"] == "fast (final)" and "slower" in tier["reason"], tier
@@ -388,7 +394,7 @@ def test_the_backward_is_rehearsed_with_the_gradient_layouts_autograd_gives():
         return (h * h.sigmoid() + h.cos() - h.sin() * 2).t()
     x = torch.randn(8, 16)
     jf = thunderlite.jit(f, tiering=thunderlite.TierPolicy(after_calls=2, trial_calls=2))
-    for i in range(9 + TRIAL_WARMUP):
+    for i in range(5 + _trial_length(2)):
         out = jf(model, x)
         out.sum().backward()
         f(ref, x).sum().backward()

@@ -279,21 +279,18 @@ def _clock(entry: CompiledEntry) -> Callable[[], float]:
     return time.thread_time if cpu_only and torch.get_num_threads() == 1 else time.perf_counter
 
 
-def _timed(entry: CompiledEntry, calls: int, measured: Callable, warmup: int = 0) -> CompiledEntry:
-    """A copy of ``entry`` whose calls are measured (``_clock``). After
-    ``calls`` intervals ``measured(median ms, args, kwargs)`` runs, once,
-    inside the call that completed them. Entries measured have no fast guard
-    (it would inline the entry's code past the timer), so they pay a key.
-    The first ``warmup`` intervals are not counted (a hot tier's first calls
-    pay first-use costs), nor, up to ``3 * calls`` of them, intervals ending
-    while the tier worker compiles (a layout it compiles runs as torch calls
-    meanwhile, and its compile shares the process): trials decided on such
-    intervals kept the fast tier of models whose hot tier was a third faster."""
+def _timed(entry: CompiledEntry, calls: int, measured: Callable) -> CompiledEntry:
+    """A copy of ``entry`` whose calls are measured (``_clock``): the fast
+    tier before its compile, which also lets the program note the layouts of
+    its backward's gradients (``watch_grads``). After ``calls`` intervals
+    ``measured(ms, args, kwargs)`` runs, once, inside the call that completed
+    them (the hot tier's trial then measures both tiers again, alternating:
+    ``_alternating``). Entries measured have no fast guard (it would inline
+    the entry's code past the timer), so they pay a key."""
     run = entry.fn
     clock = _clock(entry)
     last: dict[int, float] = {}
     samples: list[float] = []
-    passed = [0, 0]             # intervals not counted: warming up, while the worker was busy
     once = threading.Lock()     # threads completing the samples at once: one of them decides
 
     def fn(args: tuple, kwargs: dict):
@@ -302,12 +299,6 @@ def _timed(entry: CompiledEntry, calls: int, measured: Callable, warmup: int = 0
         last[threading.get_ident()] = now
         out = run(args, kwargs)
         if before is not None and out is not MISS and len(samples) < calls:
-            if passed[0] < warmup:
-                passed[0] += 1
-                return out
-            if _WORKER is not None and _WORKER.busy and passed[1] < 3 * calls:
-                passed[1] += 1
-                return out
             samples.append(now - before)
             if len(samples) >= calls and once.acquire(blocking=False):
                 try:
@@ -382,9 +373,9 @@ def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_c
         hot_entry = _hot_entry(entry, done, traces)
         installed = hot_entry
         if trial_calls:
-            installed = _timed(hot_entry, trial_calls,
-                               lambda ms, args, kwargs: _judge(jfn_ref, entry, hot_entry, installed, ms),
-                               warmup=TRIAL_WARMUP)
+            installed = _alternating(entry, hot_entry, trial_calls,
+                                     lambda fast_ms, hot_ms: _judge(jfn_ref, entry, hot_entry, installed,
+                                                                    fast_ms, hot_ms))
         jfn = jfn_ref()
         if jfn is None or not jfn._replace(entry, installed):
             tier.stay("the entry left the cache while its hot tier compiled")
@@ -399,10 +390,57 @@ def _tier_up(jfn_ref, entry: CompiledEntry, inputs: list, hot: Executor, trial_c
         tier.done.set()
 
 
-def _judge(jfn_ref, fast: CompiledEntry, hot: CompiledEntry, on_trial: CompiledEntry, ms: float) -> None:
+def _alternating(fast: CompiledEntry, hot: CompiledEntry, calls: int,
+                 decide: Callable[[float, float], None]) -> CompiledEntry:
+    """The hot tier's trial: an entry whose calls alternate between the fast
+    and the hot entry (the hot one first), each interval (``_clock``, from a
+    call's start to the next's on its thread) counted for the tier of the call
+    that began it. Alternating compares the tiers under the same conditions:
+    the fast tier measured before the compile, in a program's first calls and
+    apart from what came later (a benchmark's other variants between steps),
+    measured half a training step's cost and kept the fast tier of steps whose
+    hot tier was a third faster. After ``calls`` intervals of each,
+    ``decide(fast ms, hot ms)`` (lower quartiles, ``_typical``) runs once, in
+    the call that completed them. The first ``TRIAL_WARMUP`` intervals are not
+    counted (first uses), nor, up to ``3 * calls`` of them, intervals ending
+    while the tier worker compiles."""
+    runs = (fast.fn, hot.fn)
+    clock = _clock(hot)
+    last: dict[int, tuple[float, int]] = {}
+    samples: tuple[list[float], list[float]] = ([], [])
+    turn = [0]
+    passed = [0, 0]             # intervals not counted: warming up, while the worker was busy
+    once = threading.Lock()
+
+    def fn(args: tuple, kwargs: dict):
+        now = clock()
+        which = turn[0] = 1 - turn[0]
+        prev = last.get(threading.get_ident())
+        last[threading.get_ident()] = (now, which)
+        out = runs[which](args, kwargs)
+        if prev is None or out is MISS:
+            return out
+        if passed[0] < TRIAL_WARMUP:
+            passed[0] += 1
+        elif _WORKER is not None and _WORKER.busy and passed[1] < 3 * calls:
+            passed[1] += 1
+        elif len(samples[prev[1]]) < calls:
+            samples[prev[1]].append(now - prev[0])
+        if min(map(len, samples)) >= calls and once.acquire(blocking=False):
+            try:
+                decide(_typical(samples[0]) * 1e3, _typical(samples[1]) * 1e3)
+            except Exception as e:  # noqa: BLE001 - a tier decision must never break the user's call
+                fast.tier.stay(f"{type(e).__name__} while deciding: {e}")
+        return out
+    return _with(hot, fn)
+
+
+def _judge(jfn_ref, fast: CompiledEntry, hot: CompiledEntry, on_trial: CompiledEntry, fast_ms: float,
+           ms: float) -> None:
     """The hot tier's trial is over (on the calling thread): keep it if it cost
     no more per call than the fast tier did, else put the fast entry back."""
     tier = fast.tier
+    tier.fast_ms_per_call = fast_ms
     tier.hot_ms_per_call = ms
     jfn = jfn_ref()
     if jfn is None:
