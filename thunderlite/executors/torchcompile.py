@@ -585,7 +585,9 @@ def _guard_function(expr: str | None, n: int, example: list, fakes: list) -> Cal
 
     from torch._C._dynamo.guards import TensorGuards
     at = [i for i, v in enumerate(example) if isinstance(v, torch.Tensor)]
-    sizes = [[d if type(d) is int else None for d in fakes[i].shape] for i in at]
+    # a symbolic dim the code specialized (it branched on the size) is a static size now, whose guard
+    # ``produce_guards_expression`` leaves out: ``TensorGuards`` checks it
+    sizes = [[d if type(d) is int else d.node.maybe_as_int() for d in fakes[i].shape] for i in at]
     kinds = TensorGuards(*(example[i] for i in at), dynamic_dims_sizes=sizes,
                          dynamic_dims_strides=[[None] * len(s) for s in sizes]).check
     names = "".join(f"a{i}, " for i in range(n)) or "_"

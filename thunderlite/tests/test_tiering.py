@@ -498,51 +498,63 @@ def test_a_symbolic_number_entry_tiers_up_with_eager_answers():
     assert _compilations(jf) == before
 
 
-def test_a_region_that_would_recompile_per_size_keeps_the_fast_tier():
-    """A region whose compiled code is specialized to the sizes it met (here
-    its code branches on a size) would compile again per size: ``prepare``
-    says so and raises, and a tier-up meeting it stays fast with that reason."""
+def _region_over_rows(fn, writing: bool):
+    """A ``SymbolicRegion`` of ``fn(x)`` (a tuple, as a region's trace
+    returns), ``x`` of a symbolic number of rows and 4 columns. One that
+    writes takes dynamo's path (``torch.compile(dynamic=True)``, its caches
+    reset: tests share code objects); one that does not is compiled without
+    dynamo (``DirectSymbolic``) once prepared."""
+    import torch._dynamo
+
     from thunderlite.core.proxies import NumberProxy, TensorProxy
     from thunderlite.core.symint import ShapeEnv
-    from thunderlite.executors.torchcompile import RecompilesPerSize, SymbolicRegion
-    env = ShapeEnv()
-    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
-    proxy = TensorProxy(shape=(s0, 4), name="x")
+    from thunderlite.executors.torchcompile import SymbolicRegion
+    if writing:
+        torch._dynamo.reset()
+    s0 = ShapeEnv().size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
+    return SymbolicRegion(fn, writing, (TensorProxy(shape=(s0, 4), name="x"),))
+
+
+def _sin2(x):
+    return (x * 2).sin(),
+
+
+@pytest.mark.parametrize("writing", [False, True], ids=["direct", "dynamo"])
+def test_a_region_that_would_recompile_per_size_keeps_the_fast_tier(writing):
+    """A region whose compiled code is specialized to the sizes it met (here
+    its code branches on a size) would compile again per size: ``prepare``
+    says so and raises, and a tier-up meeting it stays fast with that reason
+    (on both paths: the direct one's guards refuse other sizes, dynamo
+    compiles again)."""
+    from thunderlite.executors.torchcompile import RecompilesPerSize
 
     def specialized(x):
-        return (x * 2 if x.shape[0] == 5 else x * 3).sin()
-    region = SymbolicRegion(specialized, False, (proxy,))
+        return (x * 2 if x.shape[0] == 5 else x * 3).sin(),
+    region = _region_over_rows(specialized, writing)
     with pytest.raises(RecompilesPerSize, match="recompile per size"):
         region.prepare([torch.empty(5, 4)])
 
     def generic(x):
-        return (x * 2).sin().cumsum(0)
-    region = SymbolicRegion(generic, False, (proxy,))
+        return (x * 2).sin().cumsum(0),
+    region = _region_over_rows(generic, writing)
     region.prepare([torch.empty(5, 4)])
-    assert region.compilations == 1
+    assert region.compilations == 1 and (region._direct is None) == writing
     region.defer_to(lambda job: None)
     x = torch.randn(8, 4)
     torch.testing.assert_close(region(x), generic(x))
     assert region.compilations == 1
 
 
-def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the_calling_thread():
+@pytest.mark.parametrize("writing", [False, True], ids=["direct", "dynamo"])
+def test_a_hot_symbolic_region_meeting_unforeseen_inputs_runs_torch_calls_on_the_calling_thread(writing):
     """Once deferred, a region never compiles on a calling thread: a call its
     compiled code's guards refuse runs the region's torch calls."""
-    from thunderlite.core.proxies import NumberProxy, TensorProxy
-    from thunderlite.core.symint import ShapeEnv
-    from thunderlite.executors.torchcompile import SymbolicRegion
-    env = ShapeEnv()
-    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
-
-    def f(x):
-        return (x * 2).sin()
-    region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
+    region = _region_over_rows(_sin2, writing)
     region.prepare([torch.empty(5, 4)])
     region.defer_to(lambda job: None)
-    assert region.compilations == 1
+    assert region.compilations == 1 and (region._direct is None) == writing
     for x in (torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 5), torch.randn(9, 4)):  # guards refuse two
-        torch.testing.assert_close(region(x), f(x))
+        torch.testing.assert_close(region(x), _sin2(x))
     assert region.compilations == 1
 
 
@@ -594,26 +606,20 @@ def test_a_rehearsed_symbolic_region_runs_inductors_code_without_dynamo():
 def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_torch_calls(monkeypatch):
     """The tier worker's ``make_fx`` (a boxed region compiling) sets FX's
     process-wide tracing flag; dynamo refuses a compiled call under it. A
-    region called meanwhile on another thread runs its torch calls."""
+    region on dynamo's path (one that writes) called meanwhile on another
+    thread runs its torch calls; one compiled without dynamo runs its code."""
     import torch.fx._symbolic_trace as fx_trace
-
-    from thunderlite.core.proxies import NumberProxy, TensorProxy
-    from thunderlite.core.symint import ShapeEnv
-    from thunderlite.executors.torchcompile import SymbolicRegion
-    env = ShapeEnv()
-    s0 = env.size_symbol(NumberProxy(5, int, name="s0"), 5, "x.shape[0]")
-
-    def f(x):
-        return (x * 2).sin()
-    region = SymbolicRegion(f, False, (TensorProxy(shape=(s0, 4), name="x"),))
-    region.prepare([torch.empty(5, 4)])
-    for deferred in (False, True):
-        if deferred:
-            region.defer_to(lambda job: None)
-        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)
-        x = torch.randn(7, 4)
-        torch.testing.assert_close(region(x), f(x))
-        monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+    for writing in (True, False):
+        region = _region_over_rows(_sin2, writing)
+        region.prepare([torch.empty(5, 4)])
+        assert (region._direct is None) == writing
+        for deferred in (False, True):
+            if deferred:
+                region.defer_to(lambda job: None)
+            monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)
+            x = torch.randn(7, 4)
+            torch.testing.assert_close(region(x), _sin2(x))
+            monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
