@@ -212,8 +212,11 @@ class ThunderliteFunction:
                 entry = self._entries.get(old_key) if old_key is not None else None
                 out = entry.fn(args, kwargs) if entry is not None else MISS
                 if out is not MISS:
+                    # another entry served: the next call of the fast guard's entry re-arms it
+                    # (a decode loop's prefill, between the steps' runs, kept it disarmed for good)
                     self.info.hits += 1
-                    self.last = entry
+                    self.last = self._candidate = entry
+                    self._armings = 0
                     return out
         prev = self.info.last_key(key)
         stale = self._entries.get(key)

@@ -34,7 +34,7 @@ import torch
 
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, walk
-from thunderlite.core.symint import has_symbolic
+from thunderlite.core.symint import has_symbolic, hint_of
 
 # nominal throughputs (orders of magnitude; a region's size only needs to be right within a few x)
 _FLOPS = {"cpu": 50e9, "cuda": 100e12}                # per second: one CPU thread; a datacenter GPU, half precision
@@ -52,22 +52,37 @@ size, and eight layers' work dwarfs a region call's price."""
 
 
 def estimated_seconds(bsyms: Iterable[BoundSymbol]) -> float | None:
-    """How long ``bsyms`` take to compute, roughly; None when a size is not
-    known while tracing (dynamic shapes) or the device is not one modelled."""
+    """How long ``bsyms`` take to compute, roughly; None when a size has no
+    value (a data-dependent size) or the device is not one modelled. A
+    symbolic size counts at the value it had when traced (its hint): a decode
+    step's layers, traced at one cache length, are estimated at that length."""
     total = 0.0
     for top in bsyms:
         for b in walk(top):
             if b.subsymbols:
                 continue
             for out in b.tensor_outs():
-                if has_symbolic(out.shape):
-                    return None
+                numel = _numel_at_hint(out)
                 kind = out.device.type
-                if kind not in _FLOPS:
+                if numel is None or kind not in _FLOPS:
+                    return None
+                flops = _flops(b, out, numel)
+                if flops is None:
                     return None
                 rate = _FLOPS_FLOAT32_CUDA if kind == "cuda" and out.dtype == torch.float32 else _FLOPS[kind]
-                total += (_flops(b, out) / rate + out.nbytes / _BYTES[kind]) / _threads(kind)
+                total += (flops / rate + numel * out.dtype.itemsize / _BYTES[kind]) / _threads(kind)
     return total
+
+
+def _numel_at_hint(t: TensorProxy) -> int | None:
+    """Elements of ``t`` with its symbolic sizes at their hints (None: one has none)."""
+    n = 1
+    for s in t.shape:
+        s = hint_of(s)
+        if type(s) is not int:
+            return None
+        n *= s
+    return n
 
 
 def layers_per_region(layer: Iterable[BoundSymbol], repeats: int) -> int:
@@ -93,17 +108,24 @@ def group_size(want: float, repeats: int) -> int:
     return math.ceil(repeats / math.ceil(repeats / k))
 
 
-def _flops(b: BoundSymbol, out: TensorProxy) -> int:
+def _flops(b: BoundSymbol, out: TensorProxy, numel: int | None = None) -> int | None:
+    """Multiply-adds times two of a matmul or convolution making ``out``
+    (``numel``: its elements, where known), 0 for other symbols; sizes at
+    their hints (None: one has none)."""
     name = b.sym.name
+    if name not in ("matmul", "convolution"):
+        return 0
+    numel = _numel_at_hint(out) if numel is None else numel
     if name == "matmul":
         a = b.args[0]
-        return 2 * out.numel() * (a.shape[-1] if isinstance(a, TensorProxy) and a.ndim else 1)
-    if name == "convolution":
-        a, w = b.args[0], b.args[1]
-        transposed = b.args[6] if len(b.args) > 6 else b.kwargs.get("transposed", False)
-        per = w.numel() // max(w.shape[0], 1)
-        return 2 * (a.numel() if transposed else out.numel()) * per
-    return 0
+        inner = hint_of(a.shape[-1]) if isinstance(a, TensorProxy) and a.ndim else 1
+        return None if numel is None or type(inner) is not int else 2 * numel * inner
+    a, w = b.args[0], b.args[1]
+    transposed = b.args[6] if len(b.args) > 6 else b.kwargs.get("transposed", False)
+    per, outs, ins = _numel_at_hint(w), hint_of(w.shape[0]), _numel_at_hint(a)
+    if None in (numel, per, ins) or type(outs) is not int:
+        return None
+    return 2 * (ins if transposed else numel) * (per // max(outs, 1))
 
 
 def _threads(kind: str) -> int:

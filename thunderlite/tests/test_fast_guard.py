@@ -318,3 +318,19 @@ def test_alternating_entries_re_arm_without_compiling_again(monkeypatch):
             for x in (a, a, a, b, b, b):
                 torch.testing.assert_close(jm(x), model(x))
     assert _armed(jm) and compiled == []
+
+
+def test_an_entry_found_under_an_older_key_lets_the_fast_guard_re_arm():
+    """A decode loop: the prefill's entry was compiled before the step's dim
+    became symbolic and is found under its older key; every round, the steps
+    after it are served by the fast guard again (it was left disarmed for good
+    after two rounds, each step paying the key and the entry's full guards)."""
+    jf = thunderlite.jit(lambda t: t * 2)
+    prefill, step = torch.randn(8), torch.randn(1)
+    for _ in range(5):
+        torch.testing.assert_close(jf(prefill), prefill * 2)
+        for _ in range(4):
+            torch.testing.assert_close(jf(step), step * 2)
+        assert _armed(jf)
+        assert jf._fast((step,), {}) is not MISS
+    assert thunderlite.cache_info(jf)["misses"] == 2

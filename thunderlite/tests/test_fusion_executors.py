@@ -143,6 +143,28 @@ def test_small_layers_share_a_region_big_layers_get_their_own(monkeypatch):
     assert estimated_seconds(layer(2048)) == pytest.approx(one_thread / 16) and layers_per_region(layer(2048), 6) == 3
 
 
+def test_layers_of_symbolic_sizes_are_grouped_at_their_traced_sizes():
+    """A symbolic size counts at the value it was traced with (its hint): a
+    decode step's cheap layers go to one region, not one region per layer
+    (each a region call on every token). The region serves other sizes."""
+    from thunderlite.executors.cost import estimated_seconds
+    tc = get_executor("torchcompile")
+    ok, reason = tc.is_available()
+    if not ok:
+        pytest.skip(f"torch.compile executor unavailable: {reason}")
+    model = _Stack(4)
+    jm = thunderlite.jit(model, executors=[TorchCompileExecutor("torchcompile_symbolic_grouped")], dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 9):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(jm(x), model(x))
+    trace = thunderlite.last_traces(jm)[-1]
+    assert any(type(s) is not int for p in trace.args if isinstance(p, TensorProxy) for s in p.shape)
+    (fusion,) = _fusions(trace)
+    assert [s.sym.id for s in fusion.subsymbols].count("ltorch.gelu") == 4
+    assert 0 < estimated_seconds(fusion.subsymbols) < 1e-3
+
+
 def test_layers_per_region_groups_consecutive_layers_sharing_one_artifact():
     tc = get_executor("torchcompile")
     ok, reason = tc.is_available()
