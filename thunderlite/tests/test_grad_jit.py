@@ -456,3 +456,26 @@ def test_enable_grad_inside_a_call_made_under_no_grad():
     got[0].sum().backward()
     want[0].sum().backward()
     _same_grads([x], [xr])
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_convolution_backward_computes_only_the_gradients_wanted(input_grad):
+    """A patch embedding's pixels need no gradient: the backward's kernel is
+    asked for the weight's and bias's only (the input's cost four times as
+    much); where the input requires grad it gets one. Both equal eager's."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, kernel_size=4, stride=4).double()
+    ref = copy.deepcopy(conv)
+    x = torch.randn(2, 3, 16, 16, dtype=F64, requires_grad=input_grad)
+    xr = x.detach().clone().requires_grad_(input_grad)
+    jm = thunderlite.jit(conv)
+    jm(x).square().sum().backward()
+    ref(xr).square().sum().backward()
+    for p, q in zip(conv.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    if input_grad:
+        torch.testing.assert_close(x.grad, xr.grad)
+    (bwd,) = [b for t in thunderlite.last_backward_traces(jm)[-1:] for b in t.bound_symbols
+              if b.sym.name == "convolution_backward"]
+    assert tuple(bwd.args[-1]) == (input_grad, True, True)
+    assert (bwd.output[0] is None) is not input_grad

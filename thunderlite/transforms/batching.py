@@ -390,10 +390,14 @@ def _conv_backward_kernel(g, a, weight, bias, stride, padding, dilation, transpo
 
 @register("autodiff.convolution_backward")
 def _convolution_backward(b: Batch, g, a, weight, bias, stride, padding, dilation, transposed, output_padding,
-                          groups):
+                          groups, mask=None):
+    """Every gradient, batched (torch.vmap maps tensors only), then those ``mask`` leaves out dropped."""
     args = (g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     out = _under_torch_vmap(_conv_backward_kernel, "convolution_backward", b, args, {})
-    return out if bias is not None else (*out, None)
+    out = out if bias is not None else (*out, None)
+    if mask is None:
+        return out
+    return tuple(o if keep else None for o, keep in zip(out, mask, strict=True))
 
 
 @register("autodiff.cross_entropy_backward")

@@ -740,8 +740,9 @@ def matmul_vjp(g, a, b) -> tuple:
 
 @register_vjp(prims.convolution)
 def _convolution(g, out, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    mask = (a.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
     ga, gw, gb = convolution_backward(g, a, weight, bias, stride, padding, dilation, transposed,
-                                      output_padding, groups)
+                                      output_padding, groups, mask)
     return ga, gw, gb, None, None, None, None, None, None
 
 

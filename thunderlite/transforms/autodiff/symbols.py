@@ -156,22 +156,32 @@ def autograd_vjp(fn, mask: tuple[bool, ...]):
     return run
 
 
-def _conv_backward_meta(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    return (a.replace(requires_grad=False), weight.replace(requires_grad=False),
-            None if bias is None else bias.replace(requires_grad=False))
+def _conv_output_mask(bias, mask) -> list[bool]:
+    """Which of (input, weight, bias) get a gradient: ``mask`` (all by default), no bias none."""
+    mask = (True, True, True) if mask is None else mask
+    return [bool(mask[0]), bool(mask[1]), bias is not None and bool(mask[2])]
 
 
-def _conv_backward_impl(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    mask = [True, True, bias is not None]
-    return torch.ops.aten.convolution_backward(
+def _conv_backward_meta(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                        mask=None):
+    want = _conv_output_mask(bias, mask)
+    return tuple(t.replace(requires_grad=False) if w else None for t, w in zip((a, weight, bias), want, strict=True))
+
+
+def _conv_backward_impl(g, a, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+                        mask=None):
+    return tuple(torch.ops.aten.convolution_backward(
         g, a, weight, None if bias is None else list(bias.shape), stride, padding, dilation,
-        transposed, output_padding, groups, mask)
+        transposed, output_padding, groups, _conv_output_mask(bias, mask)))
 
 
 convolution_backward = Symbol("convolution_backward", meta=_conv_backward_meta, impl=_conv_backward_impl,
                               module="autodiff")
 """The gradients of ``prims.convolution`` in one call (aten's own kernel):
-decomposing them into transposed convolutions would be slower and longer."""
+decomposing them into transposed convolutions would be slower and longer.
+``mask``: which of (input, weight, bias) to compute (the kernel skips the
+others: a vision model's patch embedding needs no gradient of its pixels,
+which cost four times the weight's)."""
 
 
 def _backward_error_meta(message: str, shape, dtype, device):
