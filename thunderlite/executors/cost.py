@@ -161,7 +161,10 @@ def keep_kernel(bsym: BoundSymbol) -> tuple[bool, str]:
             if has_symbolic(out.shape):
                 return True, "sizes known only at run time: the kernel runs"
             kinds.add(out.device.type)
-            flops += _flops(b, out)
+            made_flops = _flops(b, out)
+            if made_flops is None:      # a data-dependent contraction size
+                return True, "sizes known only at run time: the kernel runs"
+            flops += made_flops
             spilled += sum(2 * t.nbytes for t in (*b.tensor_args(), out)
                            if t.name not in ends and _computed_inside(t.name, made, ends))
     if not spilled:

@@ -165,6 +165,34 @@ def test_layers_of_symbolic_sizes_are_grouped_at_their_traced_sizes():
     assert 0 < estimated_seconds(fusion.subsymbols) < 1e-3
 
 
+def test_cost_estimates_symbolic_sizes_at_their_hints_and_gives_up_on_data_dependent_ones():
+    """A size symbol counts at its traced value; a data-dependent one (no
+    value while tracing) makes the estimate unknown (one layer a region) and
+    keeps a kernel whole, even where only a matmul's contraction is
+    data-dependent and its output's sizes are known."""
+    from thunderlite.core.symint import ShapeEnv
+    from thunderlite.executors.cost import estimated_seconds, keep_kernel
+    from thunderlite.torch.ops import linalg
+    env = ShapeEnv()
+    u0 = env.unbacked_symbol(NumberProxy(None, int, name="u0"), "the length of torch.nonzero(x)")
+    s0 = env.size_symbol(NumberProxy(None, int, name="s0"), 64, "a dynamic dim")
+
+    def matmul_over(inner):
+        trc = Trace()
+        with tracectx(trc):
+            a = TensorProxy((4, inner), torch.float32, "cpu", name="a")
+            b = TensorProxy((inner, 4), torch.float32, "cpu", name="b")
+            trc.args = [a, b]
+            trc.set_return(linalg.matmul(a, b))
+        return trc.bound_symbols[0]
+    hinted, unknown = matmul_over(s0), matmul_over(u0)
+    static = matmul_over(64)
+    assert estimated_seconds([static]) > 0 and estimated_seconds([hinted]) == pytest.approx(estimated_seconds([static]))
+    assert estimated_seconds([unknown]) is None
+    assert keep_kernel(unknown) == (True, "sizes known only at run time: the kernel runs")
+    assert keep_kernel(static)[0] is False
+
+
 def test_layers_per_region_groups_consecutive_layers_sharing_one_artifact():
     tc = get_executor("torchcompile")
     ok, reason = tc.is_available()

@@ -275,8 +275,9 @@ def _with_lines_replaced(body: str, lines: set[str], line: str) -> str:
 
 def make_fast_guard(sig: tuple, dynamic: dict | None = None) -> FastGuard | None:
     """The ``FastGuard`` of a signature, or None where the key cannot be
-    checked this way: symbolic sizes, numbers kept symbolic, or a torch
-    without these guards."""
+    checked this way: numbers kept symbolic, a DTensor, or a torch without
+    these guards. ``dynamic``: the signature's symbolic dims (tensor leaf ->
+    dims), checked as the key has them (0, 1 or "2 or more")."""
     if TORCH_GUARDS is None or has_symbolic_numbers(sig):
         return None
     g = walk_signature(sig, None, KeyGen(dynamic=dynamic, fail="_MISS"))

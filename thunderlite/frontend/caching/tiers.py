@@ -63,8 +63,10 @@ of times (a test, a script's one evaluation) never pays a background compile,
 few next to a training run's or a server's calls."""
 
 TRIAL_CALLS = 8
-TRIAL_WARMUP = 2     # a hot tier's first calls after its swap, not measured
 """Calls measured on each tier to decide whether the hot one is kept."""
+
+TRIAL_WARMUP = 2
+"""The trial's first intervals after the swap, not measured (first uses)."""
 
 
 @dataclasses.dataclass(frozen=True)
