@@ -169,9 +169,11 @@ class TorchCompileExecutor(FusionExecutor):
 
 
     def _compile(self, sub: Trace, region: Region):
-        return _DistinctOutputs(self._compile_region(sub, region), _fresh_outputs(region))
+        fresh = _fresh_outputs(region)
+        compiled = self._compile_region(sub, region, fresh)
+        return compiled if isinstance(compiled, BoxedRegion) else _DistinctOutputs(compiled, fresh)
 
-    def _compile_region(self, sub: Trace, region: Region):
+    def _compile_region(self, sub: Trace, region: Region, fresh: tuple = ()):
         fn = sub.python_callable()
         writing = any(writes(leaf) for b in region.bsyms for leaf in walk(b))
         if writing and _input_aliases(region):
@@ -185,7 +187,7 @@ class TorchCompileExecutor(FusionExecutor):
             return EagerWhenRecording(fn, torch.compile(fn, **self._symbolic_options), writing)
         if self.compile_options == {"dynamic": False} and region.inputs and \
                 all(type(p) is TensorProxy for p in region.inputs):
-            return BoxedRegion(fn, writing)
+            return BoxedRegion(fn, writing, fresh)
         return EagerWhenRecording(fn, torch.compile(fn, **self.compile_options), writing)
 
 
@@ -224,12 +226,13 @@ class _DistinctOutputs:
     back as different tensors: Inductor returned one buffer for two equal
     outputs (``b.clone()`` twice), so an in-place write after the region into
     one changed the other (grad fuzz seed 2984). An output the trace makes
-    fresh that comes back sharing an earlier output's buffer is cloned."""
+    fresh that comes back sharing an earlier output's buffer is cloned
+    (``distinct_outputs``). ``BoxedRegion`` checks its own outputs, once per layout."""
 
     def __init__(self, compiled, fresh: tuple):
         self.compiled = compiled
         self.fresh = fresh
-        self.may_share = len(fresh) > 1 and any(fresh)     # else nothing to check per call
+        self.may_share = may_share(fresh)     # else nothing to check per call
         self._boxed_call = getattr(compiled, "_boxed_call", False)
 
     def __getattr__(self, name):
@@ -237,18 +240,30 @@ class _DistinctOutputs:
 
     def __call__(self, *args):
         outs = self.compiled(*args)
-        if not self.may_share:
-            return outs
-        ptrs = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else 0 for t in outs]
-        if not _shares(ptrs):
-            return outs
-        seen: set[int] = set()
-        fixed = list(outs)
-        for i, (ptr, fresh) in enumerate(zip(ptrs, self.fresh, strict=True)):
-            if ptr in seen and ptr and fresh:
-                fixed[i] = outs[i].clone()
-            seen.add(ptr)
-        return type(outs)(fixed)
+        return distinct_outputs(outs, self.fresh)[0] if self.may_share else outs
+
+
+def may_share(fresh: tuple) -> bool:
+    """Whether a region with outputs ``fresh`` (``_fresh_outputs``) could return
+    a fresh output in another one's buffer: two outputs, one fresh."""
+    return len(fresh) > 1 and any(fresh)
+
+
+def distinct_outputs(outs, fresh: tuple) -> tuple:
+    """``(outs, cloned)``: ``outs`` with each fresh output that shares an earlier
+    output's buffer cloned, and whether one was."""
+    ptrs = [t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else 0 for t in outs]
+    if not _shares(ptrs):
+        return outs, False
+    seen: set[int] = set()
+    fixed = list(outs)
+    cloned = False
+    for i, (ptr, new) in enumerate(zip(ptrs, fresh, strict=True)):
+        if ptr in seen and ptr and new:
+            fixed[i] = outs[i].clone()
+            cloned = True
+        seen.add(ptr)
+    return (type(outs)(fixed), True) if cloned else (outs, False)
 
 
 def _input_aliases(region: Region, every: bool = False) -> dict[str, str]:
@@ -665,18 +680,27 @@ class BoxedRegion:
 
     _boxed_call = True
 
-    def __init__(self, fn, writing: bool = True):
+    def __init__(self, fn, writing: bool = True, fresh: tuple = ()):
         self.fn = fn
         self.writing = writing      # the region writes (into its inputs, maybe)
+        self.fresh = fresh          # which outputs the trace makes fresh (``distinct_outputs``)
         self._by_layout: dict[tuple, object] = {}
         self.fallbacks: list[str] = []     # why a layout runs uncompiled (see _compile_boxed)
         self.compile_later: Callable[[Callable[[], None]], None] | None = None
         self._later: set[tuple] = set()     # layouts handed to ``compile_later``
+        # layouts whose compiled code returned distinct buffers for its fresh outputs: which
+        # buffer an output gets is decided when the code is generated, once per layout
+        self._distinct: set[tuple] = set() if may_share(fresh) else _EVERY_LAYOUT
+        self._hot: _HotLayout | None = None     # the layout the last calls met, checked in C++
+        self._last: tuple | None = None
 
     def __call__(self, *args):
         box = args[0] if len(args) == 1 and type(args[0]) is list else list(args)
         del args
         ptrs = list(map(_data_ptr, map(_storage, box)))
+        hot = self._hot
+        if hot is not None and hot.serves(box, ptrs):
+            return hot.compiled(box)
         if _as_torch_calls(box, self.writing, ptrs):    # as EagerWhenRecording: autograd saves what eager saves
             flat = list(box)
             box.clear()
@@ -687,6 +711,14 @@ class BoxedRegion:
             if self.compile_later is not None:
                 return self._compile_later(layout, box)
             compiled = self._compile_layout(layout, box)
+        last, self._last = self._last, layout
+        if layout not in self._distinct:
+            outs, cloned = distinct_outputs(compiled(box), self.fresh)
+            if not cloned:
+                self._distinct.add(layout)
+            return outs
+        if layout == last and (hot is None or hot.layout != layout):
+            self._hot = _HotLayout(layout, box, ptrs, compiled)     # met twice in a row: checked in C++ now
         return compiled(box)
 
     def _compile_layout(self, layout: tuple, box: list):
@@ -799,7 +831,53 @@ def _places_by_offset(gm) -> bool:
 def _layout(tensors: list, ptrs: list[int]) -> tuple:
     """What one compilation of a boxed region is specialized to: the inputs'
     strides and storage offsets, and which share storage (``ptrs``: their storages' addresses)."""
-    return (*map(_stride, tensors), *map(_offset, tensors), _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None)
+    return (*map(_stride, tensors), *map(_offset, tensors), _pattern(ptrs))
+
+
+def _pattern(ptrs: list[int]) -> tuple | None:
+    """``_sharing(ptrs)``, or None where no two inputs share storage."""
+    return _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None
+
+
+class _EveryLayout:
+    """Holds every layout (a region that cannot return one buffer twice)."""
+
+    def __contains__(self, layout) -> bool:
+        return True
+
+    def add(self, layout) -> None:
+        pass
+
+
+_EVERY_LAYOUT = _EveryLayout()
+
+
+class _HotLayout:
+    """The layout a boxed region's calls keep meeting, and its compiled code:
+    a call is checked against it without building the layout's key (about 250
+    tuples and a hash of them for a training step's backward region): the
+    inputs' kinds, sizes and strides by torch's C++ ``TensorGuards``, then their
+    storage offsets and storage sharing. Its inputs' requires_grad is part of
+    the kinds; with one requiring grad, a call under grad mode is one autograd
+    records, which runs the torch calls (``_as_torch_calls``). Sharing is the
+    layout's when as many storages are shared and each input shares its
+    pattern's first mate's (``_sharing``)."""
+    __slots__ = ("layout", "kinds", "offsets", "storages", "mates", "grads", "compiled")
+
+    def __init__(self, layout: tuple, box: list, ptrs: list[int], compiled):
+        from torch._C._dynamo.guards import TensorGuards
+        self.layout = layout
+        self.kinds = TensorGuards(*box, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+        self.offsets = list(map(_offset, box))
+        self.storages = len(set(ptrs))
+        self.mates = _pattern(ptrs)
+        self.grads = any(t.requires_grad for t in box)
+        self.compiled = compiled
+
+    def serves(self, box: list, ptrs: list[int]) -> bool:
+        return (self.kinds(*box) and list(map(_offset, box)) == self.offsets and len(set(ptrs)) == self.storages
+                and (self.mates is None or list(map(ptrs.__getitem__, self.mates)) == ptrs)
+                and not (self.grads and torch.is_grad_enabled()))
 
 
 def _sharing(ptrs: list[int]) -> tuple:
@@ -809,7 +887,7 @@ def _sharing(ptrs: list[int]) -> tuple:
     aliased in one and apart in the other and returned wrong values: jit fuzz
     seed 955 with torchcompile)."""
     first: dict[int, int] = {}
-    return tuple(first.setdefault(p, i) for i, p in enumerate(ptrs))
+    return tuple(map(first.setdefault, ptrs, range(len(ptrs))))
 
 
 def _shares(ptrs: list[int]) -> bool:

@@ -20,7 +20,7 @@ from operator import itemgetter
 import torch
 
 from thunderlite.core import dtypes, prims
-from thunderlite.core.aliasing import aten_name, aten_schemas
+from thunderlite.core.aliasing import aten_name
 from thunderlite.core.proxies import TensorProxy
 from thunderlite.core.symbol import BoundSymbol, Symbol
 from thunderlite.core.tracectx import made_once
@@ -377,8 +377,14 @@ def _elementwise_torch_call(bsym: BoundSymbol) -> bool:
 
 @functools.cache
 def _has_out_overload(fn) -> bool:
-    schemas = aten_schemas(aten_name(fn) or "")
-    return schemas is not None and any(o.overload_name == "out" for o in schemas)
+    name = aten_name(fn)
+    if not name or not name.isidentifier():
+        return False
+    try:        # one dispatcher lookup, where listing the op's schemas costs up to tens of µs
+        torch._C._dispatch_find_schema_or_throw(f"aten::{name}", "out")
+    except RuntimeError:
+        return False
+    return True
 
 
 # --- views folded into the torch calls that read them (transforms/fold_views.py) -----------

@@ -579,9 +579,52 @@ def test_equal_region_outputs_written_after_the_region_stay_apart():
         return x1, x2
 
     jf = thunderlite.jit(f, executors=["torchcompile", "torch"])
-    a = torch.randn(4)
-    for got, want in zip(jf(a), f(a), strict=True):
-        torch.testing.assert_close(got, want)
+    for _ in range(4):      # whether outputs share is decided per layout: every call of this one clones
+        a = torch.randn(4)
+        got = jf(a)
+        assert got[0].untyped_storage().data_ptr() != got[1].untyped_storage().data_ptr()
+        for g, want in zip(got, f(a), strict=True):
+            torch.testing.assert_close(g, want)
+
+
+def test_region_checks_a_repeated_layout_without_building_its_key(monkeypatch):
+    """A layout met twice in a row is checked in C++ (sizes, strides, kinds)
+    plus offsets and storage sharing, without building the layout's key; a
+    call differing in strides, offset, sharing or autograd recording takes the
+    full path and gets the code for its own layout (or the torch calls)."""
+    _torchcompile_or_skip()
+    from thunderlite.executors import torchcompile as tc
+
+    def region(a, b):
+        return ((a * b).sin() + a, (a - b).cos())
+
+    built = []
+    layout = tc._layout
+    monkeypatch.setattr(tc, "_layout", lambda *args: built.append(1) or layout(*args))
+    boxed = tc.BoxedRegion(region, writing=False, fresh=(True, True))
+
+    def check(a, b):
+        got = boxed([a, b])
+        for g, w in zip(got, region(a, b), strict=True):
+            torch.testing.assert_close(g, w)
+        return got
+
+    for _ in range(4):
+        check(torch.randn(6, 4), torch.randn(6, 4))
+    assert len(built) == 2 and boxed.compilations == 1        # armed after its second call
+    wide = torch.randn(6, 8)
+    others = [(torch.randn(4, 6).t(), torch.randn(6, 4)),          # strides
+              (wide[:, 4:], torch.randn(6, 4)),                    # a storage offset
+              (wide[:, :4], wide[:, :4]),                          # one storage for both
+              (torch.randn(6, 4), torch.randn(6, 4))]              # the hot layout again
+    for a, b in others:
+        check(a, b)
+    assert boxed.compilations == 4 and len(built) == 5
+    a = torch.randn(6, 4, requires_grad=True)
+    got = check(a, torch.randn(6, 4))       # recorded by autograd: the torch calls
+    assert got[0].grad_fn is not None
+    with torch.no_grad():
+        check(a, torch.randn(6, 4))
 
 
 def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
