@@ -8,6 +8,7 @@ caches make reruns cheaper)."""
 from __future__ import annotations
 
 import copy
+import linecache
 import subprocess
 import sys
 import threading
@@ -237,6 +238,9 @@ def test_training_forward_backward_stays_eager_after_the_swap():
     before = _compilations(jm)
     jm(ids).backward()
     assert _compilations(jm) == before      # forward and backward layouts were all rehearsed
+    # the hot entry's fast guard checks the parameters in one C++ call, as the fast tier's did
+    src = "".join(linecache.getlines(jm._jitted._fast.__code__.co_filename))
+    assert "_tensor_meta(" in src and "isinstance(" not in src.split("try:")[1], src
 
 
 def test_whole_training_step_with_optimizer_stays_eager_after_the_swap():

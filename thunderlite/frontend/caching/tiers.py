@@ -488,6 +488,7 @@ def _hot_entry(entry: CompiledEntry, done, traces: list) -> CompiledEntry:
     old = entry.fn
     fn = types.FunctionType(old.__code__, {**old.__globals__, "_comp": done.comp}, old.__name__)
     fn.__thunderlite_source__ = old.__thunderlite_source__
+    fn.__thunderlite_tensor_guard__ = getattr(old, "__thunderlite_tensor_guard__", None)    # the fast guard's
     hot = _with(entry, fn, traces, done.backward)
     hot.stage_ms = {**entry.stage_ms, **{t.stage: t.pass_time_ms for t in traces[entry.lowering.front:]
                                          if t.pass_time_ms is not None}}
