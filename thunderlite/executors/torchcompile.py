@@ -54,6 +54,7 @@ from thunderlite.core.trace import Trace
 from thunderlite.core.tracectx import tables_lock
 from thunderlite.executors.base import FusionExecutor
 from thunderlite.executors.cost import layers_per_region
+from thunderlite.executors.fx_beside import compiling_beside_others
 from thunderlite.executors.rehearsal import examples_like, kind_of
 from thunderlite.executors.torchex import torch_executor
 from thunderlite.torch.ops import linalg
@@ -792,7 +793,7 @@ def _compile_boxed(fn, example: list, fallbacks: list[str]):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    with torch.no_grad():
+    with torch.no_grad(), compiling_beside_others():
         mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
         try:
             # traced on the fake tensors of the mode it is compiled under: a graph traced in another fake

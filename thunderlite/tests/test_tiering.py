@@ -21,6 +21,7 @@ import thunderlite
 from thunderlite.core.tags import Tag
 from thunderlite.executors.torchcompile import TorchCompileExecutor
 from thunderlite.extend import get_executor
+from thunderlite.frontend.caching import tiers
 from thunderlite.frontend.caching.tiers import TRIAL_WARMUP
 
 
@@ -624,6 +625,61 @@ def test_a_compiled_region_called_while_another_thread_runs_make_fx_runs_its_tor
             x = torch.randn(7, 4)
             torch.testing.assert_close(region(x), _sin2(x))
             monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+
+
+def test_a_users_compiled_function_runs_while_the_worker_traces(monkeypatch):
+    """While thunderlite traces on one thread (FX's tracing flag is process-wide),
+    a ``torch.compile``d function called on another thread runs its own code
+    instead of raising dynamo's "symbolically trace a dynamo-optimized
+    function" error; before and after the window, dynamo's own setting holds."""
+    import torch.fx._symbolic_trace as fx_trace
+
+    from thunderlite.executors.fx_beside import compiling_beside_others
+    compiled = torch.compile(lambda t: t.sin() + 1, backend="eager")
+    x = torch.randn(5)
+    tracing, called = threading.Event(), threading.Event()
+
+    def worker():
+        with compiling_beside_others():
+            monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)     # as its make_fx does
+            tracing.set()
+            called.wait(60)
+            monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert tracing.wait(60)
+    try:
+        torch.testing.assert_close(compiled(x), x.sin() + 1)
+    finally:
+        called.set()
+        t.join()
+    monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", True)
+    with pytest.raises(RuntimeError, match="symbolically trace a dynamo-optimized function"):
+        compiled(x)         # outside the window: dynamo's setting again
+
+
+def test_thunderfx_calls_during_the_tier_up_return_eager_answers():
+    """``torch.compile(m, backend=ThunderCompiler(...))``: the graph's entry tiers up on
+    the worker while the caller keeps calling the compiled module, whose
+    dynamo wrapper used to raise under the worker's FX tracing flag (every
+    call while a region compiled)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64))
+                              for _ in range(4)])
+    from thunderlite.dynamo import ThunderCompiler
+    backend = ThunderCompiler(tiering=_policy(3))
+    cm = torch.compile(m, backend=backend)
+    x = torch.randn(16, 64)
+    expected = m(x)
+    seen_busy = False
+    for _ in range(20000):
+        torch.testing.assert_close(cm(x), expected)
+        busy = tiers._WORKER is not None and tiers._WORKER.busy
+        seen_busy |= busy
+        if seen_busy and not busy:
+            break
+    assert seen_busy, "no call ran while the worker compiled"
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

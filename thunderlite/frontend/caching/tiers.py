@@ -52,6 +52,7 @@ from thunderlite.core.tags import Tag
 from thunderlite.executors.autograd_function import EAGER_MODE_STAGE, DifferentiableProgram
 from thunderlite.executors.base import Executor, FusionExecutor
 from thunderlite.executors.cost import estimated_seconds
+from thunderlite.executors.fx_beside import compiling_beside_others
 from thunderlite.executors.registry import get_executor
 from thunderlite.executors.rehearsal import unrehearsable
 from thunderlite.frontend.caching.entries import CompiledEntry, read_path
@@ -548,7 +549,8 @@ class _Worker:
                     if drop is not None:
                         drop()
                     continue
-                run()
+                with compiling_beside_others():     # the caller's torch.compile'd calls run meanwhile
+                    run()
             except Exception:  # noqa: BLE001 - a compile for later calls failed: they keep the torch calls
                 pass
             finally:
