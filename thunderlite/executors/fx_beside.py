@@ -33,6 +33,7 @@ _saved: bool | None = None
 
 @contextlib.contextmanager
 def compiling_beside_others() -> Iterator[None]:
+    """Trace and compile inside: other threads' compiled calls run their own code meanwhile."""
     global _inside, _saved
     with _lock:
         if _inside == 0:

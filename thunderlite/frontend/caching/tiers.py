@@ -489,7 +489,8 @@ def _hot_entry(entry: CompiledEntry, done, traces: list) -> CompiledEntry:
     old = entry.fn
     fn = types.FunctionType(old.__code__, {**old.__globals__, "_comp": done.comp}, old.__name__)
     fn.__thunderlite_source__ = old.__thunderlite_source__
-    fn.__thunderlite_tensor_guard__ = getattr(old, "__thunderlite_tensor_guard__", None)    # the fast guard's
+    # the fast guard's C++ check of the parameters (frontend/entry.py ``_tensor_guard``)
+    fn.__thunderlite_tensor_guard__ = getattr(old, "__thunderlite_tensor_guard__", None)
     hot = _with(entry, fn, traces, done.backward)
     hot.stage_ms = {**entry.stage_ms, **{t.stage: t.pass_time_ms for t in traces[entry.lowering.front:]
                                          if t.pass_time_ms is not None}}
