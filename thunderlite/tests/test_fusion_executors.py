@@ -627,6 +627,41 @@ def test_region_checks_a_repeated_layout_without_building_its_key(monkeypatch):
         check(a, torch.randn(6, 4))
 
 
+def test_region_called_from_threads_with_different_layouts_gives_each_its_answer():
+    """Threads calling one region with their own layouts (contiguous, transposed,
+    at an offset) at once: the hot layout one thread arms never serves another's."""
+    _torchcompile_or_skip()
+    import threading
+
+    from thunderlite.executors import torchcompile as tc
+
+    def region(a, b):
+        return ((a * b).sin() + a,)
+
+    boxed = tc.BoxedRegion(region, writing=False, fresh=(True,))
+    makers = [lambda: (torch.randn(6, 4), torch.randn(6, 4)),
+              lambda: (torch.randn(4, 6).t(), torch.randn(6, 4)),
+              lambda: (torch.randn(6, 8)[:, 4:], torch.randn(6, 4))]
+    for make in makers:         # compile each layout first: the threads then only race on arming
+        boxed(list(make()))
+    errors: list = []
+
+    def caller(make):
+        try:
+            for _ in range(40):
+                a, b = make()
+                torch.testing.assert_close(boxed([a, b])[0], region(a, b)[0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=caller, args=(makers[k % 3],)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert boxed.compilations == 3
+
+
 def test_cuda_flash_attention_stays_inside_the_layers_region(monkeypatch):
     """CUDA flash attention returns constants of the trace beside its tensors
     (``None``s, the sequence lengths as ints): it is fused with the rest of its
