@@ -691,7 +691,8 @@ class BoxedRegion:
         self._later: set[tuple] = set()     # layouts handed to ``compile_later``
         # layouts whose compiled code returned distinct buffers for its fresh outputs: which
         # buffer an output gets is decided when the code is generated, once per layout
-        self._distinct: set[tuple] = set() if may_share(fresh) else _EVERY_LAYOUT
+        self._may_share = may_share(fresh)
+        self._distinct: set[tuple] = set()
         self._hot: _HotLayout | None = None     # the layout the last calls met, checked in C++
         self._last: tuple | None = None
 
@@ -713,7 +714,7 @@ class BoxedRegion:
                 return self._compile_later(layout, box)
             compiled = self._compile_layout(layout, box)
         last, self._last = self._last, layout
-        if layout not in self._distinct:
+        if self._may_share and layout not in self._distinct:
             outs, cloned = distinct_outputs(compiled(box), self.fresh)
             if not cloned:
                 self._distinct.add(layout)
@@ -838,19 +839,6 @@ def _layout(tensors: list, ptrs: list[int]) -> tuple:
 def _pattern(ptrs: list[int]) -> tuple | None:
     """``_sharing(ptrs)``, or None where no two inputs share storage."""
     return _sharing(ptrs) if len(set(ptrs)) < len(ptrs) else None
-
-
-class _EveryLayout:
-    """Holds every layout (a region that cannot return one buffer twice)."""
-
-    def __contains__(self, layout) -> bool:
-        return True
-
-    def add(self, layout) -> None:
-        pass
-
-
-_EVERY_LAYOUT = _EveryLayout()
 
 
 class _HotLayout:
